@@ -1,0 +1,41 @@
+"""ampcore: automatic mixed precision for PyTorch on every accelerator.
+
+Example::
+
+    >>> import torch, ampcore
+    >>> with ampcore.autocast(device="cpu", dtype=torch.bfloat16):
+    ...     torch.mm(torch.randn(4, 4), torch.randn(4, 4)).dtype
+    torch.bfloat16
+"""
+
+from ._autocast import autocast
+from ._backend import Backend
+from ._capability import CapabilityIssue
+from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
+from ._levels import LEVELS, Level
+from ._plugins import PluginInfo, PluginManager
+from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
+from ._version import __version__
+from .hookspec import hookimpl
+
+__all__ = [
+    "LEVELS",
+    "AmpcoreError",
+    "AmpcoreWarning",
+    "Backend",
+    "BackendUnavailableError",
+    "CapabilityIssue",
+    "Level",
+    "PluginError",
+    "PluginInfo",
+    "PluginManager",
+    "PluginWarning",
+    "__version__",
+    "autocast",
+    "get_backend",
+    "hookimpl",
+    "list_backends",
+    "list_plugins",
+    "register_plugin",
+    "unregister_plugin",
+]

@@ -1,0 +1,80 @@
+"""The one exception base and the one warning base of ampcore.
+
+Every error ampcore raises derives from :class:`AmpcoreError`; every warning from
+:class:`AmpcoreWarning`.  Messages name the call or plugin, say what is wrong and list the
+valid choices.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Iterable
+
+__all__ = [
+    "AmpcoreError",
+    "AmpcoreWarning",
+    "PluginError",
+    "PluginWarning",
+    "BackendUnavailableError",
+    "closest",
+    "warn_at",
+]
+
+
+class AmpcoreError(RuntimeError):
+    """Base class of every error raised by ampcore.
+
+    It derives from :class:`RuntimeError` so that code catching torch's AMP errors keeps
+    working when it switches to ampcore.
+    """
+
+
+class BackendUnavailableError(AmpcoreError):
+    """A known backend was asked for, but it cannot run here (its adapter said why)."""
+
+
+class PluginError(AmpcoreError):
+    """A plugin failed to load or broke the adapter contract.
+
+    Args:
+        plugin: the plugin's name (its entry-point name or the name it was registered as).
+        message: what went wrong.
+        distribution: the distribution that provided it, when known.
+    """
+
+    def __init__(self, plugin: str, message: str, distribution: str | None = None) -> None:
+        where = f' (distribution "{distribution}")' if distribution else ""
+        super().__init__(f'Plugin "{plugin}"{where}: {message}')
+        self.plugin = plugin
+        self.distribution = distribution
+
+
+class AmpcoreWarning(UserWarning):
+    """Base class of every warning issued by ampcore."""
+
+
+class PluginWarning(AmpcoreWarning):
+    """A plugin was skipped or misbehaved; ampcore goes on without it."""
+
+
+def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """The names among ``choices`` closest to ``name`` (for "did you mean" hints)."""
+    return difflib.get_close_matches(name, sorted(set(choices)), n=n, cutoff=0.6)
+
+
+def warn_at(
+    message: str,
+    category: type[Warning],
+    filename: str | None,
+    lineno: int = 1,
+    stacklevel: int = 3,
+) -> None:
+    """Warn pointing at ``filename`` (e.g. a plugin's own file) when it is known.
+
+    Falls back to a normal warning attributed to the caller ``stacklevel`` frames up.
+    """
+    if filename:
+        warnings.warn_explicit(message, category, filename, lineno, module=None)
+    else:
+        warnings.warn(message, category, stacklevel=stacklevel)

@@ -1,0 +1,30 @@
+"""AMP levels: O0 (fp32), OD (white list only), O1 (torch.autocast), O2 (low-precision model)."""
+
+from __future__ import annotations
+
+from typing import Final, Literal, cast
+
+from ._errors import AmpcoreError
+
+__all__ = ["LEVELS", "IMPLEMENTED_LEVELS", "Level", "check_level"]
+
+Level = Literal["O0", "OD", "O1", "O2"]
+
+#: Every level, from no mixed precision to the most aggressive.
+LEVELS: Final[tuple[Level, ...]] = ("O0", "OD", "O1", "O2")
+
+#: Levels that :class:`ampcore.autocast` can run in this version.
+IMPLEMENTED_LEVELS: Final[frozenset[Level]] = frozenset({"O0", "O1"})
+
+
+def check_level(level: object, call: str = "ampcore.autocast") -> Level:
+    """Validate a level name (case-insensitive, Paddle spelling) and return it upper-cased.
+
+    Example::
+
+        >>> check_level("o1")
+        'O1'
+    """
+    if isinstance(level, str) and level.upper() in LEVELS:
+        return cast(Level, level.upper())
+    raise AmpcoreError(f"{call}(level={level!r}): invalid level; valid levels: {', '.join(LEVELS)}")

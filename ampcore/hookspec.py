@@ -1,0 +1,277 @@
+"""The adapter contract: the hooks through which a plugin describes one backend.
+
+A plugin is a module (or any object) whose functions carry the :data:`ampcore.hookimpl`
+marker and are named like the hooks below.  It is found through the ``ampcore`` entry-point
+group (or registered in process with :func:`ampcore.register_plugin`) and describes exactly
+one backend.  The core calls each plugin's own implementations; hooks are never broadcast to
+other plugins, so an implementation never has to check which backend it is asked about.
+
+Three hooks are required: :func:`ampcore_backend_name`, :func:`ampcore_device_type` and
+:func:`ampcore_supported_dtypes`.  Every other hook is optional; the core default used when a
+plugin leaves it out is given in its docstring.  An implementation may accept any subset of
+the hook's parameters, by name.  A function in a plugin whose name starts with ``ampcore_``
+but matches no hook below is an error (it is almost always a misspelling).
+
+Example plugin module::
+
+    import torch
+    from ampcore import hookimpl
+
+    @hookimpl
+    def ampcore_backend_name() -> str:
+        return "example"
+
+    @hookimpl
+    def ampcore_device_type() -> str:
+        return "cpu"
+
+    @hookimpl
+    def ampcore_supported_dtypes() -> list[torch.dtype]:
+        return [torch.bfloat16]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Final
+
+import pluggy
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._capability import CapabilityIssue
+
+__all__ = ["PROJECT_NAME", "REQUIRED_HOOKS", "hookimpl", "hookspec"]
+
+PROJECT_NAME: Final = "ampcore"
+
+#: Marker for hook specifications (used by this module only).
+hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
+#: Marker that adapters put on their hook implementations.
+hookimpl: Final = pluggy.HookimplMarker(PROJECT_NAME)
+
+#: Hooks every adapter must implement.
+REQUIRED_HOOKS: Final = (
+    "ampcore_backend_name",
+    "ampcore_device_type",
+    "ampcore_supported_dtypes",
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Identity (required)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_backend_name() -> str:  # type: ignore[empty-body]
+    """The backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``).
+
+    Lower case letters, digits, ``_`` and ``-``; it must not contain ``:`` (``"cuda:1"``
+    selects device 1 of backend ``"cuda"``).  Two plugins claiming one name is an error
+    unless one of them declares :func:`ampcore_backend_overrides`.
+
+    **Required.**
+
+    Use in plugins: return a constant string.
+    """
+
+
+@hookspec
+def ampcore_device_type() -> str:  # type: ignore[empty-body]
+    """The torch device type this backend drives: ``torch.autocast(device_type)``.
+
+    Usually equal to the backend name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu
+    renamed PrivateUse1), but a backend may drive another type (a template driving
+    ``"cpu"`` under its own name).
+
+    **Required.**
+
+    Use in plugins: return a constant string.
+    """
+
+
+@hookspec
+def ampcore_supported_dtypes() -> Sequence[torch.dtype]:  # type: ignore[empty-body]
+    """The low-precision dtypes this backend can autocast to, best first.
+
+    Only the dtypes the hardware (or a documented emulation) can really run: the
+    conformance suite checks each one.  Must be non-empty and contain floating dtypes
+    only.
+
+    **Required.**
+
+    Use in plugins: return a constant list such as ``[torch.float16, torch.bfloat16]``.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Availability and selection (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_unavailable_reason() -> str | None:
+    """Why this backend cannot run here, or ``None`` when it can.
+
+    Called lazily (the first time the backend is used or listed) and cached.  Import the
+    vendor's torch extension here, never at module import time, and catch its failures:
+    a missing runtime must make the backend *unavailable*, not break ampcore.
+
+    Core default: ``None`` (available).
+
+    Use in plugins: ``return None if my_ext.is_available() else "no device found"``.
+    """
+
+
+@hookspec
+def ampcore_default_dtype() -> torch.dtype:  # type: ignore[empty-body]
+    """The dtype used when the user passes ``dtype=None``.
+
+    Must be one of :func:`ampcore_supported_dtypes`.
+
+    Core default: the first supported dtype.
+    """
+
+
+@hookspec
+def ampcore_backend_priority() -> int:  # type: ignore[empty-body]
+    """Rank used to choose the backend when the user passes ``device=None``.
+
+    The available backend with the highest priority wins (ties: alphabetical name).
+    First-party values: ``cpu`` 0, ``xpu`` 80, ``cuda`` and ``npu`` 100.
+
+    Core default: 50.
+    """
+
+
+@hookspec
+def ampcore_backend_overrides() -> bool:  # type: ignore[empty-body]
+    """Whether this plugin replaces another plugin of the same backend name.
+
+    Lets a vendor ship an improved adapter for a first-party backend name.  If both or
+    neither of two same-named plugins override, resolving that name raises an error that
+    names both distributions.
+
+    Core default: ``False``.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Device description and capability (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_device_count() -> int:  # type: ignore[empty-body]
+    """How many devices of this backend are visible; ``device="name:N"`` needs ``N < count``.
+
+    Only called when the backend is available.
+
+    Core default: 1.
+    """
+
+
+@hookspec
+def ampcore_device_name(device_index: int) -> str:  # type: ignore[empty-body]
+    """A human-readable name of device ``device_index`` (e.g. ``"NVIDIA A100-SXM4-40GB"``).
+
+    Only called when the backend is available.
+
+    Core default: the device type.
+    """
+
+
+@hookspec
+def ampcore_check_capability(  # type: ignore[empty-body]
+    dtype: torch.dtype, device_index: int
+) -> Iterable[CapabilityIssue]:
+    """Findings about running ``dtype`` on device ``device_index``.
+
+    Return :class:`ampcore.CapabilityIssue` items: ``"warning"`` for "runs, but expect no
+    speed-up" (ampcore warns once per backend, device and dtype) and ``"error"`` for "cannot
+    run" (ampcore raises before entering autocast).  Keep the decision in a pure function of
+    recorded device properties so it can be unit-tested without the device.
+
+    Only called when the backend is available; results are cached per
+    (device_index, dtype).
+
+    Core default: no findings.
+    """
+
+
+@hookspec
+def ampcore_needs_loss_scaling(dtype: torch.dtype) -> bool:  # type: ignore[empty-body]
+    """Whether gradients of ``dtype`` need loss scaling to avoid underflow.
+
+    :class:`ampcore.GradScaler` is a transparent no-op (scale 1, non-finite steps still
+    skipped) for dtypes that do not, unless the user forces it.
+
+    Core default: ``True`` for ``torch.float16`` only.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Op lists (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_op_list_adjustments(  # type: ignore[empty-body]
+    dtype: torch.dtype,
+) -> Mapping[str, Iterable[str]] | None:
+    """Changes to the default op lists of this backend for ``dtype``.
+
+    Keys are ``"white"`` (run in ``dtype``), ``"black"`` (run in float32) and ``"promote"``
+    (run in the widest input dtype); values are ATen op names (or documented aliases).  An
+    op named under a key moves into that list and leaves the others.  User lists passed to
+    :class:`ampcore.autocast` still apply on top.
+
+    Core default: no changes (the native ``torch.autocast`` lists of the device type).
+
+    Use in plugins: ``return {"black": ["layer_norm"]} if dtype == torch.float16 else None``.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Loss scaling (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def ampcore_unscale_grads_(
+    grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+) -> bool | None:
+    """Multiply ``grads`` in place by ``inv_scale`` and set ``found_inf`` to 1.0 when any of
+    them holds an inf or a nan.
+
+    All tensors are on one device of this backend; ``found_inf`` and ``inv_scale`` are
+    one-element float32 tensors.  Must not synchronise with the host.  Return ``True`` when
+    handled, ``None`` to let the core use ``torch._amp_foreach_non_finite_check_and_unscale_``
+    (or its portable on-device fallback).
+
+    Core default: the torch kernel where the device has one, else the portable fallback.
+    """
+
+
+@hookspec
+def ampcore_device_overflow_flag(device: torch.device) -> torch.Tensor | None:
+    """The device's own overflow status (for chips whose arithmetic saturates instead of
+    producing inf, such as Ascend NPUs outside INF_NAN mode).
+
+    Return a one-element tensor on ``device`` that is > 0 when an overflow happened since
+    the last :func:`ampcore_clear_device_overflow_flag`, or ``None`` when the device does not
+    need it.  The scaler ORs it into ``found_inf``.
+
+    Core default: ``None``.
+    """
+
+
+@hookspec
+def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
+    """Reset the status read by :func:`ampcore_device_overflow_flag` (called by
+    :meth:`ampcore.GradScaler.scale`, before backward).
+
+    Core default: nothing.
+    """

@@ -1,0 +1,90 @@
+"""CPU adapter: bfloat16 (default) and float16 autocast on the CPU.
+
+Native bf16 needs AVX512-BF16 or AMX-BF16; native fp16 needs AVX512-FP16 or AMX-FP16.
+Without them torch emulates the dtype, which is typically slower than float32: the
+capability check warns once.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from typing import Final
+
+import torch
+
+from ampcore import CapabilityIssue, hookimpl
+
+#: CPU feature flags (as ``torch.cpu.get_capabilities()`` names them) that run a dtype natively.
+NATIVE_FEATURES: Final[Mapping[torch.dtype, tuple[str, ...]]] = {
+    torch.bfloat16: ("avx512_bf16", "amx_bf16"),
+    torch.float16: ("avx512_fp16", "amx_fp16"),
+}
+
+
+def read_capabilities() -> dict[str, object]:
+    """The CPU's feature flags, or ``{}`` where torch cannot report them."""
+    getter = getattr(torch.cpu, "get_capabilities", None)
+    if getter is None:
+        return {}
+    try:
+        return dict(getter())
+    except Exception:  # older or unusual builds: treat as unknown
+        return {}
+
+
+def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype) -> list[CapabilityIssue]:
+    """Warn when ``dtype`` will run emulated on a CPU with ``capabilities``.
+
+    A pure function of recorded flags.  Unknown capabilities (an empty mapping) give no
+    finding: there is nothing to base a warning on.
+
+    Example::
+
+        >>> cpu_capability_issues({"cpu_name": "X", "avx512_bf16": False, "amx_bf16": False}, torch.bfloat16)[0].severity
+        'warning'
+    """
+    features = NATIVE_FEATURES.get(dtype)
+    if not capabilities or features is None:
+        return []
+    if any(bool(capabilities.get(flag)) for flag in features):
+        return []
+    cpu = capabilities.get("cpu_name") or "this CPU"
+    return [
+        CapabilityIssue(
+            "warning",
+            f"{dtype} on {cpu} runs emulated: it has none of {', '.join(features)}; "
+            "expect mixed precision to be slower than float32 here",
+        )
+    ]
+
+
+@hookimpl
+def ampcore_backend_name() -> str:
+    return "cpu"
+
+
+@hookimpl
+def ampcore_device_type() -> str:
+    return "cpu"
+
+
+@hookimpl
+def ampcore_supported_dtypes() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+@hookimpl
+def ampcore_backend_priority() -> int:
+    return 0
+
+
+@hookimpl
+def ampcore_device_name(device_index: int) -> str:
+    name = read_capabilities().get("cpu_name")
+    return str(name or platform.processor() or platform.machine() or "cpu")
+
+
+@hookimpl
+def ampcore_check_capability(dtype: torch.dtype) -> list[CapabilityIssue]:
+    return cpu_capability_issues(read_capabilities(), dtype)
