@@ -75,6 +75,6 @@ def warn_at(
     Falls back to a normal warning attributed to the caller ``stacklevel`` frames up.
     """
     if filename:
-        warnings.warn_explicit(message, category, filename, lineno, module=None)
+        warnings.warn_explicit(message, category, filename, lineno)
     else:
         warnings.warn(message, category, stacklevel=stacklevel)

@@ -148,6 +148,7 @@ class PluginManager:
             block = set(_env_list(self._environ, ENV_BLOCK))
             seen: set[tuple[str, str]] = set()
             names: set[str] = set()
+            known: set[str | None] = set()
             for ep in self._entry_points():
                 dist = ep.dist.name if ep.dist is not None else None
                 version = ep.dist.version if ep.dist is not None else None
@@ -156,6 +157,7 @@ class PluginManager:
                 seen.add((ep.name, ep.value))
                 names.add(ep.name)
                 keys = {ep.name, dist}
+                known |= keys
                 info = PluginInfo(ep.name, dist, version, "entry-point", "loaded")
                 self._infos[ep.name] = info
                 if keys & block:
@@ -167,7 +169,7 @@ class PluginManager:
                     info.status, info.error = "disabled", f"{ENV_DISABLE_AUTOLOAD} is set"
                 else:
                     self._load_one(ep, info)
-            missing = [name for name in allow if name not in names]
+            missing = [name for name in allow if name not in known]
             if missing:
                 warn_at(
                     f"{ENV_PLUGINS} names {missing}, but no such plugin is installed; "

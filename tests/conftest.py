@@ -1,0 +1,65 @@
+"""Shared fixtures: fake adapter plugins registered in process and removed afterwards."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+import ampcore
+from ampcore import hookimpl
+
+
+def make_adapter(
+    name: str,
+    device_type: str = "cpu",
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+    **hooks: Any,
+) -> object:
+    """A plugin object: the three required hooks plus any optional ``ampcore_*`` hooks
+    given as keyword arguments (functions taking the hook's parameters by name)."""
+    namespace: dict[str, Any] = {
+        "ampcore_backend_name": hookimpl(lambda self: name),
+        "ampcore_device_type": hookimpl(lambda self: device_type),
+        "ampcore_supported_dtypes": hookimpl(lambda self: list(dtypes)),
+    }
+    for hook, function in hooks.items():
+        namespace[hook] = hookimpl(_method(function))
+    return type(f"Adapter_{name}", (), namespace)()
+
+
+def _method(function: Callable[..., Any]) -> Callable[..., Any]:
+    import inspect
+
+    params = list(inspect.signature(function).parameters)
+    # pluggy reads argument names from the signature: rebuild one with ``self`` first.
+    source = f"def hook(self, {', '.join(params)}):\n    return function({', '.join(params)})"
+    scope: dict[str, Any] = {"function": function}
+    exec(source, scope)  # noqa: S102 - building a signature pluggy can introspect
+    return scope["hook"]
+
+
+@pytest.fixture
+def register() -> Iterator[Callable[..., ampcore.Backend]]:
+    """Register plugins for one test: ``register(plugin, name=...)``; unregistered after."""
+    names: list[str] = []
+
+    def _register(plugin: object, name: str | None = None) -> ampcore.Backend:
+        backend = ampcore.register_plugin(plugin, name=name)
+        names.append(name or backend.plugin_name)
+        return backend
+
+    yield _register
+    for name in names:
+        ampcore.unregister_plugin(name)
+
+
+@pytest.fixture
+def no_emulation_warning() -> Iterator[None]:
+    """Silence the CPU adapter's 'runs emulated' warning (fp16 on CPUs without AVX512-FP16)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*runs emulated.*", category=ampcore.AmpcoreWarning)
+        yield
