@@ -1,0 +1,1 @@
+"""ampcore's vendor conformance suite (installed as ``ampcore_conformance``)."""
