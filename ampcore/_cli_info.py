@@ -6,6 +6,7 @@ import argparse
 import json
 import platform
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import pluggy
@@ -72,7 +73,7 @@ def format_info(info: dict[str, Any]) -> str:
         "",
         "Plugins:",
     ]
-    rows = [("name", "distribution", "version", "source", "status", "error")]
+    rows: list[tuple[str, ...]] = [("name", "distribution", "version", "source", "status", "error")]
     for p in info["plugins"]:
         rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], p["status"], p["error"] or ""))
     lines += _table(rows)
@@ -94,7 +95,7 @@ def format_info(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     out = ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     out.insert(1, "  " + "  ".join("-" * w for w in widths))
