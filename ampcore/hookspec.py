@@ -275,3 +275,47 @@ def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
 
     Core default: nothing.
     """
+
+
+# ---------------------------------------------------------------------------------------
+# Memory (optional; used by `ampcore bench` and the conformance speed report)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_device_memory(device_index: int) -> int | None:
+    """Total memory of device ``device_index`` in bytes, or ``None`` when the backend
+    computes in host memory (then ``ampcore bench`` picks the scaled-down sizes).
+
+    Core default: ``torch.accelerator.get_memory_info`` when the backend's device type is
+    torch's current accelerator, else ``None``.
+    """
+
+
+@hookspec
+def ampcore_reset_peak_memory(device_index: int) -> None:
+    """Start a new peak-memory measurement on device ``device_index``.
+
+    Core default: ``torch.accelerator.reset_peak_memory_stats`` when the backend's device
+    type is torch's current accelerator, else nothing.
+    """
+
+
+@hookspec
+def ampcore_memory_in_use(device_index: int) -> int | None:
+    """Bytes in use on device ``device_index`` now (host backends: the process's resident
+    memory), or ``None`` when the backend cannot tell.
+
+    Core default: ``torch.accelerator.memory_allocated`` when the backend's device type is
+    torch's current accelerator, else ``None``.
+    """
+
+
+@hookspec
+def ampcore_peak_memory(device_index: int) -> int | None:
+    """Bytes in use at the peak since :func:`ampcore_reset_peak_memory`, or ``None`` when
+    the backend cannot measure it.
+
+    Core default: ``torch.accelerator.max_memory_allocated`` when the backend's device type
+    is torch's current accelerator, else ``None``.
+    """

@@ -88,3 +88,53 @@ def ampcore_device_name(device_index: int) -> str:
 @hookimpl
 def ampcore_check_capability(dtype: torch.dtype) -> list[CapabilityIssue]:
     return cpu_capability_issues(read_capabilities(), dtype)
+
+
+# -- memory: the process's resident set, from Linux's /proc ------------------------------
+
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def parse_status_kib(status: str, field: str) -> int | None:
+    """Read a ``kB`` field (``VmRSS``, ``VmHWM``) of ``/proc/<pid>/status`` text, in bytes.
+
+    Example::
+
+        >>> parse_status_kib("VmHWM:\\t  2048 kB\\nVmRSS:\\t 1024 kB\\n", "VmHWM")
+        2097152
+    """
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key == field:
+            number, _, unit = value.strip().partition(" ")
+            return int(number) * 1024 if unit.strip() == "kB" else int(number)
+    return None
+
+
+def _status_field(field: str) -> int | None:
+    try:
+        with open(_STATUS) as handle:
+            return parse_status_kib(handle.read(), field)
+    except OSError:  # not Linux
+        return None
+
+
+@hookimpl
+def ampcore_memory_in_use() -> int | None:
+    return _status_field("VmRSS")
+
+
+@hookimpl
+def ampcore_reset_peak_memory() -> None:
+    # Writing "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0).
+    try:
+        with open(_CLEAR_REFS, "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+
+
+@hookimpl
+def ampcore_peak_memory() -> int | None:
+    return _status_field("VmHWM")

@@ -1,0 +1,58 @@
+"""Memory questions: adapter hooks first, torch.accelerator otherwise, None when unknown."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import ampcore
+from ampcore._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory
+from ampcore_backends.cpu import parse_status_kib
+
+from conftest import make_adapter
+
+
+def test_adapter_hooks_are_used(register) -> None:
+    calls: list[str] = []
+    backend = register(
+        make_adapter(
+            "mem",
+            ampcore_device_memory=lambda device_index: 16 * 2**30 + device_index,
+            ampcore_memory_in_use=lambda: 100,
+            ampcore_reset_peak_memory=lambda device_index: calls.append(f"reset{device_index}"),
+            ampcore_peak_memory=lambda: 300,
+        ),
+        name="mem",
+    )
+    assert device_memory(backend, 1) == 16 * 2**30 + 1
+    assert memory_in_use(backend) == 100
+    reset_peak_memory(backend, 2)
+    assert calls == ["reset2"] and peak_memory(backend) == 300
+
+
+def test_unknown_without_hooks_or_accelerator(register) -> None:
+    backend = register(make_adapter("plain", device_type="plain_device"), name="plain")
+    assert device_memory(backend) is None and memory_in_use(backend) is None and peak_memory(backend) is None
+    reset_peak_memory(backend)  # nothing to reset, no error
+
+
+def test_parse_proc_status() -> None:
+    status = "Name:\tpython\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nThreads:\t4\n"
+    assert parse_status_kib(status, "VmHWM") == 200 * 2**20
+    assert parse_status_kib(status, "VmRSS") == 100 * 2**20
+    assert parse_status_kib(status, "VmSwap") is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU adapter reads /proc (Linux only)")
+def test_cpu_peak_memory_sees_a_large_allocation() -> None:
+    cpu = ampcore.get_backend("cpu")
+    assert device_memory(cpu) is None  # host memory: bench picks scaled-down sizes
+    reset_peak_memory(cpu)
+    before = memory_in_use(cpu)
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    peak = peak_memory(cpu)
+    del block
+    assert before is not None and peak is not None
+    assert peak - before >= 60 * 2**20
