@@ -1,0 +1,219 @@
+"""The experiment of Paddle's AMP guide, on any backend: 9 Linear layers, MSE, SGD.
+
+Each mode trains the same network from the same initial weights on the same random batch:
+``fp32``, the native ``torch.autocast`` baseline, ``AMP-O1`` (ampcore autocast with the
+guide's ``custom_white_list={"elementwise_add"}`` and a GradScaler) and ``AMP-O2``
+(``ampcore.decorate`` with fp32 master weights, O2 autocast and a GradScaler).  Modes run one
+after the other so that each one's peak memory is its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from ._backend import Backend, dtype_name
+from ._errors import AmpcoreError
+from ._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory
+from ._registry import resolve_device
+
+__all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench"]
+
+MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
+#: The guide's sizes, used where the device has the memory for them.
+GUIDE_SIZES: Final = (8192, 2048)
+#: Scaled-down sizes for host-memory backends (CPU): a few minutes for all modes.
+HOST_SIZES: Final = (2048, 512)
+_GUIDE_NEEDS: Final = 16 * 2**30
+
+StepCallback = Callable[[str, int, int], None]
+
+
+@dataclass
+class BenchSettings:
+    """What to run; ``size``/``batch`` None picks :func:`default_sizes`."""
+
+    device: str | None = None
+    dtype: torch.dtype | None = None
+    size: int | None = None
+    batch: int | None = None
+    steps: int = 20
+    warmup: int = 3
+    lr: float = 1e-4
+    seed: int = 0
+    modes: tuple[str, ...] = MODES
+
+
+@dataclass
+class ModeResult:
+    """One mode's measurements (times in milliseconds, memory in bytes)."""
+
+    mode: str
+    ms_per_step: float
+    step_ms: list[float]
+    losses: list[float]
+    final_loss: float
+    peak_memory: int | None
+    loss_scale: float | None
+    speedup: float = 1.0
+
+
+@dataclass
+class BenchResult:
+    """Everything ``ampcore bench`` prints or writes as JSON."""
+
+    backend: str
+    device_name: str
+    dtype: str
+    size: int
+    batch: int
+    steps: int
+    warmup: int
+    lr: float
+    versions: dict[str, str]
+    results: list[ModeResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SeedNet(nn.Module):
+    """The guide's network: 9 ``Linear(size, size)`` layers in a row."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.linears = nn.ModuleList(nn.Linear(size, size) for _ in range(9))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for linear in self.linears:
+            x = linear(x)
+        return x
+
+
+def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
+    """(size, batch): the guide's where the device has >= 16 GiB, else the host sizes."""
+    memory = device_memory(backend, device_index)
+    return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
+
+
+def _synchronize(backend: Backend) -> None:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():
+        current = accelerator.current_accelerator()
+        if current is not None and current.type == backend.device_type:
+            accelerator.synchronize()
+
+
+def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: BenchSettings, dtype: torch.dtype, backend: Backend) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
+    import ampcore
+
+    device = settings.device
+    if mode == "fp32":
+        return model, opt, contextlib.nullcontext, None
+    if mode == "torch.autocast":
+        scaler = torch.amp.GradScaler(backend.device_type) if backend.needs_loss_scaling(dtype) else None
+        return model, opt, lambda: torch.autocast(backend.device_type, dtype=dtype), scaler
+    scaler = ampcore.GradScaler(device, dtype=dtype, init_scale=1024.0)
+    if mode == "AMP-O1":
+        region = ampcore.autocast(device, dtype=dtype, level="O1", custom_white_list={"elementwise_add"})
+        return model, opt, lambda: region, scaler
+    if mode == "AMP-O2":
+        model, opt = ampcore.decorate(model, opt, level="O2", dtype=dtype, device=device)
+        region = ampcore.autocast(device, dtype=dtype, level="O2")
+        return model, opt, lambda: region, scaler
+    raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+
+
+def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+    device = torch.device(backend.device_type, index)
+    torch.manual_seed(settings.seed)
+    model: nn.Module = SeedNet(size).to(device)
+    data = torch.randn(batch, size, device=device)
+    label = torch.randn(batch, size, device=device)
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr)
+    model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
+    _synchronize(backend)
+    reset_peak_memory(backend, index)
+    base = memory_in_use(backend, index)
+    total = settings.warmup + settings.steps
+    times: list[float] = []
+    losses: list[float] = []
+    for step in range(total):
+        start = time.perf_counter()
+        with region():
+            loss = nn.functional.mse_loss(model(data), label)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # synchronises
+        _synchronize(backend)
+        if step >= settings.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+        if on_step is not None:
+            on_step(mode, step + 1, total)
+    peak = peak_memory(backend, index)
+    scale = float(scaler.get_scale()) if scaler is not None else None
+    del model, opt, data, label
+    return ModeResult(
+        mode=mode,
+        ms_per_step=statistics.median(times),
+        step_ms=times,
+        losses=losses,
+        final_loss=losses[-1],
+        peak_memory=None if peak is None or base is None else max(peak - base, 0),
+        loss_scale=scale,
+    )
+
+
+def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> BenchResult:
+    """Run every mode of ``settings`` and return their measurements.
+
+    Example::
+
+        >>> result = run_bench(BenchSettings(device="cpu", size=64, batch=8, steps=2, warmup=0))
+        >>> [r.mode for r in result.results]
+        ['fp32', 'torch.autocast', 'AMP-O1', 'AMP-O2']
+    """
+    import platform
+
+    from ._version import __version__
+
+    bad = [m for m in settings.modes if m not in MODES]
+    if bad:
+        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES)}")
+    if settings.steps < 1 or settings.warmup < 0:
+        raise AmpcoreError(f"ampcore bench: steps must be >= 1 and warmup >= 0 (got {settings.steps}, {settings.warmup})")
+    resolved = resolve_device(settings.device)
+    backend, index = resolved.backend, resolved.index or 0
+    dtype = backend.check_dtype(settings.dtype, call="ampcore bench")
+    size, batch = default_sizes(backend, index)
+    size, batch = settings.size or size, settings.batch or batch
+    result = BenchResult(
+        backend=backend.name,
+        device_name=backend.device_name(index),
+        dtype=dtype_name(dtype),
+        size=size,
+        batch=batch,
+        steps=settings.steps,
+        warmup=settings.warmup,
+        lr=settings.lr,
+        versions={"ampcore": __version__, "torch": torch.__version__, "python": platform.python_version()},
+    )
+    for mode in settings.modes:
+        result.results.append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
+    reference = next((r for r in result.results if r.mode == "fp32"), None)
+    for r in result.results:
+        r.speedup = reference.ms_per_step / r.ms_per_step if reference else float("nan")
+    return result

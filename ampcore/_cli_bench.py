@@ -1,0 +1,152 @@
+"""``ampcore bench``: the AMP guide's table (fp32, torch.autocast, AMP-O1, AMP-O2) on any backend."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+import torch
+
+from ._bench import MODES, BenchResult, BenchSettings, run_bench
+from ._errors import AmpcoreError
+
+__all__ = ["add_parser", "format_result", "plot_result"]
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal stream (silent when it is not a terminal)."""
+
+    def __init__(self, stream: TextIO, modes: int, width: int = 30) -> None:
+        self.stream, self.modes, self.width, self.done = stream, modes, width, 0
+        self.enabled = stream.isatty()
+
+    def __call__(self, mode: str, step: int, total: int) -> None:
+        if not self.enabled:  # logs and CI: one line per finished mode
+            if step == total:
+                self.done += 1
+                self.stream.write(f"ampcore bench: {mode} done ({self.done}/{self.modes})\n")
+            return
+        fraction = (self.done + step / total) / self.modes
+        filled = int(fraction * self.width)
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {fraction:4.0%} {mode:<15} step {step}/{total}")
+        self.stream.flush()
+        if step == total:
+            self.done += 1
+            if self.done == self.modes:
+                self.stream.write("\r" + " " * (self.width + 45) + "\r")
+
+
+def _memory(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 2**30:.2f} GiB" if value >= 2**30 else f"{value / 2**20:.0f} MiB"
+
+
+def format_result(result: BenchResult) -> str:
+    """The guide's table and more, as text."""
+    head = (
+        f"ampcore bench: 9 x Linear({result.size}, {result.size}), batch {result.batch}, MSE, "
+        f"SGD lr {result.lr:g}, {result.steps} steps (+{result.warmup} warm-up)\n"
+        f"backend {result.backend} ({result.device_name}), low precision {result.dtype}\n"
+    )
+    fp32 = next((r for r in result.results if r.mode == "fp32"), None)
+    rows = [("mode", "ms/step", "speed-up", "final loss", "vs fp32", "peak memory", "loss scale")]
+    for r in result.results:
+        delta = "-" if fp32 is None or r is fp32 else f"{(r.final_loss - fp32.final_loss) / abs(fp32.final_loss):+.3%}"
+        rows.append(
+            (
+                r.mode,
+                f"{r.ms_per_step:.1f}",
+                f"{r.speedup:.2f}x",
+                f"{r.final_loss:.6f}",
+                delta,
+                _memory(r.peak_memory),
+                "-" if r.loss_scale is None else f"{r.loss_scale:g}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = (
+        "\nms/step: median over the measured steps; peak memory: growth of the device's peak use "
+        "(host backends: resident set) during training."
+    )
+    return head + "\n" + "\n".join(lines) + "\n" + notes
+
+
+def plot_result(result: BenchResult, path: str) -> None:
+    """Draw step times and loss curves to ``path`` (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise AmpcoreError(
+            "ampcore bench --plot needs matplotlib, which is not installed: pip install 'ampcore[plot]' (or matplotlib)"
+        ) from exc
+    fig, (times, losses) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in result.results:
+        times.plot(range(result.warmup + 1, result.warmup + 1 + len(r.step_ms)), r.step_ms, marker=".", label=r.mode)
+        losses.plot(range(1, len(r.losses) + 1), r.losses, label=r.mode)
+    times.set(title="step time", xlabel="step", ylabel="ms")
+    losses.set(title="loss", xlabel="step", ylabel="MSE")
+    for axis in (times, losses):
+        axis.legend()
+        axis.grid(alpha=0.3)
+    fig.suptitle(f"ampcore bench: {result.backend} ({result.device_name}), {result.dtype}, 9 x Linear({result.size}), batch {result.batch}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = BenchSettings(
+        device=args.device,
+        dtype=getattr(torch, args.dtype) if args.dtype else None,
+        size=args.size,
+        batch=args.batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        modes=tuple(args.modes),
+    )
+    if args.plot:  # fail before minutes of training, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise AmpcoreError("ampcore bench --plot needs matplotlib, which is not installed: pip install 'ampcore[plot]'") from exc
+    progress = None if args.no_progress else ProgressBar(sys.stderr, len(settings.modes))
+    result = run_bench(settings, on_step=progress)
+    print(format_result(result))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(result.as_dict(), handle, indent=2)
+        print(f"\nwrote {args.json}")
+    if args.plot:
+        plot_result(result, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="train the AMP guide's 9-Linear network in fp32, torch.autocast, AMP-O1 and AMP-O2",
+        description=(
+            "Reproduce the table of Paddle's AMP guide on any backend: 9 Linear(size, size) layers, MSE "
+            "loss, SGD lr 1e-4, random data. Sizes default to the guide's (8192, batch 2048) on devices "
+            "with >= 16 GiB of memory and to 2048, batch 512 on host-memory backends (CPU)."
+        ),
+    )
+    parser.add_argument("--device", default=None, help="backend name or name:index (default: best available)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default=None, help="default: the backend's")
+    parser.add_argument("--size", type=int, default=None, help="input and output size of each Linear")
+    parser.add_argument("--batch", type=int, default=None, help="batch size")
+    parser.add_argument("--steps", type=int, default=20, help="measured training steps per mode (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured warm-up steps per mode (default 3)")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to run")
+    parser.add_argument("--json", metavar="FILE", help="also write all measurements as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="also draw step times and loss curves (needs matplotlib)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=_run)
