@@ -319,3 +319,32 @@ def ampcore_peak_memory(device_index: int) -> int | None:
     Core default: ``torch.accelerator.max_memory_allocated`` when the backend's device type
     is torch's current accelerator, else ``None``.
     """
+
+
+# ---------------------------------------------------------------------------------------
+# O2 model preparation (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def ampcore_prepare_o2(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, dtype: torch.dtype
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
+    """Prepare ``model`` (and ``optimizer``, when given) for level O2 in ``dtype`` with the
+    vendor's own tool, e.g. ``ipex.optimize(model, dtype=torch.bfloat16, optimizer=opt)``.
+
+    Called by :func:`ampcore.decorate` with ``level="O2"`` for a model on this backend,
+    before the core's own O2 preparation.  Return ``(model, optimizer)`` (the objects to use
+    from now on; ``optimizer`` is ``None`` when none was given) when the adapter did the
+    whole preparation: low-precision parameters and whatever keeps the update exact (fp32
+    master weights or the vendor's equivalent).  ampcore then skips its own casting and
+    master weights for this model.  Return ``None`` to let the core do it (also when the
+    vendor's tool is absent or unusable: warn, then return ``None``).
+
+    **firstresult**: the first non-``None`` result is used.
+
+    Core default: ``None`` (the core casts parameters and keeps fp32 master weights).
+
+    Use in plugins: import the vendor tool lazily here; return ``None`` for dtypes it does
+    not handle.
+    """

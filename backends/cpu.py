@@ -3,6 +3,10 @@
 Native bf16 needs AVX512-BF16 or AMX-BF16; native fp16 needs AVX512-FP16 or AMX-FP16.
 Without them torch emulates the dtype, which is typically slower than float32: the
 capability check warns once.
+
+O2 in bfloat16 uses Intel Extension for PyTorch (``ipex.optimize``) when it is installed
+and matches the running torch (see ``ampcore_backends._ipex``); an installed but
+incompatible IPEX gives one warning and stock PyTorch.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Final
 import torch
 
 from ampcore import CapabilityIssue, hookimpl
+
+from ._ipex import ipex_prepare_o2
 
 #: CPU feature flags (as ``torch.cpu.get_capabilities()`` names them) that run a dtype natively.
 NATIVE_FEATURES: Final[Mapping[torch.dtype, tuple[str, ...]]] = {
@@ -88,6 +94,13 @@ def ampcore_device_name(device_index: int) -> str:
 @hookimpl
 def ampcore_check_capability(dtype: torch.dtype) -> list[CapabilityIssue]:
     return cpu_capability_issues(read_capabilities(), dtype)
+
+
+@hookimpl
+def ampcore_prepare_o2(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, dtype: torch.dtype
+) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
+    return ipex_prepare_o2(model, optimizer, dtype)
 
 
 # -- memory: the process's resident set, from Linux's /proc ------------------------------
