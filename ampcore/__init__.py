@@ -13,6 +13,7 @@ from ._backend import Backend
 from ._capability import CapabilityIssue
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._levels import LEVELS, Level
+from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
 from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
 from ._version import __version__
@@ -26,6 +27,7 @@ __all__ = [
     "BackendUnavailableError",
     "CapabilityIssue",
     "Level",
+    "OpLists",
     "PluginError",
     "PluginInfo",
     "PluginManager",
@@ -36,6 +38,7 @@ __all__ = [
     "hookimpl",
     "list_backends",
     "list_plugins",
+    "oplists",
     "register_plugin",
     "unregister_plugin",
 ]

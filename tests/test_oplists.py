@@ -1,0 +1,211 @@
+"""The op-list registry: native tables vs the dispatcher, levels, merge rules, adapters."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import ampcore
+from ampcore import AmpcoreError, PluginError
+from ampcore._oplist_data import NATIVE_TABLES, dispatch_key_of, native_table, table_name_of
+from ampcore._oplist_names import functional_overloads
+
+# (dispatch key, ampcore table) pairs torch itself registers kernels for.
+DISPATCHER_TABLES = [
+    ("AutocastCPU", "cpu"),
+    ("AutocastCUDA", "cuda"),
+    ("AutocastMPS", "mps"),
+    ("AutocastXPU", "generic"),
+    ("AutocastMTIA", "generic"),
+]
+
+
+def _registrations(key: str) -> set[str]:
+    try:
+        names = torch._C._dispatch_get_registrations_for_dispatch_key(key)
+    except RuntimeError:
+        pytest.skip(f"this torch has no dispatch key {key}")
+    return {n.removeprefix("aten::") for n in names if n.startswith("aten::")}
+
+
+@pytest.mark.parametrize(("key", "table"), DISPATCHER_TABLES)
+def test_native_tables_match_the_dispatcher(key: str, table: str) -> None:
+    """Drift guard: a torch upgrade that changes autocast's lists fails here."""
+    registered = _registrations(key)
+    ours = set(NATIVE_TABLES[table])
+    assert ours - registered == set(), f"in ampcore's {table} table but not registered for {key}"
+    assert registered - ours == set(), f"registered for {key} but missing from ampcore's {table} table"
+    for overload in ours:
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{overload}", key)
+
+
+def test_private_use1_has_no_torch_lists() -> None:
+    assert _registrations("AutocastPrivateUse1") == set()
+    assert dispatch_key_of("npu") == "AutocastPrivateUse1"
+    assert table_name_of("npu") == "generic"
+
+
+def test_each_op_has_one_native_policy_per_table() -> None:
+    for table in NATIVE_TABLES.values():
+        by_base: dict[str, set[str]] = {}
+        for overload, policy in table.items():
+            by_base.setdefault(overload.partition(".")[0], set()).add(policy)
+        assert {b: p for b, p in by_base.items() if len(p) > 1} == {}
+
+
+# Real behaviour of a sample of the CPU table under torch.autocast, as data:
+# (op, make inputs, expected output dtype given float32 inputs).
+def _mat() -> torch.Tensor:
+    return torch.randn(4, 4)
+
+
+NATIVE_CPU_BEHAVIOUR = [
+    ("mm", lambda: torch.mm(_mat(), _mat()), torch.bfloat16),
+    ("linear", lambda: torch.nn.functional.linear(_mat(), _mat()), torch.bfloat16),
+    ("mse_loss", lambda: torch.nn.functional.mse_loss(_mat().bfloat16(), _mat().bfloat16()), torch.float32),
+    ("cat", lambda: torch.cat([_mat(), _mat().bfloat16()]), torch.float32),
+    ("add", lambda: _mat() + _mat(), torch.float32),
+]
+
+
+@pytest.mark.parametrize(("op", "run", "expected"), NATIVE_CPU_BEHAVIOUR)
+def test_cpu_table_agrees_with_torch_autocast(op: str, run, expected: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+    lists = ampcore.oplists("cpu", dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert run().dtype == expected
+    category = {torch.bfloat16: "white", torch.float32: "black"}[expected] if op != "cat" else "promote"
+    assert lists.category(op) == (category if op != "add" else "follow-inputs")
+
+
+CATEGORIES = [
+    # (device, dtype, level, custom white, custom black, op, expected category)
+    ("cpu", None, "O1", None, None, "mm", "white"),
+    ("cpu", None, "O1", None, None, "cat", "promote"),
+    ("cpu", None, "O1", None, None, "softmax", "follow-inputs"),
+    ("cpu", None, "O1", {"elementwise_add"}, None, "add", "white"),
+    ("cpu", None, "O1", None, {"linear"}, "linear", "black"),
+    ("cpu", None, "O1", {"mse_loss"}, None, "mse_loss", "white"),  # custom white leaves black
+    ("cpu", None, "O1", None, {"cat"}, "cat", "black"),  # custom black leaves promote
+    ("cpu", None, "OD", None, None, "mm", "white"),
+    ("cpu", None, "OD", None, None, "cat", "black"),
+    ("cpu", None, "OD", None, None, "relu", "float32"),
+    ("cpu", None, "O2", None, None, "cat", "white"),
+    ("cpu", None, "O2", None, None, "relu", "low-precision"),
+    ("cpu", None, "O2", None, None, "mse_loss", "black"),
+    ("cpu", None, "O0", None, None, "mm", "autocast-off"),
+    ("cuda", torch.float16, "O1", None, None, "softmax", "black"),
+    ("cuda", torch.float16, "O1", None, None, "binary_cross_entropy", "banned"),
+    ("cuda", torch.float16, "O1", {"binary_cross_entropy"}, None, "binary_cross_entropy", "white"),
+    ("cuda", torch.float16, "O1", None, None, "addcmul", "promote"),
+]
+
+
+@pytest.mark.parametrize(("device", "dtype", "level", "white", "black", "op", "expected"), CATEGORIES)
+def test_effective_categories(device, dtype, level, white, black, op, expected) -> None:  # type: ignore[no-untyped-def]
+    lists = ampcore.oplists(device, dtype=dtype, level=level, custom_white_list=white, custom_black_list=black)
+    assert lists.category(op) == expected
+
+
+def test_fp32_with_dtype_is_part_of_black() -> None:
+    lists = ampcore.oplists("cuda", dtype=torch.float16)
+    assert {"softmax", "sum", "norm"} <= lists.fp32_with_dtype <= lists.black
+    assert lists.action("softmax.int") == "fp32_set_opt_dtype"
+    assert lists.action("norm.Scalar") == "fp32_append_dtype"
+    # black-listing keeps the output-dtype policy of an op that has one natively
+    black = ampcore.oplists("cuda", dtype=torch.float16, custom_black_list={"softmax", "add"})
+    assert black.action("softmax.int") == "fp32_set_opt_dtype"
+    assert black.action("add.Tensor") == "fp32"
+
+
+def test_lists_are_disjoint_and_native_flag() -> None:
+    for level in ("OD", "O1", "O2"):
+        lists = ampcore.oplists("cpu", level=level, custom_white_list={"add"}, custom_black_list={"mm"})
+        assert not lists.white & lists.black
+        assert not lists.white & lists.promote
+        assert not lists.black & lists.promote
+    assert ampcore.oplists("cpu").is_native
+    assert not ampcore.oplists("cpu", custom_white_list={"add"}).is_native
+    assert not ampcore.oplists("cpu", level="OD").is_native
+
+
+def test_overlap_and_bad_arguments_raise() -> None:
+    with pytest.raises(AmpcoreError, match=r"\['add'\] in both lists"):
+        ampcore.oplists("cpu", custom_white_list={"add"}, custom_black_list={"elementwise_add"})
+    with pytest.raises(AmpcoreError, match="unknown op 'linaer'; did you mean 'linear'"):
+        ampcore.oplists("cpu", custom_black_list={"linaer"})
+    with pytest.raises(AmpcoreError, match="invalid level"):
+        ampcore.oplists("cpu", level="O3")
+    with pytest.raises(AmpcoreError, match="does not support"):
+        ampcore.oplists("cpu", dtype=torch.float64)
+
+
+def test_as_dict_is_json() -> None:
+    data = ampcore.oplists("cpu", custom_white_list={"add"}).as_dict()
+    assert json.loads(json.dumps(data))["custom_white"] == ["add"]
+    assert data["overloads"]["add.Tensor"] == "low"
+    assert data["dispatch_key"] == "AutocastCPU"
+
+
+class _AdjustingAdapter:
+    """A CPU-driving backend whose adapter adjusts the lists for bf16 only."""
+
+    def __init__(self, adjustments: dict[str, list[str]]) -> None:
+        self.adjustments = adjustments
+
+    @ampcore.hookimpl
+    def ampcore_backend_name(self) -> str:
+        return "adjcpu"
+
+    @ampcore.hookimpl
+    def ampcore_device_type(self) -> str:
+        return "cpu"
+
+    @ampcore.hookimpl
+    def ampcore_supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    @ampcore.hookimpl
+    def ampcore_op_list_adjustments(self, dtype: torch.dtype) -> dict[str, list[str]] | None:
+        return self.adjustments if dtype == torch.bfloat16 else None
+
+
+@pytest.fixture
+def adjusting() -> Iterator[_AdjustingAdapter]:
+    adapter = _AdjustingAdapter({"black": ["mm"], "white": ["elementwise_add"], "promote": ["mul"]})
+    ampcore.register_plugin(adapter, name="adjcpu")
+    try:
+        yield adapter
+    finally:
+        ampcore.unregister_plugin("adjcpu")
+
+
+def test_adapter_adjustments_apply_per_dtype(adjusting: _AdjustingAdapter) -> None:
+    lists = ampcore.oplists("adjcpu", dtype=torch.bfloat16)
+    assert (lists.category("mm"), lists.category("add"), lists.category("mul")) == ("black", "white", "promote")
+    assert not lists.is_native
+    assert lists.adjustments == {"black": {"mm"}, "white": {"add"}, "promote": {"mul"}}
+    # user lists still apply on top
+    assert ampcore.oplists("adjcpu", custom_white_list={"mm"}).category("mm") == "white"
+    fp16 = ampcore.oplists("adjcpu", dtype=torch.float16)
+    assert fp16.category("mm") == "white" and fp16.is_native
+
+
+def test_broken_adjustments_raise_plugin_errors() -> None:
+    for bad, words in [({"black": ["nosuchop"]}, "unknown op 'nosuchop'"), ({"black": ["mm"], "white": ["mm"]}, "both")]:
+        ampcore.register_plugin(_AdjustingAdapter(bad), name="adjcpu")
+        try:
+            with pytest.raises(PluginError, match=words):
+                ampcore.oplists("adjcpu")
+        finally:
+            ampcore.unregister_plugin("adjcpu")
+
+
+def test_every_listed_overload_is_castable() -> None:
+    for device in ("cpu", "cuda"):
+        lists = ampcore.oplists(device, level="O2")
+        for overload in lists.overloads:
+            base = overload.partition(".")[0]
+            assert overload in functional_overloads(base) or overload in native_table(device)
