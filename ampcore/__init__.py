@@ -16,6 +16,7 @@ from ._levels import LEVELS, Level
 from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
 from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
+from ._scaler import GradScaler, LossScaleAtMinimumError
 from ._version import __version__
 from .hookspec import hookimpl
 
@@ -26,7 +27,9 @@ __all__ = [
     "Backend",
     "BackendUnavailableError",
     "CapabilityIssue",
+    "GradScaler",
     "Level",
+    "LossScaleAtMinimumError",
     "OpLists",
     "PluginError",
     "PluginInfo",

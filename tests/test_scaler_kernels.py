@@ -1,0 +1,150 @@
+"""The scaler's kernels: adapter hooks first, torch's fused kernels, the portable fallback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+import ampcore
+from ampcore._scaler_kernels import ScalerKernels, portable_unscale_
+
+from conftest import make_adapter
+
+INF, NAN = float("inf"), float("nan")
+
+
+def one_param_step(scaler: ampcore.GradScaler, grad: torch.Tensor) -> tuple[bool, torch.Tensor]:
+    """Set a scaled gradient, step and update; return (stepped, the unscaled gradient)."""
+    p = torch.nn.Parameter(torch.zeros_like(grad))
+    opt = torch.optim.SGD([p], lr=1.0)
+    p.grad = scaler.scale(grad.clone())
+    scaler.step(opt)
+    scaler.update()
+    return bool(p.detach().ne(0).any()), p.grad
+
+
+def test_adapter_unscale_hook_is_used_when_it_returns_true(register: Callable[..., Any]) -> None:
+    calls = []
+
+    def unscale(grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> bool:
+        calls.append(len(grads))
+        torch._foreach_mul_(grads, inv_scale)
+        found_inf.fill_(1.0)  # this adapter says: overflow
+        return True
+
+    register(make_adapter("vendor", dtypes=(torch.float16,), ampcore_unscale_grads_=unscale), name="vendor")
+    scaler = ampcore.GradScaler("vendor", init_scale=4.0)
+    stepped, grad = one_param_step(scaler, torch.ones(3))
+    assert calls == [1] and not stepped and torch.equal(grad, torch.ones(3))
+    assert scaler.get_scale() == 2.0
+
+
+def test_adapter_unscale_hook_returning_none_falls_back_to_torch(register: Callable[..., Any]) -> None:
+    calls = []
+    register(
+        make_adapter("vendor", dtypes=(torch.float16,), ampcore_unscale_grads_=lambda grads: calls.append(1)),
+        name="vendor",
+    )
+    stepped, grad = one_param_step(ampcore.GradScaler("vendor", init_scale=4.0), torch.ones(3))
+    assert calls == [1] and stepped and torch.equal(grad, torch.ones(3))
+
+
+def test_adapter_unscale_hook_returning_garbage_is_a_plugin_error(register: Callable[..., Any]) -> None:
+    register(make_adapter("vendor", dtypes=(torch.float16,), ampcore_unscale_grads_=lambda: "done"), name="vendor")
+    with pytest.raises(ampcore.PluginError, match=r"ampcore_unscale_grads_\(\) returned 'done'"):
+        one_param_step(ampcore.GradScaler("vendor"), torch.ones(3))
+
+
+def test_device_overflow_flag_skips_finite_steps_and_is_cleared_once_per_iteration(
+    register: Callable[..., Any],
+) -> None:
+    flag = torch.zeros(1)
+    clears: list[torch.device] = []
+
+    def clear(device: torch.device) -> None:
+        clears.append(device)
+        flag.zero_()
+
+    register(
+        make_adapter(
+            "npu-like",
+            dtypes=(torch.float16,),
+            ampcore_device_overflow_flag=lambda device: flag,
+            ampcore_clear_device_overflow_flag=clear,
+        ),
+        name="npu-like",
+    )
+    scaler = ampcore.GradScaler("npu-like", init_scale=8.0)
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([p], lr=1.0)
+    for micro in range(3):  # gradient accumulation: only the first scale() clears
+        (scaler.scale(p.sum() + 1.0)).backward()
+        if micro == 1:
+            flag.fill_(1.0)  # the chip saturated during this micro-batch's backward
+    scaler.step(opt)
+    scaler.update()
+    assert clears == [torch.device("cpu")] and torch.equal(p.detach(), torch.zeros(2))
+    assert scaler.get_scale() == 4.0
+    opt.zero_grad()
+    scaler.scale(p.sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert len(clears) == 2 and not torch.equal(p.detach(), torch.zeros(2))
+
+
+def test_device_overflow_flag_of_the_wrong_type_is_a_plugin_error(register: Callable[..., Any]) -> None:
+    register(
+        make_adapter("npu-like", dtypes=(torch.float16,), ampcore_device_overflow_flag=lambda: 1.0), name="npu-like"
+    )
+    with pytest.raises(ampcore.PluginError, match="expected a one-element tensor or None"):
+        one_param_step(ampcore.GradScaler("npu-like"), torch.ones(1))
+
+
+def _grads(dtype: torch.dtype, poison: float | None, where: int) -> list[torch.Tensor]:
+    torch.manual_seed(where)
+    grads = [torch.randn(n).mul(1000).to(dtype) for n in (1, 17, 4096, 0, 300)]
+    if poison is not None:
+        grads[where].view(-1)[-1] = poison
+    return grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("poison", "where"), [(None, 0), (INF, 2), (-INF, 0), (NAN, 4), (NAN, 1)])
+def test_portable_unscale_equals_torchs_kernel(dtype: torch.dtype, poison: float | None, where: int) -> None:
+    inv_scale = torch.tensor(1.0 / 3.0)
+    native, portable = _grads(dtype, poison, where), _grads(dtype, poison, where)
+    found_native, found_portable = torch.zeros(()), torch.zeros(())
+    torch._amp_foreach_non_finite_check_and_unscale_(native, found_native, inv_scale)
+    portable_unscale_(portable, found_portable, inv_scale)
+    assert found_native.item() == found_portable.item() == (0.0 if poison is None else 1.0)
+    for a, b in zip(native, portable, strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+
+
+def test_portable_unscale_keeps_an_already_found_inf() -> None:
+    found = torch.ones(())
+    portable_unscale_([torch.ones(3)], found, torch.ones(()))
+    assert found.item() == 1.0
+
+
+def test_a_scaler_without_torch_kernels_uses_the_portable_path() -> None:
+    scaler = ampcore.GradScaler("cpu", dtype=torch.float16, init_scale=4.0, hysteresis=1)
+    scaler._kernels._native_unscale[("cpu", torch.float32)] = False  # noqa: SLF001 - as on a device without them
+    scaler._kernels._native_update["cpu"] = False  # noqa: SLF001
+    stepped, grad = one_param_step(scaler, torch.ones(3))
+    assert stepped and torch.equal(grad, torch.ones(3)) and scaler.get_scale() == 4.0
+    stepped, _ = one_param_step(scaler, torch.tensor([1.0, INF]))
+    assert not stepped and scaler.get_scale() == 2.0
+
+
+def test_probes_detect_missing_kernels_and_cache_the_answer() -> None:
+    kernels = ScalerKernels(ampcore.get_backend("cpu"))
+    cpu = torch.device("cpu")
+    assert kernels.has_native_unscale(cpu, torch.float32) and kernels.has_native_update(cpu)
+    assert not kernels.has_native_unscale(cpu, torch.int32)  # torch has no such kernel
+    assert kernels._native_unscale == {("cpu", torch.float32): True, ("cpu", torch.int32): False}  # noqa: SLF001
+    assert kernels.wide_dtype(cpu) == torch.float64
+    assert kernels.inv_scale(torch.tensor(3.0)).item() == torch.tensor(1 / 3.0, dtype=torch.float64).float().item()
