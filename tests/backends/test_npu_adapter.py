@@ -215,3 +215,40 @@ def test_fp16_autocast_on_the_npu() -> None:
     with ampcore.autocast(device="npu", dtype=torch.float16):
         assert torch.mm(x, x).dtype == torch.float16
         assert torch.softmax(x, -1).dtype == torch.float32
+
+
+def test_grad_scaler_skips_a_step_that_saturated(fake_npu, register) -> None:
+    """End to end with ampcore.GradScaler: finite (saturated) gradients, but the chip's
+    float-status register says overflow, so the step is skipped and the scale backs off.
+    The NPU flag hooks are served on the CPU by a stand-in adapter that uses them."""
+    from conftest import make_adapter
+
+    chip = fake_npu(102, inf_nan=False)
+    register(
+        make_adapter(
+            "npu-sim",
+            dtypes=(torch.float16,),
+            ampcore_device_overflow_flag=npu.ampcore_device_overflow_flag,
+            ampcore_clear_device_overflow_flag=npu.ampcore_clear_device_overflow_flag,
+        ),
+        name="npu-sim",
+    )
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ampcore.GradScaler("npu-sim", dtype=torch.float16, init_scale=1024.0)
+
+    def train_step(saturates: bool) -> None:
+        opt.zero_grad()
+        loss = model(torch.ones(2, 4)).sum()
+        scaler.scale(loss).backward()
+        if saturates:
+            chip.register[0] = 1.0  # an fp16 op saturated at 65504 during backward
+        scaler.step(opt)
+        scaler.update()
+
+    before = model.weight.detach().clone()
+    train_step(saturates=True)
+    assert torch.equal(model.weight, before) and scaler.get_scale() == 512.0
+    assert "clear" in chip.calls and "get" in chip.calls
+    train_step(saturates=False)  # scale() cleared the register before backward
+    assert not torch.equal(model.weight, before) and scaler.get_scale() == 512.0
