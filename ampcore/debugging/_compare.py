@@ -1,0 +1,352 @@
+"""The accuracy comparison: the same batch in float32 and under AMP, module by module.
+
+Relative error of one module (or op) output is normwise in the max norm::
+
+    max |amp - ref| / max(max |ref|, tiny)
+
+with ``ref`` the float32 output, ``amp`` the AMP output cast back to ``ref``'s dtype,
+the maxima over all floating-point tensors of the output, and equal non-finite values
+(``inf == inf``, ``nan`` and ``nan``) counted as equal.  An AMP output that is inf or nan
+where float32 was finite has an infinite error.  Unlike an elementwise ratio it does not
+explode on outputs close to zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from .._autocast import autocast
+from .._backend import dtype_name
+from .._errors import AmpcoreError, AmpcoreWarning
+from .._registry import DeviceLike
+from ._module_path import ModuleTracker
+from ._ops import ObservingMode, leaf_tensors, op_name, quiet
+
+__all__ = ["AccuracyReport", "AccuracyRow", "compare_accuracy"]
+
+_TINY: Final = torch.finfo(torch.float32).tiny
+
+#: (module path, op name or None for the module's own output, occurrence of the op)
+Key = tuple[str, "str | None", int]
+
+
+@dataclass(frozen=True)
+class AccuracyRow:
+    """The error of one module's outputs (or, with ``per_op``, of one op call).
+
+    Attributes:
+        module_path: ``"Net.blocks.2"`` (the root is its class name).
+        op: None for a module row; the op name (``"exp"``) for an op row.
+        op_index: which call of ``op`` inside ``module_path`` it is (0 for the first).
+        max_rel_error / max_abs_error: see the module docstring; ``inf`` where AMP
+            produced inf or nan and float32 did not.
+        ref_dtype / amp_dtype: the dtype of the first floating output in each run.
+        calls: how many calls were compared (a module called twice has 2).
+        order: when its first call finished in the AMP run (0 first).
+        note: why a row is suspect (outputs of different shapes or counts).
+    """
+
+    module_path: str
+    op: str | None
+    op_index: int
+    max_rel_error: float
+    max_abs_error: float
+    ref_dtype: str
+    amp_dtype: str
+    calls: int
+    order: int
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        """``"Net.blocks.2"`` or, for an op row, ``"Net.blocks.2/exp#0"``."""
+        return self.module_path if self.op is None else f"{self.module_path}/{self.op}#{self.op_index}"
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    """Rows sorted by relative error, largest first (ties: the earlier one first).
+
+    Example::
+
+        >>> row = AccuracyRow("Net.fc", None, 0, 0.5, 2.0, "float32", "float16", 1, 0)
+        >>> report = AccuracyReport((row,), "O1", "float16", "cpu", threshold=0.1)
+        >>> report.first_bad.name
+        'Net.fc'
+    """
+
+    rows: tuple[AccuracyRow, ...]
+    level: str
+    dtype: str
+    device: str
+    threshold: float
+    unmatched: tuple[str, ...] = ()
+
+    @property
+    def in_order(self) -> tuple[AccuracyRow, ...]:
+        """The rows in the order their first call finished (inner modules before outer)."""
+        return tuple(sorted(self.rows, key=lambda r: r.order))
+
+    @property
+    def first_bad(self) -> AccuracyRow | None:
+        """The first row, in execution order, whose error exceeds ``threshold``."""
+        return next((r for r in self.in_order if r.max_rel_error > self.threshold), None)
+
+    def table(self, limit: int | None = 20) -> str:
+        """The ``limit`` worst rows as a text table (all rows when None)."""
+        rows = self.rows if limit is None else self.rows[:limit]
+        first = self.first_bad
+        width = max([len("module"), *(len(r.name) for r in rows)])
+        lines = [
+            f"compare_accuracy: float32 vs {self.level} {self.dtype} on {self.device} "
+            f"(max relative error, threshold {self.threshold:g})",
+            f"{'rank':>4}  {'module':<{width}}  {'rel error':>10}  {'abs error':>10}  {'fp32 run':>9}  "
+            f"{'AMP run':>9}  {'calls':>5}",
+        ]
+        for rank, row in enumerate(rows, 1):
+            mark = "  <- first over threshold" if row is first else ""
+            note = f"  ({row.note})" if row.note else ""
+            lines.append(
+                f"{rank:>4}  {row.name:<{width}}  {row.max_rel_error:>10.3g}  {row.max_abs_error:>10.3g}  "
+                f"{row.ref_dtype:>9}  {row.amp_dtype:>9}  {row.calls:>5}{mark}{note}"
+            )
+        if limit is not None and len(self.rows) > limit:
+            lines.append(f"... {len(self.rows) - limit} more rows (table(limit=None) shows all)")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _errors(ref: torch.Tensor, amp: torch.Tensor) -> tuple[float, float]:
+    amp = amp.to(ref.dtype)
+    same = (amp == ref) | (torch.isnan(amp) & torch.isnan(ref))
+    diff = torch.where(same, torch.zeros_like(ref), (amp - ref).abs())
+    max_abs = float(torch.nan_to_num(diff, nan=float("inf"), posinf=float("inf")).max())
+    finite = ref[torch.isfinite(ref)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    return (max_abs / max(scale, _TINY) if max_abs else 0.0), max_abs
+
+
+@dataclass
+class _Accumulator:
+    rel: float
+    abs: float
+    ref_dtype: str
+    amp_dtype: str
+    order: int
+    calls: int = 1
+    note: str = ""
+
+
+class _Recorder:
+    """Keeps the float32 outputs of the reference run and compares the AMP run with them."""
+
+    def __init__(self) -> None:
+        self.reference: dict[Key, list[list[torch.Tensor] | None]] = {}
+        self.results: dict[Key, _Accumulator] = {}
+        self.unmatched: list[str] = []
+        self.amp_dtypes: set[torch.dtype] = set()
+        self.comparing = False
+        self._calls: dict[Key, int] = {}
+        self._ops: dict[tuple[str, str], int] = {}
+
+    def start(self, comparing: bool) -> None:
+        self.comparing = comparing
+        self._calls = {}
+        self._ops = {}
+
+    def module_end(self, path: str, module: nn.Module, output: Any) -> None:
+        with quiet():
+            self.record((path, None, 0), output)
+
+    def op_end(self, path: str, op: str, result: Any) -> None:
+        index = self._ops.get((path, op), 0)
+        self._ops[(path, op)] = index + 1
+        self.record((path, op, index), result)
+
+    def record(self, key: Key, output: Any) -> None:
+        tensors = [t for t in leaf_tensors(output) if t.is_floating_point()]
+        if not tensors:
+            return
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        if not self.comparing:
+            self.reference.setdefault(key, []).append([t.detach().clone() for t in tensors])
+            return
+        self.amp_dtypes.update(t.dtype for t in tensors)
+        calls = self.reference.get(key, [])
+        refs = calls[call] if call < len(calls) else None
+        if refs is None:
+            self.unmatched.append(_label(key))
+            return
+        calls[call] = None
+        self._compare(key, refs, tensors)
+
+    def _compare(self, key: Key, refs: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+        rel = err = 0.0
+        note = "" if len(refs) == len(tensors) else f"{len(refs)} float32 outputs vs {len(tensors)} under AMP"
+        for ref, amp in zip(refs, tensors):
+            if ref.shape != amp.shape:
+                note, rel, err = f"shape {tuple(ref.shape)} vs {tuple(amp.shape)}", float("inf"), float("inf")
+                continue
+            r, a = _errors(ref, amp)
+            rel, err = max(rel, r), max(err, a)
+        acc = self.results.get(key)
+        if acc is None:
+            order = len(self.results)
+            names = dtype_name(refs[0].dtype), dtype_name(tensors[0].dtype)
+            self.results[key] = _Accumulator(rel, err, names[0], names[1], order, note=note)
+            return
+        acc.rel, acc.abs, acc.calls = max(acc.rel, rel), max(acc.abs, err), acc.calls + 1
+        acc.note = acc.note or note
+
+
+class _OpRecordingMode(ObservingMode):
+    """Shows the recorder every op call that computes from a floating tensor (no views, casts)."""
+
+    def __init__(self, tracker: ModuleTracker, recorder: _Recorder) -> None:
+        super().__init__()
+        self.tracker = tracker
+        self.recorder = recorder
+
+    def observe(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        name = op_name(func)
+        if func.is_view or name == "_to_copy":
+            return
+        if not any(t.is_floating_point() for t in leaf_tensors((args, kwargs))):
+            return
+        with quiet():
+            self.recorder.op_end(self.tracker.path, name, result)
+
+
+def _label(key: Key) -> str:
+    path, op, index = key
+    return path if op is None else f"{path}/{op}#{index}"
+
+
+def _call_args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    return (inputs,), {}
+
+
+def _infer_device(inputs: Any, model: nn.Module) -> torch.device | None:
+    for tensor in leaf_tensors(inputs):
+        return tensor.device
+    for tensor in model.parameters():
+        return tensor.device
+    return None
+
+
+def _run(model: nn.Module, label: str, inputs: Any, recorder: _Recorder, per_op: bool, comparing: bool) -> None:
+    args, kwargs = _call_args(inputs)
+    recorder.start(comparing)
+    tracker = ModuleTracker(root_label=label, on_forward_end=recorder.module_end)
+    with tracker:
+        ops = _OpRecordingMode(tracker, recorder) if per_op else contextlib.nullcontext()
+        with ops:
+            model(*args, **kwargs)
+
+
+def compare_accuracy(
+    model: nn.Module,
+    inputs: Any,
+    level: str = "O1",
+    device: DeviceLike = None,
+    dtype: torch.dtype | None = None,
+    *,
+    amp_model: nn.Module | None = None,
+    per_op: bool = False,
+    threshold: float = 0.1,
+    **autocast_kwargs: Any,
+) -> AccuracyReport:
+    """Run one batch in float32 and under AMP and rank the modules by relative error.
+
+    Both runs use ``torch.no_grad()`` and the model as given: its train/eval mode is not
+    changed (a model in train mode draws other dropout masks in each run and updates
+    batch-norm statistics twice: a warning says so; call ``model.eval()`` first).  The
+    float32 outputs of every module are kept (cloned) until the AMP run has compared
+    them, so memory grows with the activations.  Module rows come from global module hooks
+    held only during the call; ``per_op=True`` adds a row per ATen op call (views and casts
+    excluded), which reaches ops inside composite modules such as ``nn.MultiheadAttention``.
+
+    Args:
+        model: the float32 model; also the AMP model unless ``amp_model`` is given.
+        inputs: a tensor, a tuple of positional arguments, or a dict of keyword arguments.
+        level, device, dtype, autocast_kwargs: as for :class:`ampcore.autocast`;
+            ``device=None`` takes the device of the first input tensor (else of the
+            model's first parameter).
+        amp_model: a model of the same structure to run under AMP (e.g. an O2-decorated
+            copy); rows are matched by module path.
+        per_op: also compare every op call.
+        threshold: the relative error above which a row counts as broken
+            (:attr:`AccuracyReport.first_bad`).
+
+    Raises:
+        AmpcoreError: invalid arguments, or a level that does not lower precision (O0).
+
+    Example::
+
+        >>> import torch, ampcore.debugging
+        >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        >>> report = ampcore.debugging.compare_accuracy(net, torch.randn(4, 8), dtype=torch.bfloat16)
+        >>> [row.name for row in report.in_order]
+        ['Sequential.0', 'Sequential.1', 'Sequential']
+    """
+    call = "compare_accuracy"
+    for name, value in (("model", model), ("amp_model", amp_model)):
+        if value is not None and not isinstance(value, nn.Module):
+            raise AmpcoreError(f"{call}({name}={type(value).__name__}): expected a torch.nn.Module")
+    if not isinstance(per_op, bool):
+        raise AmpcoreError(f"{call}(per_op={per_op!r}): expected True or False")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise AmpcoreError(f"{call}(threshold={threshold!r}): expected a non-negative number such as 0.1")
+    if device is None:
+        device = _infer_device(inputs, model)
+    reference = autocast(device=device, level="O0")
+    amp = autocast(device=device, dtype=dtype, level=level, **autocast_kwargs)
+    if not amp.enabled:
+        raise AmpcoreError(
+            f"{call}(level={amp.level!r}): this region runs in float32, so there is nothing to compare; "
+            "use a mixed-precision level such as 'O1' with enabled=True"
+        )
+    amp_model = model if amp_model is None else amp_model
+    if model.training or amp_model.training:
+        warnings.warn(
+            f"{call}(): the model is in train mode: dropout differs between the two runs and "
+            "batch-norm statistics are updated by both; call model.eval() first",
+            AmpcoreWarning,
+            stacklevel=2,
+        )
+    label = type(model).__name__
+    recorder = _Recorder()
+    with torch.no_grad():
+        with reference:
+            _run(model, label, inputs, recorder, per_op, comparing=False)
+        with amp:
+            _run(amp_model, label, inputs, recorder, per_op, comparing=True)
+    if recorder.results and amp.dtype not in recorder.amp_dtypes:
+        warnings.warn(
+            f"{call}(): no output of the AMP run was {amp.dtype}: is the model on the {amp.backend.name!r} "
+            f"device ({amp!r})?",
+            AmpcoreWarning,
+            stacklevel=2,
+        )
+    rows = [
+        AccuracyRow(path, op, index, a.rel, a.abs, a.ref_dtype, a.amp_dtype, a.calls, a.order, a.note)
+        for (path, op, index), a in recorder.results.items()
+    ]
+    rows.sort(key=lambda r: (-r.max_rel_error, r.order))
+    return AccuracyReport(
+        tuple(rows), amp.level, dtype_name(amp.dtype), amp.backend.name, float(threshold), tuple(recorder.unmatched)
+    )
