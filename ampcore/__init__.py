@@ -19,6 +19,7 @@ from ._registry import get_backend, list_backends, list_plugins, register_plugin
 from ._scaler import GradScaler, LossScaleAtMinimumError
 from ._version import __version__
 from .hookspec import hookimpl
+from . import debugging
 
 __all__ = [
     "LEVELS",
