@@ -45,7 +45,8 @@ class BenchSettings:
     size: int | None = None
     batch: int | None = None
     steps: int = 20
-    warmup: int = 3
+    warmup: int = 0
+    batches: int = 10
     lr: float = 1e-4
     seed: int = 0
     modes: tuple[str, ...] = MODES
@@ -135,8 +136,9 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     device = torch.device(backend.device_type, index)
     torch.manual_seed(settings.seed)
     model: nn.Module = SeedNet(size).to(device)
-    data = torch.randn(batch, size, device=device)
-    label = torch.randn(batch, size, device=device)
+    # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
+    data = torch.rand(settings.batches, batch, size, device=device)
+    label = torch.rand(settings.batches, batch, size, device=device)
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr)
     model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
     _synchronize(backend)
@@ -148,7 +150,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     for step in range(total):
         start = time.perf_counter()
         with region():
-            loss = nn.functional.mse_loss(model(data), label)
+            loss = nn.functional.mse_loss(model(data[step % settings.batches]), label[step % settings.batches])
         if scaler is None:
             loss.backward()
             opt.step()

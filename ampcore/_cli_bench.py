@@ -48,7 +48,7 @@ def format_result(result: BenchResult) -> str:
     """The guide's table and more, as text."""
     head = (
         f"ampcore bench: 9 x Linear({result.size}, {result.size}), batch {result.batch}, MSE, "
-        f"SGD lr {result.lr:g}, {result.steps} steps (+{result.warmup} warm-up)\n"
+        f"SGD lr {result.lr:g}, {result.steps} steps" + (f" (+{result.warmup} warm-up)" if result.warmup else "") + "\n"
         f"backend {result.backend} ({result.device_name}), low precision {result.dtype}\n"
     )
     fp32 = next((r for r in result.results if r.mode == "fp32"), None)
@@ -143,8 +143,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default=None, help="default: the backend's")
     parser.add_argument("--size", type=int, default=None, help="input and output size of each Linear")
     parser.add_argument("--batch", type=int, default=None, help="batch size")
-    parser.add_argument("--steps", type=int, default=20, help="measured training steps per mode (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="unmeasured warm-up steps per mode (default 3)")
+    parser.add_argument("--steps", type=int, default=20, help="measured training steps per mode (default 20: the guide's 2 epochs of 10 batches)")
+    parser.add_argument("--warmup", type=int, default=0, help="unmeasured warm-up steps before the measured ones (default 0, as the guide)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to run")
     parser.add_argument("--json", metavar="FILE", help="also write all measurements as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw step times and loss curves (needs matplotlib)")
