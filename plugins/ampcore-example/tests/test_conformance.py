@@ -7,9 +7,11 @@ device and fails when no device is found, so zero tests can never read as green.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +35,12 @@ def _has_conformance_command() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _has_conformance_command(), reason="conformance suite not available")
-def test_conformance_suite_passes_on_the_example_backend() -> None:
-    result = _ampcore("conformance", "--backend", BACKEND)
-    assert result.returncode == 0, f"ampcore conformance --backend {BACKEND} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
-    assert BACKEND in result.stdout
+def test_conformance_suite_passes_on_the_example_backend(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    result = _ampcore("conformance", "--backend", BACKEND, "--report-dir", str(reports))
+    assert result.returncode == 0, (
+        f"ampcore conformance --backend {BACKEND} failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    )
+    report = json.loads((reports / "report.json").read_text())
+    assert BACKEND in json.dumps(report["backend"])
+    assert report["summary"]["passed"] > 0 and report["summary"]["failed"] == 0

@@ -210,6 +210,13 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 #     @hookimpl
 #     def ampcore_peak_memory(device_index) -> int | None: ...
 #
+# Whether O2 keeps LayerNorm/GroupNorm/InstanceNorm/RMSNorm parameters in float32 for a
+# dtype (core default: float16 only, as Paddle; BatchNorm always stays float32):
+#
+#     @hookimpl
+#     def ampcore_keep_norm_fp32(dtype) -> bool:
+#         return dtype == torch.float16
+#
 # Your vendor's own O2 preparation (as the cpu adapter uses ipex.optimize):
 #
 #     @hookimpl
