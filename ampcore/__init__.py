@@ -11,6 +11,7 @@ Example::
 from ._autocast import autocast
 from ._backend import Backend
 from ._capability import CapabilityIssue
+from ._decorate import decorate
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._levels import LEVELS, Level
 from ._oplists import OpLists, oplists
@@ -38,6 +39,7 @@ __all__ = [
     "PluginWarning",
     "__version__",
     "autocast",
+    "decorate",
     "get_backend",
     "hookimpl",
     "list_backends",

@@ -348,3 +348,19 @@ def ampcore_prepare_o2(
     Use in plugins: import the vendor tool lazily here; return ``None`` for dtypes it does
     not handle.
     """
+
+
+@hookspec
+def ampcore_keep_norm_fp32(dtype: torch.dtype) -> bool:  # type: ignore[empty-body]
+    """Whether LayerNorm, GroupNorm, InstanceNorm and RMSNorm keep float32 parameters when
+    :func:`ampcore.decorate` converts a model to ``dtype`` at level O2.
+
+    BatchNorm always stays float32 whatever this returns; the user's ``keep_norm_fp32``
+    argument overrides it.  Return ``False`` where the backend's norm kernels are accurate
+    in ``dtype`` with low-precision weights.
+
+    Core default: ``True`` for ``torch.float16`` only, as Paddle does (float16's narrow range
+    makes the variance and the scale/shift parameters lose accuracy).
+
+    Use in plugins: ``return dtype == torch.float16``.
+    """

@@ -1,0 +1,130 @@
+"""Faithful checkpoints of an O2-decorated model.
+
+``model.state_dict()`` gives, for every parameter that has an fp32 master, the master
+itself (an alias, as torch's state dicts alias live parameters), and every other entry that
+decorate converted in its original dtype, so the checkpoint looks like the undecorated
+model's.  ``save_dtype`` casts every floating entry instead.  ``model.load_state_dict()``
+copies the loaded values into the masters as well, so a resume continues from the exact
+fp32 weights (apex#180 is what happens otherwise).  The optimizer's own state dict carries
+the masters too (see ``_master.py``); loaded after the model, it wins.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._errors import AmpcoreError
+from ._master import MasterPair, MasterWeights
+
+__all__ = ["DecoratedModel", "ModuleCheckpointHooks", "decorated_model_of"]
+
+_ATTR = "_ampcore_decorated"
+
+
+@dataclass(eq=False)
+class DecoratedModel:
+    """What ``ampcore.decorate`` did to one model; stored on it (marks it decorated)."""
+
+    dtype: torch.dtype
+    save_dtype: torch.dtype | None
+    master_grad: bool
+    #: low-precision model parameter -> its master (only parameters some optimizer updates)
+    pairs: dict[nn.Parameter, MasterPair] = field(default_factory=dict)
+    master_weights: list[MasterWeights] = field(default_factory=list)
+
+    def attach(self, model: nn.Module) -> None:
+        model.__dict__[_ATTR] = self
+
+
+def decorated_model_of(model: object) -> DecoratedModel | None:
+    """The record decorate left on ``model`` (a module), or None."""
+    found = getattr(model, "__dict__", {}).get(_ATTR)
+    return found if isinstance(found, DecoratedModel) else None
+
+
+def _entries(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's own state-dict entries: parameters and persistent buffers."""
+    for name, param in module._parameters.items():
+        if param is not None:
+            yield name, param
+    for name, buf in module._buffers.items():
+        if buf is not None and name not in module._non_persistent_buffers_set:
+            yield name, buf
+
+
+class ModuleCheckpointHooks:
+    """State-dict hooks of one submodule of a decorated model.
+
+    Args:
+        record: the decorated model's record.
+        original: this module's converted entries (by local name) and their dtype before
+            decorate.
+    """
+
+    def __init__(self, record: DecoratedModel, original: dict[str, torch.dtype]) -> None:
+        self.record = record
+        self.original = original
+
+    def register(self, module: nn.Module) -> None:
+        # torch tags the post hook with an attribute, which a bound method cannot take
+        module.register_state_dict_post_hook(functools.partial(ModuleCheckpointHooks.save, self))
+        module.register_load_state_dict_pre_hook(self.load_pre)
+        module.register_load_state_dict_post_hook(self.load_post)
+
+    def save(self, module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+        save_dtype = self.record.save_dtype
+        pairs = self.record.pairs
+        for name, tensor in _entries(module):
+            key = prefix + name
+            value = state_dict.get(key)
+            if value is None:
+                continue
+            live = value is tensor  # state_dict(keep_vars=True)
+            pair = pairs.get(tensor) if isinstance(tensor, nn.Parameter) else None
+            if pair is not None:
+                value = pair.master if live else pair.master.detach()
+            target = save_dtype if save_dtype is not None else self.original.get(name)
+            if target is not None and not live and value.is_floating_point() and value.dtype != target:
+                value = value.to(target)
+            state_dict[key] = value
+
+    def load_pre(
+        self,
+        module: nn.Module,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        if local_metadata.get("assign_to_params_buffers"):
+            raise AmpcoreError(
+                f"{type(module).__name__}.load_state_dict(assign=True) on a model decorated by "
+                "ampcore.decorate(level='O2'): assign would replace the parameters that the fp32 "
+                "master weights and the optimizer are tied to; load with assign=False (the default)"
+            )
+        pairs = self.record.pairs
+        with torch.no_grad():
+            for name, param in module._parameters.items():
+                pair = pairs.get(param) if param is not None else None
+                value = state_dict.get(prefix + name)
+                # a wrong shape is left to torch, which reports it and copies nothing
+                if pair is not None and isinstance(value, torch.Tensor) and value.shape == pair.master.shape:
+                    pair.master.copy_(value)
+
+    def load_post(self, module: nn.Module, incompatible_keys: Any) -> None:
+        # torch copied the loaded values into the low-precision parameters: that change is
+        # ampcore's own, not one to adopt into the masters at the next step.
+        pairs = self.record.pairs
+        for param in module._parameters.values():
+            pair = pairs.get(param) if param is not None else None
+            if pair is not None:
+                pair.version = pair.model._version

@@ -1,0 +1,333 @@
+"""fp32 master weights for an optimizer whose model ``ampcore.decorate`` made low precision.
+
+The model keeps its parameters as real (low-precision) ``nn.Parameter`` objects, so forward,
+backward, DDP and module hooks see nothing unusual.  The optimizer's param groups are
+rebound, in place, to fp32 *master* copies; the optimizer object keeps its type and its
+state is keyed by (and created in the dtype of) the masters.  After every
+``optimizer.step()`` the low-precision parameters are refreshed from the masters in one
+batched copy.
+
+Gradients reach the masters in one of two ways (see docs/o2.md):
+
+* ``master_grad=False``: backward leaves low-precision gradients on the model; the first
+  read of ``group["params"]`` after they changed (by ``GradScaler.unscale_``, by the step
+  itself, by clipping over the optimizer's parameters) gives each master an fp32 copy.  The
+  copies are released after the step.
+* ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
+  accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MethodType
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from ._errors import AmpcoreError
+
+__all__ = ["MasterPair", "MasterWeights", "master_weights_of"]
+
+_ATTR: Final = "_ampcore_master_weights"
+STATE_KEY: Final = "master_weights"
+
+
+@dataclass(eq=False)
+class MasterPair:
+    """One low-precision model parameter and its fp32 master."""
+
+    model: nn.Parameter
+    master: nn.Parameter
+    #: ``model._version`` right after ampcore last wrote the model parameter; a different
+    #: value means someone else changed it (DDP's broadcast, an in-place init, a load).
+    version: int = 0
+    #: The model gradient the master's gradient was last copied from, and its version.
+    seen_grad: weakref.ReferenceType[torch.Tensor] | None = field(default=None, repr=False)
+    seen_grad_version: int = 0
+
+
+def master_weights_of(optimizer: object) -> MasterWeights | None:
+    """The :class:`MasterWeights` installed on ``optimizer`` by decorate, or None."""
+    found = getattr(optimizer, "__dict__", {}).get(_ATTR)
+    return found if isinstance(found, MasterWeights) else None
+
+
+class _MasterGroup(dict):  # type: ignore[type-arg]
+    """A param group whose ``"params"`` lookup first brings the masters' gradients up to
+    date, so that GradScaler, clipping and the optimizer all read current gradients."""
+
+    __slots__ = ("_sync",)
+
+    def __init__(self, group: Mapping[str, Any], sync: Callable[[], None]) -> None:
+        super().__init__(group)
+        self._sync = sync
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "params":
+            self._sync()
+        return dict.__getitem__(self, key)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles and deep-copies as a plain dict
+        return (dict, (dict(self),))
+
+
+def _step_function(inner: Callable[..., Any] | None) -> Callable[..., Any]:
+    def step(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        return _require(optimizer).step(args, kwargs)
+
+    if getattr(inner, "_wrapped_by_lr_sched", False):  # an LR scheduler wrapped it before us
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return step
+
+
+def _zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    _require(optimizer).zero_grad(set_to_none)
+
+
+def _require(optimizer: torch.optim.Optimizer) -> MasterWeights:
+    weights = master_weights_of(optimizer)
+    if weights is None:  # only if someone deleted the attribute
+        raise AmpcoreError(f"{type(optimizer).__name__}: its ampcore master weights are gone")
+    return weights
+
+
+class MasterWeights:
+    """The master-weight machinery of one optimizer (created by ``ampcore.decorate``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, pairs: list[MasterPair], master_grad: bool) -> None:
+        self.optimizer = optimizer
+        self.pairs = pairs
+        self.master_grad = master_grad
+        self.models: list[torch.Tensor] = [pair.model for pair in pairs]
+        self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
+        self._suspended = False
+        self._pending: list[tuple[MasterPair, torch.Tensor]] = []
+        # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
+        # scheduler's counts too); None means the class's own method.
+        self._inner_step: Callable[..., Any] | None = optimizer.__dict__.get("step")
+        self._inner_zero_grad: Callable[..., Any] | None = optimizer.__dict__.get("zero_grad")
+
+    # -- installation -----------------------------------------------------------------
+    def install(self) -> None:
+        """Rebind the param groups to the masters and wrap step, zero_grad and state dicts."""
+        optimizer = self.optimizer
+        master_of = {pair.model: pair.master for pair in self.pairs}
+        for group in optimizer.param_groups:
+            params = group["params"]
+            params[:] = [master_of.get(p, p) for p in params]  # in place: LBFGS keeps the list
+        self._wrap_groups()
+        state = optimizer.state
+        for pair in self.pairs:
+            if pair.model in state:
+                state[pair.master] = _cast_state(state.pop(pair.model), pair.master.dtype)
+        if self.master_grad:
+            for pair in self.pairs:
+                pair.model.grad_dtype = pair.master.dtype  # type: ignore[attr-defined]
+        optimizer.__dict__[_ATTR] = self
+        optimizer.step = MethodType(_step_function(self._inner_step), optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = MethodType(_zero_grad, optimizer)  # type: ignore[method-assign]
+        optimizer.register_state_dict_post_hook(self._state_dict_post_hook)
+        optimizer.register_load_state_dict_pre_hook(self._load_pre_hook)
+        optimizer.register_load_state_dict_post_hook(self._load_post_hook)
+        self.record_versions()
+
+    def _wrap_groups(self) -> None:
+        groups = self.optimizer.param_groups
+        for index, group in enumerate(groups):
+            if not isinstance(group, _MasterGroup):
+                groups[index] = _MasterGroup(group, self.sync_grads)
+
+    # -- gradients --------------------------------------------------------------------
+    def sync_grads(self) -> None:
+        """Give each master the current gradient of its model parameter."""
+        if self._suspended:
+            return
+        if self.master_grad:
+            for pair in self.pairs:
+                grad = pair.model.grad
+                if pair.master.grad is not grad:
+                    pair.master.grad = grad
+            return
+        stale: list[tuple[MasterPair, torch.Tensor]] = []
+        conflicts: list[MasterPair] = []
+        for pair in self.pairs:
+            grad = pair.model.grad
+            seen = pair.seen_grad
+            if grad is None:
+                if seen is not None:  # the model's gradients were cleared since the copy
+                    pair.master.grad = None
+                    pair.seen_grad = None
+                continue
+            same_object = seen is not None and seen() is grad
+            if same_object and pair.seen_grad_version == grad._version:
+                continue
+            if same_object and pair.master.grad is not None:
+                # changed in place while the master still holds the copy (that GradScaler
+                # may have unscaled: torch's unscale kernel does not bump versions)
+                conflicts.append(pair)
+            stale.append((pair, grad))
+        if conflicts and all(_finite(pair.master.grad) for pair in conflicts):
+            raise AmpcoreError(_CONFLICT.format(optimizer=type(self.optimizer).__name__, count=len(conflicts)))
+        # (non-finite master gradients belong to a step GradScaler skipped: replace them)
+        with torch.no_grad():
+            for pair, grad in stale:
+                pair.master.grad = grad.to(pair.master.dtype, copy=True)
+                pair.seen_grad = weakref.ref(grad)
+                pair.seen_grad_version = grad._version
+
+    def release_grads(self) -> None:
+        """Drop the masters' fp32 gradient copies (after the step consumed them)."""
+        if not self.master_grad:
+            for pair in self.pairs:
+                pair.master.grad = None
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """``optimizer.zero_grad``: clears the model's gradients and the masters'."""
+        with torch.no_grad():
+            for pair in self.pairs:
+                grad = pair.model.grad
+                if grad is None:
+                    continue
+                if set_to_none:
+                    pair.model.grad = None
+                else:
+                    grad.zero_()
+        self._suspended = True
+        try:
+            if self._inner_zero_grad is not None:
+                self._inner_zero_grad(set_to_none)
+            else:
+                type(self.optimizer).zero_grad(self.optimizer, set_to_none)
+        finally:
+            self._suspended = False
+        for pair in self.pairs:
+            pair.seen_grad = None
+
+    # -- weights ----------------------------------------------------------------------
+    def adopt_model_changes(self) -> None:
+        """Copy into the masters any model parameter that was changed outside ampcore."""
+        changed = [pair for pair in self.pairs if pair.model._version != pair.version]
+        if changed:
+            with torch.no_grad():
+                torch._foreach_copy_([p.master for p in changed], [p.model for p in changed])
+            for pair in changed:
+                pair.version = pair.model._version
+
+    def refresh(self) -> None:
+        """Copy the masters into the low-precision model parameters (one batched pass)."""
+        if self.pairs:
+            with torch.no_grad():
+                torch._foreach_copy_(self.models, self.masters)
+        self.record_versions()
+
+    def record_versions(self) -> None:
+        for pair in self.pairs:
+            pair.version = pair.model._version
+
+    # -- step -------------------------------------------------------------------------
+    def step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``optimizer.step``: update the masters, then refresh the model parameters."""
+        self.adopt_model_changes()
+        self.sync_grads()
+        if args and callable(args[0]):
+            args = (self._wrap_closure(args[0]), *args[1:])
+        elif callable(kwargs.get("closure")):
+            kwargs = {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
+        try:
+            if self._inner_step is not None:
+                return self._inner_step(*args, **kwargs)
+            return type(self.optimizer).step(self.optimizer, *args, **kwargs)
+        finally:
+            self.refresh()
+            self.release_grads()
+
+    def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        def evaluate() -> Any:
+            self.refresh()  # the optimizer may have moved the masters since (LBFGS)
+            loss = closure()
+            self.sync_grads()
+            return loss
+
+        return evaluate
+
+    # -- optimizer state dict -----------------------------------------------------------
+    def _indexed_masters(self, packed_groups: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, MasterPair]]:
+        """(index in the packed state dict, pair) for every master, in group order."""
+        pair_of = {pair.master: pair for pair in self.pairs}
+        self._suspended = True
+        try:
+            groups = [list(group["params"]) for group in self.optimizer.param_groups]
+        finally:
+            self._suspended = False
+        for params, packed in zip(groups, packed_groups):
+            for param, index in zip(params, packed["params"]):
+                pair = pair_of.get(param)
+                if pair is not None:
+                    yield index, pair
+
+    def _state_dict_post_hook(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+        state_dict[STATE_KEY] = {
+            index: pair.master.detach() for index, pair in self._indexed_masters(state_dict["param_groups"])
+        }
+
+    def _load_pre_hook(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        saved = state_dict.pop(STATE_KEY, None)
+        self._pending = []
+        if saved is None:
+            return state_dict
+        pending = []
+        for index, pair in self._indexed_masters(state_dict.get("param_groups", ())):
+            value = saved.get(index)
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.shape != pair.master.shape:
+                shape = getattr(value, "shape", type(value).__name__)
+                raise AmpcoreError(
+                    f"{type(optimizer).__name__}.load_state_dict(): master weight {index} has shape "
+                    f"{tuple(shape) if isinstance(shape, torch.Size) else shape}, but the parameter it "
+                    f"belongs to has shape {tuple(pair.master.shape)}; nothing was loaded"
+                )
+            pending.append((pair, value))
+        self._pending = pending
+        return state_dict
+
+    def _load_post_hook(self, optimizer: torch.optim.Optimizer) -> None:
+        self._wrap_groups()  # load_state_dict rebuilt the groups as plain dicts
+        pending, self._pending = self._pending, []
+        if pending:
+            with torch.no_grad():
+                for pair, value in pending:
+                    pair.master.copy_(value)
+            self.refresh()
+        for pair in self.pairs:
+            pair.seen_grad = None
+
+
+_CONFLICT: Final = (
+    "{optimizer}: the gradients of {count} low-precision model parameter(s) were changed in "
+    "place after ampcore copied them to the fp32 master gradients that the optimizer and "
+    "GradScaler use (the copy is made when optimizer.param_groups is read, e.g. by "
+    "scaler.unscale_(optimizer)); the copy may be unscaled already, so neither can be trusted. "
+    "Typically this is clip_grad_norm_(model.parameters()) after scaler.unscale_(optimizer), "
+    "which clips still-scaled low-precision gradients. Clip the optimizer's parameters instead: "
+    "clip_grad_norm_([p for g in optimizer.param_groups for p in g['params']], max_norm), "
+    "or decorate with master_grad=True so that model and optimizer share one fp32 gradient."
+)
+
+
+def _finite(tensor: torch.Tensor | None) -> bool:
+    return tensor is None or bool(torch.isfinite(tensor).all())
+
+
+def _cast_state(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """Optimizer state created before decorate, in the masters' dtype (``step`` untouched)."""
+    return {
+        key: value.to(dtype)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and key != "step" and value.dim() > 0
+        else value
+        for key, value in state.items()
+    }
