@@ -8,10 +8,11 @@ Nothing here reads a tensor on the host.  Each operation picks, in order:
    device type and dtype, then cached on the :class:`ScalerKernels` instance);
 3. a portable version written with foreach and tensor ops, which runs on any device.
 
-``torch._amp_update_scale_`` has neither hysteresis nor a minimum scale: it is used only when
-``hysteresis == 1`` (bounds are applied by one ``clamp_`` after it); otherwise the portable
-update runs.  Both compute ``scale * factor`` in float64 where the device has it (as torch's
-kernels do) and round to float32, so the two paths give bit-identical scales.
+``torch._amp_update_scale_`` has neither hysteresis nor bounds: one ``clamp_`` after it
+applies the bounds, and for ``hysteresis > 1`` a few tensor ops before it count overflows and
+hide from it those the hysteresis absorbs (:func:`_absorb_by_hysteresis_`).  The portable
+update computes ``scale * factor`` in float64 where the device has it, as torch's kernels do,
+and rounds to float32, so both paths give bit-identical scales.
 """
 
 from __future__ import annotations
@@ -244,18 +245,34 @@ class ScalerKernels:
         options: ScalerOptions,
     ) -> None:
         """Apply one dynamic update to ``scale`` and the trackers, on the device."""
-        if options.hysteresis == 1 and self.has_native_update(scale.device):
-            torch._amp_update_scale_(
-                scale,
-                growth_tracker,
-                found_inf,
-                options.growth_factor,
-                options.backoff_factor,
-                options.growth_interval,
+        if not self.has_native_update(scale.device):
+            portable_update_scale_(
+                scale, growth_tracker, overflow_tracker, found_inf, options, self.wide_dtype(scale.device)
             )
-            if options.min_scale is not None or options.max_scale is not None:
-                scale.clamp_(min=options.min_scale, max=options.max_scale)
             return
-        portable_update_scale_(
-            scale, growth_tracker, overflow_tracker, found_inf, options, self.wide_dtype(scale.device)
+        if options.hysteresis > 1:
+            found_inf = _absorb_by_hysteresis_(growth_tracker, overflow_tracker, found_inf, options.hysteresis)
+        torch._amp_update_scale_(
+            scale, growth_tracker, found_inf, options.growth_factor, options.backoff_factor, options.growth_interval
         )
+        if options.min_scale is not None or options.max_scale is not None:
+            scale.clamp_(min=options.min_scale, max=options.max_scale)
+
+
+def _absorb_by_hysteresis_(
+    growth_tracker: torch.Tensor, overflow_tracker: torch.Tensor, found_inf: torch.Tensor, hysteresis: int
+) -> torch.Tensor:
+    """Prepare ``torch._amp_update_scale_`` for hysteresis (half the ops of the portable update).
+
+    Counts the overflow; returns the found-inf flag the kernel must see: set only when the
+    count reaches ``hysteresis`` (then the count restarts).  An overflow the hysteresis
+    absorbs must leave the scale alone but still restart the growth count: the growth tracker
+    is set to -1, which the kernel, seeing a clean step, counts to 0 (never the interval,
+    which is >= 1, so no growth).
+    """
+    overflow = found_inf > 0
+    bad = overflow_tracker.add(1).mul_(overflow)
+    back_off = bad >= hysteresis
+    growth_tracker.masked_fill_(overflow.logical_xor(back_off), -1)
+    overflow_tracker.copy_(bad.masked_fill_(back_off, 0))
+    return back_off.to(found_inf.dtype)
