@@ -12,7 +12,7 @@ from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, decorated_model_
 from ._errors import AmpcoreError
 from ._levels import check_level
 from ._master import MasterPair, MasterWeights, master_weights_of
-from ._o2_policy import CastInputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
+from ._o2_policy import CastInputs, CastOutputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
 from ._registry import DeviceLike, ResolvedDevice, resolve_device
 
 __all__ = ["decorate"]
@@ -352,9 +352,10 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
             ModuleCheckpointHooks(record, plan.original.get(module, {})).register(module)
     if not plan.root_kept:
         plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
-    to_fp32 = CastInputs(torch.float32)
+    to_fp32, to_low = CastInputs(torch.float32), CastOutputs(low)
     for module in plan.norm_modules:
         module.register_forward_pre_hook(to_fp32, with_kwargs=True)
+        module.register_forward_hook(to_low)
     if island is not None:
         for module in plan.excluded_roots:
             island.register(module)

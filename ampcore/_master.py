@@ -105,7 +105,7 @@ class MasterWeights:
         self.models: list[torch.Tensor] = [pair.model for pair in pairs]
         self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
         self._suspended = False
-        self._pending: list[tuple[MasterPair, torch.Tensor]] = []
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
         # scheduler's counts too); None means the class's own method.
         self._inner_step: Callable[..., Any] | None = optimizer.__dict__.get("step")
@@ -255,9 +255,9 @@ class MasterWeights:
         return evaluate
 
     # -- optimizer state dict -----------------------------------------------------------
-    def _indexed_masters(self, packed_groups: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, MasterPair]]:
-        """(index in the packed state dict, pair) for every master, in group order."""
-        pair_of = {pair.master: pair for pair in self.pairs}
+    def _indexed_weights(self, packed_groups: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, torch.Tensor]]:
+        """(index in the packed state dict, tensor) for every weight the optimizer updates:
+        the masters and the parameters that stayed float32 (norms), in group order."""
         self._suspended = True
         try:
             groups = [list(group["params"]) for group in self.optimizer.param_groups]
@@ -265,13 +265,12 @@ class MasterWeights:
             self._suspended = False
         for params, packed in zip(groups, packed_groups):
             for param, index in zip(params, packed["params"]):
-                pair = pair_of.get(param)
-                if pair is not None:
-                    yield index, pair
+                if param.is_floating_point():
+                    yield index, param
 
     def _state_dict_post_hook(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
         state_dict[STATE_KEY] = {
-            index: pair.master.detach() for index, pair in self._indexed_masters(state_dict["param_groups"])
+            index: weight.detach() for index, weight in self._indexed_weights(state_dict["param_groups"])
         }
 
     def _load_pre_hook(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -280,18 +279,18 @@ class MasterWeights:
         if saved is None:
             return state_dict
         pending = []
-        for index, pair in self._indexed_masters(state_dict.get("param_groups", ())):
+        for index, weight in self._indexed_weights(state_dict.get("param_groups", ())):
             value = saved.get(index)
             if value is None:
                 continue
-            if not isinstance(value, torch.Tensor) or value.shape != pair.master.shape:
+            if not isinstance(value, torch.Tensor) or value.shape != weight.shape:
                 shape = getattr(value, "shape", type(value).__name__)
                 raise AmpcoreError(
                     f"{type(optimizer).__name__}.load_state_dict(): master weight {index} has shape "
                     f"{tuple(shape) if isinstance(shape, torch.Size) else shape}, but the parameter it "
-                    f"belongs to has shape {tuple(pair.master.shape)}; nothing was loaded"
+                    f"belongs to has shape {tuple(weight.shape)}; nothing was loaded"
                 )
-            pending.append((pair, value))
+            pending.append((weight, value))
         self._pending = pending
         return state_dict
 
@@ -300,8 +299,8 @@ class MasterWeights:
         pending, self._pending = self._pending, []
         if pending:
             with torch.no_grad():
-                for pair, value in pending:
-                    pair.master.copy_(value)
+                for weight, value in pending:
+                    weight.copy_(value)
             self.refresh()
         for pair in self.pairs:
             pair.seen_grad = None

@@ -8,8 +8,9 @@ Parameters and floating buffers go to the low-precision dtype except in:
   (core default: for float16 only, as Paddle does); ``keep_norm_fp32`` overrides;
 * ``excluded_layers`` (instances or types) and everything inside them.
 
-A kept layer's forward gets float32 inputs (a forward pre-hook); an excluded layer also
-runs with autocast disabled, so it is a float32 island.  The model's own floating inputs
+A kept norm layer gets float32 inputs and gives low-precision outputs (forward hooks), so
+the model runs even without autocast; an excluded layer gets float32 inputs and runs with
+autocast disabled: a float32 island, whose outputs stay float32.  The model's own floating inputs
 are cast to the low-precision dtype.
 """
 
@@ -152,6 +153,17 @@ class CastInputs:
         if self.record is not None and self.record.master_grad:
             _refuse_ddp_with_master_grad(module)
         return cast_floating(args, self.dtype), cast_floating(kwargs, self.dtype)
+
+
+class CastOutputs:
+    """Forward hook casting floating outputs to ``dtype`` (a kept norm layer hands the
+    low-precision model low-precision activations, as Paddle's mixed norm kernels do)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        return cast_floating(output, self.dtype)
 
 
 class Float32Island:

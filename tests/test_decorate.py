@@ -183,9 +183,10 @@ def test_optimizer_keeps_object_and_type_and_holds_exact_fp32_masters() -> None:
 
 
 def test_floating_inputs_are_cast_to_the_model_dtype() -> None:
-    model = ampcore.decorate(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)), device="cpu")
-    out = model(torch.randn(3, 4))  # no autocast needed: the input arrives as bf16
-    assert out.dtype == BF16
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    ampcore.decorate(model, device="cpu")
+    out = model(torch.randn(3, 4))  # no autocast needed: the input arrives as bf16, and
+    assert out.dtype == BF16  # BatchNorm (fp32 weights, fp32 compute) hands on bf16
 
 
 def test_kept_layers_get_fp32_inputs_and_excluded_layers_run_without_autocast() -> None:
@@ -204,7 +205,7 @@ def test_kept_layers_get_fp32_inputs_and_excluded_layers_run_without_autocast() 
     with ampcore.autocast(device="cpu", dtype=FP16):
         out = model(torch.randn(3, 4))
     assert seen["first.out"] == FP16
-    assert seen["norm.in"] == FP32  # LayerNorm kept fp32 for fp16 gets fp32 input
+    assert seen["norm.in"] == FP32 and seen["norm.out"] == FP16  # LayerNorm, kept fp32 for fp16
     assert seen["excluded.in"] == FP32 and seen["excluded.out"] == FP32  # an fp32 island
     assert seen["last.out"] == FP16 and out.dtype == FP16  # autocast is back on after it
     assert torch.is_autocast_enabled("cpu") is False
