@@ -198,14 +198,15 @@ def test_kept_layers_get_fp32_inputs_and_excluded_layers_run_without_autocast() 
 
         return hook
 
-    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Linear(4, 2))
-    for index, name in enumerate(["first", "norm", "excluded", "last"]):
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+    for index, name in enumerate(["first", "norm", "next", "excluded", "last"]):
         model[index].register_forward_hook(record(name))
-    ampcore.decorate(model, dtype=FP16, device="cpu", excluded_layers=model[2])
+    ampcore.decorate(model, dtype=FP16, device="cpu", excluded_layers=model[3])
     with ampcore.autocast(device="cpu", dtype=FP16):
         out = model(torch.randn(3, 4))
     assert seen["first.out"] == FP16
-    assert seen["norm.in"] == FP32 and seen["norm.out"] == FP16  # LayerNorm, kept fp32 for fp16
+    assert seen["norm.in"] == FP32  # LayerNorm, kept fp32 for fp16, computes in fp32...
+    assert seen["next.in"] == FP16  # ...and hands fp16 on
     assert seen["excluded.in"] == FP32 and seen["excluded.out"] == FP32  # an fp32 island
     assert seen["last.out"] == FP16 and out.dtype == FP16  # autocast is back on after it
     assert torch.is_autocast_enabled("cpu") is False
