@@ -1,0 +1,56 @@
+"""Every declared dtype really autocasts on the device, and really computes there."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+import ampcore
+from ampcore_conformance._checks import region, rel_error
+from ampcore_conformance._manifest import Tolerances
+
+
+def test_declared_dtype_autocasts(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_tolerances: Tolerances
+) -> None:
+    kind = amp_backend.device_type
+    a, b = torch.randn(16, 16, device=amp_device), torch.randn(16, 16, device=amp_device)
+    with region(amp_backend, amp_dtype):
+        assert torch.is_autocast_enabled(kind), f"ampcore.autocast left torch autocast off for {kind!r}"
+        assert torch.get_autocast_dtype(kind) == amp_dtype
+        out = torch.mm(a, b)
+    assert out.dtype == amp_dtype and out.device.type == kind
+    error = rel_error(out, a.to(amp_dtype).float() @ b.to(amp_dtype).float())
+    assert error <= amp_tolerances.op_eps * torch.finfo(amp_dtype).eps, f"mm in {amp_dtype} is off by {error:.3g}"
+
+
+def test_torch_autocast_accepts_dtype(amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:
+    """torch itself must not disable autocast for the dtype (it only warns on non-CUDA devices)."""
+    kind = amp_backend.device_type
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autocast(kind, dtype=amp_dtype):
+            enabled, dtype = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
+    disabling = [str(w.message) for w in caught if "autocast" in str(w.message).lower()]
+    assert enabled and dtype == amp_dtype, f"torch.autocast({kind!r}, dtype={amp_dtype}) is disabled: {disabling}"
+
+
+def test_dtype_computes_on_device(amp_device: torch.device, amp_dtype: torch.dtype, amp_tolerances: Tolerances) -> None:
+    """Plain arithmetic in the dtype (no autocast) runs and is accurate to the dtype."""
+    gen = torch.Generator().manual_seed(0)
+    x32 = torch.randn(64, 32, generator=gen)
+    w32 = torch.randn(32, 8, generator=gen)
+    x, w = x32.to(amp_device, amp_dtype), w32.to(amp_device, amp_dtype)
+    y = torch.tanh(x @ w + 1.0) * 0.5
+    assert y.dtype == amp_dtype and y.device.type == amp_device.type
+    reference = torch.tanh(x.float().cpu() @ w.float().cpu() + 1.0) * 0.5
+    error = rel_error(y, reference)
+    assert error <= 4 * amp_tolerances.op_eps * torch.finfo(amp_dtype).eps, f"{amp_dtype} arithmetic on the device is off by {error:.3g}"
+
+
+def test_default_dtype_is_used_without_dtype(amp_backend: ampcore.Backend, amp_device: torch.device) -> None:
+    a = torch.randn(4, 4, device=amp_device)
+    with ampcore.autocast(device=amp_backend.name):
+        out = torch.mm(a, a)
+    assert out.dtype == amp_backend.default_dtype

@@ -1,0 +1,75 @@
+"""Per-op expectations derived from the backend's own op lists (see ``_lists.py``).
+
+Each op the suite can call (``_op_samples.py``) is checked against the list it is on for
+the dtype, at level O1; the required sets hold whatever the lists say.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ampcore
+from ampcore_conformance._checks import check_unlisted, check_runs_fp32, check_runs_low, check_runs_widest
+from ampcore_conformance._context import SuiteContext
+from ampcore_conformance._lists import category, overlaps, unknown_op_names
+from ampcore_conformance._manifest import Tolerances
+from ampcore_conformance._op_samples import OpSample
+
+
+def test_op_lists_are_valid(amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:
+    try:
+        lists = amp_context.lists(amp_dtype)
+    except Exception as exc:
+        pytest.fail(f"the op lists of {amp_backend.name!r} for {amp_dtype} cannot be built: {exc}", pytrace=False)
+    assert not overlaps(lists), f"ops on more than one list: {overlaps(lists)}"
+    adjusted = {op for ops in amp_backend.op_list_adjustments(amp_dtype).values() for op in ops}
+    unknown = unknown_op_names(lists.white | lists.black | lists.promote | adjusted)
+    assert not unknown, f"the lists name ops that do not exist: {unknown}"
+    assert lists.white, f"the white list for {amp_dtype} is empty: nothing would run in {amp_dtype}"
+
+
+@pytest.mark.ampcore_ops("white")
+def test_white_ops_run_low(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample, amp_tolerances: Tolerances
+) -> None:
+    check_runs_low(amp_op, amp_backend, amp_device, amp_dtype, amp_tolerances.op_eps)
+
+
+@pytest.mark.ampcore_ops("black")
+def test_black_ops_run_fp32(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample) -> None:
+    check_runs_fp32(amp_op, amp_backend, amp_device, amp_dtype)
+
+
+@pytest.mark.ampcore_ops("promote")
+def test_promote_ops_run_widest(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample) -> None:
+    check_runs_widest(amp_op, amp_backend, amp_device, amp_dtype)
+
+
+@pytest.mark.ampcore_ops("other")
+def test_unlisted_ops_follow_inputs(
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample
+) -> None:
+    lists = amp_context.lists(amp_dtype)
+    check_unlisted(amp_op, amp_backend, amp_device, amp_dtype, lists.white | lists.black | lists.promote)
+
+
+@pytest.mark.ampcore_ops("required_white")
+def test_required_white_ops(
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype,
+    amp_op: OpSample, amp_tolerances: Tolerances,
+) -> None:  # fmt: skip
+    """Matrix products and convolutions must be white: they are why mixed precision pays."""
+    where = category(amp_context.lists(amp_dtype), amp_op.name)
+    assert where == "white", f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be white"
+    check_runs_low(amp_op, amp_backend, amp_device, amp_dtype, amp_tolerances.op_eps)
+
+
+@pytest.mark.ampcore_ops("required_black")
+def test_required_black_ops(
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample
+) -> None:
+    """Losses must stay float32: in low precision they overflow (fp16) or lose the signal."""
+    where = category(amp_context.lists(amp_dtype), amp_op.name)
+    assert where == "black", f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be black"
+    check_runs_fp32(amp_op, amp_backend, amp_device, amp_dtype)
