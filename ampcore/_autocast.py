@@ -1,36 +1,52 @@
-"""``ampcore.autocast``: torch.autocast driven by a backend adapter and an AMP level."""
+"""``ampcore.autocast``: torch.autocast driven by a backend adapter, an AMP level and op lists."""
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
 
 from ._backend import dtype_name
+from ._dispatch import Policy, acquire, policy_for, release
 from ._errors import AmpcoreError
 from ._levels import IMPLEMENTED_LEVELS, check_level
+from ._oplist_names import canonical_ops
+from ._oplists import check_custom, compute_oplists, merge_custom
 from ._registry import DeviceLike, resolve_device
-from ._state import AutocastFrame, pop_frame, push_frame
+from ._state import AutocastFrame, current_frame, pop_frame, push_frame, thread_state
 
 __all__ = ["autocast"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_CALL = "ampcore.autocast"
+
 
 class autocast:
     """Run a region in mixed precision on any backend.
 
-    A context manager and a decorator.  Inside the region, ops of the backend's white
-    list run in ``dtype``, black-list ops in float32, the others as ``level`` says:
+    A context manager and a decorator.  Inside the region, ops of the white list run in
+    ``dtype``, black-list ops in float32, promote-list ops in the widest input dtype, and
+    the others as ``level`` says (see docs/levels.md):
 
     * ``"O0"``: everything float32 (autocast off).
-    * ``"O1"``: the native ``torch.autocast`` lists and semantics of the device (so exactly
-      as fast as ``torch.autocast``).
-    * ``"OD"`` / ``"O2"``: see docs/levels.md.
+    * ``"OD"``: only white-list ops in ``dtype``; every other op in float32.
+    * ``"O1"``: the native ``torch.autocast`` lists and semantics of the device; without
+      custom lists it *is* ``torch.autocast`` (same speed, no Python on the op path).
+    * ``"O2"``: every op in ``dtype`` except the black list (``ampcore.decorate`` casts the
+      parameters).
+
+    Custom lists change the lists of this region only (this thread, until exit, also after
+    an exception) and reach every call of the op, also inside composite modules and
+    functions (``nn.MultiheadAttention``, ``F.scaled_dot_product_attention``...).  Names are
+    ATen op names (``"add"``, ``"linear"``, ``"softmax"``) or Paddle aliases
+    (``"elementwise_add"``); see docs/op-lists.md.  A nested region merges its custom lists
+    on top of the enclosing region's (its own lists win); its device, dtype and level are
+    its own arguments.
 
     Args:
         device: ``"cuda"``, ``"cuda:1"``, a ``torch.device`` or ``None`` for the best
@@ -41,11 +57,14 @@ class autocast:
             inside an enclosing enabled region), as ``torch.autocast(enabled=False)``.
         cache_enabled: whether casts of leaf tensors (weights) are cached in the region;
             ``None`` keeps torch's current setting.
+        custom_white_list: ops to run in ``dtype`` (they leave the black list).
+        custom_black_list: ops to run in float32 (they leave the white list).
 
     Raises:
         AmpcoreError: unknown backend (the message lists known backends and their
             availability), unavailable backend (with the adapter's reason), dtype the
-            backend does not support, invalid level, a capability error of the device, or
+            backend does not support, invalid level, unknown op names (with the closest
+            valid names), an op in both custom lists, a capability error of the device, or
             torch refusing to enable autocast.
 
     Example::
@@ -55,6 +74,12 @@ class autocast:
         >>> with ampcore.autocast(device="cpu"):
         ...     torch.mm(x, x).dtype
         torch.bfloat16
+        >>> with ampcore.autocast(device="cpu", custom_white_list={"elementwise_add"}):
+        ...     (x + x).dtype
+        torch.bfloat16
+        >>> with ampcore.autocast(device="cpu", custom_black_list={"mm"}):
+        ...     torch.mm(x, x).dtype
+        torch.float32
         >>> @ampcore.autocast(device="cpu", enabled=False)
         ... def fp32_part(t):
         ...     return torch.mm(t, t)
@@ -70,12 +95,17 @@ class autocast:
         level: str = "O1",
         enabled: bool = True,
         cache_enabled: bool | None = None,
+        custom_white_list: Iterable[str] | None = None,
+        custom_black_list: Iterable[str] | None = None,
     ) -> None:
         checked_level = check_level(level)
         if not isinstance(enabled, bool):
-            raise AmpcoreError(f"ampcore.autocast(enabled={enabled!r}): expected True or False")
+            raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
         if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise AmpcoreError(f"ampcore.autocast(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16")
+            raise AmpcoreError(f"{_CALL}(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16")
+        white = canonical_ops(custom_white_list, _CALL, "custom_white_list")
+        black = canonical_ops(custom_black_list, _CALL, "custom_black_list")
+        check_custom(white, black, _CALL)
         resolved = resolve_device(device)
         backend = resolved.backend
         self.backend = backend
@@ -84,43 +114,76 @@ class autocast:
         self.dtype = backend.check_dtype(dtype)
         if checked_level not in IMPLEMENTED_LEVELS:
             raise AmpcoreError(
-                f"ampcore.autocast(level={checked_level!r}): level {checked_level} is not available yet "
+                f"{_CALL}(level={checked_level!r}): level {checked_level} is not available yet "
                 f"in this version; implemented levels: {', '.join(sorted(IMPLEMENTED_LEVELS))}"
             )
         self.level = checked_level
         self.enabled = enabled and checked_level != "O0"
         self.cache_enabled = cache_enabled
+        self.custom_white_list = white
+        self.custom_black_list = black
         if self.enabled:
             backend.enforce_capability(self.dtype, self.device_index or 0, stacklevel=2)
-        self._frame = AutocastFrame(backend, self.dtype, checked_level, self.enabled)
+        self._policy = self._policy_of(white, black)
+        self._frame = AutocastFrame(backend, self.dtype, checked_level, self.enabled, white, black, self._policy)
         self._local = threading.local()
 
+    def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> Policy | None:
+        """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
+        if not self.enabled:
+            return None
+        if self.level == "O1" and not white and not black and not self.backend.op_list_adjustments(self.dtype):
+            return None  # exactly torch.autocast: nothing to register, nothing on the op path
+        return policy_for(compute_oplists(self.backend, self.dtype, self.level, white, black))
+
     def __repr__(self) -> str:
+        custom = ""
+        if self.custom_white_list:
+            custom += f", custom_white_list={set(sorted(self.custom_white_list))}"
+        if self.custom_black_list:
+            custom += f", custom_black_list={set(sorted(self.custom_black_list))}"
         return (
             f"ampcore.autocast(device={self.backend.name!r}, dtype=torch.{dtype_name(self.dtype)}, "
-            f"level={self.level!r}, enabled={self.enabled})"
+            f"level={self.level!r}, enabled={self.enabled}{custom})"
         )
 
     def __enter__(self) -> autocast:
-        inner = torch.autocast(
-            self.device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled
-        )
+        state = thread_state()
+        device_type = self.device_type
+        frame = self._frame
+        outer = current_frame(device_type) if state.stack else None
+        if outer is not None and (outer.custom_white or outer.custom_black):
+            white, black = merge_custom((outer.custom_white, outer.custom_black), frame.custom_white, frame.custom_black)
+            frame = AutocastFrame(
+                self.backend, self.dtype, self.level, self.enabled, white, black, self._policy_of(white, black)
+            )
+        policy = frame.policy
+        inner = torch.autocast(device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled)
         inner.__enter__()
         if self.enabled and not (
-            torch.is_autocast_enabled(self.device_type) and torch.get_autocast_dtype(self.device_type) == self.dtype
+            torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype
         ):
             inner.__exit__(None, None, None)
             raise AmpcoreError(
-                f"{self!r}: torch did not enable autocast for device type {self.device_type!r} with "
+                f"{self!r}: torch did not enable autocast for device type {device_type!r} with "
                 f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
                 f"adapter ({self.backend.distribution}) and `ampcore info`."
             )
+        if policy is not None:
+            try:
+                acquire(policy)
+            except BaseException:
+                inner.__exit__(None, None, None)
+                raise
+        previous = state.policies.get(device_type)
+        if policy is not None or previous is not None:
+            state.policies[device_type] = policy
         try:
             stack = self._local.stack
         except AttributeError:
             stack = self._local.stack = []
-        stack.append(inner)
-        push_frame(self._frame)
+        stack.append((inner, policy, previous))
+        push_frame(frame)
         return self
 
     def __exit__(
@@ -130,7 +193,18 @@ class autocast:
         traceback: TracebackType | None,
     ) -> None:
         pop_frame()
-        self._local.stack.pop().__exit__(exc_type, exc, traceback)
+        inner, policy, previous = self._local.stack.pop()
+        if policy is not None or previous is not None:
+            state = thread_state()
+            if previous is None:
+                state.policies.pop(self.device_type, None)
+            else:
+                state.policies[self.device_type] = previous
+        try:
+            inner.__exit__(exc_type, exc, traceback)
+        finally:
+            if policy is not None:
+                release(policy)
 
     def __call__(self, func: F) -> F:
         """Use the region as a decorator: the function runs inside it on every call."""

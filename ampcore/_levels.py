@@ -14,7 +14,7 @@ Level = Literal["O0", "OD", "O1", "O2"]
 LEVELS: Final[tuple[Level, ...]] = ("O0", "OD", "O1", "O2")
 
 #: Levels that :class:`ampcore.autocast` can run in this version.
-IMPLEMENTED_LEVELS: Final[frozenset[Level]] = frozenset({"O0", "O1"})
+IMPLEMENTED_LEVELS: Final[frozenset[Level]] = frozenset(LEVELS)
 
 
 def check_level(level: object, call: str = "ampcore.autocast") -> Level:

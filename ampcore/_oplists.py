@@ -39,9 +39,12 @@ __all__ = [
     "FOLLOW",
     "LOW",
     "OpLists",
+    "DEFAULT_ACTIONS",
     "PROMOTE",
+    "check_custom",
     "compute_oplists",
     "merge_custom",
+    "native_action",
     "oplists",
 ]
 
@@ -160,6 +163,11 @@ class OpLists:
             "adjustments": {key: sorted(ops) for key, ops in sorted(self.adjustments.items())},
             "overloads": dict(sorted(self.overloads.items())),
         }
+
+
+def native_action(policy: CastPolicy | None) -> str:
+    """The O1 action of a native cast policy (``None``: no native kernel, the op follows)."""
+    return FOLLOW if policy is None else _LEVEL_ACTIONS["O1"][policy]
 
 
 def check_custom(white: frozenset[str], black: frozenset[str], call: str) -> None:

@@ -1,0 +1,55 @@
+"""Test helpers for the op-policy engine: a dtype recorder and a no-lingering-kernels fixture."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from ampcore._dispatch import installed_units, sweep
+from ampcore._state import thread_state
+
+
+@pytest.fixture(autouse=True)
+def no_lingering_kernels() -> Iterator[None]:
+    """Every test starts and ends with no ampcore kernel registered and no policy active."""
+    sweep()
+    yield
+    sweep()
+    assert installed_units() == {}
+    assert thread_state().policies == {}
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str  # "mm", "add.Tensor"
+    inputs: tuple[torch.dtype, ...]  # floating input dtypes
+    outputs: tuple[torch.dtype, ...]  # floating output dtypes
+
+
+def _floating(values: Any) -> tuple[torch.dtype, ...]:
+    flat, _ = tree_flatten(values)
+    return tuple(v.dtype for v in flat if isinstance(v, torch.Tensor) and v.is_floating_point())
+
+
+class DtypeRecorder(TorchDispatchMode):
+    """Runs below autocast (at the Python key): sees the dtypes after every cast."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Call] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.removesuffix(".default")
+        self.calls.append(Call(name, _floating((args, kwargs)), _floating(out)))
+        return out
+
+    def of(self, *names: str) -> list[Call]:
+        """The calls of ops whose base name is one of ``names``."""
+        return [c for c in self.calls if c.op.partition(".")[0] in names]

@@ -1,0 +1,301 @@
+"""Custom op lists at the dispatcher: reach, thread locality, restoration, gradients."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import ampcore
+from ampcore._dispatch import _installer, installed_units, sweep
+from ampcore._state import thread_state
+
+from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
+from conftest import make_adapter
+
+BF16, FP32 = torch.bfloat16, torch.float32
+X = torch.randn(8, 16)
+Y = torch.randn(8, 16)
+W = torch.randn(16, 16)
+
+
+# (custom white, custom black, call, expected dtype): fp32 inputs, bf16 on CPU.
+CUSTOM_CASES: list[tuple[set[str] | None, set[str] | None, Callable[[], torch.Tensor], torch.dtype]] = [
+    ({"add"}, None, lambda: X + Y, BF16),
+    ({"elementwise_add"}, None, lambda: torch.add(X, Y, alpha=2), BF16),
+    ({"add"}, None, lambda: X + 1.0, BF16),  # add.Tensor with a wrapped scalar
+    ({"mul"}, None, lambda: X * Y, BF16),
+    ({"relu"}, None, lambda: torch.relu(X), BF16),
+    (None, {"mm"}, lambda: torch.mm(X, W), FP32),
+    (None, {"linear"}, lambda: F.linear(X, W), FP32),
+    (None, {"matmul"}, lambda: X @ W, FP32),
+    (None, {"cat"}, lambda: torch.cat([X.to(BF16), Y.to(BF16)]), FP32),
+    (None, {"softmax"}, lambda: F.softmax(X.to(BF16), -1), FP32),
+    ({"mse_loss"}, None, lambda: F.mse_loss(X, Y), BF16),  # leaves the black list
+    ({"add"}, {"mm"}, lambda: torch.mm(X, W) + X, BF16),  # fp32 mm, then a white add
+    (None, {"add"}, lambda: torch.mm(X, W) + torch.mm(X, W), FP32),
+]
+
+
+@pytest.mark.parametrize(("white", "black", "call", "expected"), CUSTOM_CASES)
+def test_custom_lists_set_the_op_dtype(white, black, call, expected) -> None:  # type: ignore[no-untyped-def]
+    plain = call().dtype
+    with ampcore.autocast(device="cpu", custom_white_list=white, custom_black_list=black):
+        assert call().dtype == expected
+    assert call().dtype == plain  # outside the region: as before
+
+
+def test_native_ops_keep_their_lists_in_a_customised_region() -> None:
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+        assert torch.mm(X, W).dtype == BF16
+        assert F.mse_loss(X.to(BF16), Y.to(BF16)).dtype == FP32
+        assert torch.cat([X, Y.to(BF16)]).dtype == FP32
+        assert torch.relu(X).dtype == FP32
+
+
+def _recorded(layer: nn.Module, src: torch.Tensor, **region: object) -> DtypeRecorder:
+    with ampcore.autocast(device="cpu", **region):  # type: ignore[arg-type]
+        with DtypeRecorder() as recorder:
+            layer(src)
+    return recorder
+
+
+def test_black_linear_reaches_every_projection_of_a_transformer_layer() -> None:
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    src = torch.randn(2, 5, 16)
+    matmuls = ("addmm", "mm", "bmm", "baddbmm")
+    native = _recorded(layer, src).of(*matmuls)
+    black = _recorded(layer, src, custom_black_list={"linear"}).of(*matmuls)
+    # in-projection, out-projection and both feed-forward linears
+    assert len(black) == len(native) >= 4
+    assert all(c.inputs and set(c.inputs) == {BF16} for c in native)
+    assert all(c.inputs and set(c.inputs) == {FP32} for c in black)
+
+
+def test_black_linear_reaches_multihead_attention_in_and_out_projections() -> None:
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    with ampcore.autocast(device="cpu", custom_black_list={"linear"}):
+        with DtypeRecorder() as recorder:
+            out, _ = mha(x, x, x, need_weights=False)
+    assert out.dtype == FP32
+    projections = recorder.of("addmm", "mm")
+    assert len(projections) >= 2 and all(set(c.inputs) == {FP32} for c in projections)
+
+
+def test_custom_op_inside_sdpa_math_path_is_reached() -> None:
+    q = torch.randn(2, 2, 4, 8)
+    with sdpa_kernel(SDPBackend.MATH):
+        with ampcore.autocast(device="cpu"):
+            with DtypeRecorder() as native:
+                F.scaled_dot_product_attention(q, q, q)
+        with ampcore.autocast(device="cpu", custom_white_list={"bmm"}):
+            with DtypeRecorder() as custom:
+                F.scaled_dot_product_attention(q, q, q)
+    # torch's CPU math path upcasts to float32 internally; a white bmm is reached inside
+    assert {c.inputs for c in native.of("bmm")} == {(FP32, FP32)}
+    assert {c.inputs for c in custom.of("bmm")} == {(BF16, BF16)}
+
+
+def test_white_op_inside_a_composite_does_not_break_its_neighbours() -> None:
+    q = torch.randn(2, 2, 4, 8)
+    with sdpa_kernel(SDPBackend.MATH):
+        with ampcore.autocast(device="cpu", custom_white_list={"_safe_softmax"}):
+            with DtypeRecorder() as recorder:
+                out = F.scaled_dot_product_attention(q, q, q)
+    assert {c.outputs for c in recorder.of("_safe_softmax")} == {(BF16,)}
+    assert out.shape == q.shape  # the next bmm got reconciled (bf16 x fp32 -> fp32) inputs
+
+
+def test_policy_is_thread_local_and_plain_torch_autocast_stays_native() -> None:
+    inside, done = threading.Event(), threading.Event()
+    seen: dict[str, torch.dtype] = {}
+
+    def other() -> None:
+        inside.wait(5)
+        seen["plain"] = (X + Y).dtype
+        with torch.autocast("cpu", dtype=BF16):
+            seen["torch add"] = (X + Y).dtype
+            seen["torch mm"] = torch.mm(X, W).dtype
+            seen["torch mse"] = F.mse_loss(X.to(BF16), Y.to(BF16)).dtype
+        with ampcore.autocast(device="cpu"):
+            seen["ampcore add"] = (X + Y).dtype
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}, custom_black_list={"mm"}):
+        inside.set()
+        done.wait(5)
+        seen["main add"] = (X + Y).dtype
+        seen["main mm"] = torch.mm(X, W).dtype
+    thread.join()
+    assert seen == {
+        "plain": FP32,
+        "torch add": FP32,
+        "torch mm": BF16,
+        "torch mse": FP32,
+        "ampcore add": FP32,
+        "main add": BF16,
+        "main mm": FP32,
+    }
+
+
+# ops whose native results must be reproduced exactly by ampcore's kernels in a thread
+# without a policy (while another region keeps the kernels registered)
+NATIVE_REPRODUCTION: list[Callable[[], torch.Tensor]] = [
+    lambda: torch.mm(X, W),
+    lambda: F.linear(X, W, torch.randn(16).requires_grad_()),
+    lambda: torch.cat([X, Y.to(BF16)]),
+    lambda: F.mse_loss(X, Y),
+    lambda: torch.prod(X[:2, :4], dim=1),
+    lambda: X + Y,
+    lambda: torch.stack([X.to(BF16), Y.to(BF16)]),
+]
+
+
+@pytest.mark.parametrize("call", NATIVE_REPRODUCTION)
+def test_kernels_reproduce_torch_where_no_policy_is_active(call: Callable[[], torch.Tensor]) -> None:
+    torch.manual_seed(0)
+    with torch.autocast("cpu", dtype=BF16):
+        expected = call()
+    region = ampcore.autocast(device="cpu", custom_white_list={"relu"}, level="O1")
+    with region:  # registers the native table's kernels
+        assert installed_units()[("native", "cpu")] == 1
+        thread_state().policies.clear()  # this thread now behaves like one with no policy
+        torch.manual_seed(0)
+        with torch.autocast("cpu", dtype=BF16):
+            got = call()
+        thread_state().policies["cpu"] = region._frame.policy
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_state_restored_after_an_exception() -> None:
+    with pytest.raises(ValueError, match="boom"):
+        with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+            with ampcore.autocast(device="cpu", custom_black_list={"mm"}):
+                raise ValueError("boom")
+    assert thread_state().policies == {} and thread_state().stack == []
+    assert not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=BF16):
+        assert (X + Y).dtype == FP32
+
+
+NESTING = [
+    # (outer lists, inner lists, op, expected dtype inside the inner region)
+    ({"custom_white_list": {"add"}}, {"custom_black_list": {"mm"}}, lambda: X + Y, BF16),
+    ({"custom_white_list": {"add"}}, {"custom_black_list": {"mm"}}, lambda: torch.mm(X, W), FP32),
+    ({"custom_white_list": {"add"}}, {"custom_black_list": {"add"}}, lambda: X + Y, FP32),
+    ({"custom_black_list": {"mm"}}, {"custom_white_list": {"mm"}}, lambda: torch.mm(X, W), BF16),
+    ({"custom_white_list": {"add"}}, {}, lambda: X + Y, BF16),  # an uncustomised inner region inherits
+    ({"custom_white_list": {"add"}}, {"enabled": False}, lambda: X + Y, FP32),
+]
+
+
+@pytest.mark.parametrize(("outer", "inner", "call", "expected"), NESTING)
+def test_nested_regions_merge_custom_lists(outer, inner, call, expected) -> None:  # type: ignore[no-untyped-def]
+    with ampcore.autocast(device="cpu", **outer):
+        before = call().dtype
+        with ampcore.autocast(device="cpu", **inner):
+            assert call().dtype == expected
+        assert call().dtype == before
+
+
+def test_per_module_policy_with_a_decorated_forward() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(16, 16)
+
+        @ampcore.autocast(device="cpu", custom_black_list={"linear"})
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    model = nn.Sequential(nn.Linear(16, 16), Block(), nn.Linear(16, 16))
+    with ampcore.autocast(device="cpu"):
+        with DtypeRecorder() as recorder:
+            model(X)
+    assert [c.inputs[0] for c in recorder.of("addmm")] == [BF16, FP32, BF16]
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, **region: object) -> list[torch.Tensor]:
+    model.zero_grad()
+    with ampcore.autocast(device="cpu", **region):  # type: ignore[arg-type]
+        loss = F.mse_loss(model(x).float(), y)
+    loss.backward()
+    return [p.grad for p in model.parameters()]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "region",
+    [{"custom_white_list": {"add", "relu"}}, {"custom_black_list": {"linear"}}, {"custom_white_list": {"layer_norm"}}],
+)
+def test_gradients_match_fp32_within_bf16_tolerance(region: dict[str, object]) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    x, y = torch.randn(64, 16), torch.randn(64, 4)
+    model.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    reference = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    grads = _train_step(model, x, y, **region)
+    for got, want in zip(grads, reference):
+        assert got.dtype == FP32
+        torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
+
+
+def test_weights_are_cast_once_per_region_unless_the_cache_is_off() -> None:
+    layer = nn.Linear(16, 16, bias=False)
+
+    def casts(**region: object) -> int:
+        with ampcore.autocast(device="cpu", custom_white_list={"add"}, **region):  # type: ignore[arg-type]
+            with DtypeRecorder() as recorder:
+                layer(X)
+                layer(X)
+        return sum(1 for c in recorder.of("_to_copy") if c.inputs == (FP32,) and c.outputs == (BF16,))
+
+    assert casts() == 3  # the input twice, the weight once
+    assert casts(cache_enabled=False) == 4
+    assert thread_state().cast_cache == {}
+
+
+def test_units_linger_then_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+        assert installed_units() == {("native", "cpu"): 1, ("op", "cpu", "add.Scalar"): 1, ("op", "cpu", "add.Tensor"): 1}
+        with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+            assert installed_units()[("native", "cpu")] == 2
+    assert set(installed_units().values()) == {0}  # lingering, doing what torch does
+    with torch.autocast("cpu", dtype=BF16):
+        assert (X + Y).dtype == FP32 and torch.mm(X, W).dtype == BF16
+    sweep()
+    assert installed_units() == {}
+    monkeypatch.setattr(_installer, "linger", 0.0)
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+        pass
+    assert installed_units() == {}
+
+
+def test_adapter_adjustments_take_effect_at_o1(register) -> None:  # type: ignore[no-untyped-def]
+    adjust = lambda dtype: {"black": ["mm"], "white": ["elementwise_add"]}  # noqa: E731
+    register(make_adapter("adjusted", ampcore_op_list_adjustments=adjust), name="adjusted")
+    with ampcore.autocast(device="adjusted"):
+        assert torch.mm(X, W).dtype == FP32
+        assert (X + Y).dtype == BF16
+    with ampcore.autocast(device="cpu"):
+        assert torch.mm(X, W).dtype == BF16
+        assert (X + Y).dtype == FP32
+
+
+def test_banned_op_raises_unless_listed_and_fp32_with_dtype_policy() -> None:
+    # CPU has no banned op; its black list runs binary_cross_entropy in float32
+    p = torch.rand(4)
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+        assert F.binary_cross_entropy(p.to(BF16), p.to(BF16)).dtype == FP32
+    with ampcore.autocast(device="cpu", custom_black_list={"sum"}):
+        assert X.to(BF16).sum().dtype == FP32
+        assert X.to(BF16).sum(dtype=torch.float64).dtype == torch.float64
