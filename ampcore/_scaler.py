@@ -170,6 +170,15 @@ class GradScaler(ScalerBase):
         self._records: defaultdict[int, _OptimizerRecord] = defaultdict(_OptimizerRecord)
         self._iteration_started = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        if self._records:
+            raise AmpcoreError(
+                f"{_CALL} may only be pickled or copied at the beginning of an iteration, or at the end after scaler.update()."
+            )
+        if self._process_group is not None:
+            raise AmpcoreError(f"{_CALL} with a process_group cannot be pickled or copied: process groups cannot")
+        return super().__getstate__()
+
     def _require_scale(self, call: str) -> torch.Tensor:
         if self._tensors is None and self._scaling:
             raise AmpcoreError(f"{_CALL}.{call}(): attempted {call} but the scale is not set yet. {_SCALE_FIRST}")

@@ -12,6 +12,7 @@ import torch
 
 from ._backend import Backend, dtype_name
 from ._errors import AmpcoreError
+from ._registry import get_backend
 from ._scaler_kernels import ScalerKernels
 from ._scaler_options import ScalerOptions
 from ._scaler_state import ScalerState, build_state_dict, parse_state_dict
@@ -174,17 +175,31 @@ class ScalerBase:
         """
         if not self._scaling:
             return {}
+        return build_state_dict(self._current_state())
+
+    def _current_state(self) -> ScalerState:
+        """The settings, scale and counters as Python values (reads the device)."""
         tensors = self._tensors
         if tensors is None:
-            return build_state_dict(self._pending)
-        return build_state_dict(
-            ScalerState(
-                self._options,
-                float(tensors.scale.item()),
-                int(tensors.growth_tracker.item()),
-                int(tensors.overflow_tracker.item()),
-            )
+            return ScalerState(self._options, self._pending.scale, self._pending.growth_tracker, self._pending.overflow_tracker)
+        return ScalerState(
+            self._options,
+            float(tensors.scale.item()),
+            int(tensors.growth_tracker.item()),
+            int(tensors.overflow_tracker.item()),
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickling (and ``copy.deepcopy``): the backend by name, the tensors as Python values
+        that the copy turns into tensors on first use, as torch's GradScaler does."""
+        state = self.__dict__.copy()
+        state.update(_backend=self._backend.name, _kernels=None, _tensors=None, _pending=self._current_state())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._backend = get_backend(state["_backend"])
+        self._kernels = ScalerKernels(self._backend)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore a state saved by :meth:`state_dict`, or by ``torch.amp.GradScaler`` (its five

@@ -89,3 +89,22 @@ def test_lowering_the_growth_interval_grows_at_the_next_clean_step() -> None:
     scaler.set_growth_interval(3)
     clean_step()
     assert scaler.get_scale() == 16.0
+
+
+def test_lowering_the_hysteresis_backs_off_at_the_next_overflow() -> None:
+    scaler = ampcore.GradScaler("cpu", dtype=torch.float16, init_scale=8.0, hysteresis=3)
+    p = torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([p], lr=0.1)
+
+    def overflow_step() -> None:
+        p.grad = scaler.scale(torch.full((1,), INF))
+        scaler.step(opt)
+        scaler.update()
+
+    overflow_step()
+    overflow_step()
+    assert scaler.get_scale() == 8.0 and scaler.state_dict()["_overflow_tracker"] == 2
+    scaler.set_hysteresis(2)
+    assert scaler.state_dict()["_overflow_tracker"] == 1
+    overflow_step()
+    assert scaler.get_scale() == 4.0 and scaler.state_dict()["_overflow_tracker"] == 0

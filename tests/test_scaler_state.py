@@ -3,7 +3,9 @@ and state dicts that are wrong in any way raising while leaving the scaler uncha
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -190,3 +192,21 @@ def test_a_torch_state_dict_keeps_our_own_settings() -> None:
     scaler.load_state_dict(torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=5).state_dict())
     state = scaler.state_dict()
     assert (state["scale"], state["growth_interval"], state["hysteresis"], state["min_scale"]) == (8.0, 5, 3, 2.0)
+
+
+def test_pickle_and_deepcopy_between_iterations_only() -> None:
+    run = Run.new()
+    run.train(0, 8)
+    for copy_of in (lambda s: pickle.loads(pickle.dumps(s)), copy.deepcopy):
+        twin = copy_of(run.scaler)
+        assert twin.state_dict() == run.scaler.state_dict() and repr(twin) == repr(run.scaler)
+    other = Run.new(pickle.loads(pickle.dumps(run.scaler)))
+    other.model.load_state_dict(run.model.state_dict())
+    other.opt.load_state_dict(copy.deepcopy(run.opt.state_dict()))
+    run.train(8, 12)
+    other.train(8, 12)
+    assert other.scales == run.scales[8:] and same(other.params(), run.params())
+    run.scaler.scale(run.model(torch.ones(1, 8)).sum()).backward()
+    run.scaler.step(run.opt)
+    with pytest.raises(ampcore.AmpcoreError, match="only be pickled or copied at the beginning of an iteration"):
+        pickle.dumps(run.scaler)
