@@ -176,7 +176,7 @@ class GradScaler(ScalerBase):
                 f"{_CALL} may only be pickled or copied at the beginning of an iteration, or at the end after scaler.update()."
             )
         if self._process_group is not None:
-            raise AmpcoreError(f"{_CALL} with a process_group cannot be pickled or copied: process groups cannot")
+            raise AmpcoreError(f"{_CALL}(process_group=...) cannot be pickled or copied: a process group cannot be")
         return super().__getstate__()
 
     def _require_scale(self, call: str) -> torch.Tensor:
