@@ -11,6 +11,7 @@ Example::
 from ._autocast import autocast
 from ._backend import Backend
 from ._capability import CapabilityIssue
+from ._custom_fwd import custom_bwd, custom_fwd
 from ._decorate import decorate
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._levels import LEVELS, Level
@@ -39,6 +40,8 @@ __all__ = [
     "PluginWarning",
     "__version__",
     "autocast",
+    "custom_bwd",
+    "custom_fwd",
     "decorate",
     "get_backend",
     "hookimpl",
