@@ -123,3 +123,38 @@ def test_ipex_that_fails_to_import_warns_once(installed: Any, monkeypatch: pytes
         assert _prepare(torch.nn.Linear(2, 2), None, torch.bfloat16) is None
     (warning,) = [w for w in record if issubclass(w.category, ampcore.AmpcoreWarning)]
     assert "importing intel-extension-for-pytorch failed (ModuleNotFoundError" in str(warning.message)
+
+
+# -- through ampcore.decorate on the cpu backend --------------------------------------------
+
+
+def test_decorate_o2_on_cpu_uses_a_matching_ipex(installed: Any) -> None:
+    fake = FakeIpex()
+    installed(torch.__version__, fake)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out_model, out_opt = ampcore.decorate(model, opt, level="O2", dtype=torch.bfloat16, device="cpu")
+    assert [call["dtype"] for call in fake.calls] == [torch.bfloat16]
+    assert fake.calls[0]["model"] is model and fake.calls[0]["optimizer"] is opt
+    assert out_model.weight.dtype == torch.bfloat16 and out_opt is opt
+
+
+def test_decorate_o2_on_cpu_with_an_incompatible_ipex_warns_once_and_uses_stock_o2(installed: Any) -> None:
+    installed("2.8.0+cpu")
+    with pytest.warns(ampcore.AmpcoreWarning, match="supports torch 2.8.\\* only") as record:
+        for _ in range(2):
+            model = torch.nn.Linear(4, 4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            out_model, _ = ampcore.decorate(model, opt, level="O2", dtype=torch.bfloat16, device="cpu")
+            assert out_model is model and model.weight.dtype == torch.bfloat16  # the core's O2
+    assert sum("Intel Extension for PyTorch" in str(w.message) for w in record) == 1
+    assert _ipex.MODULE not in sys.modules
+
+
+def test_decorate_o2_on_cpu_without_ipex_is_stock_and_silent(installed: Any) -> None:
+    installed(None)
+    model = torch.nn.Linear(4, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.AmpcoreWarning)
+        ampcore.decorate(model, level="O2", dtype=torch.bfloat16, device="cpu")
+    assert model.weight.dtype == torch.bfloat16
