@@ -17,8 +17,8 @@ from torch.utils._pytree import tree_leaves
 
 import ampcore
 from ampcore_conformance._context import dtype_name
-from ampcore_conformance._lists import category
-from ampcore_conformance._op_samples import OpSample
+from ampcore_conformance._lists import REQUIRED_WHITE, category
+from ampcore_conformance._op_samples import SAMPLES, OpSample
 
 __all__ = [
     "OpRecorder",
@@ -29,9 +29,11 @@ __all__ = [
     "check_runs_widest",
     "check_unlisted",
     "make_mlp",
+    "output_dtype",
     "region",
     "rel_error",
     "require_feature",
+    "white_ops",
 ]
 
 
@@ -48,6 +50,23 @@ def require_feature(owner: Any, name: str, feature: str) -> Any:
         where = getattr(owner, "__name__", type(owner).__name__)
         pytest.skip(f"feature missing in ampcore {ampcore.__version__}: {feature} ({where} has no {name!r})")
     return found
+
+
+def white_ops(all_lists: Sequence[ampcore.OpLists]) -> list[OpSample]:
+    """Samples on the white list of every one of ``all_lists`` (required ones first).
+
+    The region checks watch these ops, so that they test regions, not one op's list entry.
+    """
+    names = dict.fromkeys([*REQUIRED_WHITE, *sorted(SAMPLES)])
+    found = [SAMPLES[n] for n in names if all(category(lists, n) == "white" for lists in all_lists)]
+    if not found:
+        pytest.fail("no op the suite can call is on the backend's white list: nothing would run in low precision")
+    return found
+
+
+def output_dtype(sample: OpSample, device: torch.device) -> torch.dtype:
+    """The dtype ``sample`` returns for float32 inputs in the current autocast state."""
+    return sample.run(sample.inputs(torch.float32, device), device).dtype
 
 
 def region(backend: ampcore.Backend, dtype: torch.dtype, **kwargs: Any) -> ampcore.autocast:

@@ -129,9 +129,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         note = (t["message"] or "").replace("|", "\\|")
         lines.append(f"| `{t['name']}` | {t['dtype'] or '-'} | {t['outcome']} | {t['duration_s']:.3f} | {note} |")
     if report["speed"]:
-        lines += ["", "## Speed (measured, not asserted)", "", "| dtype | workload | fp32 median (ms) | autocast median (ms) | speed-up |", "|---|---|---|---|---|"]
+        lines += [
+            "", "## Speed (measured, not asserted)", "",
+            "| dtype | workload | fp32 median (ms) | autocast median (ms) | speed-up | peak MiB fp32 / autocast |",
+            "|---|---|---|---|---|---|",
+        ]  # fmt: skip
         for dtype, s in report["speed"].items():
-            lines.append(f"| {dtype} | {s['workload']} | {s['fp32_ms']:.3f} | {s['autocast_ms']:.3f} | {s['speedup']:.2f}x |")
+            peaks = f"{s.get('fp32_peak_mib', '-')} / {s.get('autocast_peak_mib', '-')}"
+            lines.append(
+                f"| {dtype} | {s['workload']} | {s['fp32_ms']:.3f} | {s['autocast_ms']:.3f} | {s['speedup']:.2f}x | {peaks} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -17,8 +17,10 @@ import torch
 
 import ampcore
 from ampcore_conformance import SUITE_VERSION
-from ampcore_conformance._context import SuiteContext, UsageProblem, build_context, dtype_name
+from ampcore_conformance._checks import white_ops
+from ampcore_conformance._context import SuiteContext, UsageProblem, build_context
 from ampcore_conformance._manifest import ManifestError, Tolerances, load_manifest
+from ampcore_conformance._op_samples import OpSample
 from ampcore_conformance._reports import JUNIT_NAME
 from ampcore_conformance._session import AVAILABILITY_TEST, ConformanceSession, ConformanceWarning
 
@@ -78,6 +80,12 @@ def amp_backend(amp_context: SuiteContext) -> ampcore.Backend:
 def amp_device(amp_context: SuiteContext) -> torch.device:
     """The torch device the backend drives."""
     return amp_context.device
+
+
+@pytest.fixture(scope="session")
+def amp_white_ops(amp_context: SuiteContext) -> list[OpSample]:
+    """Sample ops on the white list for every dtype under test (the first is the region probe)."""
+    return white_ops([amp_context.lists(dtype) for dtype in amp_context.dtypes])
 
 
 @pytest.fixture(scope="session")

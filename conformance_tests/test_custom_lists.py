@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import ampcore
-from ampcore_conformance._checks import OpRecorder, region, require_feature
+from ampcore_conformance._checks import OpRecorder, output_dtype, region, require_feature
 from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._lists import category
+from ampcore_conformance._op_samples import OpSample
 
 
 @pytest.fixture(autouse=True)
@@ -31,13 +32,14 @@ def _call(op: str, x: torch.Tensor) -> torch.Tensor:
     return getattr(torch, op)(x, x) if op in ("add", "mul") else torch.tanh(x)
 
 
-def _mm(device: torch.device) -> torch.dtype:
-    a = torch.ones(4, 4, device=device)
-    return torch.mm(a, a).dtype
+@pytest.fixture
+def probe(amp_white_ops: list[OpSample]) -> OpSample:
+    """A white-list op whose output dtype shows which lists are in effect."""
+    return amp_white_ops[0]
 
 
 def test_custom_white_list_lowers_an_unlisted_op(
-    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, probe: OpSample
 ) -> None:
     op = _unlisted(amp_context, amp_dtype)
     x = torch.randn(4, 4, device=amp_device)
@@ -45,16 +47,20 @@ def test_custom_white_list_lowers_an_unlisted_op(
         plain = _call(op, x).dtype
     with region(amp_backend, amp_dtype, custom_white_list={op}):
         custom = _call(op, x).dtype
-        still_low = _mm(amp_device)
-    assert (plain, custom, still_low) == (torch.float32, amp_dtype, amp_dtype), f"{op}: without/with custom_white_list, mm"
+        still_low = output_dtype(probe, amp_device)
+    expected = (torch.float32, amp_dtype, amp_dtype)
+    assert (plain, custom, still_low) == expected, f"{op} without and with custom_white_list, then {probe.name}"
 
 
-def test_custom_black_list_keeps_a_white_op_fp32(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
-    a = torch.randn(4, 4, device=amp_device)
-    with region(amp_backend, amp_dtype, custom_black_list={"mm"}):
-        mm = torch.mm(a, a).dtype
-        addmm = torch.addmm(a, a, a).dtype
-    assert (mm, addmm) == (torch.float32, amp_dtype), "custom_black_list={'mm'}: mm must be float32, addmm stays white"
+def test_custom_black_list_keeps_a_white_op_fp32(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_white_ops: list[OpSample]
+) -> None:
+    if len(amp_white_ops) < 2:
+        pytest.skip("the backend's white list has one op the suite can call; the check needs two")
+    black, other = amp_white_ops[:2]
+    with region(amp_backend, amp_dtype, custom_black_list={black.name}):
+        got = output_dtype(black, amp_device), output_dtype(other, amp_device)
+    assert got == (torch.float32, amp_dtype), f"custom_black_list={{{black.name!r}}}: {black.name}, {other.name} returned {got}"
 
 
 def _attention(device: torch.device) -> tuple[torch.nn.MultiheadAttention, torch.Tensor]:
@@ -97,44 +103,50 @@ def test_custom_white_list_reaches_inside_transformer_layer(
     assert adds and all(set(d) == {amp_dtype} for d in adds), f"add inputs inside the layer: {adds}"
 
 
-def test_custom_lists_stay_in_their_region(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
-    seen = []
-    with region(amp_backend, amp_dtype, custom_black_list={"mm"}):
-        seen.append(_mm(amp_device))
-        with region(amp_backend, amp_dtype, custom_white_list={"mm"}):
-            seen.append(_mm(amp_device))
-        seen.append(_mm(amp_device))
+def test_custom_lists_stay_in_their_region(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, probe: OpSample
+) -> None:
+    op, seen = probe.name, []
+    with region(amp_backend, amp_dtype, custom_black_list={op}):
+        seen.append(output_dtype(probe, amp_device))
+        with region(amp_backend, amp_dtype, custom_white_list={op}):
+            seen.append(output_dtype(probe, amp_device))
+        seen.append(output_dtype(probe, amp_device))
         with pytest.raises(KeyError):
-            with region(amp_backend, amp_dtype, custom_white_list={"mm"}):
+            with region(amp_backend, amp_dtype, custom_white_list={op}):
                 raise KeyError("boom")
-        seen.append(_mm(amp_device))
+        seen.append(output_dtype(probe, amp_device))
     with region(amp_backend, amp_dtype):
-        seen.append(_mm(amp_device))
+        seen.append(output_dtype(probe, amp_device))
     assert seen == [torch.float32, amp_dtype, torch.float32, torch.float32, amp_dtype]
 
 
-def test_custom_lists_are_thread_local(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_custom_lists_are_thread_local(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, probe: OpSample
+) -> None:
+    op = probe.name
     barrier = threading.Barrier(2, timeout=60)
     seen: dict[str, torch.dtype] = {}
 
     def worker() -> None:
-        with region(amp_backend, amp_dtype, custom_black_list={"mm"}):
+        with region(amp_backend, amp_dtype, custom_black_list={op}):
             barrier.wait()
-            seen["thread"] = _mm(amp_device)
+            seen["thread"] = output_dtype(probe, amp_device)
             barrier.wait()
 
     thread = threading.Thread(target=worker)
     thread.start()
     with region(amp_backend, amp_dtype):
         barrier.wait()
-        seen["main"] = _mm(amp_device)
+        seen["main"] = output_dtype(probe, amp_device)
         barrier.wait()
     thread.join(60)
     assert seen == {"thread": torch.float32, "main": amp_dtype}
 
 
-def test_invalid_custom_lists_are_rejected(amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:
+def test_invalid_custom_lists_are_rejected(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: OpSample) -> None:
+    op = probe.name
     with pytest.raises(ampcore.AmpcoreError, match="both"):
-        region(amp_backend, amp_dtype, custom_white_list={"mm"}, custom_black_list={"mm"})
+        region(amp_backend, amp_dtype, custom_white_list={op}, custom_black_list={op})
     with pytest.raises(ampcore.AmpcoreError, match="not_an_op"):
         region(amp_backend, amp_dtype, custom_white_list={"not_an_op"})

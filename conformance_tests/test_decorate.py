@@ -55,11 +55,12 @@ def test_decorate_trains_through_fp32_masters(amp_backend: ampcore.Backend, amp_
     with region(amp_backend, amp_dtype, level="O2"):
         out = model(x)
     assert out.dtype == amp_dtype, f"an O2 forward returned {out.dtype}"
-    before = [p.detach().clone() for p in model.parameters()]
+    before = [m.detach().clone() for m in masters]
     out.float().pow(2).mean().backward()
     opt.step()
-    changed = [not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())]
-    assert all(changed), "a step left some model parameters unchanged (masters not copied back?)"
+    assert not torch.equal(before[-1], masters[-1].detach()), "a step left the master weights unchanged"
+    for (name, p), master in zip(model.named_parameters(), masters):
+        assert torch.equal(p.detach(), master.detach().to(p.dtype)), f"{name} is not its master weight after the step"
 
 
 def test_master_weights_keep_small_updates(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:

@@ -7,22 +7,21 @@ import warnings
 import torch
 
 import ampcore
-from ampcore_conformance._checks import region, rel_error
+from ampcore_conformance._checks import check_runs_low, output_dtype, region, rel_error
 from ampcore_conformance._manifest import Tolerances
+from ampcore_conformance._op_samples import OpSample
 
 
 def test_declared_dtype_autocasts(
-    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_tolerances: Tolerances
-) -> None:
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype,
+    amp_white_ops: list[OpSample], amp_tolerances: Tolerances,
+) -> None:  # fmt: skip
     kind = amp_backend.device_type
-    a, b = torch.randn(16, 16, device=amp_device), torch.randn(16, 16, device=amp_device)
     with region(amp_backend, amp_dtype):
         assert torch.is_autocast_enabled(kind), f"ampcore.autocast left torch autocast off for {kind!r}"
         assert torch.get_autocast_dtype(kind) == amp_dtype
-        out = torch.mm(a, b)
-    assert out.dtype == amp_dtype and out.device.type == kind
-    error = rel_error(out, a.to(amp_dtype).float() @ b.to(amp_dtype).float())
-    assert error <= amp_tolerances.op_eps * torch.finfo(amp_dtype).eps, f"mm in {amp_dtype} is off by {error:.3g}"
+    for op in amp_white_ops[:3]:
+        check_runs_low(op, amp_backend, amp_device, amp_dtype, amp_tolerances.op_eps)
 
 
 def test_torch_autocast_accepts_dtype(amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:
@@ -49,8 +48,9 @@ def test_dtype_computes_on_device(amp_device: torch.device, amp_dtype: torch.dty
     assert error <= 4 * amp_tolerances.op_eps * torch.finfo(amp_dtype).eps, f"{amp_dtype} arithmetic on the device is off by {error:.3g}"
 
 
-def test_default_dtype_is_used_without_dtype(amp_backend: ampcore.Backend, amp_device: torch.device) -> None:
-    a = torch.randn(4, 4, device=amp_device)
+def test_default_dtype_is_used_without_dtype(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_white_ops: list[OpSample]
+) -> None:
     with ampcore.autocast(device=amp_backend.name):
-        out = torch.mm(a, a)
-    assert out.dtype == amp_backend.default_dtype
+        got = output_dtype(amp_white_ops[0], amp_device)
+    assert got == amp_backend.default_dtype

@@ -3,69 +3,74 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 import torch
 
 import ampcore
-from ampcore_conformance._checks import make_mlp, region, rel_error
+from ampcore_conformance._checks import make_mlp, output_dtype, region, rel_error
 from ampcore_conformance._manifest import Tolerances
+from ampcore_conformance._op_samples import OpSample
 
 
-def _mm_dtype(device: torch.device) -> torch.dtype:
-    a = torch.ones(4, 4, device=device)
-    return torch.mm(a, a).dtype
+Probe = Callable[[], torch.dtype]
+
+
+@pytest.fixture
+def probe(amp_white_ops: list[OpSample], amp_device: torch.device) -> Probe:
+    """The output dtype of a white-list op, in the current autocast state."""
+    op = amp_white_ops[0]
+    return lambda: output_dtype(op, amp_device)
 
 
 def _autocast_off(backend: ampcore.Backend) -> bool:
     return not torch.is_autocast_enabled(backend.device_type)
 
 
-def test_nested_disabled_region_restores_outer(
-    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
-) -> None:
+def test_nested_disabled_region_restores_outer(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
     seen = []
     with region(amp_backend, amp_dtype):
-        seen.append(_mm_dtype(amp_device))
+        seen.append(probe())
         with region(amp_backend, amp_dtype, enabled=False):
-            seen.append(_mm_dtype(amp_device))
+            seen.append(probe())
             with region(amp_backend, amp_dtype):
-                seen.append(_mm_dtype(amp_device))
-            seen.append(_mm_dtype(amp_device))
-        seen.append(_mm_dtype(amp_device))
-    seen.append(_mm_dtype(amp_device))
+                seen.append(probe())
+            seen.append(probe())
+        seen.append(probe())
+    seen.append(probe())
     expected = [amp_dtype, torch.float32, amp_dtype, torch.float32, amp_dtype, torch.float32]
     assert seen == expected, "mm dtypes along outer/disabled/inner/disabled/outer/outside regions"
     assert _autocast_off(amp_backend)
 
 
-def test_nested_region_with_other_dtype(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_nested_region_with_other_dtype(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
     others = [d for d in amp_backend.supported_dtypes if d != amp_dtype]
     if not others:
         pytest.skip(f"backend {amp_backend.name!r} declares one dtype only: nothing to nest with {amp_dtype}")
     with region(amp_backend, amp_dtype):
         with region(amp_backend, others[0]):
-            inner = _mm_dtype(amp_device)
-        outer = _mm_dtype(amp_device)
+            inner = probe()
+        outer = probe()
     assert (inner, outer) == (others[0], amp_dtype)
 
 
-def test_level_o0_runs_fp32(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_level_o0_runs_fp32(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
     with region(amp_backend, amp_dtype, level="O0"):
-        assert _mm_dtype(amp_device) == torch.float32
+        assert probe() == torch.float32
     with region(amp_backend, amp_dtype, level="O1"):
-        assert _mm_dtype(amp_device) == amp_dtype
+        assert probe() == amp_dtype
 
 
-def test_decorator_form(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_decorator_form(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
     @region(amp_backend, amp_dtype)
     def low() -> torch.dtype:
-        return _mm_dtype(amp_device)
+        return probe()
 
-    assert (low(), low(), _mm_dtype(amp_device)) == (amp_dtype, amp_dtype, torch.float32)
+    assert (low(), low(), probe()) == (amp_dtype, amp_dtype, torch.float32)
 
 
-def test_exception_inside_region_restores_state(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_exception_inside_region_restores_state(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
     class Boom(Exception):
         pass
 
@@ -73,12 +78,12 @@ def test_exception_inside_region_restores_state(amp_backend: ampcore.Backend, am
         with region(amp_backend, amp_dtype):
             with region(amp_backend, amp_dtype, enabled=False):
                 raise Boom
-    assert _autocast_off(amp_backend) and _mm_dtype(amp_device) == torch.float32
+    assert _autocast_off(amp_backend) and probe() == torch.float32
     with region(amp_backend, amp_dtype):  # the region still works afterwards
-        assert _mm_dtype(amp_device) == amp_dtype
+        assert probe() == amp_dtype
 
 
-def test_regions_are_thread_local(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_regions_are_thread_local(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
     """A region in one thread changes nothing in another; regions in threads run side by side."""
     barrier = threading.Barrier(3, timeout=60)
     results: dict[str, list[torch.dtype]] = {}
@@ -90,13 +95,13 @@ def test_regions_are_thread_local(amp_backend: ampcore.Backend, amp_device: torc
             if enter:
                 with region(amp_backend, amp_dtype):
                     barrier.wait()
-                    got.append(_mm_dtype(amp_device))
+                    got.append(probe())
                     barrier.wait()
             else:
                 barrier.wait()
-                got.append(_mm_dtype(amp_device))
+                got.append(probe())
                 barrier.wait()
-            got.append(_mm_dtype(amp_device))
+            got.append(probe())
             results[key] = got
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
@@ -107,7 +112,7 @@ def test_regions_are_thread_local(amp_backend: ampcore.Backend, amp_device: torc
         thread.start()
     with region(amp_backend, amp_dtype):
         barrier.wait()
-        main = _mm_dtype(amp_device)
+        main = probe()
         barrier.wait()
     for thread in threads:
         thread.join(60)

@@ -1,4 +1,5 @@
-"""Speed report: float32 vs ``ampcore.autocast`` on a small MLP (measured, never asserted).
+"""Speed report: float32 vs ``ampcore.autocast`` on a small MLP, with the peak memory where
+the backend measures it (measured, never asserted).
 
 The medians go into report.json and report.md.  The check itself only makes sure the
 timed autocast run really ran in the low-precision dtype, so the numbers mean something.
@@ -7,10 +8,12 @@ timed autocast run really ran in the low-precision dtype, so the numbers mean so
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import torch
 
 import ampcore
+from ampcore import _memory as memory
 from ampcore_conformance._checks import make_mlp, region, timed
 from ampcore_conformance._context import SuiteContext, dtype_name
 
@@ -21,6 +24,20 @@ def _sync(device: torch.device) -> None:
     synchronize = getattr(getattr(torch, device.type, None), "synchronize", None)
     if callable(synchronize):
         synchronize()
+
+
+def _measure(backend: ampcore.Backend, step: Callable[[], None], device: torch.device) -> tuple[list[float], float | None]:
+    """Wall-clock times of REPEATS steps and the peak memory (MiB) when the backend measures it."""
+    try:
+        memory.reset_peak_memory(backend, 0)
+    except Exception:  # memory hooks are optional and informative only
+        pass
+    times = timed(step, lambda: _sync(device), REPEATS)
+    try:
+        peak = memory.peak_memory(backend, 0)
+    except Exception:
+        peak = None
+    return times, None if peak is None else round(peak / 2**20, 2)
 
 
 def test_speed_report(amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
@@ -37,8 +54,8 @@ def test_speed_report(amp_context: SuiteContext, amp_backend: ampcore.Backend, a
 
     for enabled in (False, True, False, True):  # warm-up (kernels, caches)
         step(enabled)
-    fp32 = timed(lambda: step(False), lambda: _sync(amp_device), REPEATS)
-    low = timed(lambda: step(True), lambda: _sync(amp_device), REPEATS)
+    fp32, fp32_peak = _measure(amp_backend, lambda: step(False), amp_device)
+    low, low_peak = _measure(amp_backend, lambda: step(True), amp_device)
     assert dtypes[-1] == amp_dtype and torch.float32 in dtypes, f"the timed runs produced {set(dtypes)}"
     fp32_ms, low_ms = statistics.median(fp32) * 1e3, statistics.median(low) * 1e3
     amp_context.speed[dtype_name(amp_dtype)] = {
@@ -46,4 +63,6 @@ def test_speed_report(amp_context: SuiteContext, amp_backend: ampcore.Backend, a
         "fp32_ms": round(fp32_ms, 4),
         "autocast_ms": round(low_ms, 4),
         "speedup": round(fp32_ms / low_ms, 3),
+        "fp32_peak_mib": fp32_peak,
+        "autocast_peak_mib": low_peak,
     }
