@@ -1,0 +1,98 @@
+"""Manifest format, report rendering and the CLI's pytest command line, in process."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ampcore._cli import main
+from ampcore._cli_conformance import pytest_arguments
+from ampcore_conformance._manifest import ManifestError, Tolerances, load_manifest
+from ampcore_conformance._reports import render_markdown
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_toml_manifest_entries_and_tolerances(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "m.toml",
+        '[skip]\n"test_a[bfloat16-mm]" = "no bf16 mm"\n[xfail]\n"test_b*" = " bug 7 "\n[tolerances]\nconvergence_rtol = 0.3\n',
+    )
+    manifest = load_manifest(path)
+    assert [(e.action, e.pattern, e.reason) for e in manifest.entries] == [
+        ("skip", "test_a[bfloat16-mm]", "no bf16 mm"),
+        ("xfail", "test_b*", "bug 7"),
+    ]
+    assert manifest.tolerances == Tolerances(convergence_rtol=0.3)
+
+
+def test_patterns_treat_brackets_literally(tmp_path: Path) -> None:
+    manifest = load_manifest(_write(tmp_path, "m.json", '{"skip": {"test_x[*-mm]": "r", "test_y": "r"}}'))
+    x, y = manifest.entries
+    assert x.matches(["test_x[float16-mm]"]) and not x.matches(["test_x[float16-addmm]"])
+    assert not x.matches(["test_xb"]) and y.matches(["test_z[bfloat16]", "test_y"])
+    assert manifest.find(["test_x[bfloat16-mm]"]) is x and manifest.find(["test_q"]) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[skip]\n"test_a" = ""\n', "needs a reason"),
+        ('[skip]\n"test_a" = 3\n', "needs a reason"),
+        ('[skips]\n"test_a" = "r"\n', "unknown section(s) ['skips']"),
+        ("[tolerances]\nop_rtol = 1\n", "unknown tolerance(s) ['op_rtol']"),
+        ("[tolerances]\nop_eps = -1\n", "expected a positive number"),
+        ("[skip\n", "not valid TOML"),
+    ],
+)
+def test_invalid_manifests_are_rejected(tmp_path: Path, text: str, message: str) -> None:
+    path = _write(tmp_path, "m.toml", text)
+    with pytest.raises(ManifestError, match=re.escape(message)) as info:
+        load_manifest(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_manifest_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ManifestError, match="cannot read manifest"):
+        load_manifest(tmp_path / "absent.toml")
+
+
+def test_markdown_summary_has_one_row_per_test() -> None:
+    report = {
+        "backend": {"name": "acme", "device_type": "acme", "plugin": "acme", "distribution": "ampcore-acme",
+                    "version": "1.2", "device_name": "Acme X1"},
+        "dtypes": ["float16"], "ampcore": "0.1.0", "torch": "2.13.0", "suite": {"version": "1.0.0"},
+        "exit_status": 1, "summary": {"passed": 1, "failed": 1}, "duration_s": 2.5, "problem": None,
+        "manifest": {"unmatched": ["test_old"]},
+        "tests": [
+            {"name": "test_a[float16]", "dtype": "float16", "outcome": "passed", "duration_s": 0.1, "message": None},
+            {"name": "test_b", "dtype": None, "outcome": "failed", "duration_s": 0.2, "message": "x | y"},
+        ],
+        "speed": {"float16": {"workload": "MLP", "fp32_ms": 2.0, "autocast_ms": 1.0, "speedup": 2.0}},
+    }  # fmt: skip
+    text = render_markdown(report)
+    assert "| `test_a[float16]` | float16 | passed | 0.100 |  |" in text
+    assert "| `test_b` | - | failed | 0.200 | x \\| y |" in text
+    assert "ampcore-acme 1.2" in text and "`test_old`" in text and "| float16 | MLP | 2.000 | 1.000 | 2.00x |" in text
+
+
+def test_cli_builds_the_pytest_command(tmp_path: Path) -> None:
+    args = pytest_arguments("acme", ["float16"], tmp_path / "r", tmp_path / "m.toml", ["-x"])
+    assert args[:4] == ["--pyargs", "ampcore_conformance", "-p", "ampcore_conformance.plugin"]
+    assert args[args.index("--ampcore-backend") + 1] == "acme" and args[-1] == "-x"
+    assert Path(args[args.index("-c") + 1]).is_file()
+    assert args[args.index("--ampcore-report-dir") + 1] == str((tmp_path / "r").resolve())
+
+
+def test_cli_without_pytest_says_what_to_install(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "pytest", None)  # `import pytest` now raises ImportError
+    assert main(["conformance", "--backend", "cpu"]) == 1
+    assert "install pytest (pip install 'ampcore[conformance]'" in capsys.readouterr().err
