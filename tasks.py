@@ -2,7 +2,8 @@
 """Set-up-complete project commands: each creates ``.venv`` and installs what it needs.
 
     python3 tasks.py demo     # the main job: `ampcore info` + a short mixed-precision run
-    python3 tasks.py test     # the whole test suite
+    python3 tasks.py test     # the whole test suite, then the conformance suite against
+                              # cpu (bfloat16, float16) and the example plugin (reports/)
 
 Only Python >= 3.10 is needed.  torch is pinned (``AMPCORE_TORCH``, default
 ``torch==2.13.0``): pip must never resolve an open range on a fresh venv, which would pull a
@@ -11,6 +12,7 @@ multi-GB CUDA build.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,9 +46,42 @@ def demo(args: list[str]) -> None:
     sh(PY, ROOT / "examples" / "train_o1.py", *args)
 
 
+#: Conformance runs of `python3 tasks.py test`: (backend, dtype or None for all declared).
+CONFORMANCE_RUNS = (("cpu", "bfloat16"), ("cpu", "float16"), ("example", None))
+
+
+def installed_backends() -> set[str]:
+    """Backend names the venv's ampcore knows (``ampcore info --json``)."""
+    out = subprocess.run([str(BIN / "ampcore"), "info", "--json"], capture_output=True, text=True, check=True).stdout
+    return {backend["name"] for backend in json.loads(out)["backends"]}
+
+
+def conformance() -> list[str]:
+    """Run the conformance suite for CONFORMANCE_RUNS (reports under reports/); the failed runs."""
+    known, failed = installed_backends(), []
+    for backend, dtype in CONFORMANCE_RUNS:
+        if backend not in known:
+            print(f"conformance: backend {backend!r} is not installed; skipped", flush=True)
+            continue
+        name = f"{backend}-{dtype or 'all'}"
+        command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", ROOT / "reports" / name]
+        try:
+            sh(*command, *(["--dtype", dtype] if dtype else []), "--", "-q")
+        except subprocess.CalledProcessError:
+            failed.append(name)
+    return failed
+
+
 def test(args: list[str]) -> None:
+    """pytest on tests/ (with ``args``); without args, then the conformance runs (CI)."""
     setup()
-    sh(PY, "-m", "pytest", *args)
+    print("+", PY, "-m", "pytest", *args, flush=True)
+    code = subprocess.run([str(PY), "-m", "pytest", *args], cwd=ROOT, check=False).returncode
+    failed = [] if args else conformance()
+    if failed:
+        print(f"conformance failed: {', '.join(failed)} (see reports/<run>/report.md)", flush=True)
+    if code or failed:
+        sys.exit(code or 1)
 
 
 def main() -> None:
