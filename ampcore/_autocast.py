@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import torch
 
 from ._backend import dtype_name
+from ._compile import constant_result, guard_mode, opaque
 from ._dispatch import Policy, acquire, policy_for, release
 from ._errors import AmpcoreError
 from ._levels import IMPLEMENTED_LEVELS, check_level
@@ -88,6 +89,16 @@ class autocast:
         torch.float32
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            # Inside a function dynamo traces: a region with torch's own lists *is* a
+            # torch.autocast, which dynamo compiles without a graph break.
+            native = _native_region(args, kwargs)
+            if native is not None:
+                return torch.autocast(native[0], dtype=native[1], enabled=native[2], cache_enabled=native[3])
+        return super().__new__(cls)
+
+    @opaque
     def __init__(
         self,
         device: DeviceLike = None,
@@ -147,6 +158,7 @@ class autocast:
             f"level={self.level!r}, enabled={self.enabled}{custom})"
         )
 
+    @opaque
     def __enter__(self) -> autocast:
         state = thread_state()
         device_type = self.device_type
@@ -169,12 +181,15 @@ class autocast:
                 f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
                 f"adapter ({self.backend.distribution}) and `ampcore info`."
             )
+        mode = None
         if policy is not None:
             try:
                 acquire(policy)
             except BaseException:
                 inner.__exit__(None, None, None)
                 raise
+            mode = guard_mode(policy)  # so that torch.compile does not reuse graphs across policies
+            mode.__enter__()
         previous = state.policies.get(device_type)
         if policy is not None or previous is not None:
             state.policies[device_type] = policy
@@ -182,10 +197,11 @@ class autocast:
             stack = self._local.stack
         except AttributeError:
             stack = self._local.stack = []
-        stack.append((inner, policy, previous))
+        stack.append((inner, policy, previous, mode))
         push_frame(frame)
         return self
 
+    @opaque
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -193,7 +209,7 @@ class autocast:
         traceback: TracebackType | None,
     ) -> None:
         pop_frame()
-        inner, policy, previous = self._local.stack.pop()
+        inner, policy, previous, mode = self._local.stack.pop()
         if policy is not None or previous is not None:
             state = thread_state()
             if previous is None:
@@ -201,6 +217,8 @@ class autocast:
             else:
                 state.policies[self.device_type] = previous
         try:
+            if mode is not None:
+                mode.__exit__(None, None, None)
             inner.__exit__(exc_type, exc, traceback)
         finally:
             if policy is not None:
@@ -215,3 +233,17 @@ class autocast:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+@constant_result
+def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, torch.dtype, bool, bool | None] | None:
+    """``(device type, dtype, enabled, cache_enabled)`` of a region with torch's lists, else None.
+
+    Run eagerly (dynamo folds the result into a constant), so arguments are validated and
+    errors raised exactly as outside torch.compile.
+    """
+    region = object.__new__(autocast)
+    region.__init__(*args, **kwargs)  # type: ignore[misc]
+    if region._policy is not None:
+        return None
+    return region.device_type, region.dtype, region.enabled, region.cache_enabled

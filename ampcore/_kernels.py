@@ -180,8 +180,15 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
     get_dtype = torch.get_autocast_dtype
     cache_enabled = torch.is_autocast_cache_enabled
     numbers_ok = torch._C._should_allow_numbers_as_tensors(overload.partition(".")[0])
+    no_torch_function = torch._C.DisableTorchFunction
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among them)
+        # must not see this kernel's own tensor calls
+        with no_torch_function():
+            return body(keyset, args, kwargs)
+
+    def body(keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         policy = state.policies.get(device_type)
         if policy is None:
             action = native
