@@ -127,7 +127,7 @@ for _loss in ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss"):
     _add(_loss, getattr(F, _loss), (ROWS, ROWS))
 _add("nll_loss", F.nll_loss, (_A(4, 5),), _long(0, 3, 1, 4))
 _add("cross_entropy_loss", F.cross_entropy, (_A(4, 5),), _long(0, 3, 1, 4))
-_add("kl_div", F.kl_div, (ROWS, _A(4, 8, kind="prob")))
+_add("kl_div", lambda x, t: F.kl_div(x, t, reduction="sum"), (ROWS, _A(4, 8, kind="prob")))
 _add("binary_cross_entropy_with_logits", F.binary_cross_entropy_with_logits, (ROWS, _A(4, 8, kind="prob")))
 _add("poisson_nll_loss", F.poisson_nll_loss, (ROWS, _A(4, 8, kind="positive")))
 _add("soft_margin_loss", F.soft_margin_loss, (ROWS, _A(4, 8, kind="sign")))

@@ -7,10 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from ampcore._cli import main
 from ampcore._cli_conformance import pytest_arguments
-from ampcore_conformance._manifest import ManifestError, Tolerances, load_manifest
+from ampcore_conformance._context import UsageProblem, build_context
+from ampcore_conformance._manifest import Manifest, ManifestError, Tolerances, load_manifest
 from ampcore_conformance._reports import render_markdown
 
 
@@ -96,3 +98,17 @@ def test_cli_without_pytest_says_what_to_install(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "pytest", None)  # `import pytest` now raises ImportError
     assert main(["conformance", "--backend", "cpu"]) == 1
     assert "install pytest (pip install 'ampcore[conformance]'" in capsys.readouterr().err
+
+
+def test_unknown_backend_becomes_the_run_problem() -> None:
+    context = build_context("acme", [], Manifest(), None)
+    assert not context.usable and context.backend is None
+    assert context.problem is not None and context.problem.startswith("no device found for backend 'acme': the backend is not installed")
+    with pytest.raises(RuntimeError, match="no device found for backend 'acme'"):
+        context.require_backend()
+
+
+def test_dtype_selection_is_checked_against_the_backend() -> None:
+    assert build_context("cpu", ["bf16", "bfloat16"], Manifest(), None).dtypes == (torch.bfloat16,)
+    with pytest.raises(UsageProblem, match="not a floating torch dtype"):
+        build_context("cpu", ["int8"], Manifest(), None)

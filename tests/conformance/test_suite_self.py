@@ -149,12 +149,6 @@ def test_no_device_is_an_explicit_failure(site: Path, tmp_path: Path) -> None:
     assert report["summary"]["passed"] == 0 and (tmp_path / "junit.xml").exists()
 
 
-def test_unknown_backend_is_an_explicit_failure(site: Path, tmp_path: Path) -> None:
-    result = _run(site, "conformance", "--backend", "acme", "--report-dir", str(tmp_path))
-    assert result.returncode != 0 and "no device found for backend 'acme'" in result.stdout
-    assert "not installed" in _report(tmp_path)["problem"]
-
-
 def test_all_skipped_is_not_green(site: Path, tmp_path: Path) -> None:
     manifest = tmp_path / "all.json"
     manifest.write_text(json.dumps({"skip": {"*": "nothing works yet"}}))
