@@ -92,8 +92,10 @@ def _run(sample: OpSample, inputs: Sequence[torch.Tensor], device: torch.device,
         return sample.run(inputs, device)
 
 
-def _describe(sample: OpSample, inputs: Sequence[torch.Tensor]) -> str:
-    return f"{sample.name}({', '.join(dtype_name(x.dtype) for x in inputs)})"
+def _describe(sample: OpSample, inputs: Sequence[torch.Tensor], dtype: torch.dtype, **kw: Any) -> str:
+    """``"mm(float32, float32) under ampcore.autocast(dtype=torch.float16, level='O2')"``."""
+    args = "".join(f", {key}={value!r}" for key, value in kw.items())
+    return f"{sample.name}({', '.join(dtype_name(x.dtype) for x in inputs)}) under ampcore.autocast(dtype={dtype}{args})"
 
 
 def check_runs_low(
@@ -103,7 +105,7 @@ def check_runs_low(
     inputs = sample.inputs(torch.float32, device)
     out = _run(sample, inputs, device, region(backend, dtype, **kw))
     assert _real(out) == dtype, (
-        f"{_describe(sample, inputs)} under ampcore.autocast(dtype={dtype}) returned {out.dtype}: "
+        f"{_describe(sample, inputs, dtype, **kw)} returned {out.dtype}: "
         f"the backend's lists put {sample.name} on the white list, so it must run in {dtype}"
     )
     reference = sample.run([x.to(dtype).float() for x in inputs], device)
@@ -117,7 +119,7 @@ def _check_float32(
 ) -> None:  # fmt: skip
     out = _run(sample, inputs, device, region(backend, dtype, **kw))
     assert _real(out) == torch.float32, (
-        f"{_describe(sample, inputs)} under ampcore.autocast(dtype={dtype}, {kw}) returned {out.dtype}: {why}"
+        f"{_describe(sample, inputs, dtype, **kw)} returned {out.dtype}: {why}"
     )
     error = rel_error(out, sample.run([x.float() for x in inputs], device))
     assert error <= 1e-4, f"{sample.name} returned float32 but was not computed in float32 (error {error:.3g})"
@@ -167,7 +169,7 @@ def check_unlisted(
         inputs = low if given == "low" else sample.inputs(torch.float32, device)
         out = _run(sample, inputs, device, region(backend, dtype, level=level))
         assert _real(out) == kinds[wanted], (
-            f"{_describe(sample, inputs)} under ampcore.autocast(dtype={dtype}, level={level!r}) returned "
+            f"{_describe(sample, inputs, dtype, level=level)} returned "
             f"{out.dtype}: {sample.name} is on none of the backend's lists, so at {level} it must return {kinds[wanted]}"
         )
 

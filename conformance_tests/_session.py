@@ -28,6 +28,11 @@ __all__ = ["AVAILABILITY_TEST", "ConformanceSession", "ConformanceWarning"]
 AVAILABILITY_TEST: Final = "test_backend_is_available"
 _FIXED: Final[dict[str, tuple[str, ...]]] = {"required_white": REQUIRED_WHITE, "required_black": REQUIRED_BLACK}
 _RAN: Final = ("passed", "xpassed", "failed", "error")
+#: Check modules from the most basic to the most composite (the run order, and the report's).
+MODULE_ORDER: Final = (
+    "test_registration", "test_dtypes", "test_op_lists", "test_regions", "test_custom_lists",
+    "test_levels", "test_scaler", "test_decorate", "test_convergence", "test_speed",
+)  # fmt: skip
 
 
 class ConformanceWarning(ampcore.AmpcoreWarning):
@@ -97,6 +102,8 @@ class ConformanceSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        rank = {name: i for i, name in enumerate(MODULE_ORDER)}
+        items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: keeps order within a module
         self._apply_manifest(items)
         if not self.context.usable:
             kept = [item for item in items if getattr(item, "originalname", item.name) == AVAILABILITY_TEST]

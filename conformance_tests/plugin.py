@@ -13,16 +13,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
-import ampcore
-from ampcore_conformance import SUITE_VERSION
-from ampcore_conformance._checks import white_ops
-from ampcore_conformance._context import SuiteContext, UsageProblem, build_context
-from ampcore_conformance._manifest import ManifestError, Tolerances, load_manifest
-from ampcore_conformance._op_samples import OpSample
-from ampcore_conformance._reports import JUNIT_NAME
-from ampcore_conformance._session import AVAILABILITY_TEST, ConformanceSession, ConformanceWarning
+pytest.register_assert_rewrite("ampcore_conformance._checks")  # detailed messages from shared checks
+
+import torch  # noqa: E402
+
+import ampcore  # noqa: E402
+from ampcore_conformance import SUITE_VERSION  # noqa: E402
+from ampcore_conformance._checks import white_ops  # noqa: E402
+from ampcore_conformance._context import SuiteContext, UsageProblem, build_context  # noqa: E402
+from ampcore_conformance._manifest import ManifestError, Tolerances, load_manifest  # noqa: E402
+from ampcore_conformance._op_samples import OpSample  # noqa: E402
+from ampcore_conformance._reports import JUNIT_NAME  # noqa: E402
+from ampcore_conformance._session import AVAILABILITY_TEST, ConformanceSession, ConformanceWarning  # noqa: E402
 
 __all__ = ["AVAILABILITY_TEST", "ConformanceSession", "ConformanceWarning"]
 

@@ -1,4 +1,4 @@
-"""Manifest format, report rendering and the CLI's pytest command line, in process."""
+"""Manifest format, report rendering, run context, suite layout and the CLI, in process."""
 
 from __future__ import annotations
 
@@ -112,3 +112,11 @@ def test_dtype_selection_is_checked_against_the_backend() -> None:
     assert build_context("cpu", ["bf16", "bfloat16"], Manifest(), None).dtypes == (torch.bfloat16,)
     with pytest.raises(UsageProblem, match="not a floating torch dtype"):
         build_context("cpu", ["int8"], Manifest(), None)
+
+
+def test_run_order_names_every_check_module() -> None:
+    import ampcore_conformance
+    from ampcore_conformance._session import MODULE_ORDER
+
+    modules = {p.stem for p in Path(ampcore_conformance.__file__).parent.glob("test_*.py")}
+    assert set(MODULE_ORDER) == modules and len(MODULE_ORDER) == len(modules)
