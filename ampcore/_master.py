@@ -139,6 +139,12 @@ class MasterWeights:
         groups = self.optimizer.param_groups
         for index, group in enumerate(groups):
             if not isinstance(group, _MasterGroup):
+                if any(_low_precision(p) for p in dict.__getitem__(group, "params")):
+                    raise AmpcoreError(
+                        f"{type(self.optimizer).__name__}: a param group added after ampcore.decorate "
+                        "holds low-precision parameters, which would be updated without fp32 master "
+                        "weights; add every param group before decorating"
+                    )
                 groups[index] = _MasterGroup(group, self.sync_grads)
 
     # -- gradients --------------------------------------------------------------------
@@ -231,6 +237,7 @@ class MasterWeights:
     # -- step -------------------------------------------------------------------------
     def step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
+        self._wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
         self.sync_grads()
         if args and callable(args[0]):
@@ -316,6 +323,10 @@ _CONFLICT: Final = (
     "clip_grad_norm_([p for g in optimizer.param_groups for p in g['params']], max_norm), "
     "or decorate with master_grad=True so that model and optimizer share one fp32 gradient."
 )
+
+
+def _low_precision(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and torch.promote_types(tensor.dtype, torch.float32) != tensor.dtype
 
 
 def _finite(tensor: torch.Tensor | None) -> bool:

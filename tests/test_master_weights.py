@@ -342,3 +342,14 @@ def test_without_master_weights_the_optimizer_updates_low_precision_parameters()
     assert masters_of(opt)[0] is model[0].weight and "step" not in opt.__dict__
     train_decorated(opt, model, 2)
     assert model[0].weight.dtype == BF16
+
+
+def test_a_param_group_of_model_parameters_added_after_decorate_is_refused() -> None:
+    model = make_model()
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    model, opt = ampcore.decorate(model, opt, device="cpu")
+    opt.add_param_group({"params": list(model[2].parameters())})
+    x, y = batches(1)[0]
+    loss_of(model, x, y).backward()
+    with pytest.raises(ampcore.AmpcoreError, match="add every param group before decorating"):
+        opt.step()

@@ -1,0 +1,208 @@
+"""Level O2 (``ampcore.decorate`` + O2 autocast) against fp32, O1 and hand-written bf16 loops.
+
+Time: the seed network scaled down (9 x ``Linear(2048, 2048)``, batch 512, MSE, SGD lr 1e-4,
+the guide's uniform data, 10 batches cycled), every mode with its own model from the same
+initial weights, all in one process.  Each round runs one training step of every mode (the
+order rotates per round); the table gives the median step time of the timed rounds and the
+ratios against the baselines of the same run, plus the final loss after ``--steps`` steps.
+
+Memory: one fresh process per (configuration, mode).  The child creates its data, reads its
+resident set (VmRSS), resets the peak (VmHWM, through the CPU adapter's memory hooks),
+builds the model and optimizer, trains 3 steps and reads the peak again: the growth is
+everything training needed (weights, masters, gradients, optimizer state, activations).
+
+    python benchmarks/bench_o2.py                 # time table, then memory table
+    python benchmarks/bench_o2.py --steps 20 --skip-memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+import ampcore
+from ampcore._bench import SeedNet
+from ampcore._levels import IMPLEMENTED_LEVELS
+from ampcore._memory import memory_in_use, peak_memory, reset_peak_memory
+
+BF16: Final = torch.bfloat16
+#: the op side of O2 comes from ampcore.autocast(level="O2"); O1's ops before it existed
+O2_OPS: Final = "O2" if "O2" in IMPLEMENTED_LEVELS else "O1"
+TIME_MODES: Final = ("fp32", "O1", "bf16 loop", "bf16 loop + master", "O2", "O2 no master")
+MEMORY_MODES: Final = ("fp32", "O1", "bf16 loop + master", "O2")
+CONFIGS: Final = {"activations": (1024, 8192), "parameters": (2048, 512)}
+
+
+@dataclass
+class Mode:
+    """One way of training: ``step(x, y)`` runs forward, backward, update; returns the loss."""
+
+    name: str
+    step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    times: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+def plain_step(
+    model: nn.Module, opt: torch.optim.Optimizer, region: Callable[[], Any], cast: torch.dtype | None = None
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with region():
+            out = model(x if cast is None else x.to(cast))
+            loss = nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def master_loop_step(model: nn.Module, lr: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A hand-written bf16 loop with an fp32 master copy: the reference for O2's overhead."""
+    masters = [p.detach().float() for p in model.parameters()]
+    model.to(BF16)
+    params = list(model.parameters())
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.mse_loss(model(x.to(BF16)).float(), y)
+        loss.backward()
+        with torch.no_grad():
+            grads = [p.grad for p in params]
+            for master, grad in zip(masters, grads):
+                master.add_(grad, alpha=-lr)  # reads bf16 grads directly: no fp32 copy
+            torch._foreach_copy_(params, masters)
+        for p in params:
+            p.grad = None
+        return loss
+
+    return step
+
+
+def make_mode(name: str, size: int, lr: float) -> Mode:
+    torch.manual_seed(0)
+    model = SeedNet(size)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    null: Callable[[], Any] = contextlib.nullcontext
+    if name == "fp32":
+        return Mode(name, plain_step(model, opt, null))
+    if name == "O1":
+        return Mode(name, plain_step(model, opt, lambda: ampcore.autocast(device="cpu", level="O1")))
+    if name == "bf16 loop":
+        model.to(BF16)
+        return Mode(name, plain_step(model, torch.optim.SGD(model.parameters(), lr=lr), null, cast=BF16))
+    if name == "bf16 loop + master":
+        return Mode(name, master_loop_step(model, lr))
+    model, opt = ampcore.decorate(model, opt, level="O2", device="cpu", master_weight=name == "O2")
+    return Mode(name, plain_step(model, opt, lambda: ampcore.autocast(device="cpu", level=O2_OPS)))
+
+
+def guide_data(size: int, batch: int, batches: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return torch.rand(batches, batch, size), torch.rand(batches, batch, size)
+
+
+def run_time(steps: int, warmup: int, size: int, batch: int, lr: float) -> list[Mode]:
+    data, label = guide_data(size, batch)
+    modes = [make_mode(name, size, lr) for name in TIME_MODES]
+    for step in range(steps):
+        x, y = data[step % len(data)], label[step % len(label)]
+        shift = step % len(modes)
+        for mode in modes[shift:] + modes[:shift]:  # rotate who goes first
+            start = time.perf_counter()
+            loss = mode.step(x, y)
+            elapsed = time.perf_counter() - start
+            mode.losses.append(float(loss))
+            if step >= warmup:
+                mode.times.append(elapsed * 1e3)
+    return modes
+
+
+def print_time(modes: list[Mode], args: argparse.Namespace) -> None:
+    by = {m.name: statistics.median(m.times) for m in modes}
+    fp32_loss = modes[0].losses[-1]
+    print(f"\n## Step time: 9 x Linear({args.size}), batch {args.batch}, SGD lr {args.lr}, bf16, "
+          f"O2 ops: autocast level {O2_OPS}")
+    print(f"medians of {len(modes[0].times)} interleaved rounds (after {args.warmup} warm-up), "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    print(f"| mode | ms/step | / fp32 | / O1 | / bf16 loop | loss after {args.steps} steps | vs fp32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for m in modes:
+        ms, loss = by[m.name], m.losses[-1]
+        print(f"| {m.name} | {ms:.1f} | {ms / by['fp32']:.3f} | {ms / by['O1']:.3f} | "
+              f"{ms / by['bf16 loop']:.3f} | {loss:.4f} | {100 * (loss - fp32_loss) / fp32_loss:+.2f}% |")
+    print("\ntargets: O2 / O1 <= 0.90: "
+          f"{by['O2'] / by['O1']:.3f}; O2 / bf16 loop <= 1.25: {by['O2'] / by['bf16 loop']:.3f}; "
+          f"O2 no master / bf16 loop <= 1.05: {by['O2 no master'] / by['bf16 loop']:.3f}")
+
+
+def memory_child(mode: str, size: int, batch: int, lr: float) -> None:
+    """Print the growth of the peak resident set over 3 training steps of ``mode``."""
+    torch.set_num_threads(2)
+    backend = ampcore.get_backend("cpu")
+    data, label = guide_data(size, batch, batches=1)
+    base = memory_in_use(backend)
+    reset_peak_memory(backend)
+    step = make_mode(mode, size, lr).step
+    for _ in range(3):
+        step(data[0], label[0])
+    peak = peak_memory(backend)
+    print(json.dumps({"growth": None if base is None or peak is None else peak - base}))
+
+
+def run_memory(repeats: int, lr: float) -> None:
+    print("\n## Peak memory growth of 3 training steps (fresh process per run, VmHWM - VmRSS "
+          f"before the model; median of {repeats})\n")
+    print("| configuration | params | mode | MiB | / fp32 |")
+    print("|---|---:|---|---:|---:|")
+    for config, (size, batch) in CONFIGS.items():
+        growth: dict[str, float] = {}
+        for mode in MEMORY_MODES:
+            runs = []
+            for _ in range(repeats):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--memory-child", mode, str(size), str(batch)],
+                    check=True, capture_output=True, text=True,
+                )
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1])["growth"])
+            growth[mode] = statistics.median(runs) / 2**20
+            params = 9 * (size * size + size) / 1e6
+            print(f"| {config} (9 x Linear({size}), batch {batch}) | {params:.1f}M | {mode} | "
+                  f"{growth[mode]:.0f} | {growth[mode] / growth['fp32']:.3f} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--size", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--repeats", type=int, default=3, help="memory runs per mode")
+    parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-child", nargs=3, metavar=("MODE", "SIZE", "BATCH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        mode, size, batch = args.memory_child
+        memory_child(mode, int(size), int(batch), args.lr)
+        return
+    if not args.skip_time:
+        print_time(run_time(args.steps, args.warmup, args.size, args.batch, args.lr), args)
+    if not args.skip_memory:
+        run_memory(args.repeats, args.lr)
+
+
+if __name__ == "__main__":
+    main()
