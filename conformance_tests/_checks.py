@@ -6,7 +6,6 @@ Kept out of the ``test_*`` modules so that every check module imports them under
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -32,24 +31,31 @@ __all__ = [
     "output_dtype",
     "region",
     "rel_error",
+    "require_argument",
     "require_feature",
     "white_ops",
 ]
 
 
 def require_feature(owner: Any, name: str, feature: str) -> Any:
-    """``owner.name`` (an attribute, or a parameter when ``owner`` is callable and has no such
-    attribute); skips the check with a reason naming ``feature`` when this ampcore lacks it."""
+    """``owner.name``; skips the check with a reason naming ``feature`` when this ampcore
+    lacks it."""
     found = getattr(owner, name, None)
-    if found is None and callable(owner):
-        try:
-            found = inspect.signature(owner).parameters.get(name)
-        except (TypeError, ValueError):
-            found = None
     if found is None:
         where = getattr(owner, "__name__", type(owner).__name__)
         pytest.skip(f"feature missing in ampcore {ampcore.__version__}: {feature} ({where} has no {name!r})")
     return found
+
+
+def require_argument(call: Callable[..., Any], argument: str, feature: str, **kwargs: Any) -> None:
+    """Call ``call(**kwargs)``; skip with a reason naming ``feature`` when this ampcore
+    refuses ``argument`` as an unexpected keyword (any other error propagates)."""
+    try:
+        call(**kwargs)
+    except TypeError as exc:
+        if argument in str(exc) and "unexpected keyword" in str(exc):
+            pytest.skip(f"feature missing in ampcore {ampcore.__version__}: {feature} ({exc})")
+        raise
 
 
 def white_ops(all_lists: Sequence[ampcore.OpLists]) -> list[OpSample]:

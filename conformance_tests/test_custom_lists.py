@@ -9,15 +9,16 @@ import pytest
 import torch
 
 import ampcore
-from ampcore_conformance._checks import OpRecorder, output_dtype, region, require_feature
+from ampcore_conformance._checks import OpRecorder, output_dtype, region, require_argument
 from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._lists import category
 from ampcore_conformance._op_samples import OpSample
 
 
 @pytest.fixture(autouse=True)
-def _custom_lists_exist() -> None:
-    require_feature(ampcore.autocast, "custom_white_list", "custom op lists (ampcore.autocast(custom_white_list=...))")
+def _custom_lists_exist(amp_backend: ampcore.Backend) -> None:
+    feature = "custom op lists (ampcore.autocast(custom_white_list=...))"
+    require_argument(region, "custom_white_list", feature, backend=amp_backend, dtype=None, custom_white_list=())
 
 
 def _unlisted(context: SuiteContext, dtype: torch.dtype) -> str:

@@ -120,3 +120,19 @@ def test_run_order_names_every_check_module() -> None:
 
     modules = {p.stem for p in Path(ampcore_conformance.__file__).parent.glob("test_*.py")}
     assert set(MODULE_ORDER) == modules and len(MODULE_ORDER) == len(modules)
+
+
+def test_missing_features_skip_only_on_an_unexpected_keyword() -> None:
+    from ampcore_conformance._checks import require_argument
+
+    def old_api(**kwargs: object) -> None:
+        raise TypeError("__init__() got an unexpected keyword argument 'custom_white_list'")
+
+    def broken(**kwargs: object) -> None:
+        raise TypeError("unsupported operand type(s)")
+
+    with pytest.raises(pytest.skip.Exception, match="feature missing in ampcore .*: custom lists"):
+        require_argument(old_api, "custom_white_list", "custom lists", custom_white_list=())
+    with pytest.raises(TypeError, match="unsupported operand"):
+        require_argument(broken, "custom_white_list", "custom lists", custom_white_list=())
+    require_argument(lambda **kwargs: None, "custom_white_list", "custom lists", custom_white_list=())
