@@ -50,6 +50,8 @@ class BenchSettings:
     lr: float = 1e-4
     seed: int = 0
     modes: tuple[str, ...] = MODES
+    #: run each mode in a fresh process (clean peak memory, no allocator cross-talk)
+    isolate: bool = True
 
 
 @dataclass
@@ -135,15 +137,15 @@ def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: Be
 def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
     device = torch.device(backend.device_type, index)
     torch.manual_seed(settings.seed)
-    model: nn.Module = SeedNet(size).to(device)
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
     data = torch.rand(settings.batches, batch, size, device=device)
     label = torch.rand(settings.batches, batch, size, device=device)
-    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr)
-    model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
     _synchronize(backend)
     reset_peak_memory(backend, index)
-    base = memory_in_use(backend, index)
+    base = memory_in_use(backend, index)  # peak growth: weights, masters, grads, activations
+    model: nn.Module = SeedNet(size).to(device)
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr)
+    model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
     total = settings.warmup + settings.steps
     times: list[float] = []
     losses: list[float] = []
@@ -179,12 +181,56 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     )
 
 
+def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int) -> None:
+    """Entry point of an isolated mode's process: streams progress, then the result."""
+    try:
+        resolved = resolve_device(device)
+        result = _run_mode(
+            mode, settings, resolved.backend, resolved.index or 0, dtype, size, batch,
+            lambda m, step, total: queue.put(("step", m, step, total)),
+        )
+        queue.put(("result", asdict(result)))
+    except BaseException as exc:  # reported to the parent, which raises
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _run_isolated(mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+    import multiprocessing
+    import queue as queues
+
+    context = multiprocessing.get_context("spawn")
+    channel = context.Queue()
+    process = context.Process(target=_worker, args=(channel, mode, settings, device, dtype, size, batch), daemon=True)
+    process.start()
+    try:
+        while True:
+            try:
+                kind, *payload = channel.get(timeout=1.0)
+            except queues.Empty:
+                if not process.is_alive():
+                    raise AmpcoreError(
+                        f"ampcore bench: the process running mode {mode!r} died (exit code {process.exitcode}); "
+                        "out of memory? try smaller --size/--batch"
+                    ) from None
+                continue
+            if kind == "step" and on_step is not None:
+                on_step(*payload)
+            elif kind == "error":
+                raise AmpcoreError(f"ampcore bench: mode {mode!r} failed: {payload[0]}")
+            elif kind == "result":
+                return ModeResult(**payload[0])
+    finally:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+
+
 def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> BenchResult:
     """Run every mode of ``settings`` and return their measurements.
 
     Example::
 
-        >>> result = run_bench(BenchSettings(device="cpu", size=64, batch=8, steps=2, warmup=0))
+        >>> result = run_bench(BenchSettings(device="cpu", size=64, batch=8, steps=2, isolate=False))
         >>> [r.mode for r in result.results]
         ['fp32', 'torch.autocast', 'AMP-O1', 'AMP-O2']
     """
@@ -195,8 +241,15 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     bad = [m for m in settings.modes if m not in MODES]
     if bad:
         raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES)}")
-    if settings.steps < 1 or settings.warmup < 0:
-        raise AmpcoreError(f"ampcore bench: steps must be >= 1 and warmup >= 0 (got {settings.steps}, {settings.warmup})")
+    if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
+        raise AmpcoreError(
+            f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
+            f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
+        )
+    for name in ("size", "batch"):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
     resolved = resolve_device(settings.device)
     backend, index = resolved.backend, resolved.index or 0
     dtype = backend.check_dtype(settings.dtype, call="ampcore bench")
@@ -214,7 +267,11 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
         versions={"ampcore": __version__, "torch": torch.__version__, "python": platform.python_version()},
     )
     for mode in settings.modes:
-        result.results.append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
+        if settings.isolate:
+            device = backend.name if resolved.index is None else f"{backend.name}:{index}"
+            result.results.append(_run_isolated(mode, settings, device, dtype, size, batch, on_step))
+        else:
+            result.results.append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
     reference = next((r for r in result.results if r.mode == "fp32"), None)
     for r in result.results:
         r.speedup = reference.ms_per_step / r.ms_per_step if reference else float("nan")

@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         steps=args.steps,
         warmup=args.warmup,
         modes=tuple(args.modes),
+        isolate=not args.in_process,
     )
     if args.plot:  # fail before minutes of training, not after
         try:
@@ -149,4 +150,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write all measurements as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw step times and loss curves (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every mode in this process (default: a fresh process per mode, for clean peak memory)",
+    )
     parser.set_defaults(func=_run)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import ampcore
 from ampcore._bench import GUIDE_SIZES, HOST_SIZES, MODES, BenchSettings, default_sizes, run_bench
@@ -14,7 +15,7 @@ from ampcore._cli_bench import format_result
 
 from conftest import make_adapter
 
-TINY = BenchSettings(device="cpu", size=64, batch=16, steps=3, warmup=1)
+TINY = BenchSettings(device="cpu", size=64, batch=16, steps=3, warmup=1, isolate=False)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_table_lists_modes_and_columns(result) -> None:
 
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
-    code = main(["bench", "--device", "cpu", "--size", "32", "--batch", "8", "--steps", "2", "--warmup", "0", "--modes", "fp32", "AMP-O1", "--json", str(out), "--no-progress"])
+    code = main(["bench", "--device", "cpu", "--size", "32", "--batch", "8", "--steps", "2", "--warmup", "0", "--modes", "fp32", "AMP-O1", "--in-process", "--json", str(out), "--no-progress"])
     assert code == 0
     data = json.loads(out.read_text())
     assert [r["mode"] for r in data["results"]] == ["fp32", "AMP-O1"]
@@ -91,5 +92,28 @@ def test_default_sizes_follow_device_memory(register) -> None:
 def test_bad_settings() -> None:
     with pytest.raises(ampcore.AmpcoreError, match="unknown mode"):
         run_bench(BenchSettings(device="cpu", modes=("fp64",)))
-    with pytest.raises(ampcore.AmpcoreError, match="steps must be >= 1"):
+    with pytest.raises(ampcore.AmpcoreError, match="steps and batches must be >= 1"):
         run_bench(BenchSettings(device="cpu", steps=0))
+
+
+def test_isolated_modes_match_in_process_losses() -> None:
+    """A fresh process per mode (the default) trains exactly as in process."""
+    settings = BenchSettings(device="cpu", size=32, batch=8, steps=2, modes=("fp32", "AMP-O1"))
+    isolated = run_bench(settings)
+    settings.isolate = False
+    inline = run_bench(settings)
+    assert [r.losses for r in isolated.results] == [r.losses for r in inline.results]
+    assert all(r.peak_memory is not None for r in isolated.results)
+
+
+def test_an_error_in_the_isolated_process_is_raised_here() -> None:
+    from ampcore._bench import _run_isolated
+
+    with pytest.raises(ampcore.AmpcoreError, match="mode 'fp64' failed: AmpcoreError: ampcore bench: unknown mode 'fp64'"):
+        _run_isolated("fp64", BenchSettings(steps=1), "cpu", torch.bfloat16, 8, 2, None)
+
+
+@pytest.mark.parametrize("field", ["size", "batch"])
+def test_sizes_must_be_positive(field: str) -> None:
+    with pytest.raises(ampcore.AmpcoreError, match=f"--{field} must be a positive integer"):
+        run_bench(BenchSettings(device="cpu", **{field: 0 if field == "batch" else -1}))
