@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
@@ -188,8 +189,9 @@ class autocast:
             except BaseException:
                 inner.__exit__(None, None, None)
                 raise
-            mode = guard_mode(policy)  # so that torch.compile does not reuse graphs across policies
-            mode.__enter__()
+            if "torch._dynamo" in sys.modules:  # torch.compile in use: keep graphs per policy
+                mode = guard_mode(policy)
+                mode.__enter__()
         previous = state.policies.get(device_type)
         if policy is not None or previous is not None:
             state.policies[device_type] = policy

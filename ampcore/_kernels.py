@@ -45,7 +45,8 @@ __all__ = ["kernel"]
 _FLOAT64: Final = torch.float64
 _FLOAT32: Final = torch.float32
 _Tensor: Final = torch.Tensor
-_NUMBERS: Final = (bool, int, float, complex)
+_NUMBERS: Final = frozenset({bool, int, float, complex})
+_SEQUENCES: Final = frozenset({list, tuple})
 
 
 def _key(name: str) -> torch._C.DispatchKey | None:
@@ -112,7 +113,7 @@ def _cast_value(value: Any, to: torch.dtype, eligible: Callable[[torch.Tensor], 
         if value.dtype is not to and eligible(value):
             return _cast_tensor(value, to, cache)
         return value
-    if isinstance(value, (list, tuple)) and any(isinstance(v, _Tensor) for v in value):
+    if type(value) in _SEQUENCES and any(isinstance(v, _Tensor) for v in value):
         return [_cast_value(v, to, eligible, cache) for v in value]
     return value
 
@@ -120,10 +121,10 @@ def _cast_value(value: Any, to: torch.dtype, eligible: Callable[[torch.Tensor], 
 def _cast_all(
     args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, eligible: Callable[[torch.Tensor], bool], cache: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    args = tuple([_cast_value(a, to, eligible, cache) for a in args])
+    casted = [_cast_value(a, to, eligible, cache) for a in args]
     if kwargs:
         kwargs = {k: _cast_value(v, to, eligible, cache) for k, v in kwargs.items()}
-    return args, kwargs
+    return tuple(casted), kwargs
 
 
 def _tensors(values: Any) -> Any:
@@ -181,12 +182,17 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
     cache_enabled = torch.is_autocast_cache_enabled
     numbers_ok = torch._C._should_allow_numbers_as_tensors(overload.partition(".")[0])
     no_torch_function = torch._C.DisableTorchFunction
+    tf_mode_enabled = torch._C._is_torch_function_mode_enabled
+    call_op = op._op  # the C++ callable behind OpOverload.__call__
+    redispatch = op._handle.redispatch_boxed
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
-        # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among them)
-        # must not see this kernel's own tensor calls
-        with no_torch_function():
-            return body(keyset, args, kwargs)
+        if tf_mode_enabled():
+            # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
+            # them) must not see this kernel's own tensor calls
+            with no_torch_function():
+                return body(keyset, args, kwargs)
+        return body(keyset, args, kwargs)
 
     def body(keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         policy = state.policies.get(device_type)
@@ -201,12 +207,17 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
                     action = FOLLOW
             to = policy.dtype
         # Python numbers in Tensor slots (``x + 1.0``) only bind through a full call
-        numbers = numbers_ok and any(type(a) in _NUMBERS for a in args)
+        numbers = False
+        if numbers_ok:
+            for a in args:
+                if type(a) in _NUMBERS:
+                    numbers = True
+                    break
         if action == FOLLOW:
             if numbers:
                 with guard(exclude):
-                    return op(*args, **kwargs)
-            return op.redispatch(keyset & after, *args, **kwargs)  # as torch's fallthrough
+                    return call_op(*args, **kwargs)
+            return redispatch(keyset & after, *args, **kwargs)  # as torch's fallthrough
         if action == BANNED:
             raise RuntimeError(banned)
         with guard(exclude):
@@ -228,11 +239,11 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
                 first = args[0]
                 return append_to(*_defaults(op, args), dtype=_FLOAT32 if eligible(first) else first.dtype, **kwargs)
             if policy is None or not (composite and policy.reach) or numbers:
-                return op(*args, **kwargs)  # autocast excluded, as torch's kernels call the op
+                return call_op(*args, **kwargs)  # autocast excluded, as torch's kernels call the op
         # decompose with autocast on, so that custom-listed ops inside are reached
         state.policies[device_type] = policy.inner
         try:
-            return op.redispatch(keyset & after, *args, **kwargs)
+            return redispatch(keyset & after, *args, **kwargs)
         finally:
             state.policies[device_type] = policy
 
