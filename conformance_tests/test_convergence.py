@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import ampcore
-from ampcore_conformance._checks import make_mlp, region, regression_data, require_feature
+from ampcore_conformance._checks import make_mlp, region, regression_data, require_feature, require_white
+from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._manifest import Tolerances
 
 STEPS = 120
@@ -34,9 +35,11 @@ def _train(backend: ampcore.Backend, device: torch.device, dtype: torch.dtype | 
 
 
 def test_training_converges_like_fp32(
-    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_tolerances: Tolerances
-) -> None:
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype,
+    amp_tolerances: Tolerances,
+) -> None:  # fmt: skip
     require_feature(ampcore, "GradScaler", "dynamic loss scaling (ampcore.GradScaler)")
+    require_white(amp_context, amp_dtype, ["linear"])
     reference = _train(amp_backend, amp_device, None)
     mixed = _train(amp_backend, amp_device, amp_dtype)
     assert all(map(lambda v: v == v and abs(v) != float("inf"), mixed)), "the mixed-precision loss went non-finite"

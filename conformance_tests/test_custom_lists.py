@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ampcore
-from ampcore_conformance._checks import OpRecorder, output_dtype, region, require_argument
+from ampcore_conformance._checks import OpRecorder, output_dtype, region, require_argument, require_white
 from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._lists import category
 from ampcore_conformance._op_samples import OpSample
@@ -71,9 +71,10 @@ def _attention(device: torch.device) -> tuple[torch.nn.MultiheadAttention, torch
 
 
 def test_custom_black_list_reaches_inside_multihead_attention(
-    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
 ) -> None:
     """``nn.MultiheadAttention`` calls bmm/baddbmm internally: a black list must reach them."""
+    require_white(amp_context, amp_dtype, ["linear", "bmm", "baddbmm"])
     mha, x = _attention(amp_device)
     runs: dict[str, OpRecorder] = {}
     for key, kwargs in (("plain", {}), ("custom", {"custom_black_list": {"bmm", "baddbmm"}})):

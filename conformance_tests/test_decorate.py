@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import ampcore
-from ampcore_conformance._checks import region, require_feature
+from ampcore_conformance._checks import region, require_feature, require_white
+from ampcore_conformance._context import SuiteContext
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +46,10 @@ def test_decorate_casts_parameters_and_keeps_norms(amp_backend: ampcore.Backend,
         assert model[1].running_mean.dtype == torch.float32, "BatchNorm statistics must stay float32"
 
 
-def test_decorate_trains_through_fp32_masters(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_decorate_trains_through_fp32_masters(
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
+    require_white(amp_context, amp_dtype, ["linear"], "O2")
     model = _model(amp_device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt = _decorate(amp_backend, amp_dtype, model, opt)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import ampcore
-from ampcore_conformance._checks import make_mlp, output_dtype, region, rel_error
+from ampcore_conformance._checks import make_mlp, output_dtype, region, rel_error, require_white
+from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._manifest import Tolerances
 from ampcore_conformance._op_samples import OpSample
 
@@ -122,9 +123,11 @@ def test_regions_are_thread_local(amp_backend: ampcore.Backend, amp_dtype: torch
 
 
 def test_backward_through_region(
-    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_tolerances: Tolerances
-) -> None:
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype,
+    amp_tolerances: Tolerances,
+) -> None:  # fmt: skip
     """Gradients of float32 parameters stay float32 and match a float32 backward."""
+    require_white(amp_context, amp_dtype, ["linear"])
     model = make_mlp(amp_device)
     x = torch.randn(32, 16, device=amp_device)
     with region(amp_backend, amp_dtype):

@@ -14,7 +14,7 @@ import torch
 
 import ampcore
 from ampcore import _memory as memory
-from ampcore_conformance._checks import make_mlp, region, timed
+from ampcore_conformance._checks import make_mlp, region, require_white, timed
 from ampcore_conformance._context import SuiteContext, dtype_name
 
 WIDTH, DEPTH, BATCH, REPEATS = 128, 4, 128, 7
@@ -41,6 +41,7 @@ def _measure(backend: ampcore.Backend, step: Callable[[], None], device: torch.d
 
 
 def test_speed_report(amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+    require_white(amp_context, amp_dtype, ["linear"])
     model = make_mlp(amp_device, width=WIDTH, depth=DEPTH, n_in=WIDTH, n_out=WIDTH)
     x = torch.randn(BATCH, WIDTH, device=amp_device)
     dtypes: list[torch.dtype] = []
