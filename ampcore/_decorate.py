@@ -174,7 +174,7 @@ def decorate(
         own = [pairs[p] for g in opt.param_groups for p in g["params"] if p in pairs]
         if not own:  # master_weight=False, or only float32 parameters: nothing to do
             continue
-        weights = MasterWeights(opt, own, master_grad)
+        weights = MasterWeights(opt, own, master_grad, may_share=not resolved.backend.needs_loss_scaling(low))
         weights.install()
         for record in records:
             if any(pair.model in record.pairs for pair in own):

@@ -98,10 +98,15 @@ def _require(optimizer: torch.optim.Optimizer) -> MasterWeights:
 class MasterWeights:
     """The master-weight machinery of one optimizer (created by ``ampcore.decorate``)."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, pairs: list[MasterPair], master_grad: bool) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, pairs: list[MasterPair], master_grad: bool, may_share: bool = False
+    ) -> None:
         self.optimizer = optimizer
         self.pairs = pairs
         self.master_grad = master_grad
+        #: whether the low-precision gradients may be handed to the optimizer as they are
+        #: (decorate says no where the dtype needs loss scaling: GradScaler refuses float16)
+        self.may_share = may_share and not master_grad and hasattr(torch.Tensor, "grad_dtype")
         self.models: list[torch.Tensor] = [pair.model for pair in pairs]
         self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
         self._suspended = False
@@ -127,6 +132,9 @@ class MasterWeights:
         if self.master_grad:
             for pair in self.pairs:
                 pair.model.grad_dtype = pair.master.dtype  # type: ignore[attr-defined]
+        if self.may_share:
+            for pair in self.pairs:
+                pair.master.grad_dtype = None  # type: ignore[attr-defined]
         optimizer.__dict__[_ATTR] = self
         optimizer.step = MethodType(_step_function(self._inner_step), optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = MethodType(_zero_grad, optimizer)  # type: ignore[method-assign]
@@ -152,11 +160,12 @@ class MasterWeights:
         """Give each master the current gradient of its model parameter."""
         if self._suspended:
             return
-        if self.master_grad:
+        if self.master_grad or self._shares_low_grads():
             for pair in self.pairs:
                 grad = pair.model.grad
                 if pair.master.grad is not grad:
                     pair.master.grad = grad
+                pair.seen_grad = None
             return
         stale: list[tuple[MasterPair, torch.Tensor]] = []
         conflicts: list[MasterPair] = []
@@ -184,6 +193,27 @@ class MasterWeights:
                 pair.master.grad = grad.to(pair.master.dtype, copy=True)
                 pair.seen_grad = weakref.ref(grad)
                 pair.seen_grad_version = grad._version
+
+    def _shares_low_grads(self) -> bool:
+        """Whether the optimizer can read the low-precision gradients directly: torch's
+        single-tensor SGD without momentum computes ``master.add_(grad, alpha=-lr)`` in
+        float32 from a bfloat16 ``grad`` exactly as from its float32 copy, in one pass and
+        without the copy.  (Momentum would start its buffer as a low-precision clone.)"""
+        optimizer = self.optimizer
+        if not self.may_share or type(optimizer) is not torch.optim.SGD:
+            return False
+        groups = optimizer.param_groups  # .get() does not trigger a sync
+        if any(g.get("momentum", 0) != 0 or g.get("fused") or g.get("differentiable") for g in groups):
+            return False
+        if any(g.get("foreach") for g in groups) or hasattr(optimizer, "grad_scale"):
+            return False
+        try:
+            from torch.optim.optimizer import _default_to_fused_or_foreach
+
+            _, foreach = _default_to_fused_or_foreach(self.masters, False, False)
+        except (ImportError, TypeError):  # another torch: do not guess
+            return False
+        return not foreach or all(g.get("foreach") is False for g in groups)
 
     def release_grads(self) -> None:
         """Drop the masters' fp32 gradient copies (after the step consumed them)."""

@@ -57,6 +57,8 @@ def reference(make_opt: Callable[[Params], torch.optim.Optimizer], steps: int, d
 
 
 OPTIMIZERS: dict[str, Callable[[Params], torch.optim.Optimizer]] = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd-foreach": lambda p: torch.optim.SGD(p, lr=0.05, weight_decay=0.01, foreach=True),
     "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
     "sgd-nesterov-wd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
     "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, fused=True),
@@ -190,7 +192,7 @@ def test_scaled_fp16_gradients_are_unscaled_in_fp32() -> None:
 
 def test_master_grad_false_copies_on_read_and_releases_after_the_step() -> None:
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model, opt = ampcore.decorate(model, opt, device="cpu")
     x, y = batches(1)[0]
     loss_of(model, x, y).backward()
@@ -201,6 +203,20 @@ def test_master_grad_false_copies_on_read_and_releases_after_the_step() -> None:
     assert master.grad is None and model[0].weight.grad is not None
     model.zero_grad()
     assert masters_of(opt)[0].grad is None
+
+
+def test_sgd_without_momentum_reads_the_bf16_gradients_without_a_copy() -> None:
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ampcore.decorate(model, opt, device="cpu")
+    x, y = batches(1)[0]
+    loss_of(model, x, y).backward()
+    assert masters_of(opt)[0].grad is model[0].weight.grad  # shared, bf16
+    opt.step()
+    assert masters_of(opt)[0].grad is model[0].weight.grad  # still the one bf16 gradient
+    opt.param_groups[0]["momentum"] = 0.9  # momentum would clone a bf16 buffer: copy again
+    loss_of(model, x, y).backward()
+    assert masters_of(opt)[0].grad.dtype == FP32
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
