@@ -154,8 +154,10 @@ def test_no_device_is_an_explicit_failure(site: Path, tmp_path: Path) -> None:
 def test_all_skipped_is_not_green(site: Path, tmp_path: Path) -> None:
     manifest = tmp_path / "all.json"
     manifest.write_text(json.dumps({"skip": {"*": "nothing works yet"}}))
-    result = _run(site, "conformance", "--backend", "cpu", "--manifest", str(manifest), "--", "-q", "-k", "test_registration")
+    args = ("conformance", "--backend", "cpu", "--manifest", str(manifest), "--", "-q", "-k", "test_registration")
+    result = _run(site, *args, cwd=tmp_path)  # the default report directory goes into the cwd
     assert result.returncode == 1 and "no conformance check passed" in result.stdout
+    assert _report(tmp_path / "ampcore-conformance-cpu")["summary"]["skipped"] > 0
 
 
 def test_plain_pytest_and_dtype_selection(site: Path, tmp_path: Path) -> None:
