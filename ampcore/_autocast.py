@@ -19,13 +19,17 @@ from ._levels import IMPLEMENTED_LEVELS, check_level
 from ._oplist_names import canonical_ops
 from ._oplists import check_custom, compute_oplists, merge_custom
 from ._registry import DeviceLike, resolve_device
-from ._state import AutocastFrame, current_frame, pop_frame, push_frame, thread_state
+from ._state import AutocastFrame, current_frame, pop_frame, thread_state
 
 __all__ = ["autocast"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CALL = "ampcore.autocast"
+_EMPTY: frozenset[str] = frozenset()
+_is_compiling = torch.compiler.is_compiling
+_thread = thread_state()
+_new_object = object.__new__
 
 
 class autocast:
@@ -91,13 +95,13 @@ class autocast:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             # Inside a function dynamo traces: a region with torch's own lists *is* a
             # torch.autocast, which dynamo compiles without a graph break.
             native = _native_region(args, kwargs)
             if native is not None:
                 return torch.autocast(native[0], dtype=native[1], enabled=native[2], cache_enabled=native[3])
-        return super().__new__(cls)
+        return _new_object(cls)
 
     @opaque
     def __init__(
@@ -115,9 +119,11 @@ class autocast:
             raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise AmpcoreError(f"{_CALL}(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16")
-        white = canonical_ops(custom_white_list, _CALL, "custom_white_list")
-        black = canonical_ops(custom_black_list, _CALL, "custom_black_list")
-        check_custom(white, black, _CALL)
+        white = black = _EMPTY
+        if custom_white_list is not None or custom_black_list is not None:
+            white = canonical_ops(custom_white_list, _CALL, "custom_white_list")
+            black = canonical_ops(custom_black_list, _CALL, "custom_black_list")
+            check_custom(white, black, _CALL)
         resolved = resolve_device(device)
         backend = resolved.backend
         self.backend = backend
@@ -161,7 +167,7 @@ class autocast:
 
     @opaque
     def __enter__(self) -> autocast:
-        state = thread_state()
+        state = _thread
         device_type = self.device_type
         frame = self._frame
         outer = current_frame(device_type) if state.stack else None
@@ -200,7 +206,7 @@ class autocast:
         except AttributeError:
             stack = self._local.stack = []
         stack.append((inner, policy, previous, mode))
-        push_frame(frame)
+        state.stack.append(frame)
         return self
 
     @opaque
@@ -210,10 +216,10 @@ class autocast:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        state = _thread
         pop_frame()
         inner, policy, previous, mode = self._local.stack.pop()
         if policy is not None or previous is not None:
-            state = thread_state()
             if previous is None:
                 state.policies.pop(self.device_type, None)
             else:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -25,9 +24,9 @@ if TYPE_CHECKING:
 __all__ = ["AutocastFrame", "ThreadState", "current_frame", "pop_frame", "push_frame", "thread_state"]
 
 
-@dataclass(frozen=True)
-class AutocastFrame:
-    """One active ``ampcore.autocast`` region of the current thread.
+class AutocastFrame(NamedTuple):
+    """One active ``ampcore.autocast`` region of the current thread (immutable; a named
+    tuple because regions are entered on the hot path).
 
     ``custom_white`` / ``custom_black`` are the region's custom lists merged with those of
     the enclosing region; ``policy`` is the policy its ops follow (``None``: torch's own).
