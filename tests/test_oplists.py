@@ -209,3 +209,16 @@ def test_every_listed_overload_is_castable() -> None:
         for overload in lists.overloads:
             base = overload.partition(".")[0]
             assert overload in functional_overloads(base) or overload in native_table(device)
+
+
+def test_generated_tables_in_docs_are_up_to_date() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "docs" / "gen_oplists.py"
+    spec = importlib.util.spec_from_file_location("gen_oplists", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = module.DOC.read_text()
+    assert module.generate() in text, "docs/levels.md is stale: run python docs/gen_oplists.py"
