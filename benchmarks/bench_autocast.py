@@ -10,6 +10,7 @@ each table runs the baseline against itself: its distance from 1.000 is the mach
    ampcore O1 / torch.autocast.
 3. Added cost per call of an op whose policy was customised (64x64 ``add``).
 4. Region entry + exit, and the kernel registration it may cost (linger vs immediate).
+5. What custom lists and levels OD/O2 cost on the small-op model (every op through Python).
 
     python benchmarks/bench_autocast.py                  # all cases
     python benchmarks/bench_autocast.py --rounds 15 --cases seed transformer
@@ -114,6 +115,23 @@ def case_transformer(rounds: int) -> None:
     table(f"Small-op model: 4-layer TransformerEncoder d_model 256, batch 16 x 64 tokens, training step ({rounds} rounds)", interleaved(variants, rounds), "torch.autocast")
 
 
+def case_levels(rounds: int) -> None:
+    layer = lambda: nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)  # noqa: E731
+    make = lambda: nn.TransformerEncoder(layer(), 4, enable_nested_tensor=False)  # noqa: E731
+    x, y = torch.randn(16, 64, 256), torch.randn(16, 64, 256)
+    regions: dict[str, Region] = {
+        "torch.autocast": torch_region,
+        'ampcore O1 custom_white_list={"add"}': custom_add_region,
+        'ampcore O1 custom_black_list={"linear"}': lambda: ampcore.autocast(device="cpu", custom_black_list={"linear"}),
+        "ampcore OD": lambda: ampcore.autocast(device="cpu", level="OD"),
+        "ampcore O2 (op side; float32 parameters)": lambda: ampcore.autocast(device="cpu", level="O2"),
+    }
+    variants = {}
+    for (name, region), model in zip(regions.items(), _models(make, len(regions))):
+        variants[name] = training_step(model, torch.optim.SGD(model.parameters(), lr=1e-4), x, y, region)
+    table(f"Policy kernels on a small-op model: the TransformerEncoder step of case 2 ({rounds} rounds)", interleaved(variants, rounds), "torch.autocast")
+
+
 def _calls(region: Region, call: Callable[[], Any], n: int) -> Callable[[], None]:
     def run() -> None:
         with region():
@@ -179,7 +197,13 @@ def case_regions(rounds: int) -> None:
     sweep()
 
 
-CASES: Final = {"seed": case_seed, "transformer": case_transformer, "per-call": case_per_call, "regions": case_regions}
+CASES: Final = {
+    "seed": case_seed,
+    "transformer": case_transformer,
+    "per-call": case_per_call,
+    "regions": case_regions,
+    "levels": case_levels,
+}
 
 
 def main() -> None:
