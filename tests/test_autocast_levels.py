@@ -123,3 +123,36 @@ def test_levels_register_the_generated_set_and_o0_nothing() -> None:
         assert (X + X).dtype == FP32
     sweep()
     assert installed_units() == {}
+
+
+def test_od_in_one_thread_leaves_torch_autocast_native_in_another() -> None:
+    import threading
+
+    inside, done = threading.Event(), threading.Event()
+    seen: dict[str, torch.dtype] = {}
+
+    def other() -> None:
+        inside.wait(5)
+        with torch.autocast("cpu", dtype=BF16):
+            seen["relu of low"] = torch.relu(LOW).dtype
+            seen["scalar add"] = (LOW + 1.0).dtype
+            seen["einsum"] = torch.einsum("ij,jk->ik", X, W).dtype  # composite: its bmm is cast
+            seen["cat"] = torch.cat([X, LOW]).dtype
+        done.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with ampcore.autocast(device="cpu", level="OD"):
+        assert installed_units()[("generated", "cpu")] == 1
+        inside.set()
+        done.wait(5)
+        assert torch.relu(LOW).dtype == FP32
+    thread.join()
+    with torch.autocast("cpu", dtype=BF16):
+        native = {
+            "relu of low": torch.relu(LOW).dtype,
+            "scalar add": (LOW + 1.0).dtype,
+            "einsum": torch.einsum("ij,jk->ik", X, W).dtype,
+            "cat": torch.cat([X, LOW]).dtype,
+        }
+    assert seen == native == {"relu of low": BF16, "scalar add": BF16, "einsum": BF16, "cat": FP32}

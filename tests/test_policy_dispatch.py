@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ampcore
-from ampcore._dispatch import _installer, installed_units, sweep
+from ampcore._dispatch import Policy, _installer, acquire, installed_units, release, sweep
 from ampcore._state import thread_state
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
@@ -299,3 +300,44 @@ def test_banned_op_raises_unless_listed_and_fp32_with_dtype_policy() -> None:
     with ampcore.autocast(device="cpu", custom_black_list={"sum"}):
         assert X.to(BF16).sum().dtype == FP32
         assert X.to(BF16).sum(dtype=torch.float64).dtype == torch.float64
+
+
+# Policies that only other device types' tables use, exercised on CPU tensors through a
+# hand-made policy: (overload, action, call, expected dtype)
+OTHER_POLICIES = [
+    ("softmax.int", "fp32_set_opt_dtype", lambda: torch.softmax(X.to(BF16), -1), FP32),
+    ("softmax.int", "fp32_set_opt_dtype", lambda: torch.softmax(X.to(BF16), -1, dtype=torch.float64), torch.float64),
+    ("norm.Scalar", "fp32_append_dtype", lambda: torch.ops.aten.norm.Scalar(X.to(BF16), 2), FP32),
+    ("norm.ScalarOpt_dim", "fp32_append_dtype", lambda: torch.ops.aten.norm.ScalarOpt_dim(X.to(BF16), 2, [1]), FP32),
+    ("addcmul", "promote", lambda: torch.addcmul(X, X.to(BF16), X.to(BF16)), FP32),
+    ("addcmul", "promote", lambda: torch.addcmul(*[X.to(BF16)] * 3), BF16),
+]
+
+
+@contextlib.contextmanager
+def _hand_made_policy(actions: dict[str, str]) -> Iterator[None]:
+    """Run under torch.autocast with a policy of only ``actions`` (overload -> action)."""
+    units = tuple(("op", "cpu", overload) for overload in actions)
+    policy = Policy(ampcore.oplists("cpu"), BF16, actions, "follow", False, units)
+    acquire(policy)
+    try:
+        with torch.autocast("cpu", dtype=BF16):
+            thread_state().policies["cpu"] = policy
+            try:
+                yield
+            finally:
+                thread_state().policies.clear()
+    finally:
+        release(policy)
+
+
+@pytest.mark.parametrize(("overload", "action", "call", "expected"), OTHER_POLICIES)
+def test_every_native_policy_kind_runs(overload: str, action: str, call: Callable[[], torch.Tensor], expected: torch.dtype) -> None:
+    with _hand_made_policy({overload: action}):
+        assert call().dtype == expected
+
+
+def test_banned_action_raises_torchs_message() -> None:
+    with _hand_made_policy({"binary_cross_entropy": "banned"}):
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(torch.rand(3), torch.rand(3))
