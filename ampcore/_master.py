@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ._errors import AmpcoreError
+from ._master_sgd import fused_sgd_applies, fused_sgd_update
 
 __all__ = ["MasterPair", "MasterWeights", "master_weights_of"]
 
@@ -274,12 +275,36 @@ class MasterWeights:
             args = (self._wrap_closure(args[0]), *args[1:])
         elif callable(kwargs.get("closure")):
             kwargs = {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
+        if not args and not kwargs and self._shares_low_grads() and fused_sgd_applies(self.optimizer):
+            return self._fused_sgd_step()
         try:
-            if self._inner_step is not None:
-                return self._inner_step(*args, **kwargs)
-            return type(self.optimizer).step(self.optimizer, *args, **kwargs)
+            return self._call_inner_step(args, kwargs)
         finally:
             self.refresh()
+            self.release_grads()
+
+    def _call_inner_step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._inner_step is not None:
+            return self._inner_step(*args, **kwargs)
+        return type(self.optimizer).step(self.optimizer, *args, **kwargs)
+
+    def _fused_sgd_step(self) -> Any:
+        """Momentum-free SGD in one pass (``_master_sgd``); then torch's own step runs with
+        the gradients hidden, an update of nothing, for its bookkeeping (LR schedulers'
+        step counting, profiling)."""
+        groups = self.optimizer.param_groups
+        own = fused_sgd_update(groups, {pair.master: pair.model for pair in self.pairs})
+        self.record_versions()
+        hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
+        for param, _ in hidden:
+            param.grad = None
+        self._suspended = True
+        try:
+            return self._call_inner_step((), {})
+        finally:
+            self._suspended = False
+            for param, grad in hidden:
+                param.grad = grad
             self.release_grads()
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:

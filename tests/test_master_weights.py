@@ -58,6 +58,7 @@ def reference(make_opt: Callable[[Params], torch.optim.Optimizer], steps: int, d
 
 OPTIMIZERS: dict[str, Callable[[Params], torch.optim.Optimizer]] = {
     "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd-wd-maximize": lambda p: torch.optim.SGD(p, lr=0.05, weight_decay=0.01, maximize=True),
     "sgd-foreach": lambda p: torch.optim.SGD(p, lr=0.05, weight_decay=0.01, foreach=True),
     "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
     "sgd-nesterov-wd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
@@ -369,3 +370,38 @@ def test_a_param_group_of_model_parameters_added_after_decorate_is_refused() -> 
     loss_of(model, x, y).backward()
     with pytest.raises(ampcore.AmpcoreError, match="add every param group before decorating"):
         opt.step()
+
+
+@pytest.mark.parametrize("options", [{}, {"weight_decay": 0.01, "maximize": True}])
+def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain SGD runs ampcore's fused update; a step hook makes ampcore call torch's SGD."""
+    import ampcore._master as master_module
+
+    calls: list[int] = []
+    original = master_module.fused_sgd_update
+    monkeypatch.setattr(master_module, "fused_sgd_update", lambda *a: calls.append(1) or original(*a))
+
+    def run(fused: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, **options)  # type: ignore[arg-type]
+        model, opt = ampcore.decorate(model, opt, device="cpu")
+        if not fused:
+            opt.register_step_pre_hook(lambda *args: None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the scheduler must see optimizer.step() called
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+            for x, y in batches(3):
+                opt.zero_grad()
+                loss_of(model, x, y).backward()
+                opt.step()
+                sched.step()
+        return masters_of(opt), list(model.parameters())
+
+    fused = run(True)
+    assert len(calls) == 3
+    plain = run(False)
+    assert len(calls) == 3
+    for got, want in zip(fused[0] + fused[1], plain[0] + plain[1]):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    assert fused[1][2].dtype == FP32 and not torch.equal(fused[1][2], torch.ones(16))  # BN trained

@@ -1,0 +1,109 @@
+"""A one-pass master-weight update for momentum-free ``torch.optim.SGD``.
+
+The generic master-weight step lets the optimizer update the fp32 masters and then refreshes
+the low-precision model parameters from them: two passes over the masters (16 bytes of
+memory traffic per parameter with bf16 gradients read directly, 24 with an fp32 gradient
+copy).  For plain SGD (no momentum) ampcore does the update itself, chunk by chunk, so that
+the master chunk it has just written is still in cache when the model parameter is
+refreshed from it: the gradient is read once (2 bytes), the master read and written once (8)
+and the parameter written once (2): 12 bytes per parameter, the minimum.
+
+The arithmetic is torch's single-tensor SGD, in the same order and in float32, so the
+results are bit-identical: ``d = -g if maximize else g``; ``d = d + weight_decay * master``;
+``master -= lr * d`` (a bf16 ``g`` converts to float32 exactly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import torch
+
+__all__ = ["CHUNK", "fused_sgd_applies", "fused_sgd_update"]
+
+#: Elements per chunk: 4 MiB of fp32 scratch plus the master chunk stay in cache.
+CHUNK: Final = 1 << 20
+
+
+def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ampcore may run ``optimizer``'s step itself: nothing observes the step
+    from inside (no step hooks) and every group is plain SGD with float hyperparameters."""
+    from torch.optim import optimizer as optim_module
+
+    hooks = [
+        getattr(optimizer, "_optimizer_step_pre_hooks", None),
+        getattr(optimizer, "_optimizer_step_post_hooks", None),
+        getattr(optim_module, "_global_optimizer_pre_hooks", None),
+        getattr(optim_module, "_global_optimizer_post_hooks", None),
+    ]
+    if any(h is None or len(h) for h in hooks):  # unknown torch, or hooks to honour
+        return False
+    return all(
+        not isinstance(group.get("weight_decay"), torch.Tensor)
+        and not (isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad)
+        for group in optimizer.param_groups
+    )
+
+
+def fused_sgd_update(
+    groups: Iterable[Mapping[str, Any]], low_of: Mapping[torch.Tensor, torch.Tensor]
+) -> list[torch.Tensor]:
+    """Update every parameter with a gradient; for a master (a key of ``low_of``) read the
+    gradient of its low-precision parameter and refresh that parameter.  Returns the
+    parameters updated in place whose own ``.grad`` was used (float32 parameters)."""
+    own: list[torch.Tensor] = []
+    scratch: torch.Tensor | None = None
+    with torch.no_grad():
+        for group in groups:
+            lr = float(group["lr"])
+            decay = float(group.get("weight_decay", 0.0))
+            maximize = bool(group.get("maximize", False))
+            params: list[torch.Tensor] = dict.__getitem__(group, "params")  # type: ignore[index]
+            for param in params:
+                low = low_of.get(param)
+                grad = (low if low is not None else param).grad
+                if grad is None:
+                    continue
+                if low is None:
+                    own.append(param)
+                    _update(param, grad, lr, decay, maximize, None)
+                    continue
+                if scratch is None:
+                    scratch = torch.empty(CHUNK, dtype=param.dtype, device=param.device)
+                _chunked(param, grad, low, lr, decay, maximize, scratch)
+    return own
+
+
+def _update(
+    master: torch.Tensor, grad: torch.Tensor, lr: float, decay: float, maximize: bool, into: torch.Tensor | None
+) -> None:
+    """``master -= lr * (±grad + decay * master)``, torch's single-tensor SGD order."""
+    step = grad.to(master.dtype) if into is None else into.copy_(grad)
+    if maximize:
+        step = step.neg_() if into is not None or step is not grad else -step
+    if decay != 0:
+        step = step.add(master, alpha=decay) if step is grad else step.add_(master, alpha=decay)
+    master.add_(step, alpha=-lr)
+
+
+def _chunked(
+    master: torch.Tensor,
+    grad: torch.Tensor,
+    low: torch.Tensor,
+    lr: float,
+    decay: float,
+    maximize: bool,
+    scratch: torch.Tensor,
+) -> None:
+    if not (master.is_contiguous() and grad.is_contiguous() and low.is_contiguous()) or scratch.dtype != master.dtype:
+        _update(master, grad, lr, decay, maximize, None)
+        low.copy_(master)
+        return
+    flat_master, flat_grad, flat_low = master.view(-1), grad.view(-1), low.view(-1)
+    total = flat_master.numel()
+    for start in range(0, total, CHUNK):
+        stop = min(start + CHUNK, total)
+        chunk = flat_master[start:stop]
+        _update(chunk, flat_grad[start:stop], lr, decay, maximize, scratch[: stop - start])
+        flat_low[start:stop].copy_(chunk)
