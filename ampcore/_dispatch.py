@@ -11,14 +11,14 @@ Registration is process-wide, so it is reference-counted per *unit*:
 
 * ``("native", device_type)``: every overload of the device type's native table (so that
   composite ops can be decomposed under the policy, and promote ops follow OD/O2);
-* ``("generated", device_type)``: every other castable ATen overload (levels OD and O2 give
-  every op a policy);
+* ``("generated", device_type)``: every other castable, non-composite ATen overload (levels
+  OD and O2 give every op a policy; composite ops fall through to the ops they are made of);
 * ``("op", device_type, overload)``: an overload named by a custom list and covered by
   neither.
 
 A unit no region uses any more *lingers* for :attr:`_Installer.linger` seconds before it is
 removed (a daemon timer sweeps it), so a training loop that enters a customised region
-every step does not re-register ~100 (O1) or ~1,200 (OD/O2) kernels each time, and plain
+every step does not re-register ~130 (O1) or ~900 (OD/O2) kernels each time, and plain
 ``torch.autocast`` regions pay nothing once customised regions are over.  While a unit
 lingers, the kernels do exactly what torch's own do (see :mod:`ampcore._kernels`).
 

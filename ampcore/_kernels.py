@@ -28,6 +28,7 @@ from typing import Any, Final
 import torch
 
 from ._errors import AmpcoreError
+from ._oplist_names import is_composite
 from ._oplist_data import (
     APPEND_DTYPE_OVERLOADS,
     AUTOCAST_DISPATCH_KEYS,
@@ -46,6 +47,8 @@ _FLOAT64: Final = torch.float64
 _FLOAT32: Final = torch.float32
 _Tensor: Final = torch.Tensor
 _NUMBERS: Final = frozenset({bool, int, float, complex})
+#: Internal action: run the op as called, with autocast off (an explicit dtype= at OD/O2).
+KEEP: Final = "keep"
 _SEQUENCES: Final = frozenset({list, tuple})
 
 
@@ -173,7 +176,7 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
     guard = torch._C._ExcludeDispatchKeyGuard
     eligible = _eligibility(device_type)
     native = native_action(native_table(device_type).get(overload))
-    composite = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+    composite = is_composite(overload)
     dtype_arg = next(((i, a.kwarg_only) for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
     append_to = _op(APPEND_DTYPE_OVERLOADS[overload]) if overload in APPEND_DTYPE_OVERLOADS else None
     banned = BANNED_MESSAGES.get(overload.partition(".")[0], f"{overload} is banned under autocast")
@@ -201,10 +204,13 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
             to = None
         else:
             action = policy.actions.get(overload)
-            if action is None:  # the level's default; an explicit dtype= argument is respected
-                action = policy.default
-                if action != PROMOTE and kwargs.get("dtype") is not None:
-                    action = FOLLOW
+            if action is None:  # an op on no list
+                if _explicit_dtype(args, kwargs, dtype_arg):
+                    action = KEEP  # the caller chose the dtype: run the whole op as asked
+                elif composite:
+                    action = FOLLOW  # its inner ops get the policy
+                else:
+                    action = policy.default
             to = policy.dtype
         # Python numbers in Tensor slots (``x + 1.0``) only bind through a full call
         numbers = False
@@ -218,6 +224,9 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
                 with guard(exclude):
                     return call_op(*args, **kwargs)
             return redispatch(keyset & after, *args, **kwargs)  # as torch's fallthrough
+        if action == KEEP:
+            with guard(exclude):
+                return call_op(*args, **kwargs)
         if action == BANNED:
             raise RuntimeError(banned)
         with guard(exclude):
@@ -249,6 +258,16 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
 
     call.__name__ = call.__qualname__ = f"ampcore_{key_name}_{overload.replace('.', '_')}"
     return call
+
+
+def _explicit_dtype(args: tuple[Any, ...], kwargs: dict[str, Any], dtype_arg: tuple[int, bool] | None) -> bool:
+    """Whether the call passes a ``dtype`` (output dtype) argument."""
+    if dtype_arg is None:
+        return False
+    index, kwarg_only = dtype_arg
+    if not kwarg_only and len(args) > index:
+        return args[index] is not None
+    return kwargs.get("dtype") is not None
 
 
 def _set_opt_dtype(

@@ -29,6 +29,7 @@ __all__ = [
     "canonical_ops",
     "functional_overloads",
     "generated_overloads",
+    "is_composite",
     "is_functional",
     "overload_name",
 ]
@@ -158,11 +159,33 @@ def _no_cast(name: str) -> bool:
     return False
 
 
+def is_composite(overload: str) -> bool:
+    """Whether an overload is CompositeImplicitAutograd (made of other ops, no kernel of its own)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{overload}", "CompositeImplicitAutograd")
+
+
+def _has_dtype_argument(overload: str) -> bool:
+    base, _, name = overload.partition(".")
+    schemas = _dispatcher_schemas().get(base, ())
+    return any(s.overload_name == name and any(a.name == "dtype" for a in s.arguments) for s in schemas)
+
+
 @functools.cache
 def generated_overloads() -> tuple[str, ...]:
-    """Every castable ATen overload that levels OD and O2 give a policy to (sorted)."""
+    """The castable ATen overloads that levels OD and O2 register a policy kernel for (sorted).
+
+    Composite (CompositeImplicitAutograd) ops are left out: they fall through to the ops they
+    are made of, which get the policy, as in torch.autocast.  Those that take a ``dtype=``
+    are kept, so that an explicit ``dtype=`` is honoured for the whole composite.
+    """
     return tuple(
-        sorted(overload for name in _dispatcher_schemas() if not _no_cast(name) for overload in functional_overloads(name))
+        sorted(
+            overload
+            for name in _dispatcher_schemas()
+            if not _no_cast(name)
+            for overload in functional_overloads(name)
+            if not is_composite(overload) or _has_dtype_argument(overload)
+        )
     )
 
 
