@@ -92,7 +92,7 @@ def _eligibility(device_type: str) -> Callable[[torch.Tensor], bool]:
     return eligible
 
 
-def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: dict[int, Any] | None) -> torch.Tensor:
+def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: dict[tuple[int, torch.dtype], Any] | None) -> torch.Tensor:
     # torch's cached_cast: leaf float32 weights are cast once per region (low precision only)
     if (
         cache is not None
@@ -102,11 +102,12 @@ def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: dict[int, Any] | None)
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         and not t._is_view()
     ):
-        hit = cache.get(id(t))
+        key = (id(t), to)
+        hit = cache.get(key)
         if hit is not None and hit[0]() is t:
             return hit[1]  # type: ignore[no-any-return]
         casted = t.to(to)
-        cache[id(t)] = (weakref.ref(t), casted)
+        cache[key] = (weakref.ref(t), casted)
         return casted
     return t.to(to)
 
@@ -201,7 +202,6 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
         policy = state.policies.get(device_type)
         if policy is None:
             action = native
-            to = None
         else:
             action = policy.actions.get(overload)
             if action is None:  # an op on no list
@@ -211,7 +211,6 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
                     action = FOLLOW  # its inner ops get the policy
                 else:
                     action = policy.default
-            to = policy.dtype
         # Python numbers in Tensor slots (``x + 1.0``) only bind through a full call
         numbers = False
         if numbers_ok:
@@ -231,11 +230,9 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
             raise RuntimeError(banned)
         with guard(exclude):
             if action == LOW:
-                if to is None:
-                    to, cache = get_dtype(device_type), None
-                else:
-                    cache = state.cast_cache if cache_enabled() else None
-                args, kwargs = _cast_all(args, kwargs, to, eligible, cache)
+                # torch's current autocast dtype: the region's, or a nested torch.autocast's
+                cache = state.cast_cache if policy is not None and cache_enabled() else None
+                args, kwargs = _cast_all(args, kwargs, get_dtype(device_type), eligible, cache)
             elif action == FP32:
                 args, kwargs = _cast_all(args, kwargs, _FLOAT32, eligible, None)
             elif action == PROMOTE:

@@ -47,7 +47,7 @@ class ThreadState(threading.local):
     def __init__(self) -> None:
         self.stack: list[AutocastFrame] = []
         self.policies: dict[str, Any] = {}
-        self.cast_cache: dict[int, tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+        self.cast_cache: dict[tuple[int, torch.dtype], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
 
 
 _state = ThreadState()

@@ -341,3 +341,12 @@ def test_banned_action_raises_torchs_message() -> None:
     with _hand_made_policy({"binary_cross_entropy": "banned"}):
         with pytest.raises(RuntimeError, match="unsafe to autocast"):
             F.binary_cross_entropy(torch.rand(3), torch.rand(3))
+
+
+@pytest.mark.usefixtures("no_emulation_warning")
+def test_torch_autocast_nested_in_a_customised_region_keeps_the_lists_with_its_dtype() -> None:
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+        with torch.autocast("cpu", dtype=torch.float16):
+            assert (X + Y).dtype == torch.float16
+            assert torch.mm(X, W).dtype == torch.float16
+        assert (X + Y).dtype == BF16
