@@ -350,3 +350,25 @@ def test_torch_autocast_nested_in_a_customised_region_keeps_the_lists_with_its_d
             assert (X + Y).dtype == torch.float16
             assert torch.mm(X, W).dtype == torch.float16
         assert (X + Y).dtype == BF16
+
+
+def test_two_threads_with_different_lists_at_once() -> None:
+    barrier = threading.Barrier(2)
+    seen: dict[str, tuple[torch.dtype, torch.dtype]] = {}
+
+    def work(name: str, **lists: set[str]) -> None:
+        with ampcore.autocast(device="cpu", **lists):  # type: ignore[arg-type]
+            barrier.wait(5)  # both regions active together
+            for _ in range(20):
+                seen[name] = ((X + Y).dtype, torch.mm(X, W).dtype)
+            barrier.wait(5)
+
+    threads = [
+        threading.Thread(target=work, args=("white add",), kwargs={"custom_white_list": {"add"}}),
+        threading.Thread(target=work, args=("black mm",), kwargs={"custom_black_list": {"mm"}}),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {"white add": (BF16, BF16), "black mm": (FP32, FP32)}
