@@ -79,6 +79,14 @@ def train_decorated(opt: torch.optim.Optimizer, model: nn.Module, steps: int) ->
         opt.step()
 
 
+def train_scheduled(opt: torch.optim.Optimizer, model: nn.Module, sched: torch.optim.lr_scheduler.LRScheduler) -> None:
+    for x, y in batches(3):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+        sched.step()
+
+
 def masters_of(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in opt.param_groups for p in g["params"]]
 
@@ -113,11 +121,7 @@ def test_lr_schedulers_drive_the_decorated_optimizer(order: str) -> None:
         else:
             ampcore.decorate(model, opt, device="cpu")
             sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-        for x, y in batches(3):
-            opt.zero_grad()
-            loss_of(model, x, y).backward()
-            opt.step()
-            sched.step()
+        train_scheduled(opt, model, sched)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
     masters = [p.detach().clone().requires_grad_() for p in make_model().parameters()]
     ref_opt = make_opt(masters)
@@ -390,12 +394,7 @@ def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, objec
             opt.register_step_pre_hook(lambda *args: None)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the scheduler must see optimizer.step() called
-            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-            for x, y in batches(3):
-                opt.zero_grad()
-                loss_of(model, x, y).backward()
-                opt.step()
-                sched.step()
+            train_scheduled(opt, model, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
         return masters_of(opt), list(model.parameters())
 
     fused = run(True)
