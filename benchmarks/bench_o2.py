@@ -149,7 +149,7 @@ def print_time(modes: list[Mode], args: argparse.Namespace) -> None:
     for m in modes:
         ms, loss = by[m.name], m.losses[-1]
         print(f"| {m.name} | {ms:.1f} | {ms / by['fp32']:.3f} | {ms / by['O1']:.3f} | "
-              f"{ms / by['bf16 loop']:.3f} | {loss:.4f} | {100 * (loss - fp32_loss) / fp32_loss:+.2f}% |")
+              f"{ms / by['bf16 loop']:.3f} | {loss:.6f} | {100 * (loss - fp32_loss) / fp32_loss:+.3f}% |")
     print("\ntargets: O2 / O1 <= 0.90: "
           f"{by['O2'] / by['O1']:.3f}; O2 / bf16 loop <= 1.25: {by['O2'] / by['bf16 loop']:.3f}; "
           f"O2 no master / bf16 loop <= 1.05: {by['O2 no master'] / by['bf16 loop']:.3f}")
