@@ -115,7 +115,7 @@ def decorate(
         >>> model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
         >>> model[0].weight.dtype, model[1].weight.dtype, opt.param_groups[0]["params"][0].dtype
         (torch.bfloat16, torch.bfloat16, torch.float32)
-        >>> with ampcore.autocast(device="cpu", level="O1"):
+        >>> with ampcore.autocast(device="cpu", level="O2"):
         ...     loss = model(torch.randn(2, 4)).float().pow(2).mean()
         >>> loss.backward(); opt.step(); opt.zero_grad()
     """

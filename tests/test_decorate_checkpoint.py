@@ -35,8 +35,8 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, scaler: ampcore.GradScal
     for step in steps:
         x, y = batch(step)
         opt.zero_grad()
-        with ampcore.autocast(device="cpu"):
-            loss = nn.functional.mse_loss(model(x).float(), y)
+        with ampcore.autocast(device="cpu", level="O2"):
+            loss = nn.functional.mse_loss(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
