@@ -12,7 +12,7 @@ from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, decorated_model_
 from ._errors import AmpcoreError
 from ._levels import check_level
 from ._master import MasterPair, MasterWeights, master_weights_of
-from ._o2_policy import CastInputs, CastOutputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
+from ._o2_policy import CastInputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
 from ._registry import DeviceLike, ResolvedDevice, resolve_device
 
 __all__ = ["decorate"]
@@ -165,10 +165,10 @@ def decorate(
     # -- nothing has changed up to here; from here on, only conversion --------------------
     optimized = {id(p) for opt in opt_list for g in opt.param_groups for p in g["params"]}
     records = [DecoratedModel(low, save_dtype, master_grad) for _ in model_list]
-    island = _island(resolved) if any(plan.excluded_roots for plan in plans) else None
+    islands = _Islands(resolved, low)
     for plan, record in zip(plans, records):
         _convert(plan, record, low, master_weight, optimized)
-        _install_hooks(plan, record, low, island)
+        _install_hooks(plan, record, low, islands)
     pairs = {pair.model: pair for record in records for pair in record.pairs.values()}
     for opt in opt_list:
         own = [pairs[p] for g in opt.param_groups for p in g["params"] if p in pairs]
@@ -346,23 +346,25 @@ def _convert(
         pair.version = pair.model._version
 
 
-def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, island: Float32Island | None) -> None:
+def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, islands: _Islands) -> None:
     for module in plan.model.modules():
         if module._parameters or module._buffers:
             ModuleCheckpointHooks(record, plan.original.get(module, {})).register(module)
     if not plan.root_kept:
         plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
-    to_fp32, to_low = CastInputs(torch.float32), CastOutputs(low)
     for module in plan.norm_modules:
-        module.register_forward_pre_hook(to_fp32, with_kwargs=True)
-        module.register_forward_hook(to_low)
-    if island is not None:
-        for module in plan.excluded_roots:
-            island.register(module)
+        islands.norm.register(module)
+    for module in plan.excluded_roots:
+        islands.excluded.register(module)
 
 
-def _island(resolved: ResolvedDevice) -> Float32Island:
-    from ._autocast import autocast
+class _Islands:
+    """The float32 islands of one decorate call (one autocast-off region, shared)."""
 
-    name = resolved.backend.name if resolved.index is None else f"{resolved.backend.name}:{resolved.index}"
-    return Float32Island(autocast(device=name, enabled=False))
+    def __init__(self, resolved: ResolvedDevice, low: torch.dtype) -> None:
+        from ._autocast import autocast
+
+        index = resolved.index
+        off = autocast(device=resolved.backend.name if index is None else f"{resolved.backend.name}:{index}", enabled=False)
+        self.norm = Float32Island(off, output_dtype=low)
+        self.excluded = Float32Island(off)

@@ -8,9 +8,9 @@ Parameters and floating buffers go to the low-precision dtype except in:
   (core default: for float16 only, as Paddle does); ``keep_norm_fp32`` overrides;
 * ``excluded_layers`` (instances or types) and everything inside them.
 
-A kept norm layer gets float32 inputs and gives low-precision outputs (forward hooks), so
-the model runs even without autocast; an excluded layer gets float32 inputs and runs with
-autocast disabled: a float32 island, whose outputs stay float32.  The model's own floating inputs
+A kept norm layer and an excluded layer run as float32 islands: float32 inputs, autocast off
+inside (forward hooks).  A kept norm layer's outputs go back to the low-precision dtype, so
+the model runs even without autocast; an excluded layer's outputs stay float32.  The model's own floating inputs
 are cast to the low-precision dtype.
 """
 
@@ -155,22 +155,19 @@ class CastInputs:
         return cast_floating(args, self.dtype), cast_floating(kwargs, self.dtype)
 
 
-class CastOutputs:
-    """Forward hook casting floating outputs to ``dtype`` (a kept norm layer hands the
-    low-precision model low-precision activations, as Paddle's mixed norm kernels do)."""
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        return cast_floating(output, self.dtype)
-
-
 class Float32Island:
-    """Forward pre/post hooks that run an excluded layer in float32 with autocast off."""
+    """Forward pre/post hooks that run a layer in float32 with autocast off.
 
-    def __init__(self, region: autocast) -> None:
+    Excluded layers keep their float32 outputs; kept norm layers (``output_dtype`` given)
+    hand the low-precision model low-precision activations, as Paddle's mixed norm kernels
+    do.  Autocast is off inside so that nothing, not even level O2's "everything low
+    precision", casts the layer's float32 weights or running statistics (an O2 cast of
+    BatchNorm's running mean would update a temporary copy).
+    """
+
+    def __init__(self, region: autocast, output_dtype: torch.dtype | None = None) -> None:
         self.region = region
+        self.output_dtype = output_dtype
         self._depth = threading.local()
 
     def register(self, module: nn.Module) -> None:
@@ -182,10 +179,11 @@ class Float32Island:
         self._depth.value = getattr(self._depth, "value", 0) + 1
         return cast_floating(args, torch.float32), cast_floating(kwargs, torch.float32)
 
-    def exit(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def exit(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         if getattr(self._depth, "value", 0) > 0:
             self._depth.value -= 1
             self.region.__exit__(None, None, None)
+        return output if self.output_dtype is None else cast_floating(output, self.output_dtype)
 
 
 def _refuse_ddp_with_master_grad(module: nn.Module) -> None:

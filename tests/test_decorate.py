@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -189,7 +190,23 @@ def test_floating_inputs_are_cast_to_the_model_dtype() -> None:
     assert out.dtype == BF16  # BatchNorm (fp32 weights, fp32 compute) hands on bf16
 
 
-def test_kept_layers_get_fp32_inputs_and_excluded_layers_run_without_autocast() -> None:
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_batchnorm_running_statistics_update_under_autocast(level: str) -> None:
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+    model = ampcore.decorate(copy.deepcopy(plain), device="cpu")
+    x = torch.randn(16, 8)
+    plain(x.to(BF16).float())
+    with ampcore.autocast(device="cpu", level=level):  # O2 must not cast the running stats
+        out = model(x)
+    assert out.dtype == BF16 and model[1].running_mean.dtype == FP32
+    assert model[1].num_batches_tracked.item() == 1
+    torch.testing.assert_close(model[1].running_mean, plain[1].running_mean, rtol=0.05, atol=1e-3)
+    assert model[1].running_mean.abs().sum() > 0
+
+
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_kept_layers_get_fp32_inputs_and_excluded_layers_run_without_autocast(level: str) -> None:
     seen: dict[str, torch.dtype] = {}
 
     def record(name: str) -> Callable[..., None]:
@@ -202,7 +219,7 @@ def test_kept_layers_get_fp32_inputs_and_excluded_layers_run_without_autocast() 
     for index, name in enumerate(["first", "norm", "next", "excluded", "last"]):
         model[index].register_forward_hook(record(name))
     ampcore.decorate(model, dtype=FP16, device="cpu", excluded_layers=model[3])
-    with ampcore.autocast(device="cpu", dtype=FP16):
+    with ampcore.autocast(device="cpu", dtype=FP16, level=level):
         out = model(torch.randn(3, 4))
     assert seen["first.out"] == FP16
     assert seen["norm.in"] == FP32  # LayerNorm, kept fp32 for fp16, computes in fp32...
