@@ -208,6 +208,8 @@ class MasterWeights:
             return False
         if any(g.get("foreach") for g in groups) or hasattr(optimizer, "grad_scale"):
             return False
+        if any(pair.model.grad is not None and pair.model.grad.is_sparse for pair in self.pairs):
+            return False
         try:
             from torch.optim.optimizer import _default_to_fused_or_foreach
 

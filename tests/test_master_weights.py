@@ -404,3 +404,21 @@ def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, objec
     for got, want in zip(fused[0] + fused[1], plain[0] + plain[1]):
         assert got.dtype == want.dtype and torch.equal(got, want)
     assert fused[1][2].dtype == FP32 and not torch.equal(fused[1][2], torch.ones(16))  # BN trained
+
+
+def test_sparse_embedding_gradients_take_the_copying_path() -> None:
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Embedding(10, 4, sparse=True)
+
+    model = make()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ampcore.decorate(model, opt, device="cpu")
+    model(torch.tensor([1, 2, 2])).float().sum().backward()
+    opt.step()
+    reference = make()
+    master = reference.weight.detach().clone()
+    low = reference.to(BF16)
+    low(torch.tensor([1, 2, 2])).float().sum().backward()
+    master.add_(low.weight.grad.float().to_dense(), alpha=-0.5)
+    assert torch.equal(masters_of(opt)[0], master)
