@@ -13,6 +13,9 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   read of ``group["params"]`` after they changed (by ``GradScaler.unscale_``, by the step
   itself, by clipping over the optimizer's parameters) gives each master an fp32 copy.  The
   copies are released after the step.
+  Exception: momentum-free torch SGD in a dtype that needs no loss scaling reads the
+  low-precision gradient itself (the masters get ``grad_dtype=None``), and without step
+  hooks ampcore runs that update in one pass (``_master_sgd.py``).
 * ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
   accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
 """
