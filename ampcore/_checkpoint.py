@@ -12,7 +12,7 @@ the masters too (see ``_master.py``); loaded after the model, it wins.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +22,11 @@ from torch import nn
 from ._errors import AmpcoreError
 from ._master import MasterPair, MasterWeights
 
-__all__ = ["DecoratedModel", "ModuleCheckpointHooks", "decorated_model_of"]
+__all__ = ["STATE_KEY", "DecoratedModel", "ModuleCheckpointHooks", "OptimizerCheckpointHooks", "decorated_model_of"]
 
 _ATTR = "_ampcore_decorated"
+#: The optimizer state-dict key holding the fp32 weights (Paddle's name).
+STATE_KEY = "master_weights"
 
 
 @dataclass(eq=False)
@@ -128,3 +130,60 @@ class ModuleCheckpointHooks:
             pair = pairs.get(param) if param is not None else None
             if pair is not None:
                 pair.version = pair.model._version
+
+
+class OptimizerCheckpointHooks:
+    """State-dict hooks of a decorated optimizer: ``"master_weights"`` (index -> fp32 tensor,
+    indexed like ``state``) for every floating weight it updates, the masters and the
+    parameters that stayed float32; loading it restores them and refreshes the model."""
+
+    def __init__(self, weights: MasterWeights) -> None:
+        self.weights = weights
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def register(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.register_state_dict_post_hook(self.save)
+        optimizer.register_load_state_dict_pre_hook(self.load_pre)
+        optimizer.register_load_state_dict_post_hook(self.load_post)
+
+    def _indexed(self, packed_groups: Iterable[Mapping[str, Any]]) -> Iterator[tuple[int, torch.Tensor]]:
+        """(index in the packed state dict, weight), in group order."""
+        groups = self.weights.optimizer.param_groups
+        for group, packed in zip(groups, packed_groups):
+            params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
+            for param, index in zip(params, packed["params"]):
+                if param.is_floating_point():
+                    yield index, param
+
+    def save(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+        state_dict[STATE_KEY] = {index: weight.detach() for index, weight in self._indexed(state_dict["param_groups"])}
+
+    def load_pre(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+        saved = state_dict.pop(STATE_KEY, None)
+        pending = []
+        for index, weight in self._indexed(state_dict.get("param_groups", ()) if saved is not None else ()):
+            value = saved.get(index)  # type: ignore[union-attr]
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.shape != weight.shape:
+                shape = getattr(value, "shape", type(value).__name__)
+                raise AmpcoreError(
+                    f"{type(optimizer).__name__}.load_state_dict(): master weight {index} has shape "
+                    f"{tuple(shape) if isinstance(shape, torch.Size) else shape}, but the parameter it "
+                    f"belongs to has shape {tuple(weight.shape)}; nothing was loaded"
+                )
+            pending.append((weight, value))
+        self._pending = pending  # applied once torch has accepted the rest of the dict
+        return state_dict
+
+    def load_post(self, optimizer: torch.optim.Optimizer) -> None:
+        weights = self.weights
+        weights.wrap_groups()  # load_state_dict rebuilt the groups as plain dicts
+        pending, self._pending = self._pending, []
+        if pending:
+            with torch.no_grad():
+                for weight, value in pending:
+                    weight.copy_(value)
+            weights.refresh()
+        for pair in weights.pairs:
+            pair.seen_grad = None

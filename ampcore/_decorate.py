@@ -8,7 +8,7 @@ from typing import Any, Final, TypeVar, overload
 import torch
 from torch import nn
 
-from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, decorated_model_of
+from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpointHooks, decorated_model_of
 from ._errors import AmpcoreError
 from ._levels import check_level
 from ._master import MasterPair, MasterWeights, master_weights_of
@@ -176,6 +176,7 @@ def decorate(
             continue
         weights = MasterWeights(opt, own, master_grad, may_share=not resolved.backend.needs_loss_scaling(low))
         weights.install()
+        OptimizerCheckpointHooks(weights).register(opt)
         for record in records:
             if any(pair.model in record.pairs for pair in own):
                 record.master_weights.append(weights)

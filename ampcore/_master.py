@@ -23,7 +23,7 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import Any, Final
@@ -37,7 +37,6 @@ from ._master_sgd import fused_sgd_applies, fused_sgd_update
 __all__ = ["MasterPair", "MasterWeights", "master_weights_of"]
 
 _ATTR: Final = "_ampcore_master_weights"
-STATE_KEY: Final = "master_weights"
 
 
 @dataclass(eq=False)
@@ -114,7 +113,6 @@ class MasterWeights:
         self.models: list[torch.Tensor] = [pair.model for pair in pairs]
         self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
         self._suspended = False
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
         # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
         # scheduler's counts too); None means the class's own method.
         self._inner_step: Callable[..., Any] | None = optimizer.__dict__.get("step")
@@ -128,7 +126,7 @@ class MasterWeights:
         for group in optimizer.param_groups:
             params = group["params"]
             params[:] = [master_of.get(p, p) for p in params]  # in place: LBFGS keeps the list
-        self._wrap_groups()
+        self.wrap_groups()
         state = optimizer.state
         for pair in self.pairs:
             if pair.model in state:
@@ -142,12 +140,10 @@ class MasterWeights:
         optimizer.__dict__[_ATTR] = self
         optimizer.step = MethodType(_step_function(self._inner_step), optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = MethodType(_zero_grad, optimizer)  # type: ignore[method-assign]
-        optimizer.register_state_dict_post_hook(self._state_dict_post_hook)
-        optimizer.register_load_state_dict_pre_hook(self._load_pre_hook)
-        optimizer.register_load_state_dict_post_hook(self._load_post_hook)
         self.record_versions()
 
-    def _wrap_groups(self) -> None:
+    def wrap_groups(self) -> None:
+        """Make every param group sync gradients on read (after add_param_group or a load)."""
         groups = self.optimizer.param_groups
         for index, group in enumerate(groups):
             if not isinstance(group, _MasterGroup):
@@ -267,13 +263,14 @@ class MasterWeights:
         self.record_versions()
 
     def record_versions(self) -> None:
+        """Remember the model parameters' versions: ampcore's own writes are not adopted."""
         for pair in self.pairs:
             pair.version = pair.model._version
 
     # -- step -------------------------------------------------------------------------
     def step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
-        self._wrap_groups()  # a group added by add_param_group since decorate
+        self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
         self.sync_grads()
         if args and callable(args[0]):
@@ -320,58 +317,6 @@ class MasterWeights:
             return loss
 
         return evaluate
-
-    # -- optimizer state dict -----------------------------------------------------------
-    def _indexed_weights(self, packed_groups: Iterable[Mapping[str, Any]]) -> Iterable[tuple[int, torch.Tensor]]:
-        """(index in the packed state dict, tensor) for every weight the optimizer updates:
-        the masters and the parameters that stayed float32 (norms), in group order."""
-        self._suspended = True
-        try:
-            groups = [list(group["params"]) for group in self.optimizer.param_groups]
-        finally:
-            self._suspended = False
-        for params, packed in zip(groups, packed_groups):
-            for param, index in zip(params, packed["params"]):
-                if param.is_floating_point():
-                    yield index, param
-
-    def _state_dict_post_hook(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
-        state_dict[STATE_KEY] = {
-            index: weight.detach() for index, weight in self._indexed_weights(state_dict["param_groups"])
-        }
-
-    def _load_pre_hook(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
-        saved = state_dict.pop(STATE_KEY, None)
-        self._pending = []
-        if saved is None:
-            return state_dict
-        pending = []
-        for index, weight in self._indexed_weights(state_dict.get("param_groups", ())):
-            value = saved.get(index)
-            if value is None:
-                continue
-            if not isinstance(value, torch.Tensor) or value.shape != weight.shape:
-                shape = getattr(value, "shape", type(value).__name__)
-                raise AmpcoreError(
-                    f"{type(optimizer).__name__}.load_state_dict(): master weight {index} has shape "
-                    f"{tuple(shape) if isinstance(shape, torch.Size) else shape}, but the parameter it "
-                    f"belongs to has shape {tuple(weight.shape)}; nothing was loaded"
-                )
-            pending.append((weight, value))
-        self._pending = pending
-        return state_dict
-
-    def _load_post_hook(self, optimizer: torch.optim.Optimizer) -> None:
-        self._wrap_groups()  # load_state_dict rebuilt the groups as plain dicts
-        pending, self._pending = self._pending, []
-        if pending:
-            with torch.no_grad():
-                for weight, value in pending:
-                    weight.copy_(value)
-            self.refresh()
-        for pair in self.pairs:
-            pair.seen_grad = None
-
 
 _CONFLICT: Final = (
     "{optimizer}: the gradients of {count} low-precision model parameter(s) were changed in "
