@@ -360,12 +360,10 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
 
 
 class _Islands:
-    """The float32 islands of one decorate call (one autocast-off region, shared)."""
+    """The float32 islands of one decorate call."""
 
     def __init__(self, resolved: ResolvedDevice, low: torch.dtype) -> None:
-        from ._autocast import autocast
-
-        index = resolved.index
-        off = autocast(device=resolved.backend.name if index is None else f"{resolved.backend.name}:{index}", enabled=False)
-        self.norm = Float32Island(off, output_dtype=low)
-        self.excluded = Float32Island(off)
+        name, index = resolved.backend.name, resolved.index
+        device = name if index is None else f"{name}:{index}"
+        self.norm = Float32Island(device, output_dtype=low)
+        self.excluded = Float32Island(device)

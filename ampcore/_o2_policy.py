@@ -27,7 +27,6 @@ from torch import nn
 from ._errors import AmpcoreError, PluginError
 
 if TYPE_CHECKING:
-    from ._autocast import autocast
     from ._backend import Backend
     from ._checkpoint import DecoratedModel
 
@@ -165,10 +164,23 @@ class Float32Island:
     BatchNorm's running mean would update a temporary copy).
     """
 
-    def __init__(self, region: autocast, output_dtype: torch.dtype | None = None) -> None:
-        self.region = region
+    def __init__(self, device: str, output_dtype: torch.dtype | None = None) -> None:
+        self.device = device
         self.output_dtype = output_dtype
+        self._setup()
+
+    def _setup(self) -> None:
+        from ._autocast import autocast
+
+        self.region: autocast = autocast(device=self.device, enabled=False)
         self._depth = threading.local()
+
+    def __getstate__(self) -> dict[str, Any]:  # torch.save(model), copy.deepcopy(model)
+        return {"device": self.device, "output_dtype": self.output_dtype}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.device, self.output_dtype = state["device"], state["output_dtype"]
+        self._setup()
 
     def register(self, module: nn.Module) -> None:
         module.register_forward_pre_hook(self.enter, with_kwargs=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -350,3 +351,17 @@ def test_the_backends_own_o2_tool_takes_over_for_default_options(register: Calla
     other = nn.Linear(4, 4)
     ampcore.decorate(other, device="vendor", save_dtype=FP32)
     assert len(calls) == 1 and other.weight.dtype == BF16
+
+
+def test_a_decorated_model_can_be_deep_copied_and_saved_whole(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ampcore.decorate(model, opt, device="cpu", excluded_layers=model[3])
+    twin = copy.deepcopy(model)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    x = torch.randn(3, 4)
+    for other in (twin, loaded):
+        assert dtypes(other) == dtypes(model)
+        assert torch.equal(other(x), model(x))
+        assert torch.equal(other.state_dict()["0.weight"], model.state_dict()["0.weight"])
