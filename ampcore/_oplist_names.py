@@ -94,8 +94,12 @@ NO_CAST_OPS: Final[frozenset[str]] = frozenset(
     empty_like zeros_like ones_like full_like rand_like randn_like randint_like
     new_empty new_empty_strided new_zeros new_ones new_full
     _make_dual _unpack_dual dequantize quantize_per_tensor quantize_per_channel
+    native_batch_norm cudnn_batch_norm miopen_batch_norm _native_batch_norm_legit_no_training
     """.split()
 )
+# The batch-norm kernels above update their running statistics in place although their
+# schemas do not say so: a cast would hand them a copy and the statistics would never move.
+# Run as given, they take a low-precision input with float32 weights and statistics.
 
 #: Name prefixes of ops that OD and O2 never cast (optimizer, scaler and conversion ops).
 NO_CAST_PREFIXES: Final[tuple[str, ...]] = ("_foreach_", "_fused_", "_amp_", "to_", "_to_", "_autocast_")

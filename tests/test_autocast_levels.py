@@ -160,3 +160,20 @@ def test_od_in_one_thread_leaves_torch_autocast_native_in_another() -> None:
             "cat": torch.cat([X, LOW]).dtype,
         }
     assert seen == native == {"relu of low": BF16, "scalar add": BF16, "einsum": BF16, "cat": FP32}
+
+
+@pytest.mark.parametrize("level", ["OD", "O2"])
+def test_batch_norm_running_statistics_still_update(level: str) -> None:
+    """Batch-norm kernels update running statistics in place without saying so in their
+    schema: a cast would update a copy. Under OD and O2 the statistics must move as in fp32."""
+    torch.manual_seed(0)
+    conv, bn = torch.nn.Conv2d(3, 3, 1), torch.nn.BatchNorm2d(3)
+    reference = torch.nn.BatchNorm2d(3)
+    x = torch.randn(8, 3, 5, 5) + 3
+    with ampcore.autocast(device="cpu", level=level):
+        bn(conv(x))
+    reference(conv(x))
+    assert bn.running_mean.dtype == torch.float32
+    assert not torch.equal(bn.running_mean, torch.zeros(3))
+    torch.testing.assert_close(bn.running_mean, reference.running_mean, atol=0.05, rtol=0.05)
+    torch.testing.assert_close(bn.running_var, reference.running_var, atol=0.05, rtol=0.05)
