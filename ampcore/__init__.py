@@ -42,6 +42,7 @@ __all__ = [
     "autocast",
     "custom_bwd",
     "custom_fwd",
+    "debugging",
     "decorate",
     "get_backend",
     "hookimpl",

@@ -15,7 +15,7 @@ from ._backend import dtype_name
 from ._compile import constant_result, guard_mode, opaque
 from ._dispatch import Policy, acquire, policy_for, release
 from ._errors import AmpcoreError
-from ._levels import IMPLEMENTED_LEVELS, check_level
+from ._levels import check_level
 from ._oplist_names import canonical_ops
 from ._oplists import check_custom, compute_oplists, merge_custom
 from ._registry import DeviceLike, resolve_device
@@ -130,11 +130,6 @@ class autocast:
         self.device_index = resolved.index
         self.device_type = backend.device_type
         self.dtype = backend.check_dtype(dtype)
-        if checked_level not in IMPLEMENTED_LEVELS:
-            raise AmpcoreError(
-                f"{_CALL}(level={checked_level!r}): level {checked_level} is not available yet "
-                f"in this version; implemented levels: {', '.join(sorted(IMPLEMENTED_LEVELS))}"
-            )
         self.level = checked_level
         self.enabled = enabled and checked_level != "O0"
         self.cache_enabled = cache_enabled

@@ -6,15 +6,12 @@ from typing import Final, Literal, cast
 
 from ._errors import AmpcoreError
 
-__all__ = ["LEVELS", "IMPLEMENTED_LEVELS", "Level", "check_level"]
+__all__ = ["LEVELS", "Level", "check_level"]
 
 Level = Literal["O0", "OD", "O1", "O2"]
 
 #: Every level, from no mixed precision to the most aggressive.
 LEVELS: Final[tuple[Level, ...]] = ("O0", "OD", "O1", "O2")
-
-#: Levels that :class:`ampcore.autocast` can run in this version.
-IMPLEMENTED_LEVELS: Final[frozenset[Level]] = frozenset(LEVELS)
 
 
 def check_level(level: object, call: str = "ampcore.autocast") -> Level:
