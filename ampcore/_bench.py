@@ -21,7 +21,7 @@ from torch import nn
 
 from ._backend import Backend, dtype_name
 from ._errors import AmpcoreError
-from ._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory
+from ._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory, synchronize
 from ._registry import resolve_device
 
 __all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench"]
@@ -106,14 +106,6 @@ def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
     return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
 
 
-def _synchronize(backend: Backend) -> None:
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and accelerator.is_available():
-        current = accelerator.current_accelerator()
-        if current is not None and current.type == backend.device_type:
-            accelerator.synchronize()
-
-
 def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: BenchSettings, dtype: torch.dtype, backend: Backend) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
     import ampcore
 
@@ -121,8 +113,8 @@ def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: Be
     if mode == "fp32":
         return model, opt, contextlib.nullcontext, None
     if mode == "torch.autocast":
-        scaler = torch.amp.GradScaler(backend.device_type) if backend.needs_loss_scaling(dtype) else None
-        return model, opt, lambda: torch.autocast(backend.device_type, dtype=dtype), scaler
+        native = torch.amp.GradScaler(backend.device_type) if backend.needs_loss_scaling(dtype) else None
+        return model, opt, lambda: torch.autocast(backend.device_type, dtype=dtype), native
     scaler = ampcore.GradScaler(device, dtype=dtype, init_scale=1024.0)
     if mode == "AMP-O1":
         region = ampcore.autocast(device, dtype=dtype, level="O1", custom_white_list={"elementwise_add"})
@@ -140,7 +132,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
     data = torch.rand(settings.batches, batch, size, device=device)
     label = torch.rand(settings.batches, batch, size, device=device)
-    _synchronize(backend)
+    synchronize(backend)
     reset_peak_memory(backend, index)
     base = memory_in_use(backend, index)  # peak growth: weights, masters, grads, activations
     model: nn.Module = SeedNet(size).to(device)
@@ -162,7 +154,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
             scaler.update()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # synchronises
-        _synchronize(backend)
+        synchronize(backend)
         if step >= settings.warmup:
             times.append((time.perf_counter() - start) * 1e3)
         if on_step is not None:

@@ -9,7 +9,7 @@ import torch
 
 from ._backend import Backend
 
-__all__ = ["device_memory", "memory_in_use", "peak_memory", "reset_peak_memory"]
+__all__ = ["device_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "synchronize"]
 
 #: hook -> what ``torch.accelerator`` answers when the backend drives the current accelerator
 _ACCELERATOR_FALLBACKS: Final[dict[str, Callable[[int], Any]]] = {
@@ -59,3 +59,9 @@ def reset_peak_memory(backend: Backend, device_index: int = 0) -> None:
 def peak_memory(backend: Backend, device_index: int = 0) -> int | None:
     """Peak bytes in use since :func:`reset_peak_memory`, or None when it cannot be measured."""
     return _bytes(_ask(backend, "ampcore_peak_memory", device_index))
+
+
+def synchronize(backend: Backend) -> None:
+    """Wait for the device's queued work (for timing); nothing for host backends."""
+    if _drives_current_accelerator(backend):
+        torch.accelerator.synchronize()
