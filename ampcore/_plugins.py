@@ -111,6 +111,12 @@ class PluginManager:
         environ: where the ``AMPCORE_*`` controls are read (default ``os.environ``).
         entry_points: returns the entry points to load (default: installed distributions'
             entry points of group ``ampcore``).
+
+    Example::
+
+        >>> pm = PluginManager(environ={"AMPCORE_PLUGINS": "cpu"})
+        >>> [(p.name, p.status) for p in pm.plugins() if p.name in ("cpu", "cuda")]
+        [('cpu', 'loaded'), ('cuda', 'not-allowed')]
     """
 
     def __init__(

@@ -89,12 +89,27 @@ def unregister_plugin(name: str) -> None:
 
 
 def list_plugins() -> list[PluginInfo]:
-    """Every plugin ampcore has seen, with its distribution, status and load error."""
+    """Every plugin ampcore has seen, with its distribution, status and load error.
+
+    Example::
+
+        >>> import ampcore
+        >>> info = {p.name: p for p in ampcore.list_plugins()}
+        >>> info["cpu"].distribution, info["cpu"].status
+        ('ampcore', 'loaded')
+    """
     return get_manager().plugins()
 
 
 def list_backends() -> list[Backend]:
-    """Every known backend, available or not, sorted by name."""
+    """Every known backend, available or not, sorted by name.
+
+    Example::
+
+        >>> import ampcore
+        >>> "cpu" in [b.name for b in ampcore.list_backends()]
+        True
+    """
     return get_manager().backends()
 
 
