@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import sys
 import threading
@@ -11,15 +12,16 @@ from typing import Any, TypeVar
 
 import torch
 
-from ._backend import dtype_name
+from ._backend import Backend, dtype_name
 from ._compile import constant_result, guard_mode, opaque
-from ._dispatch import Policy, acquire, policy_for, release
+from ._dispatch import Policy, has_native_autocast, policy_for, route
+from ._kernels import dispatch_key
 from ._errors import AmpcoreError
 from ._levels import check_level
 from ._oplist_names import canonical_ops
 from ._oplists import check_custom, compute_oplists, merge_custom
 from ._registry import DeviceLike, resolve_device
-from ._state import AutocastFrame, current_frame, pop_frame, thread_state
+from ._state import ActiveRegion, RegionSpec, current_region, thread_state
 
 __all__ = ["autocast"]
 
@@ -117,6 +119,8 @@ class autocast:
         checked_level = check_level(level)
         if not isinstance(enabled, bool):
             raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
+        if cache_enabled is not None and not isinstance(cache_enabled, bool):
+            raise AmpcoreError(f"{_CALL}(cache_enabled={cache_enabled!r}): expected True, False or None")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise AmpcoreError(f"{_CALL}(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16")
         white = black = _EMPTY
@@ -137,15 +141,19 @@ class autocast:
         self.custom_black_list = black
         if self.enabled:
             backend.enforce_capability(self.dtype, self.device_index or 0, stacklevel=2)
-        self._policy = self._policy_of(white, black)
-        self._frame = AutocastFrame(backend, self.dtype, checked_level, self.enabled, white, black, self._policy)
-        self._local = threading.local()
+        self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, self._policy_of(white, black))
 
     def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> Policy | None:
         """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
         if not self.enabled:
             return None
-        if self.level == "O1" and not white and not black and not self.backend.op_list_adjustments(self.dtype):
+        if (
+            self.level == "O1"
+            and not white
+            and not black
+            and not self.backend.op_list_adjustments(self.dtype)
+            and has_native_autocast(self.device_type)
+        ):
             return None  # exactly torch.autocast: nothing to register, nothing on the op path
         return policy_for(compute_oplists(self.backend, self.dtype, self.level, white, black))
 
@@ -160,48 +168,62 @@ class autocast:
             f"level={self.level!r}, enabled={self.enabled}{custom})"
         )
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Copy and pickle by constructor arguments (the backend by name), as torch.autocast."""
+        device = self.backend.name if self.device_index is None else f"{self.backend.name}:{self.device_index}"
+        white = sorted(self.custom_white_list) or None
+        black = sorted(self.custom_black_list) or None
+        level = self.level if self.enabled or self.level == "O0" else self.level
+        enabled = self.enabled or self.level == "O0"
+        return (autocast, (device, self.dtype, level, enabled, self.cache_enabled, white, black))
+
     @opaque
     def __enter__(self) -> autocast:
         state = _thread
-        device_type = self.device_type
-        frame = self._frame
-        outer = current_frame(device_type) if state.stack else None
-        if outer is not None and (outer.custom_white or outer.custom_black):
-            white, black = merge_custom((outer.custom_white, outer.custom_black), frame.custom_white, frame.custom_black)
-            frame = AutocastFrame(
-                self.backend, self.dtype, self.level, self.enabled, white, black, self._policy_of(white, black)
-            )
-        policy = frame.policy
-        inner = torch.autocast(device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled)
-        inner.__enter__()
-        if self.enabled and not (
-            torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype
-        ):
-            inner.__exit__(None, None, None)
+        stack = state.stack
+        if stack and _innermost.get() is not stack[-1]:
             raise AmpcoreError(
-                f"{self!r}: torch did not enable autocast for device type {device_type!r} with "
-                f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
-                f"adapter ({self.backend.distribution}) and `ampcore info`."
+                f"{self!r}: another ampcore.autocast region of this thread is active in a different "
+                "asyncio task or context. Regions are thread-local, like torch.autocast's flags: "
+                "enter them inside one task (or use one thread per concurrent region)."
             )
-        mode = None
-        if policy is not None:
-            try:
-                acquire(policy)
-            except BaseException:
-                inner.__exit__(None, None, None)
-                raise
-            if "torch._dynamo" in sys.modules:  # torch.compile in use: keep graphs per policy
-                mode = guard_mode(policy)
-                mode.__enter__()
+        device_type = self.device_type
+        spec = self._spec
+        outer = current_region(device_type) if stack else None
+        if outer is not None and (outer.custom_white or outer.custom_black):
+            white, black = merge_custom((outer.custom_white, outer.custom_black), spec.custom_white, spec.custom_black)
+            spec = spec._replace(custom_white=white, custom_black=black, policy=self._policy_of(white, black))
+        policy = spec.policy
+        found = route(device_type, _provider(self.backend)) if policy is not None else None
+        # Every change below is undone if a later step fails or is interrupted.
+        torch_region = torch.autocast(device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled)
+        torch_region.__enter__()
+        mode = shadow = None
         previous = state.policies.get(device_type)
-        if policy is not None or previous is not None:
-            state.policies[device_type] = policy
         try:
-            stack = self._local.stack
-        except AttributeError:
-            stack = self._local.stack = []
-        stack.append((inner, policy, previous, mode))
-        state.stack.append(frame)
+            if self.enabled and not (
+                torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype
+            ):
+                raise AmpcoreError(
+                    f"{self!r}: torch did not enable autocast for device type {device_type!r} with "
+                    f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
+                    f"adapter ({self.backend.distribution}) and `ampcore info`."
+                )
+            if found is not None and not found.resident:
+                shadow = _switch_on(found.key)
+            if policy is not None and "torch._dynamo" in sys.modules:  # torch.compile in use
+                mode = guard_mode(policy)  # graphs per policy
+                mode.__enter__()
+            if policy is not None or previous is not None:
+                state.policies[device_type] = policy
+            region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
+            stack.append(region)
+            _innermost.set(region)
+        except BaseException:
+            if stack and stack[-1].torch_region is torch_region:
+                _innermost.set(stack.pop().context_outer)
+            _restore(state, device_type, previous, mode, shadow, torch_region, None)
+            raise
         return self
 
     @opaque
@@ -212,20 +234,24 @@ class autocast:
         traceback: TracebackType | None,
     ) -> None:
         state = _thread
-        pop_frame()
-        inner, policy, previous, mode = self._local.stack.pop()
-        if policy is not None or previous is not None:
-            if previous is None:
-                state.policies.pop(self.device_type, None)
-            else:
-                state.policies[self.device_type] = previous
-        try:
-            if mode is not None:
-                mode.__exit__(None, None, None)
-            inner.__exit__(exc_type, exc, traceback)
-        finally:
-            if policy is not None:
-                release(policy)
+        stack = state.stack
+        if not stack or stack[-1].owner is not self:
+            raise AmpcoreError(
+                f"{self!r}.__exit__: this region is not the innermost active region of this thread "
+                "(exited twice, exited in another thread or asyncio task, or an inner region was "
+                "never exited); nothing was changed"
+            )
+        region = stack[-1]
+        if _innermost.get() is not region:
+            raise AmpcoreError(
+                f"{self!r}.__exit__: the region was entered in another asyncio task or context; "
+                "exit it where it was entered"
+            )
+        stack.pop()
+        _innermost.set(region.context_outer)
+        if not stack and state.cast_cache:
+            state.cast_cache.clear()
+        _restore(state, self.device_type, region.previous_policy, region.guard_mode, region.shadow, region.torch_region, (exc_type, exc, traceback))
 
     def __call__(self, func: F) -> F:
         """Use the region as a decorator: the function runs inside it on every call."""
@@ -238,6 +264,65 @@ class autocast:
         return wrapper  # type: ignore[return-value]
 
 
+#: The innermost region entered in the current context (asyncio task): a region entered in
+#: one task must not run ops of another task that shares its thread.
+_innermost: contextvars.ContextVar[ActiveRegion | None] = contextvars.ContextVar("ampcore_region", default=None)
+
+
+def _switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
+    """Include shadow key ``key_name`` in this thread's dispatch; what to restore on exit."""
+    key = dispatch_key(key_name)
+    saved = (key, torch._C._dispatch_tls_is_dispatch_key_included(key), torch._C._dispatch_tls_is_dispatch_key_excluded(key))
+    torch._C._dispatch_tls_set_dispatch_key_included(key, True)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    return saved
+
+
+def _restore(
+    state: Any,
+    device_type: str,
+    previous: Policy | None,
+    mode: Any,
+    shadow: tuple[torch._C.DispatchKey, bool, bool] | None,
+    torch_region: Any,
+    exc_info: tuple[Any, Any, Any] | None,
+) -> None:
+    """Undo what entering a region changed, innermost change first."""
+    if previous is None:
+        state.policies.pop(device_type, None)
+    else:
+        state.policies[device_type] = previous
+    try:
+        if mode is not None:
+            mode.__exit__(None, None, None)
+    finally:
+        if shadow is not None:
+            key, included, excluded = shadow
+            torch._C._dispatch_tls_set_dispatch_key_included(key, included)
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+        torch_region.__exit__(*(exc_info or (None, None, None)))
+
+
+@functools.cache
+def _provider(backend: Backend) -> Callable[[torch.dtype], Policy | None]:
+    """The policies of ``backend``'s O1 lists per dtype, for kernels that provide autocast."""
+    by_dtype: dict[torch.dtype, Policy | None] = {}
+
+    def provide(dtype: torch.dtype) -> Policy | None:
+        try:
+            return by_dtype[dtype]
+        except KeyError:
+            pass
+        try:
+            policy = policy_for(compute_oplists(backend, dtype, "O1", _EMPTY, _EMPTY), cache=False)
+        except AmpcoreError:
+            policy = None  # a dtype the backend has no lists for: the op runs as called
+        by_dtype[dtype] = policy
+        return policy
+
+    return provide
+
+
 @constant_result
 def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, torch.dtype, bool, bool | None] | None:
     """``(device type, dtype, enabled, cache_enabled)`` of a region with torch's lists, else None.
@@ -247,6 +332,6 @@ def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, 
     """
     region = object.__new__(autocast)
     region.__init__(*args, **kwargs)  # type: ignore[misc]
-    if region._policy is not None:
+    if region._spec.policy is not None:
         return None
     return region.device_type, region.dtype, region.enabled, region.cache_enabled

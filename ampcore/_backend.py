@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
@@ -12,6 +11,7 @@ import pluggy
 import torch
 
 from ._capability import CapabilityIssue
+from ._forklock import LOCK
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError
 
 __all__ = ["Backend", "dtype_name"]
@@ -72,7 +72,7 @@ class Backend:
         self.plugin_name = plugin_name
         self.distribution = distribution
         self.version = version
-        self._lock = threading.Lock()
+        self._lock = LOCK  # fork-safe: adapter hooks may hold device-runtime locks
         self._hooks: dict[str, Callable[..., Any] | None] = {}
         self._reason: object = _MISSING
         self._capability: dict[tuple[int, torch.dtype], tuple[CapabilityIssue, ...]] = {}

@@ -25,11 +25,12 @@ without them they do nothing.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from torch.overrides import TorchFunctionMode
+
+from ._forklock import LOCK
 
 __all__ = ["constant_result", "guard_mode", "opaque"]
 
@@ -62,7 +63,7 @@ class _PolicyGuardMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-_lock = threading.Lock()
+_lock = LOCK  # fork-safe (see ampcore._forklock)
 
 
 def guard_mode(policy: object) -> TorchFunctionMode:

@@ -19,25 +19,25 @@ import torch
 from torch.amp.autocast_mode import _cast
 
 from ._registry import DeviceLike, resolve_device
-from ._state import AutocastFrame, current_frame
+from ._state import RegionSpec, current_region
 
 __all__ = ["custom_bwd", "custom_fwd"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _device_type(device: DeviceLike) -> tuple[str, AutocastFrame | None]:
+def _device_type(device: DeviceLike) -> tuple[str, RegionSpec | None]:
     """The device type to use and the ampcore region of that type active now (if any)."""
     if device is not None:
         device_type = resolve_device(device).backend.device_type
-        return device_type, current_frame(device_type)
-    frame = current_frame()
+        return device_type, current_region(device_type)
+    frame = current_region()
     if frame is not None:
         return frame.backend.device_type, frame
     return resolve_device(None).backend.device_type, None
 
 
-def _region(frame: AutocastFrame) -> AbstractContextManager[Any]:
+def _region(frame: RegionSpec) -> AbstractContextManager[Any]:
     from ._autocast import autocast
 
     return autocast(
@@ -159,7 +159,7 @@ def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callab
     @functools.wraps(bwd)
     def decorate_bwd(*args: Any, **kwargs: Any) -> Any:
         ctx = args[0]
-        frame: AutocastFrame | None = getattr(ctx, "_ampcore_frame", None)
+        frame: RegionSpec | None = getattr(ctx, "_ampcore_frame", None)
         if frame is not None:
             with _region(frame):
                 return bwd(*args, **kwargs)

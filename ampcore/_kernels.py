@@ -1,20 +1,28 @@
-"""Policy kernels: one Python kernel per operator overload on an autocast dispatch key.
+"""Policy kernels: one Python kernel per operator overload on one dispatch key.
 
-A kernel reads the calling thread's policy for its device type (:mod:`ampcore._state`):
+A kernel serves every device type routed to its key (a :class:`KeyTable` lists them as
+:class:`Client`\\ s; :mod:`ampcore._dispatch` decides the routes).  On each call it finds
+the client whose tensors the call is on and whose autocast is on, then reads the calling thread's policy
+for that device type (:mod:`ampcore._state`):
 
-* none (plain ``torch.autocast``, or an uncustomised ampcore O1 region in this thread): it
-  does what torch's own kernel does: the op's native policy from
-  :mod:`ampcore._oplist_data`, or nothing for ops torch has no kernel for (the kernel then
-  passes the call on, as torch's fallthrough does).  The weight-cast cache is not used.
+* no client, or no policy: the call continues below the kernel's key, exactly as if the
+  kernel were not there (to the device's own autocast kernel, if it has one).  A client
+  that *provides* autocast for a device without kernels of its own applies the backend's
+  O1 lists instead;
 * a policy: the op's action.  Casts happen here, above autograd, so autograd records them
   and gradients come back in the inputs' dtypes.  Leaf float32 tensors that require grad
   are cast to low precision once per region (torch's ``cached_cast`` rule), in a
   thread-local cache cleared when the thread's outermost ampcore region exits.
 
-After casting, the op is redispatched below the autocast keys with autocast excluded (as
-torch does), except for CompositeImplicitAutograd ops under a policy with custom lists:
-those are decomposed with autocast on and the policy's *inner* policy in force, so that
-custom-listed ops inside them are reached (see :mod:`ampcore._dispatch`).
+After casting, the op is called below the autocast keys with autocast excluded (as torch
+does), except for CompositeImplicitAutograd ops under a policy with custom lists: those are
+decomposed with autocast on and the policy's *inner* policy in force, so that custom-listed
+ops inside them are reached.
+
+Python numbers: torch hands a Python kernel the wrapped-number tensors of a call
+(``x % 2`` reaches ``remainder.Tensor``) as Python numbers, which most overloads then refuse.
+The kernel turns them back into 0-dim tensors of the dtype torch's type promotion gives the
+call, so every overload computes what torch's own kernel computes.
 """
 
 from __future__ import annotations
@@ -23,25 +31,18 @@ import functools
 import operator
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
 
 from ._errors import AmpcoreError
-from ._oplist_names import is_composite
-from ._oplist_data import (
-    APPEND_DTYPE_OVERLOADS,
-    AUTOCAST_DISPATCH_KEYS,
-    BANNED_MESSAGES,
-    DEFAULT_DISPATCH_KEY,
-    TENSOR_DEVICE_CHECKS,
-    dispatch_key_of,
-    native_table,
-)
-from ._oplists import BANNED, FOLLOW, FP32, FP32_APPEND_DTYPE, FP32_SET_OPT_DTYPE, LOW, PROMOTE, native_action
+from ._oplist_data import APPEND_DTYPE_OVERLOADS, AUTOCAST_DISPATCH_KEYS, BANNED_MESSAGES, DEFAULT_DISPATCH_KEY
+from ._oplist_names import generated_overloads, is_composite
+from ._oplists import BANNED, FOLLOW, FP32, FP32_APPEND_DTYPE, FP32_SET_OPT_DTYPE, LOW, PROMOTE
 from ._state import thread_state
 
-__all__ = ["kernel"]
+__all__ = ["KEEP", "Client", "KeyTable", "dispatch_key", "kernel"]
 
 _FLOAT64: Final = torch.float64
 _FLOAT32: Final = torch.float32
@@ -52,32 +53,58 @@ KEEP: Final = "keep"
 _SEQUENCES: Final = frozenset({list, tuple})
 
 
-def _key(name: str) -> torch._C.DispatchKey | None:
-    return torch._C._parse_dispatch_key(name)
+def dispatch_key(name: str) -> torch._C.DispatchKey:
+    """The dispatch key called ``name``; AmpcoreError when this torch has none."""
+    key = torch._C._parse_dispatch_key(name)
+    if key is None:
+        raise AmpcoreError(f"this torch has no dispatch key {name}; ampcore cannot give this device type op policies")
+    return key
 
 
 @functools.cache
-def _all_autocast_keys() -> torch._C.DispatchKeySet:
-    keys = [_key(name) for name in (DEFAULT_DISPATCH_KEY, *AUTOCAST_DISPATCH_KEYS.values())]
+def all_autocast_keys() -> torch._C.DispatchKeySet:
+    """Every autocast key of this torch (excluded while a policy kernel calls the op)."""
     result = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-    for key in keys:
+    for name in (DEFAULT_DISPATCH_KEY, *AUTOCAST_DISPATCH_KEYS.values()):
+        key = torch._C._parse_dispatch_key(name)
         if key is not None:
             result = result | torch._C.DispatchKeySet(key)
     return result
 
 
-@functools.cache
-def _after(key_name: str) -> torch._C.DispatchKeySet:
-    """Every key below ``key_name``, without any autocast key (the redispatch set)."""
-    key = _key(key_name)
-    if key is None:
-        raise AmpcoreError(f"this torch has no dispatch key {key_name}; ampcore cannot customise its autocast lists")
-    return torch._C._dispatch_keyset_full_after(key) - _all_autocast_keys()
+@dataclass(frozen=True)
+class Client:
+    """A device type whose policy kernels live on a :class:`KeyTable`'s key.
+
+    ``provider`` (resident clients: the kernels sit on the device's own autocast key) gives
+    the policy of the backend's O1 lists for an autocast dtype, applied when no region of
+    ampcore is active.
+    """
+
+    device_type: str
+    key: torch._C.DispatchKey  # its autocast key (excluded while its autocast is off)
+    backend: torch._C.DispatchKey  # its backend key (in the key set of a call on its tensors)
+    eligible: Callable[[torch.Tensor], bool]
+    provider: Callable[[torch.dtype], Any] | None = None
 
 
-def _eligibility(device_type: str) -> Callable[[torch.Tensor], bool]:
+class KeyTable:
+    """The kernels registered on one dispatch key and the device types they serve."""
+
+    def __init__(self, key_name: str) -> None:
+        self.key_name = key_name
+        key = dispatch_key(key_name)
+        #: every key below this one: the call as if this kernel were not there
+        self.passthrough = torch._C._dispatch_keyset_full_after(key)
+        #: the same without any autocast key: below autocast
+        self.below = self.passthrough - all_autocast_keys()
+        #: replaced (never mutated) when a device type is routed here, so a kernel reads a
+        #: consistent tuple without a lock
+        self.clients: tuple[Client, ...] = ()
+
+
+def eligibility(device_type: str, attr: str | None) -> Callable[[torch.Tensor], bool]:
     """torch's ``is_eligible``: a floating tensor of the device type, not float64."""
-    attr = TENSOR_DEVICE_CHECKS.get(device_type)
     if attr is not None and hasattr(torch.Tensor, attr):
         on_device = operator.attrgetter(attr)
 
@@ -153,7 +180,30 @@ def _widest(args: tuple[Any, ...], kwargs: dict[str, Any], eligible: Callable[[t
     return widest
 
 
+def _wrap_numbers(args: tuple[Any, ...], kwargs: dict[str, Any], slots: tuple[int, ...], names: frozenset[str]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Python numbers in Tensor slots -> 0-dim tensors promoting as torch's wrapped numbers do."""
+    tensors = list(_tensors((*args, *kwargs.values())))
+    # the operand that decides the result dtype: a dimensioned one beats 0-dim ones
+    reference = next((t for t in tensors if t.dim()), tensors[0] if tensors else None)
+
+    def tensor(value: Any) -> torch.Tensor:
+        # a CPU scalar joins tensors of any device, as a wrapped number does
+        dtype = torch.result_type(reference, value) if reference is not None else None
+        return torch.scalar_tensor(value, dtype=dtype)
+
+    if any(i < len(args) and type(args[i]) in _NUMBERS for i in slots):
+        args = tuple(tensor(a) if i in slots and type(a) in _NUMBERS else a for i, a in enumerate(args))
+    if kwargs and any(type(kwargs.get(n)) in _NUMBERS for n in names):
+        kwargs = {k: tensor(v) if k in names and type(v) in _NUMBERS else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
 # -- kernels ----------------------------------------------------------------------------
+
+
+@functools.cache
+def _level_overloads() -> frozenset[str]:
+    return frozenset(generated_overloads())
 
 
 def _op(overload: str) -> torch._ops.OpOverload:
@@ -167,71 +217,78 @@ def _defaults(op: torch._ops.OpOverload, args: tuple[Any, ...]) -> tuple[Any, ..
     return args + tuple(a.default_value for a in positional[len(args) :])
 
 
-@functools.cache
-def kernel(device_type: str, overload: str) -> Callable[..., Any]:
-    """The policy kernel of one overload on the autocast key of ``device_type`` (cached)."""
-    key_name = dispatch_key_of(device_type)
+def _tensor_slots(op: torch._ops.OpOverload) -> tuple[tuple[int, ...], frozenset[str]]:
+    """Positions and keyword names of the single-Tensor arguments (where numbers may arrive)."""
+    arguments = op._schema.arguments
+    single = [i for i, a in enumerate(arguments) if str(a.type) == "Tensor"]
+    return tuple(i for i in single if not arguments[i].kwarg_only), frozenset(arguments[i].name for i in single)
+
+
+def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
+    """The policy kernel of one overload on ``table``'s key."""
     op = _op(overload)
-    after = _after(key_name)
-    exclude = _all_autocast_keys()
-    guard = torch._C._ExcludeDispatchKeyGuard
-    eligible = _eligibility(device_type)
-    native = native_action(native_table(device_type).get(overload))
     composite = is_composite(overload)
+    level_casts = overload in _level_overloads()
     dtype_arg = next(((i, a.kwarg_only) for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
     append_to = _op(APPEND_DTYPE_OVERLOADS[overload]) if overload in APPEND_DTYPE_OVERLOADS else None
     banned = BANNED_MESSAGES.get(overload.partition(".")[0], f"{overload} is banned under autocast")
+    slots, slot_names = _tensor_slots(op)
     state = thread_state()
     get_dtype = torch.get_autocast_dtype
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
     cache_enabled = torch.is_autocast_cache_enabled
-    numbers_ok = torch._C._should_allow_numbers_as_tensors(overload.partition(".")[0])
+    exclude = all_autocast_keys()
+    guard = torch._C._ExcludeDispatchKeyGuard
     no_torch_function = torch._C.DisableTorchFunction
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
     call_op = op._op  # the C++ callable behind OpOverload.__call__
     redispatch = op._handle.redispatch_boxed
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        policy = client = None
+        for client in table.clients:
+            # a call on the device's tensors with its autocast on (the autocast key itself is
+            # left out of the key set of ops it has no kernel for, so it cannot tell)
+            if keyset.has(client.backend) and not excluded(client.key):
+                policy = state.policies.get(client.device_type)
+                if policy is None and client.provider is not None:
+                    policy = client.provider(get_dtype(client.device_type))
+                break
+        if slots:
+            args, kwargs = _wrap_numbers(args, kwargs, slots, slot_names)
+        if policy is None:
+            return redispatch(keyset & table.passthrough, *args, **kwargs)
         if tf_mode_enabled():
             # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
             # them) must not see this kernel's own tensor calls
             with no_torch_function():
-                return body(keyset, args, kwargs)
-        return body(keyset, args, kwargs)
+                return body(keyset, args, kwargs, policy, client)
+        return body(keyset, args, kwargs, policy, client)
 
-    def body(keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        policy = state.policies.get(device_type)
-        if policy is None:
-            action = native
-        else:
-            action = policy.actions.get(overload)
-            if action is None:  # an op on no list
-                if _explicit_dtype(args, kwargs, dtype_arg):
-                    action = KEEP  # the caller chose the dtype: run the whole op as asked
-                elif composite:
-                    action = FOLLOW  # its inner ops get the policy
-                else:
-                    action = policy.default
-        # Python numbers in Tensor slots (``x + 1.0``) only bind through a full call
-        numbers = False
-        if numbers_ok:
-            for a in args:
-                if type(a) in _NUMBERS:
-                    numbers = True
-                    break
+    def body(keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Any) -> Any:
+        action = policy.actions.get(overload)
+        if action is None:  # an op on no list
+            if not level_casts:
+                action = FOLLOW  # levels never cast it (a copy, a check, an optimizer op...)
+            elif _explicit_dtype(args, kwargs, dtype_arg):
+                action = KEEP  # the caller chose the dtype: run the whole op as asked
+            elif composite:
+                action = FOLLOW  # its inner ops get the policy
+            else:
+                action = policy.default
         if action == FOLLOW:
-            if numbers:
-                with guard(exclude):
-                    return call_op(*args, **kwargs)
-            return redispatch(keyset & after, *args, **kwargs)  # as torch's fallthrough
+            return redispatch(keyset & table.below, *args, **kwargs)
         if action == KEEP:
             with guard(exclude):
                 return call_op(*args, **kwargs)
         if action == BANNED:
             raise RuntimeError(banned)
+        eligible = client.eligible
+        device_type = client.device_type
         with guard(exclude):
             if action == LOW:
                 # torch's current autocast dtype: the region's, or a nested torch.autocast's
-                cache = state.cast_cache if policy is not None and cache_enabled() else None
+                cache = state.cast_cache if policy.cache and cache_enabled() else None
                 args, kwargs = _cast_all(args, kwargs, get_dtype(device_type), eligible, cache)
             elif action == FP32:
                 args, kwargs = _cast_all(args, kwargs, _FLOAT32, eligible, None)
@@ -244,16 +301,16 @@ def kernel(device_type: str, overload: str) -> Callable[..., Any]:
             elif action == FP32_APPEND_DTYPE and append_to is not None:
                 first = args[0]
                 return append_to(*_defaults(op, args), dtype=_FLOAT32 if eligible(first) else first.dtype, **kwargs)
-            if policy is None or not (composite and policy.reach) or numbers:
+            if not (composite and policy.reach):
                 return call_op(*args, **kwargs)  # autocast excluded, as torch's kernels call the op
         # decompose with autocast on, so that custom-listed ops inside are reached
         state.policies[device_type] = policy.inner
         try:
-            return redispatch(keyset & after, *args, **kwargs)
+            return redispatch(keyset & table.below, *args, **kwargs)
         finally:
             state.policies[device_type] = policy
 
-    call.__name__ = call.__qualname__ = f"ampcore_{key_name}_{overload.replace('.', '_')}"
+    call.__name__ = call.__qualname__ = f"ampcore_{table.key_name}_{overload.replace('.', '_')}"
     return call
 
 
@@ -280,5 +337,3 @@ def _set_opt_dtype(
     elif kwargs.get("dtype") is None:
         kwargs = {**kwargs, "dtype": _FLOAT32}
     return args, kwargs
-
-

@@ -19,6 +19,7 @@ from typing import Final
 import torch
 
 from ._errors import AmpcoreError, closest
+from ._forklock import LOCK
 
 __all__ = [
     "NO_CAST_OPS",
@@ -27,6 +28,7 @@ __all__ = [
     "all_aten_names",
     "canonical_op",
     "canonical_ops",
+    "castable_overloads",
     "functional_overloads",
     "generated_overloads",
     "is_composite",
@@ -124,9 +126,11 @@ def is_functional(schema: torch.FunctionSchema) -> bool:
 @functools.cache
 def _dispatcher_schemas() -> Mapping[str, tuple[torch.FunctionSchema, ...]]:
     """ATen base name -> schemas of its overloads registered with the dispatcher."""
-    registered = {n.removeprefix("aten::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+    with LOCK:  # holds the dispatcher's and the JIT registry's mutexes: not during a fork
+        registered = {n.removeprefix("aten::") for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+        schemas = torch._C._jit_get_all_schemas()
     by_name: dict[str, list[torch.FunctionSchema]] = {}
-    for schema in torch._C._jit_get_all_schemas():
+    for schema in schemas:
         if not schema.name.startswith("aten::"):
             continue
         base = schema.name.removeprefix("aten::")
@@ -182,15 +186,16 @@ def generated_overloads() -> tuple[str, ...]:
     are made of, which get the policy, as in torch.autocast.  Those that take a ``dtype=``
     are kept, so that an explicit ``dtype=`` is honoured for the whole composite.
     """
-    return tuple(
-        sorted(
-            overload
-            for name in _dispatcher_schemas()
-            if not _no_cast(name)
-            for overload in functional_overloads(name)
-            if not is_composite(overload) or _has_dtype_argument(overload)
+    with LOCK:  # is_composite asks the dispatcher
+        return tuple(
+            sorted(
+                overload
+                for name in _dispatcher_schemas()
+                if not _no_cast(name)
+                for overload in functional_overloads(name)
+                if not is_composite(overload) or _has_dtype_argument(overload)
+            )
         )
-    )
 
 
 def canonical_op(name: object, call: str = "ampcore.autocast", param: str = "custom_white_list") -> str:
@@ -242,3 +247,10 @@ def canonical_ops(names: Iterable[str] | str | None, call: str = "ampcore.autoca
             f"{call}({param}={names!r}): expected a set or list of op names such as {{'add', 'mm'}}"
         ) from None
     return frozenset(canonical_op(n, call, param) for n in items)
+
+
+@functools.cache
+def castable_overloads() -> tuple[str, ...]:
+    """Every castable ATen overload of this torch (sorted): the overloads ampcore registers a
+    policy kernel for, so that any list or level can reach any op."""
+    return tuple(sorted({overload for name in _dispatcher_schemas() for overload in functional_overloads(name)}))

@@ -13,7 +13,6 @@ import importlib.metadata
 import importlib.util
 import inspect
 import os
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, final
@@ -22,6 +21,7 @@ import pluggy
 
 from . import hookspec as _hookspec
 from ._backend import Backend
+from ._forklock import LOCK
 from ._errors import AmpcoreError, PluginError, PluginWarning, closest, warn_at
 
 __all__ = [
@@ -130,7 +130,7 @@ class PluginManager:
         )
         self._pm = pluggy.PluginManager(_hookspec.PROJECT_NAME)
         self._pm.add_hookspecs(_hookspec)
-        self._lock = threading.RLock()
+        self._lock = LOCK  # a fork never interrupts plugin loading (see ampcore._forklock)
         self._loaded = False
         self._infos: dict[str, PluginInfo] = {}
         self._claims: dict[str, list[Backend]] = {}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Union
 
 import torch
 
+from ._forklock import LOCK
 from ._backend import Backend
 from ._errors import AmpcoreError, BackendUnavailableError, closest
 from ._plugins import PluginInfo, PluginManager
@@ -39,7 +39,7 @@ class _Holder:
     """Owns the one process-wide manager and a resolution cache tied to its generation."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = LOCK  # fork-safe (see ampcore._forklock)
         self.manager: PluginManager | None = None
         self.cache: dict[object, ResolvedDevice] = {}
         self.generation = -1

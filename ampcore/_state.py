@@ -1,12 +1,13 @@
-"""Thread-local autocast state: the stack of active ``ampcore.autocast`` regions.
+"""Thread-local region state: the stack of active ``ampcore.autocast`` regions of a thread.
 
-This is ampcore's only mutable global state.  torch keeps its own autocast flags
-thread-local too, so a region entered in one thread changes nothing in another.
+ampcore's mutable state is of two kinds, and this module holds the first:
 
-Besides the stack, each thread holds the op *policy* in force per device type (``None``
-or absent: the native ``torch.autocast`` lists, so ampcore's dispatcher kernels behave
-exactly like torch's) and the weight-cast cache of its ampcore regions.  The policy
-kernels of :mod:`ampcore._dispatch` read both on every call.
+* per thread (here): the active regions, the op policy in force per device type (read by
+  every policy kernel) and the weight-cast cache of the thread's regions.  torch keeps its
+  autocast flags thread-local too, so a region entered in one thread changes nothing in
+  another;
+* per process: the dispatcher, where ampcore's kernels are registered once and never
+  removed (:mod:`ampcore._dispatch` owns that state and says why).
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._levels import Level
 
-__all__ = ["AutocastFrame", "ThreadState", "current_frame", "pop_frame", "push_frame", "thread_state"]
+__all__ = ["ActiveRegion", "RegionSpec", "ThreadState", "current_region", "thread_state"]
 
 
-class AutocastFrame(NamedTuple):
-    """One active ``ampcore.autocast`` region of the current thread (immutable; a named
-    tuple because regions are entered on the hot path).
+class RegionSpec(NamedTuple):
+    """What a region runs with (immutable).
 
     ``custom_white`` / ``custom_black`` are the region's custom lists merged with those of
-    the enclosing region; ``policy`` is the policy its ops follow (``None``: torch's own).
+    the enclosing region; ``policy`` is the policy its ops follow (``None``: torch's own
+    lists, no ampcore kernel involved).
     """
 
     backend: Backend
@@ -41,11 +42,24 @@ class AutocastFrame(NamedTuple):
     policy: Any = None
 
 
+class ActiveRegion(NamedTuple):
+    """One entered region: its spec and what its exit must restore (a named tuple: regions
+    are entered on the hot path)."""
+
+    owner: object  # the ampcore.autocast object that entered it
+    spec: RegionSpec
+    torch_region: Any  # the torch.autocast it entered
+    previous_policy: Any  # the policy in force for the device type before it
+    guard_mode: Any  # torch.compile guard mode, or None
+    shadow: Any  # (dispatch key, was included, was excluded) when it switched a key on, or None
+    context_outer: Any  # the innermost region of the entering context (asyncio task) before it
+
+
 class ThreadState(threading.local):
     """Per-thread state: region stack, active policy per device type, weight-cast cache."""
 
     def __init__(self) -> None:
-        self.stack: list[AutocastFrame] = []
+        self.stack: list[ActiveRegion] = []
         self.policies: dict[str, Any] = {}
         self.cast_cache: dict[tuple[int, torch.dtype], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
 
@@ -58,21 +72,9 @@ def thread_state() -> ThreadState:
     return _state
 
 
-def push_frame(frame: AutocastFrame) -> None:
-    _state.stack.append(frame)
-
-
-def pop_frame() -> None:
-    stack = _state.stack
-    stack.pop()
-    if not stack and _state.cast_cache:
-        _state.cast_cache.clear()
-
-
-def current_frame(device_type: str | None = None) -> AutocastFrame | None:
-    """The innermost active region of this thread (of ``device_type`` if given), or None."""
-    stack = _state.stack
-    for frame in reversed(stack):
-        if device_type is None or frame.backend.device_type == device_type:
-            return frame
+def current_region(device_type: str | None = None) -> RegionSpec | None:
+    """The spec of this thread's innermost active region (of ``device_type`` if given), or None."""
+    for region in reversed(_state.stack):
+        if device_type is None or region.spec.backend.device_type == device_type:
+            return region.spec
     return None

@@ -1,4 +1,4 @@
-"""Test helpers for the op-policy engine: a dtype recorder and a no-lingering-kernels fixture."""
+"""Test helpers for the op-policy engine: a dtype recorder and a no-leftover-region fixture."""
 
 from __future__ import annotations
 
@@ -11,18 +11,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ampcore._dispatch import installed_units, sweep
+from ampcore._dispatch import SHADOW_KEYS
 from ampcore._state import thread_state
 
 
 @pytest.fixture(autouse=True)
 def no_lingering_kernels() -> Iterator[None]:
-    """Every test starts and ends with no ampcore kernel registered and no policy active."""
-    sweep()
+    """Every test ends with no ampcore region and no policy active in its thread, and no
+    shadow key left switched on."""
     yield
-    sweep()
-    assert installed_units() == {}
-    assert thread_state().policies == {}
+    assert thread_state().stack == [] and thread_state().policies == {}
+    for key in SHADOW_KEYS:
+        parsed = torch._C._parse_dispatch_key(key)
+        if parsed is not None:
+            assert not torch._C._dispatch_tls_is_dispatch_key_included(parsed), key
 
 
 @dataclass(frozen=True)

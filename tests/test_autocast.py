@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampcore
-from ampcore._state import current_frame
+from ampcore._state import current_region
 
 from conftest import make_adapter
 
@@ -78,10 +78,10 @@ def test_nesting_changes_dtype_and_restores_it() -> None:
     with ampcore.autocast(device="cpu", dtype=torch.bfloat16):
         with ampcore.autocast(device="cpu", dtype=torch.float16):
             assert torch.mm(X, W).dtype == torch.float16
-            assert current_frame().dtype == torch.float16  # type: ignore[union-attr]
+            assert current_region().dtype == torch.float16  # type: ignore[union-attr]
         assert torch.mm(X, W).dtype == torch.bfloat16
-        assert current_frame().dtype == torch.bfloat16  # type: ignore[union-attr]
-    assert not torch.is_autocast_enabled("cpu") and current_frame() is None
+        assert current_region().dtype == torch.bfloat16  # type: ignore[union-attr]
+    assert not torch.is_autocast_enabled("cpu") and current_region() is None
 
 
 def test_disabled_subregion() -> None:
@@ -97,7 +97,7 @@ def test_state_is_restored_after_an_exception() -> None:
             with ampcore.autocast(device="cpu", enabled=False):
                 raise ValueError("boom")
     assert not torch.is_autocast_enabled("cpu")
-    assert current_frame() is None
+    assert current_region() is None
     assert torch.mm(X, W).dtype == torch.float32
 
 
@@ -109,7 +109,7 @@ def test_autocast_is_thread_local() -> None:
     def other() -> None:
         inside.wait(5)
         seen["other"] = torch.mm(X, W).dtype
-        seen["frame"] = current_frame()  # type: ignore[assignment]
+        seen["frame"] = current_region()  # type: ignore[assignment]
         done.set()
 
     thread = threading.Thread(target=other)
@@ -226,7 +226,7 @@ def test_refuses_to_run_fp32_when_torch_silently_disables_autocast(register) -> 
         with pytest.raises(ampcore.AmpcoreError, match="refusing to run in float32 silently"):
             with region:
                 pass
-    assert not torch.is_autocast_enabled("cpu") and current_frame() is None
+    assert not torch.is_autocast_enabled("cpu") and current_region() is None
 
 
 def test_capability_error_prevents_entering(register) -> None:

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampcore
-from ampcore._dispatch import installed_units, sweep
+from ampcore._dispatch import Route, registered_keys, routes
+from ampcore._oplist_names import castable_overloads
 from ampcore._oplist_names import NO_CAST_OPS
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
@@ -119,14 +120,16 @@ def test_o1_nested_in_od_is_native_and_od_comes_back() -> None:
         assert torch.relu(LOW).dtype == FP32
 
 
-def test_levels_register_the_generated_set_and_o0_nothing() -> None:
+def test_levels_use_the_shadow_route_and_o0_switches_nothing_on() -> None:
     with ampcore.autocast(device="cpu", level="O2"):
-        assert installed_units() == {("native", "cpu"): 1, ("generated", "cpu"): 1}
+        assert routes()["cpu"] == Route("cpu", "AutocastIPU", resident=False)
+        assert registered_keys()["AutocastIPU"] == len(castable_overloads())
+        assert torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastIPU)
+    assert not torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastIPU)
     with ampcore.autocast(device="cpu", level="O0", custom_white_list={"add"}):
         assert not torch.is_autocast_enabled("cpu")
+        assert not torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastIPU)
         assert (X + X).dtype == FP32
-    sweep()
-    assert installed_units() == {}
 
 
 def test_od_in_one_thread_leaves_torch_autocast_native_in_another() -> None:
@@ -147,7 +150,6 @@ def test_od_in_one_thread_leaves_torch_autocast_native_in_another() -> None:
     thread = threading.Thread(target=other)
     thread.start()
     with ampcore.autocast(device="cpu", level="OD"):
-        assert installed_units()[("generated", "cpu")] == 1
         inside.set()
         done.wait(5)
         assert torch.relu(LOW).dtype == FP32

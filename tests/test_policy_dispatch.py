@@ -13,7 +13,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ampcore
-from ampcore._dispatch import Policy, _installer, acquire, installed_units, release, sweep
+from ampcore._autocast import _switch_on
+from ampcore._dispatch import Policy, registered_keys, route, routes
+from ampcore._oplist_names import castable_overloads
 from ampcore._state import thread_state
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
@@ -166,13 +168,13 @@ def test_kernels_reproduce_torch_where_no_policy_is_active(call: Callable[[], to
     with torch.autocast("cpu", dtype=BF16):
         expected = call()
     region = ampcore.autocast(device="cpu", custom_white_list={"relu"}, level="O1")
-    with region:  # registers the native table's kernels
-        assert installed_units()[("native", "cpu")] == 1
+    with region:  # switches the kernels' shadow key on in this thread
+        assert routes()["cpu"].key in registered_keys()
         thread_state().policies.clear()  # this thread now behaves like one with no policy
         torch.manual_seed(0)
         with torch.autocast("cpu", dtype=BF16):
             got = call()
-        thread_state().policies["cpu"] = region._frame.policy
+        thread_state().policies["cpu"] = region._spec.policy
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
@@ -265,20 +267,16 @@ def test_weights_are_cast_once_per_region_unless_the_cache_is_off() -> None:
     assert thread_state().cast_cache == {}
 
 
-def test_units_linger_then_go(monkeypatch: pytest.MonkeyPatch) -> None:
-    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
-        assert installed_units() == {("native", "cpu"): 1, ("op", "cpu", "add.Scalar"): 1, ("op", "cpu", "add.Tensor"): 1}
-        with ampcore.autocast(device="cpu", custom_white_list={"add"}):
-            assert installed_units()[("native", "cpu")] == 2
-    assert set(installed_units().values()) == {0}  # lingering, doing what torch does
-    with torch.autocast("cpu", dtype=BF16):
-        assert (X + Y).dtype == FP32 and torch.mm(X, W).dtype == BF16
-    sweep()
-    assert installed_units() == {}
-    monkeypatch.setattr(_installer, "linger", 0.0)
+def test_kernels_are_registered_once_and_never_removed() -> None:
     with ampcore.autocast(device="cpu", custom_white_list={"add"}):
         pass
-    assert installed_units() == {}
+    before = registered_keys()
+    for level, white in (("O1", {"add"}), ("OD", None), ("O2", {"relu"}), ("O1", {"softmax"})):
+        with ampcore.autocast(device="cpu", level=level, custom_white_list=white):
+            assert registered_keys() == before
+    assert registered_keys() == before and before == {"AutocastIPU": len(castable_overloads())}
+    with torch.autocast("cpu", dtype=BF16):  # plain torch.autocast never meets them
+        assert (X + Y).dtype == FP32 and torch.mm(X, W).dtype == BF16
 
 
 def test_adapter_adjustments_take_effect_at_o1(register) -> None:  # type: ignore[no-untyped-def]
@@ -317,18 +315,17 @@ OTHER_POLICIES = [
 @contextlib.contextmanager
 def _hand_made_policy(actions: dict[str, str]) -> Iterator[None]:
     """Run under torch.autocast with a policy of only ``actions`` (overload -> action)."""
-    units = tuple(("op", "cpu", overload) for overload in actions)
-    policy = Policy(ampcore.oplists("cpu"), BF16, actions, "follow", False, units)
-    acquire(policy)
-    try:
-        with torch.autocast("cpu", dtype=BF16):
-            thread_state().policies["cpu"] = policy
-            try:
-                yield
-            finally:
-                thread_state().policies.clear()
-    finally:
-        release(policy)
+    policy = Policy(ampcore.oplists("cpu"), BF16, actions, "follow", False)
+    key = route("cpu", lambda dtype: None).key
+    with torch.autocast("cpu", dtype=BF16):
+        shadow = _switch_on(key)
+        thread_state().policies["cpu"] = policy
+        try:
+            yield
+        finally:
+            thread_state().policies.clear()
+            torch._C._dispatch_tls_set_dispatch_key_included(shadow[0], shadow[1])
+            torch._C._dispatch_tls_set_dispatch_key_excluded(shadow[0], shadow[2])
 
 
 @pytest.mark.parametrize(("overload", "action", "call", "expected"), OTHER_POLICIES)
