@@ -8,7 +8,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import torch
 
@@ -16,7 +16,7 @@ from ._backend import Backend, dtype_name
 from ._compile import constant_result, guard_mode, opaque
 from ._dispatch import Policy, has_native_autocast, policy_for, route
 from ._kernels import dispatch_key
-from ._errors import AmpcoreError
+from ._errors import AmpcoreError, closest
 from ._levels import check_level
 from ._oplist_names import canonical_ops
 from ._oplists import check_custom, compute_oplists, merge_custom
@@ -115,7 +115,10 @@ class autocast:
         cache_enabled: bool | None = None,
         custom_white_list: Iterable[str] | None = None,
         custom_black_list: Iterable[str] | None = None,
+        **aliases: Any,
     ) -> None:
+        if aliases:
+            device, enabled = _aliases(aliases, device, enabled)
         checked_level = check_level(level)
         if not isinstance(enabled, bool):
             raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
@@ -173,9 +176,8 @@ class autocast:
         device = self.backend.name if self.device_index is None else f"{self.backend.name}:{self.device_index}"
         white = sorted(self.custom_white_list) or None
         black = sorted(self.custom_black_list) or None
-        level = self.level if self.enabled or self.level == "O0" else self.level
-        enabled = self.enabled or self.level == "O0"
-        return (autocast, (device, self.dtype, level, enabled, self.cache_enabled, white, black))
+        enabled = self.enabled or self.level == "O0"  # O0 turns autocast off by itself
+        return (autocast, (device, self.dtype, self.level, enabled, self.cache_enabled, white, black))
 
     @opaque
     def __enter__(self) -> autocast:
@@ -262,6 +264,33 @@ class autocast:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+#: Other projects' keyword names -> ampcore's (torch.autocast's device_type, Paddle's enable).
+_ALIASES: Final = {"device_type": "device", "enable": "enabled"}
+_PARAMETERS: Final = ("device", "dtype", "level", "enabled", "cache_enabled", "custom_white_list", "custom_black_list")
+
+
+def _aliases(given: dict[str, Any], device: DeviceLike, enabled: bool) -> tuple[DeviceLike, bool]:
+    """Apply the accepted aliases; AmpcoreError naming a misspelled keyword and the valid ones."""
+    for name, value in given.items():
+        canonical = _ALIASES.get(name)
+        if canonical is None:
+            hints = closest(name, [*_PARAMETERS, *_ALIASES])
+            raise AmpcoreError(
+                f"{_CALL}({name}=...): unknown keyword argument"
+                + (f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else "")
+                + f" Valid: {', '.join(_PARAMETERS)} (and the aliases {', '.join(_ALIASES)})"
+            )
+        if canonical == "device":
+            if device is not None:
+                raise AmpcoreError(f"{_CALL}(device=..., device_type=...): give the device once")
+            device = value
+        else:
+            if enabled is not True:
+                raise AmpcoreError(f"{_CALL}(enabled=..., enable=...): give enabled once")
+            enabled = value
+    return device, enabled
 
 
 #: The innermost region entered in the current context (asyncio task): a region entered in

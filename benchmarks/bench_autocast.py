@@ -9,18 +9,24 @@ each table runs the baseline against itself: its distance from 1.000 is the mach
 2. Small-op model (4-layer ``nn.TransformerEncoder``, d_model 256), one training step:
    ampcore O1 / torch.autocast.
 3. Added cost per call of an op whose policy was customised (64x64 ``add``).
-4. Region entry + exit, and the kernel registration it may cost (linger vs immediate).
+4. Region entry + exit, and the one-time kernel registration of the first customised region.
 5. What custom lists and levels OD/O2 cost on the small-op model (every op through Python).
+6. Plain torch.autocast in a process that used customised, OD and O2 regions before, against
+   torch.autocast in a fresh process (child processes, alternated; issue 10).
 
     python benchmarks/bench_autocast.py                  # all cases
     python benchmarks/bench_autocast.py --rounds 15 --cases seed transformer
+    python benchmarks/bench_autocast.py --rounds 15 --cases after
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
@@ -30,7 +36,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampcore
-from ampcore._dispatch import _installer, sweep
 
 BF16: Final = torch.bfloat16
 Region = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -175,26 +180,67 @@ def case_regions(rounds: int) -> None:
         return run
 
     od = lambda: ampcore.autocast(device="cpu", level="OD")  # noqa: E731
-    warm = {
+    variants = {
         "torch.autocast": entries(torch_region),
         "ampcore O1": entries(o1_region),
-        'ampcore custom_white_list={"add"}, kernels lingering': entries(custom_add_region),
-        "ampcore OD, kernels lingering": entries(od),
+        'ampcore custom_white_list={"add"}': entries(custom_add_region),
+        "ampcore OD": entries(od),
     }
-    medians = {name: value / n for name, value in interleaved(warm, rounds).items()}
-    table(f"Region entry + exit, default: unused kernels linger {_installer.linger} s ({n} per sample, {rounds} rounds)", medians, "torch.autocast", unit="us", scale=1e6)
-    _installer.linger = 0.0  # every exit unregisters, every entry registers again
-    cold = {
-        "torch.autocast": entries(torch_region),
-        'ampcore custom_white_list={"add"}, released at exit': entries(custom_add_region),
-        "ampcore OD, released at exit": entries(od),
+    medians = {name: value / n for name, value in interleaved(variants, rounds).items()}
+    table(f"Region entry + exit ({n} per sample, {rounds} rounds; kernels registered once per process)", medians, "torch.autocast", unit="us", scale=1e6)
+    first = [_child("first-region") for _ in range(3)]
+    print(f"\nOne-time registration: first customised region of a fresh process, entry + exit: {statistics.median(first) * 1e3:.1f} ms (median of 3 processes)")
+
+
+def _child(kind: str, rounds: int = 0) -> float:
+    """Run ``--child KIND`` in a fresh interpreter; the seconds it reports."""
+    command = [sys.executable, __file__, "--child", kind, "--rounds", str(rounds)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["seconds"])
+
+
+def _transformer_step(region: Region) -> Callable[[], None]:
+    layer = lambda: nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True)  # noqa: E731
+    torch.manual_seed(0)
+    model = nn.TransformerEncoder(layer(), 4, enable_nested_tensor=False)
+    x, y = torch.randn(16, 64, 256), torch.randn(16, 64, 256)
+    return training_step(model, torch.optim.SGD(model.parameters(), lr=1e-4), x, y, region)
+
+
+def child(kind: str, rounds: int) -> None:
+    """One measurement in a fresh process (printed as JSON on the last line)."""
+    torch.set_flush_denormal(True)
+    if kind == "first-region":
+        ampcore.get_backend("cpu")
+        start = time.perf_counter()
+        with custom_add_region():
+            pass
+        seconds = time.perf_counter() - start
+    else:
+        if kind == "plain-after":  # every kind of ampcore region first, in this thread
+            x = torch.randn(8, 8)
+            for level, white in (("O1", {"add"}), ("OD", None), ("O2", None)):
+                with ampcore.autocast(device="cpu", level=level, custom_white_list=white):
+                    (x + x).sum()
+        step = _transformer_step(torch_region)
+        seconds = interleaved({"step": step}, rounds)["step"]
+    print(json.dumps({"kind": kind, "seconds": seconds}))
+
+
+def case_after(rounds: int, repeats: int = 5) -> None:
+    samples: dict[str, list[float]] = {"plain-fresh": [], "plain-after": []}
+    for i in range(repeats):  # alternate which goes first
+        for kind in (("plain-fresh", "plain-after") if i % 2 == 0 else ("plain-after", "plain-fresh")):
+            samples[kind].append(_child(kind, rounds))
+    medians = {
+        "torch.autocast, fresh process": statistics.median(samples["plain-fresh"]),
+        "torch.autocast after O1-custom, OD and O2 regions": statistics.median(samples["plain-after"]),
     }
-    try:
-        medians = {name: value / n for name, value in interleaved(cold, rounds).items()}
-    finally:
-        _installer.linger = 2.0
-    table(f"Region entry + exit with linger = 0 ({n} per sample, {rounds} rounds)", medians, "torch.autocast", unit="us", scale=1e6)
-    sweep()
+    table(
+        f"Plain torch.autocast after ampcore's regions: TransformerEncoder step of case 2 ({repeats} process pairs x {rounds} rounds)",
+        medians,
+        "torch.autocast, fresh process",
+    )
 
 
 CASES: Final = {
@@ -203,6 +249,7 @@ CASES: Final = {
     "per-call": case_per_call,
     "regions": case_regions,
     "levels": case_levels,
+    "after": case_after,
 }
 
 
@@ -210,10 +257,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds per case (default 9)")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child, args.rounds)
+        return
+    torch.set_flush_denormal(True)
     print(f"torch {torch.__version__}, ampcore {ampcore.__version__}, {torch.get_num_threads()} threads")
     for name in args.cases:
-        sweep()
         CASES[name](args.rounds)
 
 
