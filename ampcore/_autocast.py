@@ -16,6 +16,7 @@ from ._backend import Backend, dtype_name
 from ._compile import constant_result, guard_mode, opaque
 from ._dispatch import Policy, has_native_autocast, policy_for, route
 from ._kernels import dispatch_key
+from ._recompute import install as install_recompute
 from ._errors import AmpcoreError, closest
 from ._levels import check_level
 from ._oplist_names import canonical_ops
@@ -196,7 +197,10 @@ class autocast:
             white, black = merge_custom((outer.custom_white, outer.custom_black), spec.custom_white, spec.custom_black)
             spec = spec._replace(custom_white=white, custom_black=black, policy=self._policy_of(white, black))
         policy = spec.policy
-        found = route(device_type, _provider(self.backend)) if policy is not None else None
+        found = None
+        if policy is not None:
+            found = route(device_type, _provider(self.backend))
+            install_recompute()  # activation checkpointing keeps the policy (once per process)
         # Every change below is undone if a later step fails or is interrupted.
         torch_region = torch.autocast(device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled)
         torch_region.__enter__()
