@@ -14,6 +14,7 @@ from ._capability import CapabilityIssue
 from ._custom_fwd import custom_bwd, custom_fwd
 from ._decorate import decorate
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
+from ._fused import FusedKernelWarning
 from ._levels import LEVELS, Level
 from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
@@ -30,6 +31,7 @@ __all__ = [
     "Backend",
     "BackendUnavailableError",
     "CapabilityIssue",
+    "FusedKernelWarning",
     "GradScaler",
     "Level",
     "LossScaleAtMinimumError",

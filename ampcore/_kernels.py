@@ -37,6 +37,7 @@ from typing import Any, Final
 import torch
 
 from ._errors import AmpcoreError
+from ._fused import SWALLOWING, check_swallowed
 from ._oplist_data import APPEND_DTYPE_OVERLOADS, AUTOCAST_DISPATCH_KEYS, BANNED_MESSAGES, DEFAULT_DISPATCH_KEY
 from ._oplist_names import generated_overloads, is_composite
 from ._oplists import BANNED, FOLLOW, FP32, FP32_APPEND_DTYPE, FP32_SET_OPT_DTYPE, LOW, PROMOTE
@@ -229,6 +230,7 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     op = _op(overload)
     composite = is_composite(overload)
     level_casts = overload in _level_overloads()
+    swallows = overload in SWALLOWING
     dtype_arg = next(((i, a.kwarg_only) for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
     append_to = _op(APPEND_DTYPE_OVERLOADS[overload]) if overload in APPEND_DTYPE_OVERLOADS else None
     banned = BANNED_MESSAGES.get(overload.partition(".")[0], f"{overload} is banned under autocast")
@@ -304,7 +306,9 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
             if not (composite and policy.reach):
                 return call_op(*args, **kwargs)  # autocast excluded, as torch's kernels call the op
         # decompose with autocast on, so that custom-listed ops inside are reached
-        state.policies[device_type] = policy.inner
+        if swallows:
+            check_swallowed(overload, policy, args, kwargs)
+        state.policies[device_type] = policy.inner or policy  # an inner policy is its own inner
         try:
             return redispatch(keyset & table.below, *args, **kwargs)
         finally:

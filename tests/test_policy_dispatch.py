@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 import threading
 from collections.abc import Callable, Iterator
 
@@ -369,3 +370,23 @@ def test_two_threads_with_different_lists_at_once() -> None:
     for thread in threads:
         thread.join()
     assert seen == {"white add": (BF16, BF16), "black mm": (FP32, FP32)}
+
+
+def test_a_list_naming_an_op_a_fused_kernel_swallows_warns_once() -> None:
+    q = torch.randn(2, 4, 8, 16)
+    with ampcore.autocast(device="cpu", custom_black_list={"softmax"}):
+        with pytest.warns(ampcore.FusedKernelWarning, match="sdpa_kernel"):
+            F.scaled_dot_product_attention(q, q, q)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            F.scaled_dot_product_attention(q, q, q)  # once per policy
+    with ampcore.autocast(device="cpu", custom_black_list={"softmax"}), sdpa_kernel(SDPBackend.MATH):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the math path: the list applies, no warning
+            with DtypeRecorder() as recorder:
+                F.scaled_dot_product_attention(q.to(BF16), q.to(BF16), q.to(BF16))
+        assert {c.outputs for c in recorder.of("_safe_softmax", "_softmax", "softmax")} == {(FP32,)}
+    with ampcore.autocast(device="cpu", custom_white_list={"relu"}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a list naming nothing inside attention: silent
+            F.scaled_dot_product_attention(q, q, q)
