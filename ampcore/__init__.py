@@ -15,6 +15,7 @@ from ._custom_fwd import custom_bwd, custom_fwd
 from ._decorate import decorate
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._fused import FusedKernelWarning
+from ._region import RegionInfo, active_region
 from ._levels import LEVELS, Level
 from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
@@ -40,7 +41,9 @@ __all__ = [
     "PluginInfo",
     "PluginManager",
     "PluginWarning",
+    "RegionInfo",
     "__version__",
+    "active_region",
     "autocast",
     "custom_bwd",
     "custom_fwd",

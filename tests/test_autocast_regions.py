@@ -164,3 +164,17 @@ def test_regions_copy_and_pickle_like_torch_autocast() -> None:
     assert repr(loaded.region) == repr(module.region)
     assert repr(copy.deepcopy(ampcore.autocast(device="cpu", level="O0"))).endswith("enabled=False)")
     assert_clean()
+
+
+def test_active_region_reports_the_innermost_region() -> None:
+    assert ampcore.active_region() is None
+    with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+        with ampcore.autocast(device="cpu", level="OD", custom_black_list={"mm"}):
+            info = ampcore.active_region("cpu")
+            assert info is not None
+            assert (info.backend, info.device_type, info.level, info.dtype) == ("cpu", "cpu", "OD", BF16)
+            assert info.custom_white_list == {"add"} and info.custom_black_list == {"mm"}
+        assert ampcore.active_region().level == "O1"  # type: ignore[union-attr]
+    assert ampcore.active_region() is None
+    with pytest.raises(ampcore.AmpcoreError, match="unknown backend"):
+        ampcore.active_region("tpu9")
