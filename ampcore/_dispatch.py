@@ -239,8 +239,8 @@ class _Registry:
 def _backend_key(device_type: str) -> torch._C.DispatchKey:
     """The backend dispatch key of ``device_type`` (PrivateUse1 for a vendor's renamed one)."""
     try:
-        return torch._C._dispatch_key_for_device(device_type)  # type: ignore[no-any-return]
-    except RuntimeError:
+        return dispatch_key(torch._C._dispatch_key_for_device(device_type))
+    except (RuntimeError, AmpcoreError):
         return torch._C.DispatchKey.PrivateUse1
 
 

@@ -101,5 +101,5 @@ def install() -> None:
                 return function_class.apply(_carry(run_function), *args, **kwargs)
 
         torch_checkpoint._checkpoint_without_reentrant_generator = without_reentrant
-        torch_checkpoint.CheckpointFunction = CheckpointFunction
+        torch_checkpoint.CheckpointFunction = CheckpointFunction  # type: ignore[misc]
         _installed = True
