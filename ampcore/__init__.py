@@ -8,6 +8,11 @@ Example::
     torch.bfloat16
 """
 
+from ._launch import quiet_torch_numpy_warning as _quiet
+
+_quiet()  # before torch is imported: the command line needs no NumPy
+# ruff: noqa: E402  (the imports below must follow that call)
+
 from ._autocast import autocast
 from ._backend import Backend
 from ._capability import CapabilityIssue
