@@ -24,6 +24,7 @@ from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
 from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
 from ._scaler import GradScaler, LossScaleAtMinimumError
+from ._support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
 from .hookspec import hookimpl
 from . import debugging
@@ -51,6 +52,8 @@ __all__ = [
     "decorate",
     "get_backend",
     "hookimpl",
+    "is_bfloat16_supported",
+    "is_float16_supported",
     "list_backends",
     "list_plugins",
     "oplists",
