@@ -11,7 +11,6 @@ from typing import Any, Final
 import torch
 
 from . import _dtypes
-from ._errors import AmpcoreError
 from ._oplists import OpLists, oplists
 
 __all__ = ["add_parser", "format_markdown", "format_text", "parse_dtype"]

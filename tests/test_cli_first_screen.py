@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import ampcore
-from ampcore import _cli_info
 from ampcore._cli import main
 from ampcore._launch import launched_as_cli, quiet_torch_numpy_warning
 
