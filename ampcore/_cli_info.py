@@ -100,7 +100,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         status = p["status"] + (" " + note(f"plugin {p['name']}: {p['error']}") if p["error"] else "")
         rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], status))
     lines += _table(rows, width)
-    lines += ["", "Backends (dtypes: the default first):"]
+    lines += ["", "Backends:"]
     rows = [("backend", "type", "available", "from", "dtypes", "device")]
     capability = []
     for b in info["backends"]:
@@ -113,7 +113,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         )
         for dtype, issues in b["capability"].items():
             capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
-    lines += _table(rows, width)
+    lines += [*_table(rows, width), "  (dtypes: the default first)"]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
     if capability:

@@ -163,3 +163,10 @@ def test_supported_follows_the_adapter(register: Callable[..., ampcore.Backend])
 def test_supported_refuses_an_unknown_backend() -> None:
     with pytest.raises(ampcore.AmpcoreError, match="unknown backend 'tpu9'"):
         ampcore.is_float16_supported("tpu9")
+
+
+@pytest.mark.xfail(strict=True, reason="needs lead's autocast change: parse dtype= with ampcore._dtypes.parse_dtype(dtype, 'ampcore.autocast')")
+@pytest.mark.parametrize("name", ["bfloat16", "bf16"])
+def test_autocast_takes_dtype_names(name: str) -> None:
+    with ampcore.autocast(device="cpu", dtype=name):  # type: ignore[arg-type]
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
