@@ -190,7 +190,7 @@ def summarize(stages: list[Stage], started: float) -> bool:
         print(f"  {'ok  ' if stage.ok else 'FAIL'}  {stage.name.ljust(width)}  {stage.detail}")
     failed = [stage.name for stage in stages if not stage.ok]
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
-    verdict = f"FAILED: {', '.join(failed)}" if failed else f"all {len(stages)} stages passed"
+    verdict = f"FAILED: {', '.join(failed)}" if failed else ("all {} stages passed".format(len(stages)) if len(stages) > 1 else "passed")
     print(f"{verdict} in {minutes}m{seconds:02d}s", flush=True)
     return not failed
 
