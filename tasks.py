@@ -3,20 +3,31 @@
 
     python3 tasks.py demo     # the main job: `ampcore info` + `ampcore bench` (args go to bench)
     python3 tasks.py test     # the whole test suite, then the conformance suite against
-                              # cpu (bfloat16, float16) and the example plugin (reports/)
+                              # cpu (bfloat16, float16) and the example plugin (reports/);
+                              # ends with one summary of every stage
 
-Only Python >= 3.10 is needed.  torch is pinned (``AMPCORE_TORCH``, default
-``torch==2.13.0``): pip must never resolve an open range on a fresh venv, which would pull a
-multi-GB CUDA build.
+Only Python >= 3.10 is needed.  torch is pinned: ``AMPCORE_TORCH`` (default
+``torch==2.13.0``) is split like a shell command line and handed to pip, so it can carry pip
+options that pick the build, e.g.
+``AMPCORE_TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"``.
+pip must never resolve an open torch range on a fresh venv (a multi-GB CUDA build).
+The venv is ``AMPCORE_VENV`` (default ``.venv``).  Set-up writes a stamp into the venv and
+skips pip on reruns while pyproject.toml, the plugin's pyproject.toml and ``AMPCORE_TORCH``
+are unchanged (delete ``<venv>/ampcore-setup.json`` to force a reinstall).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+import time
 import venv
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -24,6 +35,11 @@ VENV = Path(os.environ.get("AMPCORE_VENV", ROOT / ".venv"))
 TORCH = os.environ.get("AMPCORE_TORCH", "torch==2.13.0")
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
+PLUGIN = ROOT / "plugins" / "ampcore-example"
+STAMP = VENV / "ampcore-setup.json"
+CONSTRAINTS = VENV / "ampcore-constraints.txt"
+#: pip output lines shown during set-up (the rest is shown only when pip fails).
+_PIP_PROGRESS = re.compile(r"^\s*(Collecting|Downloading|Installing collected|Successfully installed|ERROR)")
 
 
 def sh(*cmd: str | Path) -> None:
@@ -31,18 +47,73 @@ def sh(*cmd: str | Path) -> None:
     subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True)
 
 
-def setup() -> None:
+def torch_args(spec: str = TORCH) -> list[str]:
+    """``AMPCORE_TORCH`` as pip arguments (shell-style split: requirements and pip options)."""
+    args = shlex.split(spec)
+    if not args:
+        sys.exit("AMPCORE_TORCH is empty: give a torch requirement such as torch==2.13.0")
+    return args
+
+
+def pip(stage: str, *args: str | Path) -> None:
+    """Run ``pip install ARGS`` under a status line, showing what pip fetches and installs."""
+    started = time.monotonic()
+    print(f"setup: {stage} ...", flush=True)
+    command = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", *map(str, args)]
+    print("+", " ".join(command), flush=True)
+    held: list[str] = []
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
+        for line in process.stdout or ():
+            if _PIP_PROGRESS.match(line):
+                print("  " + line.strip(), flush=True)
+            else:
+                held.append(line)
+    if process.returncode:
+        print("".join(held), end="", flush=True)  # everything pip said, to see why
+        raise subprocess.CalledProcessError(process.returncode, command)
+    print(f"setup: {stage} done in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _setup_key() -> str:
+    digest = hashlib.sha256(TORCH.encode())
+    for path in (ROOT / "pyproject.toml", PLUGIN / "pyproject.toml"):
+        digest.update(path.read_bytes() if path.exists() else b"-")
+    return digest.hexdigest()
+
+
+def _up_to_date(extras: tuple[str, ...]) -> bool:
+    try:
+        stamp = json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        return False
+    return PY.exists() and stamp.get("key") == _setup_key() and set(extras) <= set(stamp.get("extras", []))
+
+
+def setup(extras: tuple[str, ...] = ("test",)) -> None:
+    """Create the venv and install torch (``AMPCORE_TORCH``), ampcore[extras], the plugin."""
+    if _up_to_date(extras):
+        print(f"setup: {VENV} is up to date (delete {STAMP.name} there to reinstall)", flush=True)
+        return
+    STAMP.unlink(missing_ok=True)
     if not PY.exists():
+        print(f"setup: creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    sh(PY, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", TORCH, "-e", f"{ROOT}[test]")
-    plugin = ROOT / "plugins" / "ampcore-example"
-    if (plugin / "pyproject.toml").exists():
-        sh(PY, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "-e", plugin)
+    pip(f"[1/3] torch ({TORCH})", *torch_args())
+    version = subprocess.run(
+        [str(PY), "-c", "import importlib.metadata as m; print(m.version('torch'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    CONSTRAINTS.write_text(f"torch=={version}\n")  # the rest must keep exactly this build
+    target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
+    pip(f"[2/3] ampcore{'[' + ','.join(extras) + ']' if extras else ''}", "-c", CONSTRAINTS, "-e", target)
+    if (PLUGIN / "pyproject.toml").exists():
+        pip("[3/3] the example plugin", "--no-deps", "-e", PLUGIN)
+    STAMP.write_text(json.dumps({"key": _setup_key(), "extras": sorted(extras), "torch": version}) + "\n")
 
 
 def demo(args: list[str]) -> None:
     """The main job: the backend table, then the AMP guide's benchmark on the default device."""
-    setup()
+    setup(extras=())
     sh(BIN / "ampcore", "info")
     sh(BIN / "ampcore", "bench", *args)
 
@@ -51,39 +122,88 @@ def demo(args: list[str]) -> None:
 CONFORMANCE_RUNS = (("cpu", "bfloat16"), ("cpu", "float16"), ("example", None))
 
 
+@dataclass
+class Stage:
+    """One stage of ``python3 tasks.py test`` and what became of it."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
 def installed_backends() -> set[str]:
     """Backend names the venv's ampcore knows (``ampcore info --json``)."""
     out = subprocess.run([str(BIN / "ampcore"), "info", "--json"], capture_output=True, text=True, check=True).stdout
     return {backend["name"] for backend in json.loads(out)["backends"]}
 
 
-def conformance() -> list[str]:
-    """Run the conformance suite for CONFORMANCE_RUNS (reports under reports/); the failed runs."""
-    known, failed = installed_backends(), []
+def _report_counts(report_dir: Path) -> str:
+    """'120 passed, 4 skipped' from a conformance run's report.json (or why it is missing)."""
+    try:
+        report = json.loads((report_dir / "report.json").read_text())
+    except (OSError, ValueError):
+        return "no report.json written"
+    counts = ", ".join(f"{n} {outcome}" for outcome, n in report["summary"].items() if n) or "no tests"
+    problem = f"; {report['problem']}" if report.get("problem") else ""
+    return f"{counts}{problem} ({os.path.relpath(report_dir / 'report.md', ROOT)})"
+
+
+def conformance() -> list[Stage]:
+    """Run the conformance suite for CONFORMANCE_RUNS (reports under reports/), one stage each."""
+    known, stages = installed_backends(), []
     for backend, dtype in CONFORMANCE_RUNS:
         name = f"{backend}-{dtype or 'all'}"
         if backend not in known:  # setup() installs every one of them: missing is a failure
-            print(f"conformance: backend {backend!r} is not installed", flush=True)
-            failed.append(name)
+            stages.append(Stage(f"conformance {name}", False, f"backend {backend!r} is not installed"))
             continue
-        command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", ROOT / "reports" / name]
-        try:
-            sh(*command, *(["--dtype", dtype] if dtype else []), "--", "-q")
-        except subprocess.CalledProcessError:
-            failed.append(name)
-    return failed
+        report_dir = ROOT / "reports" / name
+        command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", report_dir]
+        print("+", " ".join(map(str, command)), flush=True)
+        code = subprocess.run(
+            [str(c) for c in (*command, *(["--dtype", dtype] if dtype else []), "--", "-q")], cwd=ROOT, check=False
+        ).returncode
+        stages.append(Stage(f"conformance {name}", code == 0, _report_counts(report_dir)))
+    return stages
+
+
+def run_pytest(args: list[str]) -> Stage:
+    """pytest on the configured test paths, streamed; the stage carries its final counts line."""
+    command = [str(PY), "-m", "pytest", *args]
+    print("+", " ".join(command), flush=True)
+    last = ""
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
+        for line in process.stdout or ():
+            print(line, end="", flush=True)
+            if re.search(r"\b(passed|failed|errors?|skipped|no tests ran)\b.* in [\d.]+s", line):
+                last = line.strip().strip("=").strip()
+    code = process.returncode
+    if code == 5:  # pytest: no tests collected; zero tests never reads as green
+        return Stage("pytest", False, f"no tests were collected (pytest exit 5) {last}".strip())
+    return Stage("pytest", code == 0, (last or "no summary line") + ("" if code == 0 else f" (exit {code})"))
+
+
+def summarize(stages: list[Stage], started: float) -> bool:
+    """Print one summary of every stage; True when all passed."""
+    width = max(len(stage.name) for stage in stages)
+    print("\n" + "=" * 30 + " python3 tasks.py test: summary " + "=" * 30, flush=True)
+    for stage in stages:
+        print(f"  {'ok  ' if stage.ok else 'FAIL'}  {stage.name.ljust(width)}  {stage.detail}")
+    failed = [stage.name for stage in stages if not stage.ok]
+    minutes, seconds = divmod(round(time.monotonic() - started), 60)
+    verdict = f"FAILED: {', '.join(failed)}" if failed else ("all {} stages passed".format(len(stages)) if len(stages) > 1 else "passed")
+    print(f"{verdict} in {minutes}m{seconds:02d}s", flush=True)
+    return not failed
 
 
 def test(args: list[str]) -> None:
     """pytest on tests/ (with ``args``); without args, then the conformance runs (CI)."""
+    started = time.monotonic()
     setup()
-    print("+", PY, "-m", "pytest", *args, flush=True)
-    code = subprocess.run([str(PY), "-m", "pytest", *args], cwd=ROOT, check=False).returncode
-    failed = [] if args else conformance()
-    if failed:
-        print(f"conformance failed: {', '.join(failed)} (see reports/<run>/report.md)", flush=True)
-    if code or failed:
-        sys.exit(code or 1)
+    stages = [run_pytest(args)]
+    if not args:
+        stages += conformance()
+    if not summarize(stages, started):
+        sys.exit(1)
 
 
 def main() -> None:

@@ -8,6 +8,11 @@ Example::
     torch.bfloat16
 """
 
+from ._launch import quiet_torch_numpy_warning as _quiet
+
+_quiet()  # before torch is imported: the command line needs no NumPy
+# ruff: noqa: E402  (the imports below must follow that call)
+
 from ._autocast import autocast
 from ._backend import Backend
 from ._capability import CapabilityIssue
@@ -21,6 +26,7 @@ from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
 from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
 from ._scaler import GradScaler, LossScaleAtMinimumError
+from ._support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
 from .hookspec import hookimpl
 from . import debugging
@@ -51,6 +57,8 @@ __all__ = [
     "decorate",
     "get_backend",
     "hookimpl",
+    "is_bfloat16_supported",
+    "is_float16_supported",
     "list_backends",
     "list_plugins",
     "oplists",

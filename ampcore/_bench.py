@@ -10,6 +10,7 @@ after the other so that each one's peak memory is its own.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from ._errors import AmpcoreError
 from ._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory, synchronize
 from ._registry import resolve_device
 
-__all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench"]
+__all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
 
 MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
 #: The guide's sizes, used where the device has the memory for them.
@@ -32,6 +33,11 @@ GUIDE_SIZES: Final = (8192, 2048)
 #: Scaled-down sizes for host-memory backends (CPU): a few minutes for all modes.
 HOST_SIZES: Final = (2048, 512)
 _GUIDE_NEEDS: Final = 16 * 2**30
+
+#: Load average per CPU above which the machine counts as busy.
+LOAD_LIMIT: Final = 0.5
+#: Relative spread (step-time interquartile range / median; repeat speed-ups) that counts as wide.
+SPREAD_LIMIT: Final = 0.25
 
 StepCallback = Callable[[str, int, int], None]
 
@@ -52,6 +58,8 @@ class BenchSettings:
     modes: tuple[str, ...] = MODES
     #: run each mode in a fresh process (clean peak memory, no allocator cross-talk)
     isolate: bool = True
+    #: run all modes this many times, interleaved (spread of the speed-ups)
+    repeats: int = 1
 
 
 @dataclass
@@ -66,6 +74,10 @@ class ModeResult:
     peak_memory: int | None
     loss_scale: float | None
     speedup: float = 1.0
+    #: median step time of each repeat (one entry per repeat)
+    repeat_ms: list[float] = field(default_factory=list)
+    #: the fastest and slowest per-repeat speed-up (None with one repeat)
+    speedup_range: list[float] | None = None
 
 
 @dataclass
@@ -82,6 +94,10 @@ class BenchResult:
     lr: float
     versions: dict[str, str]
     results: list[ModeResult] = field(default_factory=list)
+    repeats: int = 1
+    #: the 1-minute load average when the run started and the CPUs it is shared by (None: unknown)
+    load_average: float | None = None
+    cpus: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,7 +176,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
         if on_step is not None:
             on_step(mode, step + 1, total)
     peak = peak_memory(backend, index)
-    scale = float(scaler.get_scale()) if scaler is not None else None
+    scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None  # None: no scaling
     del model, opt, data, label
     return ModeResult(
         mode=mode,
@@ -170,6 +186,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
         final_loss=losses[-1],
         peak_memory=None if peak is None or base is None else max(peak - base, 0),
         loss_scale=scale,
+        repeat_ms=[statistics.median(times)],
     )
 
 
@@ -238,6 +255,8 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
             f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
             f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
         )
+    if settings.repeats < 1:
+        raise AmpcoreError(f"ampcore bench: --repeats must be a positive integer (got {settings.repeats})")
     for name in ("size", "batch"):
         value = getattr(settings, name)
         if value is not None and value < 1:
@@ -258,13 +277,80 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
         lr=settings.lr,
         versions={"ampcore": __version__, "torch": torch.__version__, "python": platform.python_version()},
     )
-    for mode in settings.modes:
-        if settings.isolate:
-            device = backend.name if resolved.index is None else f"{backend.name}:{index}"
-            result.results.append(_run_isolated(mode, settings, device, dtype, size, batch, on_step))
-        else:
-            result.results.append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
+    result.repeats, result.load_average, result.cpus = settings.repeats, _load_average(), os.cpu_count()
+    runs: dict[str, list[ModeResult]] = {mode: [] for mode in settings.modes}
+    for _ in range(settings.repeats):  # interleaved: a slow spell of the machine hits every mode
+        for mode in settings.modes:
+            if settings.isolate:
+                device = backend.name if resolved.index is None else f"{backend.name}:{index}"
+                runs[mode].append(_run_isolated(mode, settings, device, dtype, size, batch, on_step))
+            else:
+                runs[mode].append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
+    result.results = [_merge(runs[mode]) for mode in settings.modes]
     reference = next((r for r in result.results if r.mode == "fp32"), None)
     for r in result.results:
         r.speedup = reference.ms_per_step / r.ms_per_step if reference else float("nan")
+        if reference and r is not reference and settings.repeats > 1:
+            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
+            r.speedup_range = [min(ratios), max(ratios)]
     return result
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available on this platform
+        return None
+
+
+def _merge(runs: list[ModeResult]) -> ModeResult:
+    """One mode's repeats as one result: all measured steps pooled, each repeat's median kept."""
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    steps = [ms for run in runs for ms in run.step_ms]
+    peaks = [run.peak_memory for run in runs if run.peak_memory is not None]
+    return ModeResult(
+        mode=first.mode,
+        ms_per_step=statistics.median(steps),
+        step_ms=steps,
+        losses=first.losses,
+        final_loss=first.final_loss,
+        peak_memory=max(peaks) if peaks else None,
+        loss_scale=first.loss_scale,
+        repeat_ms=[run.ms_per_step for run in runs],
+    )
+
+
+def unreliable_reasons(result: BenchResult) -> list[str]:
+    """Why the speed-ups of ``result`` should not be trusted (empty when nothing speaks against them).
+
+    A busy machine (load average above half the CPUs when the run started), step times that
+    spread widely within a mode (interquartile range above a quarter of the median), or
+    repeats whose speed-ups disagree by more than 25%.
+
+    Example::
+
+        >>> r = BenchResult("cpu", "cpu", "bfloat16", 8, 2, 3, 0, 1e-4, {}, load_average=7.5, cpus=2)
+        >>> unreliable_reasons(r)
+        ['the machine was busy (load average 7.50 on 2 CPUs at the start)']
+    """
+    reasons = []
+    if result.load_average is not None and result.cpus and result.load_average > LOAD_LIMIT * result.cpus:
+        reasons.append(f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)")
+    spread = []
+    for r in result.results:
+        if len(r.step_ms) >= 4:
+            q1, _, q3 = statistics.quantiles(r.step_ms, n=4)
+            if q3 - q1 > SPREAD_LIMIT * r.ms_per_step:
+                spread.append(r.mode)
+    if spread:
+        reasons.append(f"step times spread widely in {', '.join(spread)} (quartiles more than {SPREAD_LIMIT:.0%} of the median apart)")
+    disagree = [
+        f"{r.mode} {r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}x"
+        for r in result.results
+        if r.speedup_range and r.speedup_range[1] > (1 + SPREAD_LIMIT) * r.speedup_range[0]
+    ]
+    if disagree:
+        reasons.append(f"the repeats disagree ({', '.join(disagree)})")
+    return reasons

@@ -13,7 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from ._dtypes import parse_declared_dtype
 from ._errors import AmpcoreError
+from ._registry import get_backend
 
 __all__ = ["add_parser", "pytest_arguments"]
 
@@ -63,11 +65,24 @@ def pytest_arguments(
     return [*args, *extra]
 
 
+def _check_selection(name: str, dtypes: Sequence[str]) -> None:
+    """Refuse an unknown backend (did-you-mean) and dtypes it does not declare, naming the
+    options as typed.  A known backend without a device still runs: the suite reports that
+    as an explicit failure."""
+    try:
+        backend = get_backend(name)
+    except AmpcoreError as exc:
+        raise AmpcoreError(f"--backend {name}: {str(exc).removeprefix(f'device={name!r}: ')}") from None
+    for dtype in dtypes:
+        parse_declared_dtype(dtype, backend.supported_dtypes, f"backend {backend.name!r}", "", "--dtype")
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         import pytest
     except ImportError:
         raise AmpcoreError(f"the conformance suite runs on pytest, which is not installed: {_INSTALL_HINT}") from None
+    _check_selection(args.backend, args.dtype)  # before pytest runs or a report folder appears
     extra = list(args.pytest_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import textwrap
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import pluggy
 import torch
@@ -16,7 +17,7 @@ from ._backend import Backend, dtype_name
 from ._registry import get_manager
 from ._version import __version__
 
-__all__ = ["add_parser", "collect_info", "format_info"]
+__all__ = ["WIDTH", "add_parser", "collect_info", "format_info"]
 
 
 def _backend_info(backend: Backend) -> dict[str, Any]:
@@ -66,49 +67,94 @@ def collect_info() -> dict[str, Any]:
     }
 
 
-def format_info(info: dict[str, Any]) -> str:
-    """Render :func:`collect_info` output as aligned text tables."""
+#: The width the text output fits (``--wide`` lifts it).
+WIDTH: Final = 100
+
+
+def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
+    """Render :func:`collect_info` output as text tables that fit ``width`` columns.
+
+    Long texts (why a backend is unavailable, plugin errors, capability findings) go below
+    the tables as numbered notes; a long device name is shortened with ``...`` unless
+    ``width`` is None.
+
+    Example::
+
+        >>> text = format_info(collect_info())
+        >>> max(len(line) for line in text.splitlines()) <= WIDTH
+        True
+    """
     lines = [
         f"ampcore {info['ampcore']}  torch {info['torch']}  pluggy {info['pluggy']}  python {info['python']}",
         "",
         "Plugins:",
     ]
-    rows: list[tuple[str, ...]] = [("name", "distribution", "version", "source", "status", "error")]
+    notes: list[str] = []
+
+    def note(text: str) -> str:
+        notes.append(f"[{len(notes) + 1}] {text}")
+        return f"[{len(notes)}]"
+
+    rows: list[tuple[str, ...]] = [("name", "distribution", "version", "source", "status")]
     for p in info["plugins"]:
-        rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], p["status"], p["error"] or ""))
-    lines += _table(rows)
+        status = p["status"] + (" " + note(f"plugin {p['name']}: {p['error']}") if p["error"] else "")
+        rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], status))
+    lines += _table(rows, width)
     lines += ["", "Backends:"]
-    rows = [("backend", "device type", "available", "device", "dtypes", "default", "from")]
-    notes = []
+    rows = [("backend", "type", "available", "from", "dtypes", "device")]
+    capability = []
     for b in info["backends"]:
-        available = "yes" if b["available"] else f"no: {b['reason']}"
+        available = "yes" if b["available"] else "no " + note(f"{b['name']}: {b['reason']}")
+        if b.get("error"):
+            available += " " + note(f"{b['name']}: adapter error: {b['error']}")
+        dtypes = [b["default_dtype"], *(d for d in b["dtypes"] if d != b["default_dtype"])]
         rows.append(
-            (b["name"], b["device_type"], available, b["device_name"] or "-", ",".join(b["dtypes"]), b["default_dtype"], b["distribution"] or b["plugin"])
+            (b["name"], b["device_type"], available, b["distribution"] or b["plugin"], ",".join(dtypes), b["device_name"] or "-")
         )
         for dtype, issues in b["capability"].items():
-            notes += [f"  {b['name']} {dtype}: {issue}" for issue in issues]
-        if b.get("error"):
-            notes.append(f"  {b['name']}: adapter error: {b['error']}")
-    lines += _table(rows)
+            capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
+    lines += [*_table(rows, width), "  (dtypes: the default first)"]
     if notes:
-        lines += ["", "Capability notes:", *notes]
+        lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
+    if capability:
+        lines += ["", "Capability notes:", *_wrapped(capability, width, hanging=4)]
     return "\n".join(lines)
 
 
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+def _wrapped(items: Sequence[str], width: int | None, hanging: int) -> list[str]:
+    if width is None:
+        return ["  " + item for item in items]
+    out: list[str] = []
+    for item in items:
+        out += textwrap.wrap(item, width, initial_indent="  ", subsequent_indent=" " * (2 + hanging), break_on_hyphens=False)
+    return out
+
+
+def _table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[str]:
+    """Aligned columns; the last column is shortened (``...``) to fit ``width``."""
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    if width is not None:
+        room = width - 2 - sum(widths[:-1]) - 2 * (len(widths) - 1)
+        if widths[-1] > room:
+            widths[-1] = max(room, len(rows[0][-1]))
+            rows = [(*row[:-1], _shorten(str(row[-1]), widths[-1])) for row in rows]
     out = ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     out.insert(1, "  " + "  ".join("-" * w for w in widths))
     return out
 
 
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
 def _run(args: argparse.Namespace) -> int:
     info = collect_info()
-    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    print(json.dumps(info, indent=2) if args.json else format_info(info, None if args.wide else WIDTH))
     return 0
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("info", help="show versions, plugins and backends")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("--wide", action="store_true", help=f"do not shorten device names to fit {WIDTH} columns")
     parser.set_defaults(func=_run)

@@ -10,18 +10,11 @@ from typing import Any, Final
 
 import torch
 
-from ._errors import AmpcoreError
+from . import _dtypes
 from ._oplists import OpLists, oplists
 
 __all__ = ["add_parser", "format_markdown", "format_text", "parse_dtype"]
 
-_DTYPES: Final = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
 
 _SECTIONS: Final = (
     ("white", "white (run in the low-precision dtype)"),
@@ -36,10 +29,7 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
     """``"bf16"`` -> ``torch.bfloat16``; ``None`` stays ``None`` (the backend's default)."""
     if name is None:
         return None
-    key = name.lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise AmpcoreError(f"ampcore oplists --dtype {name}: unknown dtype; valid: {', '.join(_DTYPES)}")
-    return _DTYPES[key]
+    return _dtypes.parse_dtype(name, "ampcore oplists", "--dtype")
 
 
 def _names(values: Iterable[str] | None) -> list[str] | None:

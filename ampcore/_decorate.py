@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpointHooks, decorated_model_of
+from ._dtypes import parse_dtype
 from ._errors import AmpcoreError
 from ._levels import check_level
 from ._master import MasterPair, MasterWeights, master_weights_of
@@ -29,12 +30,12 @@ def decorate(
     models: ModelsT,
     optimizers: None = None,
     level: str = "O2",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: DeviceLike = None,
     master_weight: bool = True,
     keep_norm_fp32: bool | None = None,
     excluded_layers: Any = None,
-    save_dtype: torch.dtype | None = None,
+    save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
 ) -> ModelsT: ...
 
@@ -44,12 +45,12 @@ def decorate(
     models: ModelsT,
     optimizers: OptimizersT,
     level: str = "O2",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: DeviceLike = None,
     master_weight: bool = True,
     keep_norm_fp32: bool | None = None,
     excluded_layers: Any = None,
-    save_dtype: torch.dtype | None = None,
+    save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
 ) -> tuple[ModelsT, OptimizersT]: ...
 
@@ -58,12 +59,12 @@ def decorate(
     models: Any,
     optimizers: Any = None,
     level: str = "O2",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: DeviceLike = None,
     master_weight: bool = True,
     keep_norm_fp32: bool | None = None,
     excluded_layers: Any = None,
-    save_dtype: torch.dtype | None = None,
+    save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
 ) -> Any:
     """Prepare models (and their optimizers) for mixed precision at ``level``.
@@ -83,7 +84,8 @@ def decorate(
         optimizers: ``None``, an optimizer, or a list/tuple of optimizers; every parameter
             they hold must belong to ``models``.
         level: ``"O0"``, ``"OD"``, ``"O1"`` or ``"O2"`` (Paddle's lower-case spelling works).
-        dtype: the low-precision dtype; ``None`` takes the backend's default.
+        dtype: the low-precision dtype (``torch.bfloat16`` or a name such as ``"bfloat16"``,
+            ``"bf16"``, ``"float16"``); ``None`` takes the backend's default.
         device: the backend (``"cuda"``, ``"cpu"``, ...); ``None`` takes the backend of the
             device the models' parameters are on.
         master_weight: keep fp32 master weights for the optimizers (O2).
@@ -125,8 +127,8 @@ def decorate(
     _check_flags(master_weight=master_weight, master_grad=master_grad)
     if keep_norm_fp32 is not None and not isinstance(keep_norm_fp32, bool):
         raise AmpcoreError(f"{_CALL}(keep_norm_fp32={keep_norm_fp32!r}): expected None, True or False")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise AmpcoreError(f"{_CALL}(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16, or None")
+    dtype = None if dtype is None else parse_dtype(dtype, _CALL)
+    save_dtype = None if save_dtype is None else parse_dtype(save_dtype, _CALL, "save_dtype")
     if save_dtype is not None and save_dtype not in _SAVE_DTYPES:
         raise AmpcoreError(
             f"{_CALL}(save_dtype={save_dtype!r}): expected None or one of "

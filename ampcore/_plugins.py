@@ -290,10 +290,12 @@ class PluginManager:
         return [b for b in winners if b is not None]
 
     def backend(self, name: str) -> Backend:
-        """The backend called ``name``; raises for unknown names and unresolved conflicts."""
+        """The backend called ``name``; raises for unknown names (a ``KeyError`` that lists the
+        known backends and what each plugin became) and unresolved conflicts."""
         self.load_entry_points()
         if name not in self._claims:
-            raise KeyError(name)
+            plugins = ", ".join(f"{i.name} -> {i.backend or i.status}" for i in self._infos.values()) or "none loaded"
+            raise KeyError(f"unknown backend {name!r}; known backends: {', '.join(sorted(self._claims)) or 'none'} (plugins: {plugins})")
         winner = self._winner(name)
         if winner is None:
             raise self._conflict_error(name)

@@ -13,11 +13,13 @@ import torch
 import torch.distributed as dist
 
 from ._backend import dtype_name
+from ._dtypes import parse_dtype
 from ._errors import AmpcoreError
 from ._registry import DeviceLike, get_backend, resolve_device
 from ._scaler_base import CALL as _CALL
-from ._scaler_base import ScalerBase, map_tensors
+from ._scaler_base import map_tensors
 from ._scaler_options import ScalerOptions, accepts_paddle_aliases, check_bool, check_number
+from ._scaler_paddle import PaddleScalerMethods
 
 __all__ = ["GradScaler", "LossScaleAtMinimumError"]
 
@@ -50,7 +52,7 @@ class _OptimizerRecord:
     found_inf: torch.Tensor | None = None
 
 
-class GradScaler(ScalerBase):
+class GradScaler(PaddleScalerMethods):
     """Dynamic loss scaling for mixed precision training, on any ampcore backend.
 
     Used like ``torch.amp.GradScaler``: ``scaler.scale(loss).backward()``,
@@ -65,8 +67,9 @@ class GradScaler(ScalerBase):
     Args:
         device: a backend name (``"cuda"``, ``"cuda:1"``), a ``torch.device`` or ``None`` for
             the best available backend.
-        dtype: the low-precision training dtype; ``None`` takes the backend's default.  It
-            decides whether loss scaling is needed (see ``enabled``).
+        dtype: the low-precision training dtype (``torch.float16`` or a name such as
+            ``"float16"``, ``"bf16"``); ``None`` takes the backend's default.  It decides
+            whether loss scaling is needed (see ``enabled``).
         init_scale: the initial scale (Paddle: ``init_loss_scaling``).
         growth_factor: > 1; applied after ``growth_interval`` clean steps (``incr_ratio``).
         backoff_factor: in (0, 1); applied after ``hysteresis`` overflow steps (``decr_ratio``).
@@ -91,7 +94,9 @@ class GradScaler(ScalerBase):
 
     Paddle's names (``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``,
     ``incr_every_n_steps``, ``decr_every_n_nan_or_inf``, ``use_dynamic_loss_scaling``) are
-    accepted too; giving a parameter under both names raises.
+    accepted too; giving a parameter under both names raises.  So are Paddle's methods
+    (``minimize``, ``is_enable``, ``is_use_dynamic_loss_scaling``, ``get_init_loss_scaling``
+    and the other ``get_*``/``set_*`` of ``paddle.amp.GradScaler``).
 
     Raises:
         AmpcoreError: an invalid setting, an unknown backend or dtype.
@@ -126,15 +131,14 @@ class GradScaler(ScalerBase):
         dynamic: bool = True,
         enabled: bool | None = None,
         raise_at_min_scale: bool = False,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         process_group: dist.ProcessGroup | None = None,
         sync_found_inf: bool = True,
     ) -> None:
         if enabled is not None:
             check_bool(_CALL, "enabled", enabled)
         check_bool(_CALL, "sync_found_inf", sync_found_inf)
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise AmpcoreError(f"{_CALL}(dtype={dtype!r}): expected a torch.dtype such as torch.float16")
+        dtype = None if dtype is None else parse_dtype(dtype, _CALL)
         options = ScalerOptions.create(
             _CALL,
             init_scale=init_scale,

@@ -29,6 +29,7 @@ PADDLE_ALIASES: Final[Mapping[str, str]] = {
     "incr_every_n_steps": "growth_interval",
     "decr_every_n_nan_or_inf": "hysteresis",
     "use_dynamic_loss_scaling": "dynamic",
+    "enable": "enabled",
 }
 
 P = ParamSpec("P")

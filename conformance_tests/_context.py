@@ -7,6 +7,7 @@ says why, and the plugin turns it into an explicit failure.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -14,13 +15,15 @@ from typing import Any, Final
 import torch
 
 import ampcore
+from ampcore import _dtypes
 from ampcore_conformance._lists import effective_lists
 from ampcore_conformance._manifest import Manifest, Tolerances
 
-__all__ = ["DTYPE_ALIASES", "SuiteContext", "UsageProblem", "build_context", "dtype_name", "parse_dtype"]
+__all__ = ["CALL", "OPTION", "SuiteContext", "UsageProblem", "build_context", "check_dtypes", "dtype_name", "parse_dtype"]
 
-#: Spellings accepted by ``--ampcore-dtype`` besides torch's own names.
-DTYPE_ALIASES: Final = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+#: How dtype errors name the call and the option (``ampcore conformance`` passes ``--dtype``).
+CALL: Final = "ampcore conformance"
+OPTION: Final = "--ampcore-dtype"
 
 
 class UsageProblem(ValueError):
@@ -32,17 +35,26 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def parse_dtype(text: str) -> torch.dtype:
-    """``"bf16"``, ``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``."""
-    name = text.strip().lower().removeprefix("torch.")
-    name = DTYPE_ALIASES.get(name, name)
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise UsageProblem(
-            f"--ampcore-dtype {text!r}: not a floating torch dtype; use e.g. bfloat16, float16 "
-            f"(aliases: {', '.join(sorted(DTYPE_ALIASES))})"
-        )
-    return dtype
+def parse_dtype(text: str, option: str = OPTION) -> torch.dtype:
+    """``"bf16"``, ``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16`` (ampcore's parser)."""
+    try:
+        return _dtypes.parse_dtype(text, CALL, option)
+    except ampcore.AmpcoreError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def check_dtypes(backend: ampcore.Backend, names: Sequence[str], option: str = OPTION) -> tuple[torch.dtype, ...]:
+    """The dtypes ``names`` selects among those ``backend`` declares (all of them for none).
+
+    Raises :class:`UsageProblem` naming ``option`` (what the user typed: ``--dtype`` for
+    ``ampcore conformance``) and listing only the declared dtypes.
+    """
+    owner = f"backend {backend.name!r}"
+    try:
+        chosen = [_dtypes.parse_declared_dtype(n, backend.supported_dtypes, owner, CALL, option) for n in names]
+    except ampcore.AmpcoreError as exc:
+        raise UsageProblem(str(exc)) from None
+    return tuple(dict.fromkeys(chosen)) or tuple(backend.supported_dtypes)
 
 
 @dataclass
@@ -110,22 +122,14 @@ def build_context(
     Raises :class:`UsageProblem` for dtypes that are no dtype or that the backend does not
     declare.
     """
-    requested = tuple(dict.fromkeys(parse_dtype(name) for name in dtype_names))
-    context = SuiteContext(backend_name, None, requested, manifest, report_dir)
     try:
         backend = ampcore.get_backend(backend_name)
     except ampcore.AmpcoreError as exc:
+        requested = tuple(dict.fromkeys(parse_dtype(name) for name in dtype_names))
+        context = SuiteContext(backend_name, None, requested, manifest, report_dir)
         context.problem = f"no device found for backend {backend_name!r}: the backend is not installed ({exc})"
         return context
-    context.backend = backend
-    declared = backend.supported_dtypes
-    undeclared = [dtype_name(d) for d in requested if d not in declared]
-    if undeclared:
-        raise UsageProblem(
-            f"--ampcore-dtype {', '.join(undeclared)}: backend {backend_name!r} does not declare it; "
-            f"declared dtypes: {', '.join(dtype_name(d) for d in declared)}"
-        )
-    context.dtypes = requested or tuple(declared)
+    context = SuiteContext(backend_name, backend, check_dtypes(backend, dtype_names), manifest, report_dir)
     reason = backend.unavailable_reason
     if reason is not None:
         context.problem = f"no device found for backend {backend_name!r}: {reason}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -21,11 +22,13 @@ import ampcore
 from ampcore_conformance import SUITE_VERSION
 from ampcore_conformance._context import SuiteContext, dtype_name
 
-__all__ = ["JSON_NAME", "JUNIT_NAME", "MARKDOWN_NAME", "TestRecord", "build_report", "render_markdown", "write_reports"]
+__all__ = ["JSON_NAME", "JUNIT_NAME", "MARKDOWN_NAME", "TestRecord", "build_report", "render_markdown", "summarize_speed", "write_reports"]
 
 JUNIT_NAME: Final = "junit.xml"
 JSON_NAME: Final = "report.json"
 MARKDOWN_NAME: Final = "report.md"
+#: max/min speed-up over the rounds above which the report calls the numbers unreliable
+UNRELIABLE_SPREAD: Final = 1.5
 OUTCOMES: Final = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "not run")
 
 
@@ -129,17 +132,57 @@ def render_markdown(report: dict[str, Any]) -> str:
         note = (t["message"] or "").replace("|", "\\|")
         lines.append(f"| `{t['name']}` | {t['dtype'] or '-'} | {t['outcome']} | {t['duration_s']:.3f} | {note} |")
     if report["speed"]:
-        lines += [
-            "", "## Speed (measured, not asserted)", "",
-            "| dtype | workload | fp32 median (ms) | autocast median (ms) | speed-up | peak MiB fp32 / autocast |",
-            "|---|---|---|---|---|---|",
-        ]  # fmt: skip
-        for dtype, s in report["speed"].items():
-            peaks = f"{s.get('fp32_peak_mib', '-')} / {s.get('autocast_peak_mib', '-')}"
-            lines.append(
-                f"| {dtype} | {s['workload']} | {s['fp32_ms']:.3f} | {s['autocast_ms']:.3f} | {s['speedup']:.2f}x | {peaks} |"
-            )
+        lines += _speed_lines(report["speed"])
     return "\n".join(lines) + "\n"
+
+
+def summarize_speed(fp32: list[float], low: list[float]) -> dict[str, Any]:
+    """The report's numbers from per-round times: medians, ranges and the speed-up's spread.
+
+    Example::
+
+        >>> s = summarize_speed([0.002, 0.004, 0.002], [0.001, 0.001, 0.004])
+        >>> s["speedup"], s["speedup_min"], s["speedup_max"], s["reliable"]
+        (2.0, 0.5, 4.0, False)
+    """
+    ratios = [f / low_ for f, low_ in zip(fp32, low)]
+    spread = max(ratios) / min(ratios)
+    return {
+        "fp32_ms": round(statistics.median(fp32) * 1e3, 4),
+        "fp32_ms_range": [round(min(fp32) * 1e3, 4), round(max(fp32) * 1e3, 4)],
+        "autocast_ms": round(statistics.median(low) * 1e3, 4),
+        "autocast_ms_range": [round(min(low) * 1e3, 4), round(max(low) * 1e3, 4)],
+        "speedup": round(statistics.median(ratios), 3),
+        "speedup_min": round(min(ratios), 3),
+        "speedup_max": round(max(ratios), 3),
+        "reliable": spread <= UNRELIABLE_SPREAD,
+    }
+
+
+def _peak(value: Any) -> str:
+    return "unavailable" if value is None else f"{value:g}"
+
+
+def _speed_lines(speed: dict[str, dict[str, Any]]) -> list[str]:
+    """The informative speed section: medians with ranges, and a flag on unreliable runs."""
+    lines = [
+        "", "## Speed (informative: measured, never asserted)", "",
+        "Median step time over interleaved rounds, its range in brackets; the speed-up is the median of the",
+        "rounds' fp32/autocast ratios with their range. Peak memory: growth of the backend's peak use during",
+        "one step (`unavailable` where the backend does not measure it).", "",
+        "| dtype | workload | fp32 ms | autocast ms | speed-up | peak growth MiB fp32 / autocast |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for dtype, s in speed.items():
+        fp32, low = s["fp32_ms_range"], s["autocast_ms_range"]
+        flag = "" if s["reliable"] else " **unreliable: the rounds disagree (busy machine?)**"
+        lines.append(
+            f"| {dtype} | {s['workload']} | {s['fp32_ms']:.3f} [{fp32[0]:.3f}-{fp32[1]:.3f}] "
+            f"| {s['autocast_ms']:.3f} [{low[0]:.3f}-{low[1]:.3f}] "
+            f"| {s['speedup']:.2f}x [{s['speedup_min']:.2f}-{s['speedup_max']:.2f}x]{flag} "
+            f"| {_peak(s['fp32_peak_growth_mib'])} / {_peak(s['autocast_peak_growth_mib'])} |"
+        )
+    return lines
 
 
 def write_reports(directory: Path, report: dict[str, Any]) -> list[Path]:

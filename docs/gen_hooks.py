@@ -72,7 +72,7 @@ def _markdown(docstring: str) -> str:
 def _signature(name: str, function: Callable[..., Any]) -> str:
     signature = inspect.signature(function)
     params = ", ".join(f"{p.name}: {p.annotation}" for p in signature.parameters.values())
-    return f"def {name}({params}) -> {signature.return_annotation}"
+    return f"def {name}({params}) -> {signature.return_annotation}: ..."
 
 
 def render() -> str:

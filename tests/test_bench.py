@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._bench import GUIDE_SIZES, HOST_SIZES, MODES, BenchSettings, default_sizes, run_bench
+from ampcore._bench import GUIDE_SIZES, HOST_SIZES, MODES, BenchResult, BenchSettings, ModeResult, default_sizes, run_bench, unreliable_reasons
 from ampcore._cli import main
-from ampcore._cli_bench import format_result
+from ampcore._cli_bench import format_result, plot_result
 
 from conftest import make_adapter
 
@@ -42,10 +42,14 @@ def test_speedups_are_relative_to_fp32(result) -> None:
 
 
 def test_bf16_needs_no_loss_scale_on_cpu(result) -> None:
-    scales = {r.mode: r.loss_scale for r in result.results}
-    assert scales["fp32"] is None and scales["torch.autocast"] is None
-    # ampcore's scaler is a transparent no-op for bf16: its scale stays 1
-    assert scales["AMP-O1"] == 1.0 and scales["AMP-O2"] == 1.0
+    # ampcore's scaler is a transparent no-op for bf16: no scale to report (not "1")
+    assert {r.mode: r.loss_scale for r in result.results} == dict.fromkeys(MODES)
+    assert not any(line.rstrip().endswith(" 1") for line in format_result(result).splitlines()[4:8])
+
+
+def test_fp16_reports_the_loss_scale(no_emulation_warning: None) -> None:
+    fp16 = run_bench(BenchSettings(device="cpu", dtype=torch.float16, size=16, batch=4, steps=2, modes=("fp32", "AMP-O1"), isolate=False))
+    assert fp16.results[1].loss_scale == 1024.0
 
 
 def test_table_lists_modes_and_columns(result) -> None:
@@ -117,3 +121,79 @@ def test_an_error_in_the_isolated_process_is_raised_here() -> None:
 def test_sizes_must_be_positive(field: str) -> None:
     with pytest.raises(ampcore.AmpcoreError, match=f"--{field} must be a positive integer"):
         run_bench(BenchSettings(device="cpu", **{field: 0 if field == "batch" else -1}))
+
+
+def _fake(load: float | None = 0.1, repeats: int = 1) -> BenchResult:
+    result = BenchResult("cpu", "AMD EPYC", "bfloat16", 2048, 512, 4, 0, 1e-4, {}, repeats=repeats, load_average=load, cpus=2)
+    result.results = [
+        ModeResult("fp32", 700.0, [700.0, 700.0, 701.0, 699.0], [0.5, 0.333110], 0.333110, 479 * 2**20, None),
+        ModeResult("AMP-O1", 350.0, [350.0, 350.0, 351.0, 349.0], [0.5, 0.3331100001], 0.3331100001, 481 * 2**20, None, 2.0),
+    ]
+    return result
+
+
+def test_no_negative_zero_or_scale_one_noise() -> None:
+    text = format_result(_fake())
+    assert "-0.000%" not in text and "<0.001%" in text
+    row = next(line for line in text.splitlines() if line.startswith("AMP-O1"))
+    assert row.split()[-1] == "-" and "349-351" in row  # no scale; min-max of the steps
+
+
+def test_table_says_what_amp_o1_adds_and_fits_100_columns() -> None:
+    text = format_result(_fake())
+    assert "custom_white_list={'elementwise_add'}" in text and "ampcore.GradScaler" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "unreliable" not in text
+
+
+def test_a_busy_machine_or_a_wide_spread_is_called_unreliable() -> None:
+    busy = _fake(load=5.0)
+    assert unreliable_reasons(busy) == ["the machine was busy (load average 5.00 on 2 CPUs at the start)"]
+    assert "WARNING: these speed-ups are unreliable: the machine was busy" in format_result(busy)
+    spread = _fake()
+    spread.results[1].step_ms = [100.0, 350.0, 900.0, 1500.0]
+    assert "step times spread widely in AMP-O1" in unreliable_reasons(spread)[0]
+    repeats = _fake(repeats=3)
+    repeats.results[1].speedup_range = [1.2, 3.9]
+    assert unreliable_reasons(repeats) == ["the repeats disagree (AMP-O1 1.20-3.90x)"]
+    assert "2.00x (1.20-3.90)" in format_result(repeats)
+
+
+def test_repeats_are_interleaved_and_give_a_speedup_range() -> None:
+    settings = BenchSettings(device="cpu", size=16, batch=4, steps=2, repeats=2, modes=("fp32", "AMP-O1"), isolate=False)
+    order: list[str] = []
+    result = run_bench(settings, on_step=lambda mode, step, total: order.append(mode) if step == total else None)
+    assert order == ["fp32", "AMP-O1", "fp32", "AMP-O1"]
+    fp32, o1 = result.results
+    assert len(o1.step_ms) == 4 and len(o1.repeat_ms) == 2 and fp32.speedup_range is None
+    ratios = [f / m for f, m in zip(fp32.repeat_ms, o1.repeat_ms)]
+    assert o1.speedup_range == [min(ratios), max(ratios)]
+    with pytest.raises(ampcore.AmpcoreError, match="--repeats must be a positive integer"):
+        run_bench(BenchSettings(device="cpu", repeats=0))
+
+
+def test_plot_has_integer_step_ticks_and_a_difference_panel(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    captured = {}
+    real_subplots = plt.subplots
+
+    def subplots(*args, **kwargs):  # type: ignore[no-untyped-def]
+        fig, axes = real_subplots(*args, **kwargs)
+        captured["axes"] = axes
+        return fig, axes
+
+    result = _fake()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plt, "subplots", subplots)
+        plot_result(result, str(tmp_path / "bench.png"))
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    times, losses, deltas = captured["axes"]
+    assert deltas.get_title() == "loss minus fp32's loss"
+    for axis in (times, losses, deltas):
+        assert all(float(t).is_integer() for t in axis.get_xticks())
+    styles = {line.get_linestyle() for line in losses.get_lines()}
+    assert len(styles) == len(result.results)  # coinciding curves stay apart
+    fp32_delta, o1_delta = (line.get_ydata() for line in deltas.get_lines())
+    assert list(fp32_delta) == [0.0, 0.0] and o1_delta[-1] == pytest.approx(1e-10)

@@ -38,7 +38,7 @@ def test_json(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "message"),
     [
         (["oplists", "--device", "cpu", "--custom-black", "linaer"], "did you mean 'linear'"),
-        (["oplists", "--device", "cpu", "--dtype", "int8"], "unknown dtype; valid: bfloat16"),
+        (["oplists", "--device", "cpu", "--dtype", "int8"], "unknown dtype name; valid: bfloat16"),
         (["oplists", "--device", "cpu", "--custom-white", "add", "--custom-black", "add"], "in both lists"),
         (["oplists", "--device", "tpu9"], "unknown backend 'tpu9'"),
     ],

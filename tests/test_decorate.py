@@ -294,8 +294,8 @@ def test_a_wrapped_model_raises_and_explains_the_order() -> None:
 BAD_ARGUMENTS: list[tuple[dict[str, object], str]] = [
     ({"level": "O3"}, r"ampcore.decorate\(level='O3'\): invalid level; valid levels: O0, OD, O1, O2"),
     ({"dtype": torch.float64}, r"does not support torch.float64; supported dtypes: torch.bfloat16, torch.float16"),
-    ({"dtype": "bfloat16"}, r"dtype='bfloat16'\): expected a torch.dtype"),
-    ({"save_dtype": torch.int32}, r"save_dtype=torch.int32\): expected None or one of"),
+    ({"dtype": "bfloat61"}, r"dtype='bfloat61'\): unknown dtype name \(did you mean 'bfloat16'\?\)"),  # names are accepted (issue 14)
+    ({"save_dtype": torch.int32}, r"save_dtype=torch.int32\): not a floating dtype"),
     ({"keep_norm_fp32": "yes"}, r"keep_norm_fp32='yes'\): expected None, True or False"),
     ({"master_weight": 1}, r"master_weight=1\): expected True or False"),
     ({"master_grad": True, "optimizers": None}, r"master_grad=True\): float32 master gradients need"),

@@ -30,7 +30,7 @@ INVALID: list[dict[str, Any]] = [
     {"dynamic": "yes"},
     {"enabled": 1},
     {"raise_at_min_scale": True},
-    {"dtype": "float16"},
+    {"dtype": "float8"},  # names are accepted (issue 14); an unknown one is not
     {"dtype": torch.float64},
 ]
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+import ampcore
+
 from ampcore._cli import main
 from ampcore._cli_conformance import pytest_arguments
 from ampcore_conformance._context import UsageProblem, build_context
 from ampcore_conformance._manifest import Manifest, ManifestError, Tolerances, load_manifest
-from ampcore_conformance._reports import render_markdown
+from ampcore_conformance._reports import _speed_lines, summarize_speed, render_markdown
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -78,12 +80,20 @@ def test_markdown_summary_has_one_row_per_test() -> None:
             {"name": "test_a[float16]", "dtype": "float16", "outcome": "passed", "duration_s": 0.1, "message": None},
             {"name": "test_b", "dtype": None, "outcome": "failed", "duration_s": 0.2, "message": "x | y"},
         ],
-        "speed": {"float16": {"workload": "MLP", "fp32_ms": 2.0, "autocast_ms": 1.0, "speedup": 2.0}},
+        "speed": {"float16": {"workload": "MLP", **summarize_speed([0.002, 0.002, 0.002], [0.001, 0.001, 0.0009]),
+                              "fp32_peak_growth_mib": None, "autocast_peak_growth_mib": 1.5}},
     }  # fmt: skip
     text = render_markdown(report)
     assert "| `test_a[float16]` | float16 | passed | 0.100 |  |" in text
     assert "| `test_b` | - | failed | 0.200 | x \\| y |" in text
-    assert "ampcore-acme 1.2" in text and "`test_old`" in text and "| float16 | MLP | 2.000 | 1.000 | 2.00x |" in text
+    assert "ampcore-acme 1.2" in text and "`test_old`" in text and "| float16 | MLP | 2.000 [2.000-2.000] | 1.000 [0.900-1.000] | 2.00x [2.00-2.22x] | unavailable / 1.5 |" in text
+    assert "unreliable" not in text and "informative" in text
+
+
+def test_markdown_flags_a_speed_up_that_swings_between_rounds() -> None:
+    lines = "\n".join(_speed_lines({"bfloat16": {"workload": "MLP", **summarize_speed([0.004, 0.002], [0.0005, 0.004]),
+                                                "fp32_peak_growth_mib": 0.0, "autocast_peak_growth_mib": 0.0}}))
+    assert "0.50-8.00x] **unreliable" in lines
 
 
 def test_cli_builds_the_pytest_command(tmp_path: Path) -> None:
@@ -110,8 +120,41 @@ def test_unknown_backend_becomes_the_run_problem() -> None:
 
 def test_dtype_selection_is_checked_against_the_backend() -> None:
     assert build_context("cpu", ["bf16", "bfloat16"], Manifest(), None).dtypes == (torch.bfloat16,)
-    with pytest.raises(UsageProblem, match="not a floating torch dtype"):
+    with pytest.raises(UsageProblem, match="--ampcore-dtype int8: unknown dtype name; backend 'cpu' declares: bfloat16"):
         build_context("cpu", ["int8"], Manifest(), None)
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--backend", "tpu"], r"--backend tpu: unknown backend 'tpu' \(did you mean '[cnx]pu'\?\)\. Known backends: cpu"),
+        (["--backend", "cpu", "--dtype", "fp64"], r"--dtype fp64: backend 'cpu' does not declare float64; it declares: bfloat16 \(bf16\), float16 \(fp16, half\)$"),
+        (["--backend", "cpu", "--dtype", "float32"], r"--dtype float32: backend 'cpu' does not declare float32; it declares: bfloat16"),
+        (["--backend", "example", "--dtype", "fp16"], r"--dtype fp16: backend 'example' does not declare float16; it declares: bfloat16 \(bf16\)$"),
+        (["--backend", "cpu", "--dtype", "bfloat61"], r"--dtype bfloat61: unknown dtype name \(did you mean 'bfloat16'\?\); backend 'cpu' declares"),
+    ],
+)  # fmt: skip
+def test_cli_refuses_a_bad_selection_before_running_anything(
+    args: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(pytest, "main", lambda argv: ran.append(argv) or 0)
+    monkeypatch.chdir(tmp_path)
+    if args[1] == "example" and "example" not in {b.name for b in ampcore.list_backends()}:
+        pytest.skip("the example plugin is not installed")
+    assert main(["conformance", *args]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ampcore conformance: error: --"), err
+    assert re.search(expected, err.splitlines()[0].removeprefix("ampcore conformance: error: ")), err
+    assert "fp32" not in err or "float32" in args  # fp32 is never offered as valid by the cpu backend
+    assert ran == [] and list(tmp_path.iterdir()) == []  # no pytest run, no report folder
+
+
+def test_cli_runs_pytest_for_a_known_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+    monkeypatch.setattr(pytest, "main", lambda argv: ran.append(argv) or 0)
+    assert main(["conformance", "--backend", "cpu", "--dtype", "bf16", "--report-dir", str(tmp_path / "r")]) == 0
+    assert ran and ran[0][ran[0].index("--ampcore-dtype") + 1] == "bf16"
 
 
 def test_run_order_names_every_check_module() -> None:

@@ -166,6 +166,6 @@ def test_plain_pytest_and_dtype_selection(site: Path, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:]
     assert "test_dtype_hooks_answer[bfloat16] PASSED" in result.stdout and "[float16]" not in result.stdout
     bad = _run(site, *args, "--ampcore-dtype", "float64", cwd=tmp_path, module="pytest")
-    assert bad.returncode == 4 and "does not declare it; declared dtypes: bfloat16, float16" in bad.stderr
+    assert bad.returncode == 4 and "--ampcore-dtype float64: backend 'cpu' does not declare float64; it declares: bfloat16 (bf16), float16 (fp16, half)" in bad.stderr
     bare = _run(site, "--pyargs", "ampcore_conformance", cwd=tmp_path, module="pytest")
     assert bare.returncode != 0 and "-p ampcore_conformance.plugin" in bare.stdout + bare.stderr

@@ -1,0 +1,87 @@
+"""``tasks.py`` (the README's two commands): the torch spec carries pip options, set-up is
+skipped when nothing changed, and ``test`` ends with one summary of every stage."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ampcore_tasks", ROOT / "tasks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "ampcore_tasks", module)  # dataclasses look the module up
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "VENV", tmp_path / "venv")
+    monkeypatch.setattr(module, "STAMP", tmp_path / "venv" / "ampcore-setup.json")
+    monkeypatch.setattr(module, "PY", Path(sys.executable))
+    return module
+
+
+def test_torch_spec_carries_pip_options(tasks: ModuleType) -> None:
+    spec = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu --find-links '/my wheels'"
+    assert tasks.torch_args(spec) == [
+        "torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu", "--find-links", "/my wheels",
+    ]  # fmt: skip
+    assert tasks.torch_args("torch==2.13.0") == ["torch==2.13.0"]
+
+
+def test_setup_is_skipped_when_the_stamp_matches(tasks: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(tasks, "pip", lambda stage, *args: calls.append(args))
+    tasks.STAMP.parent.mkdir(parents=True)
+    tasks.STAMP.write_text(json.dumps({"key": tasks._setup_key(), "extras": ["test"]}))
+    tasks.setup(extras=())  # the demo needs less than what is there
+    tasks.setup(extras=("test",))
+    assert calls == []
+    tasks.STAMP.write_text(json.dumps({"key": tasks._setup_key(), "extras": []}))
+    assert not tasks._up_to_date(("test",))  # the demo's venv lacks the test extra
+    monkeypatch.setattr(tasks, "TORCH", "torch==2.12.0")
+    assert not tasks._up_to_date(())  # another torch spec: reinstall
+
+
+def test_the_demo_does_not_install_the_test_extra(tasks: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(tasks, "pip", lambda stage, *args: calls.append(tuple(map(str, args))))
+    monkeypatch.setattr(tasks, "_up_to_date", lambda extras: False)
+    monkeypatch.setattr(tasks.subprocess, "run", lambda *a, **k: type("Done", (), {"stdout": "2.13.0+cpu\n"})())
+    monkeypatch.setattr(tasks, "CONSTRAINTS", tasks.VENV / "constraints.txt")
+    tasks.VENV.mkdir()
+    tasks.setup(extras=())
+    assert calls[0] == ("torch==2.13.0",)
+    assert calls[1][-1] == str(ROOT) and not any("[test]" in arg for arg in calls[1])
+    assert tasks.CONSTRAINTS.read_text() == "torch==2.13.0+cpu\n"  # the rest keeps that exact build
+    assert json.loads(tasks.STAMP.read_text())["extras"] == []
+
+
+def test_pytest_collecting_nothing_is_a_failed_stage(tasks: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    stage = tasks.run_pytest([str(tmp_path / "empty"), "-p", "no:cacheprovider"])
+    assert not stage.ok and "no tests were collected" in stage.detail
+
+
+def test_summary_lists_every_stage_and_fails_on_any(tasks: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    stages = [
+        tasks.Stage("pytest", True, "649 passed, 3 skipped in 95.00s"),
+        tasks.Stage("conformance cpu-bfloat16", True, "120 passed"),
+        tasks.Stage("conformance example-all", False, "1 failed, 60 passed"),
+    ]
+    assert not tasks.summarize(stages, 0.0)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("FAILED: conformance example-all")
+    assert any("649 passed" in line and line.lstrip().startswith("ok") for line in out)
+    assert tasks.summarize(stages[:2], 0.0)
+    assert "all 2 stages passed" in capsys.readouterr().out
+
+
+def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
+    assert ("cpu", "bfloat16") in tasks.CONFORMANCE_RUNS and all(len(run) == 2 for run in tasks.CONFORMANCE_RUNS)
