@@ -14,6 +14,7 @@ import torch
 
 from ._backend import Backend, dtype_name
 from ._compile import constant_result, guard_mode, opaque
+from ._dtypes import parse_dtype
 from ._dispatch import Policy, has_native_autocast, policy_for, route
 from ._kernels import dispatch_key
 from ._recompute import install as install_recompute
@@ -60,7 +61,8 @@ class autocast:
     Args:
         device: ``"cuda"``, ``"cuda:1"``, a ``torch.device`` or ``None`` for the best
             available backend.
-        dtype: the low-precision dtype; ``None`` takes the backend's default.
+        dtype: the low-precision dtype (a ``torch.dtype`` or a name: ``"bfloat16"``,
+            ``"bf16"``, ``"float16"``, ``"half"``...); ``None`` takes the backend's default.
         level: the AMP level.
         enabled: ``False`` turns autocast off for this device type in the region (also
             inside an enclosing enabled region), as ``torch.autocast(enabled=False)``.
@@ -110,7 +112,7 @@ class autocast:
     def __init__(
         self,
         device: DeviceLike = None,
-        dtype: torch.dtype | None = None,
+        dtype: torch.dtype | str | None = None,
         level: str = "O1",
         enabled: bool = True,
         cache_enabled: bool | None = None,
@@ -125,8 +127,8 @@ class autocast:
             raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
         if cache_enabled is not None and not isinstance(cache_enabled, bool):
             raise AmpcoreError(f"{_CALL}(cache_enabled={cache_enabled!r}): expected True, False or None")
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise AmpcoreError(f"{_CALL}(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16")
+        if dtype is not None:
+            dtype = parse_dtype(dtype, _CALL)
         white = black = _EMPTY
         if custom_white_list is not None or custom_black_list is not None:
             white = canonical_ops(custom_white_list, _CALL, "custom_white_list")

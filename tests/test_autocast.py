@@ -211,7 +211,7 @@ def test_invalid_level_lists_valid_levels(level: object) -> None:
         ampcore.autocast(device="cpu", level=level)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"enabled": "yes"}, "enabled="), ({"dtype": "bf16"}, "expected a torch.dtype")])
+@pytest.mark.parametrize(("kwargs", "match"), [({"enabled": "yes"}, "enabled="), ({"dtype": "bf17"}, "dtype"), ({"dtype": 16}, "dtype")])
 def test_wrong_argument_types(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ampcore.AmpcoreError, match=match):
         ampcore.autocast(device="cpu", **kwargs)  # type: ignore[arg-type]
