@@ -14,6 +14,7 @@ import pluggy
 import torch
 
 from ._backend import Backend, dtype_name
+from ._dispatch import has_native_autocast
 from ._registry import get_manager
 from ._version import __version__
 
@@ -36,9 +37,11 @@ def _backend_info(backend: Backend) -> dict[str, Any]:
         "loss_scaling": [dtype_name(d) for d in backend.supported_dtypes if backend.needs_loss_scaling(d)],
         "device_name": None,
         "capability": {},
+        "autocast": None,
     }
     if reason is None:
         try:
+            entry["autocast"] = "native" if has_native_autocast(backend.device_type) else "ampcore"
             entry["device_name"] = backend.device_name(0)
             entry["capability"] = {
                 dtype_name(d): [f"{i.severity}: {i.message}" for i in backend.capability_issues(d, 0)]
@@ -101,7 +104,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], status))
     lines += _table(rows, width)
     lines += ["", "Backends:"]
-    rows = [("backend", "type", "available", "from", "dtypes", "device")]
+    rows = [("backend", "type", "available", "from", "dtypes", "autocast", "device")]
     capability = []
     for b in info["backends"]:
         available = "yes" if b["available"] else "no " + note(f"{b['name']}: {b['reason']}")
@@ -109,11 +112,23 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
             available += " " + note(f"{b['name']}: adapter error: {b['error']}")
         dtypes = [b["default_dtype"], *(d for d in b["dtypes"] if d != b["default_dtype"])]
         rows.append(
-            (b["name"], b["device_type"], available, b["distribution"] or b["plugin"], ",".join(dtypes), b["device_name"] or "-")
+            (
+                b["name"],
+                b["device_type"],
+                available,
+                b["distribution"] or b["plugin"],
+                ",".join(dtypes),
+                b.get("autocast") or "-",
+                b["device_name"] or "-",
+            )
         )
         for dtype, issues in b["capability"].items():
             capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
-    lines += [*_table(rows, width), "  (dtypes: the default first)"]
+    lines += [
+        *_table(rows, width),
+        "  (dtypes: the default first; autocast: 'native' = the device's own kernels, ampcore's",
+        "   only in customised regions; 'ampcore' = ampcore's kernels provide it, ~3 us per op)",
+    ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
     if capability:
