@@ -70,6 +70,9 @@ def collect_info() -> dict[str, Any]:
     }
 
 
+#: Short dtype names for the backend table (the JSON output keeps torch's names).
+_SHORT: Final = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
 #: The width the text output fits (``--wide`` lifts it).
 WIDTH: Final = 100
 
@@ -104,7 +107,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], status))
     lines += _table(rows, width)
     lines += ["", "Backends:"]
-    rows = [("backend", "type", "available", "from", "dtypes", "autocast", "device")]
+    rows = [("backend", "type", "avail", "from", "dtypes", "autocast", "device")]
     capability = []
     for b in info["backends"]:
         available = "yes" if b["available"] else "no " + note(f"{b['name']}: {b['reason']}")
@@ -117,7 +120,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
                 b["device_type"],
                 available,
                 b["distribution"] or b["plugin"],
-                ",".join(dtypes),
+                ",".join(_SHORT.get(d, d) for d in dtypes),
                 b.get("autocast") or "-",
                 b["device_name"] or "-",
             )
@@ -126,8 +129,9 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
             capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
     lines += [
         *_table(rows, width),
-        "  (dtypes: the default first; autocast: 'native' = the device's own kernels, ampcore's",
-        "   only in customised regions; 'ampcore' = ampcore's kernels provide it, ~3 us per op)",
+        "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
+        "   device's own kernels, ampcore's only in customised regions; 'ampcore' = ampcore's",
+        "   kernels provide it, ~3 us per op)",
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
