@@ -141,11 +141,19 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
 
 
 def _wrapped(items: Sequence[str], width: int | None, hanging: int) -> list[str]:
-    if width is None:
-        return ["  " + item for item in items]
+    """Each item indented under its number; a multi-line item (a plugin's traceback) keeps
+    its lines, indented, so that nothing it says starts at the left margin."""
     out: list[str] = []
+    indent = " " * (2 + hanging)
     for item in items:
-        out += textwrap.wrap(item, width, initial_indent="  ", subsequent_indent=" " * (2 + hanging), break_on_hyphens=False)
+        lines = [line.rstrip() for line in str(item).splitlines() if line.strip()] or [""]
+        if width is None:
+            out += ["  " + lines[0], *(indent + line.strip() for line in lines[1:])]
+            continue
+        first = textwrap.wrap(lines[0], width, initial_indent="  ", subsequent_indent=indent, break_on_hyphens=False)
+        out += first
+        for line in lines[1:]:
+            out += textwrap.wrap(line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
     return out
 
 

@@ -59,8 +59,25 @@ class PluginWarning(AmpcoreWarning):
 
 
 def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
-    """The names among ``choices`` closest to ``name`` (for "did you mean" hints)."""
-    return difflib.get_close_matches(name, sorted(set(choices)), n=n, cutoff=0.6)
+    """The names among ``choices`` closest to ``name`` (for "did you mean" hints).
+
+    Case is ignored when comparing (``"ADD"`` finds ``"add"``); an exact match in another
+    case comes first.
+
+    Example::
+
+        >>> closest("ADD", ["add", "addmm", "mm"])
+        ['add', 'addmm']
+    """
+    by_lower: dict[str, str] = {}
+    for choice in sorted(set(choices)):
+        by_lower.setdefault(choice.lower(), choice)
+    key = str(name).lower()
+    found = difflib.get_close_matches(key, list(by_lower), n=n, cutoff=0.6)
+    if key in by_lower and key in found:
+        found.remove(key)
+        found.insert(0, key)
+    return [by_lower[match] for match in found]
 
 
 def warn_at(

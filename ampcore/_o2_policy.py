@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 import torch
 from torch import nn
 
-from ._errors import AmpcoreError, PluginError
+from ._errors import AmpcoreError
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -52,17 +52,7 @@ DTYPE_DEPENDENT_NORMS: Final[tuple[type[nn.Module], ...]] = tuple(
 def default_keep_norm_fp32(backend: Backend, dtype: torch.dtype) -> bool:
     """Whether LayerNorm/GroupNorm/InstanceNorm/RMSNorm stay float32 for ``dtype`` on
     ``backend`` (adapter hook ``ampcore_keep_norm_fp32``; core default: float16 only)."""
-    hook = backend.hook("ampcore_keep_norm_fp32")
-    if hook is None:
-        return dtype == torch.float16
-    result = hook(dtype=dtype)
-    if not isinstance(result, bool):
-        raise PluginError(
-            backend.plugin_name,
-            f"ampcore_keep_norm_fp32(dtype={dtype}) returned {result!r}; expected True or False",
-            backend.distribution,
-        )
-    return result
+    return backend.keep_norm_fp32(dtype)
 
 
 @dataclass(eq=False)

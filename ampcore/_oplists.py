@@ -24,7 +24,7 @@ from typing import Any, Final
 import torch
 
 from ._backend import Backend, dtype_name
-from ._errors import AmpcoreError, PluginError
+from ._errors import AmpcoreError
 from ._levels import Level, check_level
 from ._oplist_data import CastPolicy, dispatch_key_of, native_table, table_name_of
 from ._oplist_names import canonical_ops, functional_overloads
@@ -193,23 +193,8 @@ def merge_custom(
 
 
 def _adjustments(backend: Backend, dtype: torch.dtype) -> dict[str, frozenset[str]]:
-    raw = backend.op_list_adjustments(dtype)
-    call = "ampcore_op_list_adjustments"
-    try:
-        adjusted = {key: canonical_ops(ops, call, key) for key, ops in raw.items() if ops}
-    except AmpcoreError as exc:
-        raise PluginError(backend.plugin_name, str(exc), backend.distribution) from None
-    seen: dict[str, str] = {}
-    for key, ops in adjusted.items():
-        for op in ops:
-            if op in seen:
-                raise PluginError(
-                    backend.plugin_name,
-                    f"ampcore_op_list_adjustments({dtype}) puts {op!r} under both {seen[op]!r} and {key!r}",
-                    backend.distribution,
-                )
-            seen[op] = key
-    return adjusted
+    """The adapter's adjustments (canonical names, validated when the plugin loaded)."""
+    return dict(backend.op_list_adjustments(dtype))
 
 
 def _black_action(native: CastPolicy | None) -> str:

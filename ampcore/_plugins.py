@@ -20,7 +20,7 @@ from typing import Final, Literal, final
 import pluggy
 
 from . import hookspec as _hookspec
-from ._backend import Backend
+from ._backend import Backend, origin
 from ._forklock import LOCK
 from ._errors import AmpcoreError, PluginError, PluginWarning, closest, warn_at
 
@@ -100,6 +100,23 @@ def _unknown_hooks(plugin: object) -> list[str]:
     return problems
 
 
+#: Values that cannot be plugins (``register_plugin(None)`` and the like).
+_NOT_PLUGINS: Final = (type(None), str, bytes, int, float, complex, list, tuple, dict, set, frozenset)
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """One line saying why a plugin failed to load."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}): the plugin called sys.exit() or exit() while loading"
+    if isinstance(exc, PluginError):
+        return str(exc).split(": ", 1)[-1]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _origin_of_entry_point(distribution: str | None) -> str:
+    return f'distribution "{distribution}"' if distribution else "no distribution"
+
+
 @final
 class PluginManager:
     """Loads adapter plugins and owns the backends they describe.
@@ -124,12 +141,21 @@ class PluginManager:
         environ: Mapping[str, str] | None = None,
         entry_points: Callable[[], Iterable[importlib.metadata.EntryPoint]] | None = None,
     ) -> None:
+        if environ is not None and not isinstance(environ, Mapping):
+            raise AmpcoreError(
+                f"PluginManager(environ={environ!r}): expected a mapping of environment variables "
+                "such as os.environ or {'AMPCORE_PLUGINS': 'cpu'}, or None for os.environ"
+            )
+        if entry_points is not None and not callable(entry_points):
+            raise AmpcoreError(
+                f"PluginManager(entry_points={entry_points!r}): expected a callable returning entry "
+                "points, or None for the installed ones"
+            )
         self._environ = os.environ if environ is None else environ
         self._entry_points = entry_points or (
             lambda: importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         )
-        self._pm = pluggy.PluginManager(_hookspec.PROJECT_NAME)
-        self._pm.add_hookspecs(_hookspec)
+        self._pm = self._new_pluggy()
         self._lock = LOCK  # a fork never interrupts plugin loading (see ampcore._forklock)
         self._loaded = False
         self._infos: dict[str, PluginInfo] = {}
@@ -143,63 +169,82 @@ class PluginManager:
         return self._environ.get(ENV_STRICT, "").strip().lower() in _TRUE
 
     # -- loading -------------------------------------------------------------------------
+    @staticmethod
+    def _new_pluggy() -> pluggy.PluginManager:
+        pm = pluggy.PluginManager(_hookspec.PROJECT_NAME)
+        pm.add_hookspecs(_hookspec)
+        return pm
+
     def load_entry_points(self) -> None:
-        """Load every entry point of group ``ampcore`` once, honouring the env controls."""
+        """Load every entry point of group ``ampcore`` once, honouring the env controls.
+
+        All or nothing: when loading stops half-way (strict mode raising, a
+        ``KeyboardInterrupt``), everything this attempt registered is dropped and the next
+        call starts again, so it raises the same error again instead of reporting that no
+        plugin is loaded.
+        """
         with self._lock:
             if self._loaded:
                 return
+            infos, claims = dict(self._infos), {name: list(b) for name, b in self._claims.items()}
+            try:
+                self._load_all()
+            except BaseException:
+                # Only reachable before anything else was registered (register() loads first).
+                self._pm, self._infos, self._claims = self._new_pluggy(), infos, claims
+                raise
             self._loaded = True
-            disabled = self._environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in _TRUE
-            allow = _env_list(self._environ, ENV_PLUGINS)
-            block = set(_env_list(self._environ, ENV_BLOCK))
-            seen: set[tuple[str, str]] = set()
-            names: set[str] = set()
-            known: set[str | None] = set()
-            for ep in self._entry_points():
-                dist = ep.dist.name if ep.dist is not None else None
-                version = ep.dist.version if ep.dist is not None else None
-                if (ep.name, ep.value) in seen:  # the same distribution found twice on sys.path
-                    continue
-                seen.add((ep.name, ep.value))
-                names.add(ep.name)
-                keys = {ep.name, dist}
-                known |= keys
-                info = PluginInfo(ep.name, dist, version, "entry-point", "loaded")
-                self._infos[ep.name] = info
-                if keys & block:
-                    info.status, info.error = "blocked", f"blocked by {ENV_BLOCK}"
-                    self._pm.set_blocked(ep.name)
-                elif allow and not keys & set(allow):
-                    info.status, info.error = "not-allowed", f"not listed in {ENV_PLUGINS}"
-                elif disabled and not allow:
-                    info.status, info.error = "disabled", f"{ENV_DISABLE_AUTOLOAD} is set"
-                else:
-                    self._load_one(ep, info)
-            missing = [name for name in allow if name not in known]
-            if missing:
-                warn_at(
-                    f"{ENV_PLUGINS} names {missing}, but no such plugin is installed; "
-                    f"installed plugins: {sorted(names) or 'none'}",
-                    PluginWarning,
-                    None,
-                )
             self.generation += 1
+
+    def _load_all(self) -> None:
+        disabled = self._environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in _TRUE
+        allow = _env_list(self._environ, ENV_PLUGINS)
+        block = set(_env_list(self._environ, ENV_BLOCK))
+        seen: set[tuple[str, str]] = set()
+        names: set[str] = set()
+        known: set[str | None] = set()
+        for ep in self._entry_points():
+            dist = ep.dist.name if ep.dist is not None else None
+            version = ep.dist.version if ep.dist is not None else None
+            if (ep.name, ep.value) in seen:  # the same distribution found twice on sys.path
+                continue
+            seen.add((ep.name, ep.value))
+            names.add(ep.name)
+            keys = {ep.name, dist}
+            known |= keys
+            info = PluginInfo(ep.name, dist, version, "entry-point", "loaded")
+            self._infos[ep.name] = info
+            if keys & block:
+                info.status, info.error = "blocked", f"blocked by {ENV_BLOCK}"
+                self._pm.set_blocked(ep.name)
+            elif allow and not keys & set(allow):
+                info.status, info.error = "not-allowed", f"not listed in {ENV_PLUGINS}"
+            elif disabled and not allow:
+                info.status, info.error = "disabled", f"{ENV_DISABLE_AUTOLOAD} is set"
+            else:
+                self._load_one(ep, info)
+        missing = [name for name in allow if name not in known]
+        if missing:
+            warn_at(
+                f"{ENV_PLUGINS} names {missing}, but no such plugin is installed; "
+                f"installed plugins: {sorted(names) or 'none'}",
+                PluginWarning,
+                None,
+            )
 
     def _load_one(self, ep: importlib.metadata.EntryPoint, info: PluginInfo) -> None:
         try:
             plugin = ep.load()
             backend = self._register(plugin, ep.name, info.distribution, info.version)
-        except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
-            if isinstance(exc, PluginError):
-                message = str(exc).split(": ", 1)[-1]
+        except (Exception, SystemExit) as exc:  # a plugin calling exit() must not end the program
+            message = _describe_failure(exc)
             info.status, info.error = "failed", message
             if self._pm.get_plugin(ep.name) is not None:
                 self._pm.unregister(name=ep.name)
             self._pm.set_blocked(ep.name)
             text = (
-                f'Error loading ampcore plugin "{ep.name}" (distribution '
-                f'"{info.distribution}", entry point "{ep.value}"): {message}; the plugin was skipped'
+                f'Error loading ampcore plugin "{ep.name}" ({_origin_of_entry_point(info.distribution)}, '
+                f'entry point "{ep.value}"): {message}; the plugin was skipped'
             )
             if self.strict:
                 raise PluginError(ep.name, message, info.distribution) from exc
@@ -208,7 +253,22 @@ class PluginManager:
         info.backend = backend.name
         self._add_claim(backend)
 
+    def _mark_broken(self, name: str, message: str) -> None:
+        """A lazily called hook of plugin ``name`` broke the contract: report it as failed."""
+        info = self._infos.get(name)
+        if info is not None:
+            info.status, info.error = "failed", message
+        self.generation += 1
+        warn_at(f'ampcore plugin "{name}" broke the adapter contract: {message}', PluginWarning, None)
+
     def _register(self, plugin: object, name: str, distribution: str | None, version: str | None) -> Backend:
+        if isinstance(plugin, _NOT_PLUGINS):
+            raise PluginError(
+                name,
+                f"expected a module or an object with @ampcore.hookimpl functions "
+                f"({', '.join(_hookspec.REQUIRED_HOOKS)}), got {type(plugin).__name__} {plugin!r}",
+                distribution,
+            )
         unknown = _unknown_hooks(plugin)
         if unknown:
             raise PluginError(
@@ -229,8 +289,10 @@ class PluginManager:
         except pluggy.PluginValidationError as exc:
             raise PluginError(name, str(exc), distribution) from exc
         try:
-            return Backend(self._pm, plugin, name, distribution, version)
-        except Exception:
+            return Backend(
+                self._pm, plugin, name, distribution, version, on_broken=lambda message: self._mark_broken(name, message)
+            )
+        except BaseException:
             self._pm.unregister(plugin)
             raise
 
@@ -244,9 +306,18 @@ class PluginManager:
     def register(self, plugin: object, name: str | None = None) -> Backend:
         """Register an adapter object or module in process; raise :class:`PluginError` if it
         breaks the contract.  Returns the backend it describes."""
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise AmpcoreError(f"register_plugin(name={name!r}): expected a non-empty str, or None for the plugin's __name__")
+        if isinstance(plugin, _NOT_PLUGINS):
+            raise PluginError(
+                repr(plugin),
+                f"register_plugin({plugin!r}): expected a module or an object with @ampcore.hookimpl "
+                f"functions ({', '.join(_hookspec.REQUIRED_HOOKS)}), got {type(plugin).__name__}",
+            )
         self.load_entry_points()
         with self._lock:
-            name = name or getattr(plugin, "__name__", None) or f"plugin-{id(plugin):x}"
+            default = getattr(plugin, "__name__", None)
+            name = name or (default if isinstance(default, str) and default else None) or f"plugin-{id(plugin):x}"
             if name in self._infos and self._infos[name].status not in ("failed",):
                 raise PluginError(name, "a plugin of this name is already registered; unregister it first")
             backend = self._register(plugin, name, None, None)
@@ -258,7 +329,7 @@ class PluginManager:
     def unregister(self, name: str) -> None:
         """Remove a plugin registered under ``name`` (in process or from an entry point)."""
         with self._lock:
-            info = self._infos.pop(name, None)
+            info = self._infos.pop(name, None) if isinstance(name, str) else None
             if info is None:
                 raise AmpcoreError(f"unregister_plugin({name!r}): no such plugin; registered: {sorted(self._infos)}")
             if self._pm.get_plugin(name) is not None:
@@ -320,10 +391,10 @@ class PluginManager:
                 info.status, info.error = "loaded", None
             else:
                 info.status = "overridden"
-                info.error = f'overridden by plugin "{winner.plugin_name}" ({winner.distribution})'
+                info.error = f'overridden by plugin "{winner.plugin_name}" ({origin(winner.distribution)})'
 
     def _conflict_error(self, name: str) -> AmpcoreError:
-        who = ", ".join(f'plugin "{b.plugin_name}" from distribution "{b.distribution}"' for b in self._claims[name])
+        who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in self._claims[name])
         return AmpcoreError(
             f'backend "{name}" is claimed by more than one plugin: {who}. Uninstall one, block one '
             f"with {ENV_BLOCK}=<plugin>, or have exactly one declare ampcore_backend_overrides() -> True"

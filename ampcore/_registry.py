@@ -151,7 +151,31 @@ def _lookup(manager: PluginManager, name: str, device: DeviceLike) -> Backend:
         f"device={device!r}: unknown backend {name!r}"
         + (f" (did you mean {hint[0]!r}?)" if hint else "")
         + f". Known backends: {_describe(manager)}"
+        + _not_loaded(manager, name)
     )
+
+
+#: Why a plugin that was found is not loaded, and what to do about it.
+_REMEDY = {
+    "disabled": "{env_disable} is set; set AMPCORE_PLUGINS={name} to load it anyway",
+    "not-allowed": "it is not listed in AMPCORE_PLUGINS; add {name} there",
+    "blocked": "it is blocked by AMPCORE_BLOCK_PLUGINS; remove {name} there",
+}
+
+
+def _not_loaded(manager: PluginManager, name: str) -> str:
+    """A sentence on plugins that were found but not loaded (the likely reason a backend
+    is unknown): the one named like the backend, else all of them."""
+    from ._plugins import ENV_DISABLE_AUTOLOAD
+
+    idle = [p for p in manager.plugins() if p.status in (*_REMEDY, "failed")]
+    same = [p for p in idle if p.name == name]
+    parts = []
+    for plugin in same or idle:
+        remedy = _REMEDY.get(plugin.status)
+        why = f"it failed to load: {plugin.error}" if remedy is None else remedy.format(env_disable=ENV_DISABLE_AUTOLOAD, name=plugin.name)
+        parts.append(f"plugin {plugin.name!r} is not loaded: {why}")
+    return ("; " + "; ".join(parts)) if parts else ""
 
 
 def _best(manager: PluginManager) -> Backend:
