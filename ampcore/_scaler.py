@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, TypeVar
@@ -36,6 +35,17 @@ class LossScaleAtMinimumError(AmpcoreError):
     Raised by :meth:`GradScaler.update` when the scaler was built with
     ``raise_at_min_scale=True``: training on would skip every step without learning.
     """
+
+
+def _check_optimizer(call: str, optimizer: object) -> None:
+    """Refuse what is no optimizer (a model, None) before anything is recorded."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list) or not callable(getattr(optimizer, "step", None)):
+        hint = "; pass the optimizer, not the model" if isinstance(optimizer, torch.nn.Module) else ""
+        raise AmpcoreError(
+            f"{_CALL}.{call}(optimizer={type(optimizer).__name__}): expected a torch.optim.Optimizer "
+            f"(an object with param_groups and step()){hint}"
+        )
 
 
 class _Stage(Enum):
@@ -171,7 +181,8 @@ class GradScaler(PaddleScalerMethods):
             )
         self._process_group = process_group
         self._sync_found_inf = sync_found_inf
-        self._records: defaultdict[int, _OptimizerRecord] = defaultdict(_OptimizerRecord)
+        #: per optimizer (by id), only once a call on it succeeded: a refused call leaves none
+        self._records: dict[int, _OptimizerRecord] = {}
         self._iteration_started = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -251,9 +262,10 @@ class GradScaler(PaddleScalerMethods):
             AmpcoreError (a RuntimeError): unscale_ twice for an optimizer, or after
             :meth:`step`, before the iteration's update; float16 gradients.
         """
+        _check_optimizer("unscale_", optimizer)
         if not self._active:
             return
-        record = self._records[id(optimizer)]
+        record = self._records.get(id(optimizer)) or _OptimizerRecord()
         if record.stage is _Stage.UNSCALED:
             raise AmpcoreError("unscale_() has already been called on this optimizer since the last update().")
         if record.stage is _Stage.STEPPED:
@@ -262,6 +274,7 @@ class GradScaler(PaddleScalerMethods):
         inv_scale = self._kernels.inv_scale(scale) if self._scaling else torch.ones_like(scale)
         record.found_inf = self._unscale_grads_(optimizer, inv_scale, allow_fp16=not self._scaling)
         record.stage = _Stage.UNSCALED
+        self._records[id(optimizer)] = record
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
         """Unscale (unless :meth:`unscale_` ran) and call ``optimizer.step(*args, **kwargs)``
@@ -274,11 +287,12 @@ class GradScaler(PaddleScalerMethods):
         Raises:
             AmpcoreError (a RuntimeError): step twice before update, a ``closure``.
         """
+        _check_optimizer("step", optimizer)
         if not self._active:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise AmpcoreError("Closure use is not currently supported if GradScaler is enabled.")
-        record = self._records[id(optimizer)]
+        record = self._records.get(id(optimizer)) or _OptimizerRecord()
         if record.stage is _Stage.STEPPED:
             raise AmpcoreError("step() has already been called since the last update().")
         scale = self._require_scale("step")
@@ -286,6 +300,7 @@ class GradScaler(PaddleScalerMethods):
             return self._fused_step(optimizer, record, scale, args, kwargs)
         if record.stage is _Stage.READY:
             self.unscale_(optimizer)
+            record = self._records[id(optimizer)]
         found_inf = record.found_inf
         result = None if found_inf is None or found_inf.item() else optimizer.step(*args, **kwargs)
         record.stage = _Stage.STEPPED
@@ -318,6 +333,7 @@ class GradScaler(PaddleScalerMethods):
             del optimizer.grad_scale  # type: ignore[attr-defined]
             del optimizer.found_inf  # type: ignore[attr-defined]
         record.stage = _Stage.STEPPED
+        self._records[id(optimizer)] = record
         return result
 
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
@@ -325,7 +341,9 @@ class GradScaler(PaddleScalerMethods):
         or set it to ``new_scale``.  No host sync (except with ``raise_at_min_scale=True``).
 
         A float ``new_scale`` outside ``[min_scale, max_scale]`` raises; a tensor is copied
-        and clamped into the bounds on the device (checking it would cost a host sync).
+        and clamped into the bounds on the device (checking it would cost a host sync).  A
+        tensor holding nan, zero, a negative value or ``+inf`` without ``max_scale`` is
+        ignored: the scale stays as it was.
 
         Raises:
             AmpcoreError (a RuntimeError): no :meth:`step`/:meth:`unscale_` this iteration;
@@ -369,9 +387,13 @@ class GradScaler(PaddleScalerMethods):
                     f"{_CALL}.update(new_scale=...): expected a float or a one-element floating tensor "
                     f"with requires_grad=False, got shape {tuple(new_scale.shape)}, dtype {new_scale.dtype}"
                 )
-            scale.copy_(new_scale.detach().reshape(()).to(scale.device, non_blocking=True))
+            # No host sync to check it: on the device, a nan, zero or negative value (or +inf
+            # without max_scale) is ignored, anything else clamped into the bounds.
+            candidate = new_scale.detach().reshape(()).to(scale.device, torch.float32, non_blocking=True)
+            clamped = candidate
             if self._options.min_scale is not None or self._options.max_scale is not None:
-                scale.clamp_(min=self._options.min_scale, max=self._options.max_scale)
+                clamped = candidate.clamp(min=self._options.min_scale, max=self._options.max_scale)
+            scale.copy_(torch.where((candidate > 0) & torch.isfinite(clamped), clamped, scale))
             return
         value = check_number(f"{_CALL}.update", "new_scale", new_scale)
         if value is None or value <= 0.0 or not self._options.in_bounds(value):
