@@ -160,17 +160,27 @@ class OptimizerCheckpointHooks:
 
     def load_pre(self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
         saved = state_dict.pop(STATE_KEY, None)
+        if saved is not None and not isinstance(saved, Mapping):
+            raise AmpcoreError(
+                f"{type(optimizer).__name__}.load_state_dict(): {STATE_KEY!r} is a {type(saved).__name__} "
+                f"({_short(saved)}); expected a dict of parameter index -> fp32 master weight tensor, as "
+                "the decorated optimizer's state_dict() saves it; nothing was loaded"
+            )
         pending = []
         for index, weight in self._indexed(state_dict.get("param_groups", ()) if saved is not None else ()):
             value = saved.get(index)  # type: ignore[union-attr]
             if value is None:
                 continue
-            if not isinstance(value, torch.Tensor) or value.shape != weight.shape:
-                shape = getattr(value, "shape", type(value).__name__)
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise AmpcoreError(
+                    f"{type(optimizer).__name__}.load_state_dict(): master weight {index} is "
+                    f"{_short(value)}; expected a floating tensor of shape {tuple(weight.shape)}; nothing was loaded"
+                )
+            if value.shape != weight.shape:
                 raise AmpcoreError(
                     f"{type(optimizer).__name__}.load_state_dict(): master weight {index} has shape "
-                    f"{tuple(shape) if isinstance(shape, torch.Size) else shape}, but the parameter it "
-                    f"belongs to has shape {tuple(weight.shape)}; nothing was loaded"
+                    f"{tuple(value.shape)}, but the parameter it belongs to has shape {tuple(weight.shape)}; "
+                    "nothing was loaded"
                 )
             pending.append((weight, value))
         self._pending = pending  # applied once torch has accepted the rest of the dict
@@ -187,3 +197,11 @@ class OptimizerCheckpointHooks:
             weights.refresh()
         for pair in weights.pairs:
             pair.seen_grad = None
+
+
+def _short(value: object) -> str:
+    """A value as an error message shows it: a tensor by dtype and shape, else a short repr."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -18,12 +18,35 @@ from typing import Any, TypeVar, overload
 import torch
 from torch.amp.autocast_mode import _cast
 
-from ._registry import DeviceLike, resolve_device
+from ._dtypes import parse_dtype
+from ._errors import AmpcoreError
+from ._registry import DeviceLike, _parse, resolve_device
 from ._state import RegionSpec, current_region
 
 __all__ = ["custom_bwd", "custom_fwd"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _check_device(device: object, call: str) -> None:
+    """Check the form of ``device`` when decorating (it is resolved at call time, when the
+    plugins it names are loaded)."""
+    if device is None:
+        return
+    try:
+        name, _ = _parse(device)  # type: ignore[arg-type]
+    except AmpcoreError as exc:
+        raise AmpcoreError(f"{call}(device={device!r}): {str(exc).split(': ', 1)[-1]}") from None
+    if not name:
+        raise AmpcoreError(f"{call}(device={device!r}): expected a backend name such as 'cuda' or 'cpu', or None")
+
+
+def _check_function(function: object, call: str, param: str) -> None:
+    if not callable(function):
+        raise AmpcoreError(
+            f"{call}({param}={function!r}): expected the {'forward' if param == 'fwd' else 'backward'} of a "
+            "torch.autograd.Function (use it as a decorator)"
+        )
 
 
 def _device_type(device: DeviceLike) -> tuple[str, RegionSpec | None]:
@@ -51,17 +74,17 @@ def _region(frame: RegionSpec) -> AbstractContextManager[Any]:
 
 
 @overload
-def custom_fwd(fwd: F, *, device: DeviceLike = None, cast_inputs: torch.dtype | None = None) -> F: ...
+def custom_fwd(fwd: F, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None) -> F: ...
 
 
 @overload
 def custom_fwd(
-    fwd: None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | None = None
+    fwd: None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None
 ) -> Callable[[F], F]: ...
 
 
 def custom_fwd(
-    fwd: F | None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | None = None
+    fwd: F | None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None
 ) -> F | Callable[[F], F]:
     """Decorate the ``forward`` of a custom ``torch.autograd.Function`` (as
     ``torch.amp.custom_fwd``, with the device found by ampcore).
@@ -70,9 +93,14 @@ def custom_fwd(
         fwd: the forward (the decorator works with and without parentheses).
         device: the backend; ``None`` takes the innermost active ampcore region's, else the
             best available backend.
-        cast_inputs: if given and autocast is on, the floating tensors of the device type
-            are cast to it and the forward runs with autocast off; if ``None``, the forward
-            runs under the current autocast state and lists.
+        cast_inputs: a floating dtype (``torch.float32`` or a name such as ``"float32"``,
+            ``"fp32"``, ``"bf16"``): if autocast is on, the floating tensors of the device
+            type are cast to it and the forward runs with autocast off; if ``None``, the
+            forward runs under the current autocast state and lists.
+
+    Raises:
+        AmpcoreError: when decorating: ``cast_inputs`` that is no floating dtype (e.g.
+            ``torch.int8``), a malformed ``device``, a ``fwd`` that is not callable.
 
     Example::
 
@@ -92,8 +120,13 @@ def custom_fwd(
         ...     Square.apply(torch.randn(4, 4)).dtype
         torch.float32
     """
+    call = "ampcore.custom_fwd"
+    _check_device(device, call)
+    if cast_inputs is not None:
+        cast_inputs = parse_dtype(cast_inputs, call, "cast_inputs")
     if fwd is None:
         return functools.partial(custom_fwd, device=device, cast_inputs=cast_inputs)  # type: ignore[return-value]
+    _check_function(fwd, call, "fwd")
 
     @functools.wraps(fwd)
     def decorate_fwd(*args: Any, **kwargs: Any) -> Any:
@@ -153,8 +186,10 @@ def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callab
         >>> y.sum().backward(); x.grad
         tensor([2., 2.])
     """
+    _check_device(device, "ampcore.custom_bwd")
     if bwd is None:
         return functools.partial(custom_bwd, device=device)  # type: ignore[return-value]
+    _check_function(bwd, "ampcore.custom_bwd", "bwd")
 
     @functools.wraps(bwd)
     def decorate_bwd(*args: Any, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpo
 from ._dtypes import parse_dtype
 from ._errors import AmpcoreError
 from ._levels import check_level
-from ._master import MasterPair, MasterWeights, master_weights_of
+from ._master import MasterPair, MasterWeights, master_of, master_weights_of
 from ._o2_policy import CastInputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
 from ._registry import DeviceLike, ResolvedDevice, resolve_device
 
@@ -313,6 +313,14 @@ def _check_optimizers(models: list[nn.Module], optimizers: list[torch.optim.Opti
                 "pass every model whose parameters the optimizer updates"
             )
         for p in params:
+            earlier = master_of(p)
+            if earlier is not None:
+                raise AmpcoreError(
+                    f"{_CALL}({name}): a parameter of shape {tuple(p.shape)} already has an fp32 master "
+                    f"weight, in the {type(earlier.optimizer).__name__} of an earlier decorate call (the "
+                    "models share it); a parameter can have one master, in one optimizer: decorate the "
+                    "models sharing parameters in one decorate call, with every parameter in one optimizer"
+                )
             other = holder.setdefault(id(p), index)
             if other != index:
                 raise AmpcoreError(

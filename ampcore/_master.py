@@ -30,13 +30,19 @@ from typing import Any, Final
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ._errors import AmpcoreError
 from ._master_sgd import fused_sgd_applies, fused_sgd_update
 
-__all__ = ["MasterPair", "MasterWeights", "master_weights_of"]
+__all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
 _ATTR: Final = "_ampcore_master_weights"
+
+#: low-precision model parameter -> the MasterWeights holding its master.  Process-wide as
+#: parameters are: two models may share a parameter, and the second decorate call must see
+#: that the first gave it a master (weak: it does not keep parameters alive).
+_MASTER_HOLDERS: Final = WeakIdKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -51,6 +57,12 @@ class MasterPair:
     #: The model gradient the master's gradient was last copied from, and its version.
     seen_grad: weakref.ReferenceType[torch.Tensor] | None = field(default=None, repr=False)
     seen_grad_version: int = 0
+
+
+def master_of(param: torch.Tensor) -> MasterWeights | None:
+    """The :class:`MasterWeights` (of some decorated optimizer) that holds ``param``'s master."""
+    found = _MASTER_HOLDERS.get(param)
+    return found if isinstance(found, MasterWeights) else None
 
 
 def master_weights_of(optimizer: object) -> MasterWeights | None:
@@ -138,6 +150,8 @@ class MasterWeights:
             for pair in self.pairs:
                 pair.master.grad_dtype = None  # type: ignore[attr-defined]
         optimizer.__dict__[_ATTR] = self
+        for pair in self.pairs:
+            _MASTER_HOLDERS[pair.model] = self
         optimizer.step = MethodType(_step_function(self._inner_step), optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = MethodType(_zero_grad, optimizer)  # type: ignore[method-assign]
         self.record_versions()
