@@ -33,6 +33,7 @@ __all__ = [
     "generated_overloads",
     "is_composite",
     "is_functional",
+    "lookup_op",
     "overload_name",
 ]
 
@@ -198,6 +199,58 @@ def generated_overloads() -> tuple[str, ...]:
         )
 
 
+def _unknown_op(name: str, base: str, where: str) -> AmpcoreError:
+    hints = closest(base, [*_dispatcher_schemas(), *PADDLE_ALIASES])
+    return AmpcoreError(
+        f"{where}: unknown op {name!r}"
+        + (f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else "")
+        + " Op names are ATen operator names (e.g. 'mm', 'linear', 'add', 'softmax') or "
+        "Paddle aliases (e.g. 'elementwise_add', 'matmul_v2'); see docs/op-lists.md"
+    )
+
+
+def _overload_of(name: str, base: str, where: str) -> str | None:
+    """The overload ``name`` names (``"add.Tensor"``; ``"mm.default"`` -> ``"mm"``), checked
+    to exist, or None when it names the whole operator."""
+    suffix = name.removeprefix("aten::").partition(".")[2]
+    if not suffix:
+        return None
+    overload = overload_name(base, "" if suffix == "default" else suffix)
+    known = [overload_name(base, s.overload_name) for s in _dispatcher_schemas()[base]]
+    if overload not in known:
+        castable = functional_overloads(base)
+        shown = [o if "." in o else f"{o}.default" for o in castable]
+        hint = closest(f"{base}.{suffix}", shown, n=1)
+        raise AmpcoreError(
+            f"{where}: unknown overload {name!r} of op {base!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; its castable overloads: {', '.join(repr(o) for o in shown) or 'none'}, or {base!r} for all of them"
+        )
+    return overload
+
+
+def lookup_op(name: object, where: str) -> tuple[str, str | None]:
+    """Validate an op name to look up (an ATen name, ``"aten::"`` prefix, Paddle alias, or
+    one overload such as ``"add.Tensor"``): its canonical base name and the overload, if one
+    is named.  Unlike :func:`canonical_op` it accepts ops that are never cast (``add_``).
+
+    Example::
+
+        >>> lookup_op("elementwise_add", "demo"), lookup_op("add.Tensor", "demo")
+        (('add', None), ('add', 'add.Tensor'))
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise AmpcoreError(f"{where}: expected an op name such as 'mm' or 'add.Tensor', got {name!r}")
+    name = name.strip()
+    base = name.removeprefix("aten::").partition(".")[0]
+    schemas = _dispatcher_schemas()
+    if base not in schemas:
+        base = PADDLE_ALIASES.get(base, base)
+    if base not in schemas:
+        raise _unknown_op(name, base, where)
+    return base, _overload_of(name, base, where)
+
+
 def canonical_op(name: object, call: str = "ampcore.autocast", param: str = "custom_white_list") -> str:
     """Validate one op name (ATen or Paddle alias) and return its canonical ATen name.
 
@@ -216,12 +269,13 @@ def canonical_op(name: object, call: str = "ampcore.autocast", param: str = "cus
     if base not in schemas:
         base = PADDLE_ALIASES.get(base, base)
     if base not in schemas:
-        hints = closest(base, [*schemas, *PADDLE_ALIASES])
+        raise _unknown_op(name, base, f"{call}({param}=...)")
+    overload = _overload_of(name, base, f"{call}({param}=...)")
+    if overload is not None and overload not in functional_overloads(base):
         raise AmpcoreError(
-            f"{call}({param}=...): unknown op {name!r}"
-            + (f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else "")
-            + " Op names are ATen operator names (e.g. 'mm', 'linear', 'add', 'softmax') or "
-            "Paddle aliases (e.g. 'elementwise_add', 'matmul_v2'); see docs/op-lists.md"
+            f"{call}({param}=...): overload {name!r} cannot be given a precision: it is an in-place, "
+            f"out= or view overload; list {base!r} (its castable overloads: "
+            f"{', '.join(repr(o) for o in functional_overloads(base)) or 'none'})"
         )
     if not functional_overloads(base):
         hint = ""

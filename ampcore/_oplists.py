@@ -27,7 +27,7 @@ from ._backend import Backend, dtype_name
 from ._errors import AmpcoreError
 from ._levels import Level, check_level
 from ._oplist_data import CastPolicy, dispatch_key_of, native_table, table_name_of
-from ._oplist_names import canonical_ops, functional_overloads
+from ._oplist_names import canonical_ops, functional_overloads, lookup_op
 from ._registry import DeviceLike, get_backend
 
 __all__ = [
@@ -72,6 +72,16 @@ _LEVEL_ACTIONS: Final[Mapping[str, Mapping[CastPolicy, str]]] = {
         "banned": BANNED,
     }
     for level, promote in (("OD", FP32), ("O1", PROMOTE), ("O2", LOW))
+}
+
+#: The list an overload's action puts it in (see :meth:`OpLists.category`).
+_CATEGORY_OF: Final[Mapping[str, str]] = {
+    LOW: "white",
+    FP32: "black",
+    FP32_SET_OPT_DTYPE: "black",
+    FP32_APPEND_DTYPE: "black",
+    PROMOTE: "promote",
+    BANNED: "banned",
 }
 
 #: What an op in no list does, per level.
@@ -137,9 +147,18 @@ class OpLists:
         return self.overloads.get(overload, self.default_action)
 
     def category(self, op: str) -> str:
-        """``"white"``, ``"black"``, ``"promote"``, ``"banned"`` or :attr:`unlisted` for op name ``op``."""
+        """``"white"``, ``"black"``, ``"promote"``, ``"banned"`` or :attr:`unlisted` for op name
+        ``op`` (an ATen name, a Paddle alias, or one overload such as ``"add.Tensor"``).
+
+        Raises :class:`ampcore.AmpcoreError` for an unknown op or overload, naming the
+        closest valid names.
+        """
+        base, overload = lookup_op(op, f"OpLists.category({op!r})")
+        if overload is not None:
+            action = self.overloads.get(overload)
+            return self.unlisted if action is None or action == FOLLOW else _CATEGORY_OF[action]
         for name in ("white", "black", "promote", "banned"):
-            if op in getattr(self, name):
+            if base in getattr(self, name):
                 return name
         return self.unlisted
 

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map_only
 
 from .._autocast import autocast
 from .._backend import dtype_name
@@ -249,6 +250,9 @@ def _infer_device(inputs: Any, model: nn.Module) -> torch.device | None:
 
 
 def _run(model: nn.Module, label: str, inputs: Any, recorder: _Recorder, per_op: bool, comparing: bool) -> None:
+    # each run gets its own copy: a forward that changes its input in place must neither
+    # feed the second run a changed input nor change the caller's
+    inputs = tree_map_only(torch.Tensor, torch.Tensor.clone, inputs)
     args, kwargs = _call_args(inputs)
     recorder.start(comparing)
     tracker = ModuleTracker(root_label=label, on_forward_end=recorder.module_end)
@@ -272,6 +276,8 @@ def compare_accuracy(
 ) -> AccuracyReport:
     """Run one batch in float32 and under AMP and rank the modules by relative error.
 
+    Each run gets its own copy of ``inputs`` (a forward that changes its input in place
+    changes neither the other run's nor the caller's).
     Both runs use ``torch.no_grad()`` and the model as given: its train/eval mode is not
     changed (a model in train mode draws other dropout masks in each run and updates
     batch-norm statistics twice: a warning says so; call ``model.eval()`` first).  The

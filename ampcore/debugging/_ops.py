@@ -112,12 +112,13 @@ class ObservingMode(TorchDispatchMode):
         """Look at one op call; the base class does nothing."""
 
 
-def _known_ops() -> frozenset[str]:
-    names = set()
+def _known_ops() -> dict[str, set[str]]:
+    """Op name (``"exp"``, ``"my_ns::op"``) -> its overload names (``"default"``, ``"out"``)."""
+    overloads: dict[str, set[str]] = {}
     for full in torch._C._dispatch_get_all_op_names():
-        base = full.split(".", 1)[0]
-        names.add(base.removeprefix("aten::"))
-    return frozenset(names)
+        base, _, overload = full.partition(".")
+        overloads.setdefault(base.removeprefix("aten::"), set()).add(overload or "default")
+    return overloads
 
 
 def _normalise(name: str) -> str:
@@ -162,12 +163,21 @@ class OpFilter:
         parsed = frozenset(_normalise(n.strip()) for n in names)
         known = _known_ops()
         for name in sorted(parsed):
-            if name.split(".", 1)[0] not in known:
+            base, _, overload = name.partition(".")
+            if base not in known:
                 hint = closest(name, known, n=3)
                 raise AmpcoreError(
                     f"{call}({argument}=...): unknown op {name!r}"
                     + (f"; did you mean {', '.join(repr(h) for h in hint)}?" if hint else "")
                     + " Names are ATen op names as in torch's autocast lists, e.g. 'exp', 'add.Tensor'"
+                )
+            if overload and overload not in known[base]:
+                choices = sorted(f"{base}.{o}" for o in known[base])
+                hint = closest(name, choices, n=1)
+                raise AmpcoreError(
+                    f"{call}({argument}=...): unknown overload {name!r}"
+                    + (f"; did you mean {hint[0]!r}?" if hint else "")
+                    + f" The overloads of {base!r}: {', '.join(repr(c) for c in choices)}, or {base!r} for all of them"
                 )
         return parsed
 
