@@ -73,7 +73,8 @@ class ModeResult:
     final_loss: float
     peak_memory: int | None
     loss_scale: float | None
-    speedup: float = 1.0
+    #: fp32's ms/step over this mode's (None when fp32 was not run)
+    speedup: float | None = 1.0
     #: median step time of each repeat (one entry per repeat)
     repeat_ms: list[float] = field(default_factory=list)
     #: the fastest and slowest per-repeat speed-up (None with one repeat)
@@ -289,7 +290,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     result.results = [_merge(runs[mode]) for mode in settings.modes]
     reference = next((r for r in result.results if r.mode == "fp32"), None)
     for r in result.results:
-        r.speedup = reference.ms_per_step / r.ms_per_step if reference else float("nan")
+        r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
         if reference and r is not reference and settings.repeats > 1:
             ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
             r.speedup_range = [min(ratios), max(ratios)]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 import torch
@@ -13,7 +15,7 @@ import torch
 from ._bench import MODES, BenchResult, BenchSettings, ModeResult, run_bench, unreliable_reasons
 from ._errors import AmpcoreError
 
-__all__ = ["add_parser", "format_result", "plot_result"]
+__all__ = ["add_parser", "check_output_path", "format_result", "plot_result"]
 
 
 class ProgressBar:
@@ -62,6 +64,8 @@ def _relative(value: float) -> str:
 
 
 def _speedup(r: ModeResult) -> str:
+    if r.speedup is None:  # no fp32 run to compare with
+        return "-"
     if r.speedup_range is None:
         return f"{r.speedup:.2f}x"
     return f"{r.speedup:.2f}x ({r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f})"
@@ -151,6 +155,22 @@ def plot_result(result: BenchResult, path: str) -> None:
 _STYLES: Final = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "x"), ("-", "d"), ("--", "v"))
 
 
+def check_output_path(option: str, path: str) -> None:
+    """Raise :class:`ampcore.AmpcoreError` unless ``path`` can be written (checked before
+    minutes of training, and without creating the file)."""
+    target = Path(path)
+    where = f"ampcore bench {option} {path}"
+    if target.is_dir():
+        raise AmpcoreError(f"{where}: is a directory; give a file name, e.g. {target / 'bench.json'}")
+    parent = target.parent
+    if not parent.exists():
+        raise AmpcoreError(f"{where}: the directory {str(parent)!r} does not exist; create it first or choose another path")
+    if not parent.is_dir():
+        raise AmpcoreError(f"{where}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise AmpcoreError(f"{where}: cannot write there (permission denied); choose another path")
+
+
 def _run(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         device=args.device,
@@ -163,7 +183,10 @@ def _run(args: argparse.Namespace) -> int:
         isolate=not args.in_process,
         repeats=args.repeats,
     )
-    if args.plot:  # fail before minutes of training, not after
+    for option, path in (("--json", args.json), ("--plot", args.plot)):  # fail before the run, not after
+        if path:
+            check_output_path(option, path)
+    if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError as exc:

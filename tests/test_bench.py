@@ -197,3 +197,36 @@ def test_plot_has_integer_step_ticks_and_a_difference_panel(tmp_path: Path) -> N
     assert len(styles) == len(result.results)  # coinciding curves stay apart
     fp32_delta, o1_delta = (line.get_ydata() for line in deltas.get_lines())
     assert list(fp32_delta) == [0.0, 0.0] and o1_delta[-1] == pytest.approx(1e-10)
+
+
+# -- issue 12: output paths checked before the run; no "nanx" without an fp32 run ----------
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+@pytest.mark.parametrize("where", ["missing-dir/out", "a-file/out", "."])
+def test_unwritable_output_paths_fail_before_training(
+    option: str, where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    path = str(tmp_path / where) + (".png" if option == "--plot" else ".json") if where != "." else str(tmp_path)
+    import ampcore._cli_bench as cli_bench
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the benchmark ran before the output path was checked")
+
+    monkeypatch.setattr(cli_bench, "run_bench", never)
+    assert main(["bench", "--device", "cpu", option, path, "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert f"ampcore bench {option} {path}" in err
+    assert not Path(path).is_file() or where == "."
+
+
+def test_modes_without_fp32_show_no_nan_speedup(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--device", "cpu", "--size", "16", "--batch", "4", "--steps", "2", "--modes", "AMP-O1", "--in-process", "--no-progress", "--json", str(out)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "nan" not in text.lower()
+    assert "NaN" not in out.read_text()  # valid JSON: null, not NaN
+    data = json.loads(out.read_text())
+    assert data["results"][0]["speedup"] is None
