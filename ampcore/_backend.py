@@ -119,7 +119,10 @@ class Backend:
         hook = self._hook(name)
         if hook is None:
             if default is _MISSING:
-                raise self._error(f"does not implement the required hook {name}()")
+                raise self._error(
+                    f"does not implement the required hook {name}(); an adapter plugin must implement "
+                    "ampcore_backend_name, ampcore_device_type and ampcore_supported_dtypes with @ampcore.hookimpl"
+                )
             return default
         return hook(**kwargs)
 

@@ -195,7 +195,7 @@ def check_custom(white: frozenset[str], black: frozenset[str], call: str) -> Non
     if both:
         raise AmpcoreError(
             f"{call}(custom_white_list=..., custom_black_list=...): {sorted(both)} in both lists; "
-            "an op can be in one custom list only"
+            f"an op can be in one custom list only: remove {sorted(both)} from one of them"
         )
 
 

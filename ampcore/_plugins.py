@@ -319,7 +319,9 @@ class PluginManager:
             default = getattr(plugin, "__name__", None)
             name = name or (default if isinstance(default, str) and default else None) or f"plugin-{id(plugin):x}"
             if name in self._infos and self._infos[name].status not in ("failed",):
-                raise PluginError(name, "a plugin of this name is already registered; unregister it first")
+                raise PluginError(
+                    name, "a plugin of this name is already registered; unregister it first or choose another name"
+                )
             backend = self._register(plugin, name, None, None)
             self._infos[name] = PluginInfo(name, None, None, "in-process", "loaded", backend=backend.name)
             self._add_claim(backend)

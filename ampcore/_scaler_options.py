@@ -65,7 +65,15 @@ def accepts_paddle_aliases(init: Callable[Concatenate[S, P], None]) -> Callable[
                     f"{[a for a, c in PADDLE_ALIASES.items() if c == canonical][0]!r}; pass only one of them"
                 )
             translated[canonical] = value
-        init(self, *args, **translated)  # type: ignore[arg-type]
+        try:
+            init(self, *args, **translated)  # type: ignore[arg-type]
+        except AmpcoreError as exc:
+            aliases = [(name, PADDLE_ALIASES[name]) for name in kwargs if name in PADDLE_ALIASES]
+            named = [(alias, target) for alias, target in aliases if f"{target}=" in str(exc)]
+            if type(exc) is not AmpcoreError or not named:
+                raise
+            note = "; ".join(f"{alias} is Paddle's name for {target}" for alias, target in named)
+            raise AmpcoreError(f"{exc} ({note})") from None
 
     return wrapper
 

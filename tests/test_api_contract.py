@@ -1,0 +1,319 @@
+"""The error contract of the public API, property-based (issue 12).
+
+For every public call, over a space of valid and invalid arguments: the call succeeds, or
+raises an :class:`ampcore.AmpcoreError` (or a documented subclass) whose message names the
+offending argument and says what is valid; either way the thread's autocast state, the
+scaler's state and the parameters are what they were before.  Example counts are small so
+the whole file runs in seconds; failures print the arguments hypothesis found.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ampcore
+import ampcore.debugging as dbg
+from ampcore._state import current_region
+
+pytestmark = pytest.mark.filterwarnings("ignore::ampcore.AmpcoreWarning", "ignore::UserWarning")
+
+#: 40 examples per test keeps the file near 20 s; AMPCORE_CONTRACT_EXAMPLES=500 searches harder.
+FAST = settings(
+    max_examples=int(os.environ.get("AMPCORE_CONTRACT_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+
+#: Words by which a message says what is valid.
+VALID_WORDS = ("expected", "valid", "did you mean", "supported", "must", "one of", "known", "choose", "use ", "within", "remove ", "need", "instead", "pass ")
+
+@contextmanager
+def _contract(given_args: dict[str, Any], *, state: Callable[[], Any] | None = None) -> Iterator[None]:
+    """Run a call: success, or an AmpcoreError naming one of ``given_args`` and what is
+    valid; the autocast state (and ``state()``) unchanged in both cases for failures."""
+    before_autocast = _autocast_state()
+    before = state() if state is not None else None
+    try:
+        yield
+    except ampcore.AmpcoreError as exc:
+        message = str(exc)
+        assert any(name in message for name in given_args), f"{message!r} names none of {sorted(given_args)}"
+        assert any(word in message.lower() for word in VALID_WORDS), f"{message!r} says nothing about what is valid"
+        if state is not None:
+            assert _same(state(), before), f"state changed by a refused call: {message}"
+    except Exception as exc:  # noqa: BLE001 - the contract is exactly that nothing else escapes
+        pytest.fail(f"{type(exc).__name__} escaped instead of an AmpcoreError: {exc!r} for {given_args!r}")
+    assert _autocast_state() == before_autocast
+
+
+def _autocast_state() -> tuple[Any, ...]:
+    return (
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_cache_enabled(),
+        current_region(),
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def _kwargs(space: dict[str, list[Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Each parameter left out or drawn from its values (valid ones and junk)."""
+    return st.fixed_dictionaries({}, optional={name: st.sampled_from(values) for name, values in space.items()})
+
+
+OPS = ["add", "mm", "linear", "softmax", "elementwise_add", "ADD", "linaer", "add.Tensor", "add.bogus", "add_", "aten::mm", 5, ""]
+OP_LISTS = [None, set(), {"add"}, {"mm", "softmax"}, ["linear"], "add", *({op} for op in OPS), 5, [5], {"add": 1}]
+DTYPES = [None, torch.bfloat16, torch.float16, torch.float32, torch.int8, "bf16", "float16", "fp8", "bfloat", 16]
+DEVICES = [None, "cpu", "cpu:0", "cpu:x", "cpux", "CPU", "cpu:99", torch.device("cpu"), 5, ""]
+LEVELS = ["O0", "OD", "O1", "O2", "o1", "O3", "", 1, None]
+
+AUTOCAST_SPACE = {
+    "device": DEVICES,
+    "dtype": DTYPES,
+    "level": LEVELS,
+    "enabled": [True, False, "yes", 1, None],
+    "cache_enabled": [None, True, False, "yes", 0],
+    "custom_white_list": OP_LISTS,
+    "custom_black_list": OP_LISTS,
+}
+
+
+@FAST
+@given(kwargs=_kwargs(AUTOCAST_SPACE))
+def test_autocast(kwargs: dict[str, Any]) -> None:
+    with _contract(kwargs):
+        region = ampcore.autocast(**kwargs)
+        with region:
+            torch.mm(torch.ones(2, 2), torch.ones(2, 2))
+        with region:  # a region object can be entered again
+            pass
+
+
+@FAST
+@given(kwargs=_kwargs({k: v for k, v in AUTOCAST_SPACE.items() if k not in ("enabled", "cache_enabled")}))
+def test_oplists(kwargs: dict[str, Any]) -> None:
+    with _contract(kwargs):
+        lists = ampcore.oplists(**kwargs)
+        for op in ("mm", "add.Tensor"):
+            lists.category(op)
+
+
+@FAST
+@given(op=st.sampled_from([*OPS, None, "exp.defualt", "aten::softmax.int", "mm.default"]))
+def test_oplists_category(op: Any) -> None:
+    lists = ampcore.oplists("cpu")
+    with _contract({"category": op}):
+        assert lists.category(op) in ("white", "black", "promote", "banned", lists.unlisted)
+
+
+POSITIVE = [2.0**16, 1.0, 0.5, 0.0, -1.0, float("nan"), float("inf"), "2", None, True, 3, torch.tensor(2.0)]
+SCALER_SPACE = {
+    "device": DEVICES,
+    "dtype": DTYPES,
+    "init_scale": POSITIVE,
+    "growth_factor": [2.0, 1.0, 0.5, 1.5, float("nan"), "2", True],
+    "backoff_factor": [0.5, 1.0, 0.0, 1.5, -0.5, float("nan"), True],
+    "growth_interval": [2000, 1, 0, -3, 2.5, "10", True],
+    "hysteresis": [1, 2, 0, -1, 1.5, True],
+    "min_scale": [None, 1.0, 0.0, -1.0, 2.0**30, float("nan"), "1"],
+    "max_scale": [None, 2.0**24, 1.0, 0.5, float("inf"), float("nan")],
+    "dynamic": [True, False, "no", 0],
+    "enabled": [None, True, False, "yes"],
+    "raise_at_min_scale": [False, True, 1],
+    "sync_found_inf": [True, False, None],
+    "init_loss_scaling": [1024.0, -1.0],
+    "incr_ratio": [2.0, 0.5],
+}
+
+
+@FAST
+@given(kwargs=_kwargs(SCALER_SPACE))
+def test_grad_scaler_construction(kwargs: dict[str, Any]) -> None:
+    with _contract(kwargs):
+        scaler = ampcore.GradScaler(**kwargs)
+        state = scaler.state_dict()
+        ampcore.GradScaler(**kwargs).load_state_dict(state)  # its own state always loads
+
+
+def _trained_scaler() -> tuple[ampcore.GradScaler, torch.nn.Linear, torch.optim.Optimizer]:
+    scaler = ampcore.GradScaler("cpu", enabled=True, init_scale=256.0, min_scale=1.0, max_scale=2.0**20)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return scaler, model, opt
+
+
+SCALER_CALLS = [
+    ("update", "new_scale", [8.0, 0.0, -1.0, float("nan"), 2.0**40, "8", True, torch.tensor([1.0, 2.0]), torch.tensor(4, dtype=torch.int32)]),
+    ("set_growth_factor", "new_factor", [3.0, 1.0, 0.5, float("nan"), "3", None]),
+    ("set_backoff_factor", "new_factor", [0.25, 1.0, 0.0, 2.0, None]),
+    ("set_growth_interval", "new_interval", [10, 0, -1, 2.5, None, True]),
+    ("set_hysteresis", "new_hysteresis", [2, 0, -1, 1.5, None]),
+    ("load_state_dict", "state_dict", [{}, {"scale": 8.0}, {"scale": "8"}, None, [], "garbage", {"scale": float("nan"), "growth_factor": 2.0}]),
+    ("step", "optimizer", [torch.nn.Linear(2, 2), None, "sgd", [torch.nn.Parameter(torch.ones(1))]]),
+    ("unscale_", "optimizer", [torch.nn.Linear(2, 2), None, 5]),
+    ("scale", "outputs", [torch.ones(2), [torch.ones(1)], {"a": torch.ones(1)}, None, 5, "loss"]),
+]
+
+
+@FAST
+@given(data=st.data(), call=st.sampled_from(SCALER_CALLS))
+def test_grad_scaler_methods(data: st.DataObject, call: tuple[str, str, list[Any]]) -> None:
+    method, param, values = call
+    value = data.draw(st.sampled_from(values), label=param)
+    scaler, model, opt = _trained_scaler()
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.step(opt)
+
+    def state() -> Any:
+        return (scaler.state_dict(), [p.detach().clone() for p in model.parameters()])
+
+    with _contract({param: value, method: None}, state=state):
+        result = getattr(scaler, method)(value)
+        if method == "update" and isinstance(value, torch.Tensor):
+            assert math.isfinite(scaler.get_scale()) and scaler.get_scale() > 0
+        if method == "scale":
+            assert result is not None
+        return
+    scaler.update()  # after a refused call the iteration goes on normally
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 2))
+
+
+DECORATE_SPACE = {
+    "level": LEVELS,
+    "dtype": DTYPES,
+    "device": DEVICES,
+    "master_weight": [True, False, "yes", None],
+    "keep_norm_fp32": [None, True, False, "yes"],
+    "excluded_layers": [None, torch.nn.LayerNorm, [torch.nn.Linear], "LayerNorm", 5, [torch.nn.Linear(1, 1)]],
+    "save_dtype": [None, torch.float32, "bf16", torch.int8, "fp8"],
+    "master_grad": [False, True, "no"],
+}
+
+
+@FAST
+@given(kwargs=_kwargs(DECORATE_SPACE), with_optimizer=st.booleans())
+def test_decorate(kwargs: dict[str, Any], with_optimizer: bool) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1) if with_optimizer else None
+
+    def state() -> Any:
+        groups = [] if opt is None else [list(g["params"]) for g in opt.param_groups]
+        return ([p.detach().clone() for p in model.parameters()], [id(p) for g in groups for p in g])
+
+    with _contract(kwargs, state=state):
+        ampcore.decorate(model, opt, **kwargs)
+
+
+@FAST
+@given(
+    models=st.sampled_from([torch.nn.Linear(2, 2), [torch.nn.Linear(2, 2)], [], None, "model", [torch.nn.Linear(2, 2), 5]]),
+    optimizers=st.sampled_from([None, "opt", 5, [], [None]]),
+)
+def test_decorate_models_and_optimizers(models: Any, optimizers: Any) -> None:
+    with _contract({"models": models, "optimizers": optimizers}):
+        ampcore.decorate(models, optimizers, device="cpu")
+
+
+@FAST
+@given(kwargs=_kwargs({"cast_inputs": DTYPES, "device": DEVICES}))
+def test_custom_fwd(kwargs: dict[str, Any]) -> None:
+    with _contract(kwargs):
+        ampcore.custom_fwd(lambda ctx, x: x, **kwargs)
+
+
+@FAST
+@given(
+    kwargs=_kwargs(
+        {
+            "ops": [None, ["exp"], ["exp.defualt"], ["EXP"], "exp", [5], ["add.Tensor"], ["aten::mm"]],
+            "skip_ops": [None, ["masked_fill"], ["masked_fil"], {"add.bogus"}],
+            "raise_on_error": [True, False, "yes"],
+            "check_fp16_range": [False, True, 1],
+        }
+    )
+)
+def test_check_numerics(kwargs: dict[str, Any]) -> None:
+    with _contract(kwargs):
+        with dbg.check_numerics(**kwargs):
+            torch.exp(torch.ones(2))
+
+
+@FAST
+@given(
+    kwargs=_kwargs(
+        {
+            "level": LEVELS,
+            "dtype": DTYPES,
+            "device": DEVICES,
+            "per_op": [False, True, "yes"],
+            "threshold": [0.1, 0.0, -1.0, float("nan"), "0.1", None],
+        }
+    )
+)
+def test_compare_accuracy(kwargs: dict[str, Any]) -> None:
+    model = _model().eval()
+    x = torch.randn(2, 4)
+    before = x.clone()
+
+    def state() -> Any:
+        return [p.detach().clone() for p in model.parameters()]
+
+    with _contract(kwargs, state=state):
+        dbg.compare_accuracy(model, x, **kwargs)
+    assert torch.equal(x, before)
+
+
+@FAST
+@given(
+    plugin=st.sampled_from([None, 5, "cpu", object(), [], ampcore]),
+    name=st.sampled_from([None, "robust-probe", 5, "", "cpu"]),
+)
+def test_register_plugin(plugin: Any, name: Any) -> None:
+    before = [(p.name, p.status) for p in ampcore.list_plugins()]
+    given_args = {"register_plugin": None, "plugin": plugin, "name": name, "hook": None}
+    try:
+        with _contract(given_args):
+            backend = ampcore.register_plugin(plugin, name=name)
+            ampcore.unregister_plugin(backend.plugin_name)
+    finally:
+        assert [(p.name, p.status) for p in ampcore.list_plugins()] == before
+
+
+@FAST
+@given(device=st.sampled_from([*DEVICES, "cuda", "npu:3", "tpu"]))
+def test_device_queries(device: Any) -> None:
+    for query in (ampcore.get_backend, ampcore.is_bfloat16_supported, ampcore.is_float16_supported):
+        with _contract({"device": device}):
+            query(device)
+
+
+def test_contract_helper_catches_escaping_errors() -> None:
+    with pytest.raises(pytest.fail.Exception, match="TypeError escaped"):
+        with _contract({"x": 1}):
+            raise TypeError("bare")
+    with pytest.raises(AssertionError, match="names none of"):
+        with _contract({"param_q": 1}):
+            raise ampcore.AmpcoreError("something expected")
+
