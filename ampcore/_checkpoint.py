@@ -12,8 +12,9 @@ the masters too (see ``_master.py``); loaded after the model, it wins.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import Any
 
 import torch
@@ -142,6 +143,8 @@ class OptimizerCheckpointHooks:
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def register(self, optimizer: torch.optim.Optimizer) -> None:
+        inner = optimizer.__dict__.get("load_state_dict")
+        optimizer.load_state_dict = MethodType(_checked_load(inner), optimizer)  # type: ignore[method-assign]
         optimizer.register_state_dict_post_hook(self.save)
         optimizer.register_load_state_dict_pre_hook(self.load_pre)
         optimizer.register_load_state_dict_post_hook(self.load_post)
@@ -205,3 +208,38 @@ def _short(value: object) -> str:
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _checked_load(inner: Callable[..., Any] | None) -> Callable[..., Any]:
+    """``load_state_dict`` of a decorated optimizer: the dict's shape is checked first, so
+    that a wrong object raises an AmpcoreError (torch's own checks raise KeyError or
+    AttributeError) and nothing is loaded."""
+
+    def load_state_dict(optimizer: torch.optim.Optimizer, state_dict: Any) -> None:
+        _check_optimizer_state(optimizer, state_dict)
+        if inner is not None:
+            return inner(state_dict)  # type: ignore[no-any-return]
+        return type(optimizer).load_state_dict(optimizer, state_dict)
+
+    return load_state_dict
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: object) -> None:
+    where = f"{type(optimizer).__name__}.load_state_dict()"
+    expected = "expected the dict of the optimizer's state_dict() ({'state': ..., 'param_groups': [...]}); nothing was loaded"
+    if not isinstance(state_dict, Mapping):
+        raise AmpcoreError(f"{where}: got {_short(state_dict)}; {expected}")
+    missing = [key for key in ("state", "param_groups") if key not in state_dict]
+    if missing:
+        raise AmpcoreError(f"{where}: the dict lacks {missing}; {expected}")
+    groups = state_dict["param_groups"]
+    if not isinstance(state_dict["state"], Mapping) or not isinstance(groups, (list, tuple)):
+        raise AmpcoreError(f"{where}: 'state' must be a dict and 'param_groups' a list; {expected}")
+    ours = optimizer.param_groups
+    sizes = [len(g["params"]) if isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) else None for g in groups]
+    own = [len(dict.__getitem__(g, "params")) for g in ours]
+    if sizes != own:
+        raise AmpcoreError(
+            f"{where}: the saved param groups hold {sizes} parameters, this optimizer's {own}; load a "
+            "state dict saved from the same model and optimizer setup; nothing was loaded"
+        )

@@ -24,6 +24,7 @@ from typing import Any, Final
 import torch
 
 from ._backend import Backend, dtype_name
+from ._dtypes import parse_dtype
 from ._errors import AmpcoreError
 from ._levels import Level, check_level
 from ._oplist_data import CastPolicy, dispatch_key_of, native_table, table_name_of
@@ -280,7 +281,7 @@ def compute_oplists(
 
 def oplists(
     device: DeviceLike = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     level: str = "O1",
     custom_white_list: Iterable[str] | None = None,
     custom_black_list: Iterable[str] | None = None,
@@ -291,7 +292,8 @@ def oplists(
 
     Args:
         device: a backend name, ``"name:N"``, a ``torch.device`` or ``None`` (best available).
-        dtype: the low-precision dtype; ``None`` takes the backend's default.
+        dtype: the low-precision dtype (``torch.bfloat16`` or a name such as ``"bf16"``);
+            ``None`` takes the backend's default.
         level: ``"O0"``, ``"OD"``, ``"O1"`` or ``"O2"``.
         custom_white_list: ops to run in ``dtype`` (ATen names or Paddle aliases).
         custom_black_list: ops to run in float32.
@@ -309,8 +311,8 @@ def oplists(
     """
     call = "ampcore.oplists"
     checked_level = check_level(level, call)
-    if dtype is not None and not isinstance(dtype, torch.dtype):
-        raise AmpcoreError(f"{call}(dtype={dtype!r}): expected a torch.dtype such as torch.bfloat16")
+    if dtype is not None:
+        dtype = parse_dtype(dtype, call)
     backend = get_backend(device)
     checked_dtype = backend.check_dtype(dtype, call)
     white = canonical_ops(custom_white_list, call, "custom_white_list")

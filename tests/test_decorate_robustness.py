@@ -69,3 +69,22 @@ def test_optimizer_checkpoint_with_garbage_master_weights_is_refused(garbage: ob
         opt.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(masters, (p for g in opt.param_groups for p in g["params"])))
     assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == groups
+
+
+@pytest.mark.parametrize(
+    ("garbage", "expected"),
+    [
+        ("garbage", "got 'garbage'"),
+        ({}, r"lacks \['state', 'param_groups'\]"),
+        ({"state": {}, "param_groups": "x"}, "'param_groups' a list"),
+        ({"state": {}, "param_groups": [{"params": [0]}]}, r"hold \[1\] parameters, this optimizer's \[2\]"),
+    ],
+)
+def test_decorated_optimizer_load_state_dict_checks_the_dict(garbage: object, expected: str) -> None:
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = ampcore.decorate(model, opt, device="cpu")
+    with pytest.raises(ampcore.AmpcoreError, match=expected):
+        opt.load_state_dict(garbage)  # type: ignore[arg-type]
+    opt.load_state_dict(opt.state_dict())  # the real thing still loads
+

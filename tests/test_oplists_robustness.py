@@ -59,3 +59,10 @@ def test_a_real_overload_in_a_custom_list_names_its_op() -> None:
     assert canonical_op("add.Tensor") == "add"
     assert canonical_op("aten::softmax.int") == "softmax"
     assert canonical_op("mm.default") == "mm"
+
+
+@pytest.mark.parametrize("name", ["bf16", "bfloat16", "torch.bfloat16"])
+def test_oplists_takes_dtype_names_like_autocast(name: str) -> None:
+    assert ampcore.oplists("cpu", dtype=name).dtype == torch.bfloat16
+    with pytest.raises(ampcore.AmpcoreError, match=r"oplists\(dtype='fp8'\): unknown dtype name"):
+        ampcore.oplists("cpu", dtype="fp8")

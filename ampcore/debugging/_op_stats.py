@@ -149,6 +149,8 @@ def disable_operator_stats_collection(print_table: bool = True, file: TextIO | N
     Raises:
         AmpcoreError: no collection is enabled in this thread.
     """
+    if not isinstance(print_table, bool):
+        raise AmpcoreError(f"disable_operator_stats_collection(print_table={print_table!r}): expected True or False")
     if not _enabled.stack:
         raise AmpcoreError(
             "disable_operator_stats_collection(): no collection is enabled in this thread; call "

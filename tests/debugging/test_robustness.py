@@ -73,3 +73,10 @@ def test_compare_accuracy_clones_nested_inputs() -> None:
     report = dbg.compare_accuracy(Net(), ((a, b), {"s": s}), device="cpu", dtype=torch.bfloat16)
     assert torch.equal(a, torch.ones(2)) and torch.equal(s, torch.ones(2))
     assert report.rows[0].max_rel_error == 0.0
+
+
+def test_disable_operator_stats_checks_print_table_before_stopping() -> None:
+    dbg.enable_operator_stats_collection()
+    with pytest.raises(ampcore.AmpcoreError, match=r"print_table='no'\): expected True or False"):
+        dbg.disable_operator_stats_collection(print_table="no")  # type: ignore[arg-type]
+    assert dbg.disable_operator_stats_collection(print_table=False) is not None  # still running
