@@ -101,11 +101,12 @@ class Backend:
         self._adjustments: dict[torch.dtype, dict[str, frozenset[str]]] = {}
         self._loss_scaling: dict[torch.dtype, bool] = {}
         self._keep_norm: dict[torch.dtype, bool] = {}
-        self._on_broken = on_broken
+        self._on_broken: Callable[[str], None] | None = None  # at load, errors fail the load
         #: why the plugin broke the adapter contract in a lazily called hook (None: it did not)
         self.contract_error: str | None = None
         self._validate_and_describe()
         self._validate_dtype_hooks()
+        self._on_broken = on_broken
 
     # -- identity --------------------------------------------------------------------
     def _hook(self, name: str) -> Callable[..., Any] | None:
@@ -124,7 +125,14 @@ class Backend:
                     "ampcore_backend_name, ampcore_device_type and ampcore_supported_dtypes with @ampcore.hookimpl"
                 )
             return default
-        return hook(**kwargs)
+        try:
+            return hook(**kwargs)
+        except AmpcoreError:
+            raise
+        except SystemExit as exc:  # a hook calling exit() must not end the user's program
+            raise self._broken(f"{name}() called sys.exit({exc.code!r})") from None
+        except Exception as exc:
+            raise self._error(f"{name}() raised {type(exc).__name__}: {exc}") from exc
 
     def _error(self, message: str) -> AmpcoreError:
         return PluginError(self.plugin_name, message, self.distribution)
@@ -132,10 +140,9 @@ class Backend:
     def _broken(self, message: str) -> PluginError:
         """Record that a lazily called hook broke the contract (the plugin is then reported
         as failed) and return the error to raise."""
-        if self.contract_error is None:
+        if self.contract_error is None and self._on_broken is not None:
             self.contract_error = message
-            if self._on_broken is not None:
-                self._on_broken(message)
+            self._on_broken(message)
         return PluginError(self.plugin_name, message, self.distribution)
 
     def _validate_and_describe(self) -> None:
@@ -240,8 +247,8 @@ class Backend:
                 if self._reason is _MISSING:
                     try:
                         reason = self._call("ampcore_unavailable_reason", default=None)
-                    except (Exception, SystemExit) as exc:  # a broken probe means unavailable
-                        reason = f"the availability check raised {type(exc).__name__}: {exc}"
+                    except AmpcoreError as exc:  # a broken probe means unavailable
+                        reason = f"the availability check failed: {str(exc).split(': ', 1)[-1]}"
                     if reason is not None and (not isinstance(reason, str) or not reason.strip()):
                         message = (
                             f"ampcore_unavailable_reason() returned {reason!r}; expected None (available) "

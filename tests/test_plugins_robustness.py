@@ -42,8 +42,9 @@ def test_plugin_calling_exit_in_a_hook_is_a_failed_plugin(site: FakeSite) -> Non
     source = _good("quitter").replace('return "quitter"', "raise SystemExit(2)")
     site.install("ampcore-quitter", "quitter", "quitter_plugin", source)
     pm = site.manager()
-    with pytest.warns(PluginWarning, match="SystemExit"):
+    with pytest.warns(PluginWarning, match=r"ampcore_backend_name\(\) called sys.exit\(2\)") as record:
         assert _infos(pm)["quitter"].status == "failed"
+    assert len(record) == 1
 
 
 def _fake_dist(tmp_path: Path, module: str, source: str) -> dict[str, str]:
@@ -325,3 +326,29 @@ def test_plugin_warning_for_an_entry_point_without_distribution_says_so() -> Non
         pm.load_entry_points()
     message = str(record[0].message)
     assert '"None"' not in message and "no distribution" in message
+
+
+def _exits() -> None:
+    raise SystemExit(4)
+
+
+def _raises() -> None:
+    raise RuntimeError("driver not ready")
+
+
+@pytest.mark.parametrize(
+    ("hook", "function", "expected", "failed"),
+    [
+        ("ampcore_device_count", lambda: _exits(), "ampcore_device_count() called sys.exit(4)", True),
+        ("ampcore_device_count", lambda: _raises(), "ampcore_device_count() raised RuntimeError: driver not ready", False),
+        ("ampcore_unavailable_reason", lambda: _exits(), "ampcore_unavailable_reason() called sys.exit(4)", True),
+        ("ampcore_unavailable_reason", lambda: _raises(), "availability check failed: ampcore_unavailable_reason() raised RuntimeError", False),
+    ],
+)
+def test_lazy_hooks_that_exit_or_raise_become_plugin_errors(register, hook: str, function, expected: str, failed: bool) -> None:
+    register(make_adapter("lazy", **{hook: function}), name="lazy")
+    with pytest.raises(ampcore.AmpcoreError) as caught:
+        ampcore.autocast("lazy:0")
+    assert expected in str(caught.value) and "lazy" in str(caught.value)
+    info = {p.name: p for p in ampcore.list_plugins()}["lazy"]
+    assert (info.status == "failed") is failed
