@@ -255,9 +255,8 @@ def test_custom_fwd(kwargs: dict[str, Any]) -> None:
     )
 )
 def test_check_numerics(kwargs: dict[str, Any]) -> None:
-    with _contract(kwargs):
-        with dbg.check_numerics(**kwargs):
-            torch.exp(torch.ones(2))
+    with _contract(kwargs), dbg.check_numerics(**kwargs):
+        torch.exp(torch.ones(2))
 
 
 @FAST
@@ -310,10 +309,8 @@ def test_device_queries(device: Any) -> None:
 
 
 def test_contract_helper_catches_escaping_errors() -> None:
-    with pytest.raises(pytest.fail.Exception, match="TypeError escaped"):
-        with _contract({"x": 1}):
-            raise TypeError("bare")
-    with pytest.raises(AssertionError, match="names none of"):
-        with _contract({"param_q": 1}):
-            raise ampcore.AmpcoreError("something expected")
+    with pytest.raises(pytest.fail.Exception, match="TypeError escaped"), _contract({"x": 1}):
+        raise TypeError("bare")
+    with pytest.raises(AssertionError, match="names none of"), _contract({"param_q": 1}):
+        raise ampcore.AmpcoreError("something expected")
 

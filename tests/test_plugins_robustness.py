@@ -12,12 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_adapter
+from test_plugins import FakeSite, _good
 
 import ampcore
 from ampcore import PluginManager, PluginWarning
 
-from conftest import make_adapter
-from test_plugins import FakeSite, _good, site  # noqa: F401 - the fixture
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    fake = FakeSite(tmp_path, monkeypatch)
+    yield fake
+    fake.cleanup()
 
 def _infos(pm: PluginManager) -> dict[str, ampcore.PluginInfo]:
     return {info.name: info for info in pm.plugins()}
