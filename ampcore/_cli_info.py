@@ -57,6 +57,10 @@ def collect_info() -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         manager = get_manager()
+        manager.plugins()  # load
+        # backends first: a hook that breaks the contract while they are described marks
+        # its plugin failed, which the plugin table must show
+        backends = [_backend_info(b) for b in manager.backends()]
         plugins = manager.plugins()
     return {
         "ampcore": __version__,
@@ -65,7 +69,7 @@ def collect_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "plugins": [vars(p).copy() for p in plugins],
-        "backends": [_backend_info(b) for b in manager.backends()],
+        "backends": backends,
         "load_warnings": [str(w.message) for w in caught],
     }
 

@@ -358,3 +358,16 @@ def test_lazy_hooks_that_exit_or_raise_become_plugin_errors(register, hook: str,
     assert expected in str(caught.value) and "lazy" in str(caught.value)
     info = {p.name: p for p in ampcore.list_plugins()}["lazy"]
     assert (info.status == "failed") is failed
+
+
+def test_ampcore_info_shows_a_plugin_broken_while_describing_it(register) -> None:
+    from ampcore._cli_info import collect_info, format_info
+
+    register(make_adapter("lazy", ampcore_device_name=lambda device_index: 7), name="lazy")
+    info = collect_info()
+    plugin = {p["name"]: p for p in info["plugins"]}["lazy"]
+    assert plugin["status"] == "failed" and "ampcore_device_name(0) returned 7" in plugin["error"]
+    backend = {b["name"]: b for b in info["backends"]}["lazy"]
+    assert "ampcore_device_name(0) returned 7" in backend["error"]
+    assert any("ampcore_device_name" in w for w in info["load_warnings"])
+    assert "failed" in format_info(info)
