@@ -11,6 +11,7 @@ import pluggy
 import torch
 
 from ._capability import CapabilityIssue
+from ._dtypes import parse_dtype
 from ._forklock import LOCK
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError
 from ._oplist_names import canonical_ops
@@ -297,10 +298,12 @@ class Backend:
         cached = self._keep_norm.get(dtype)
         return dtype == torch.float16 if cached is None else cached
 
-    def check_dtype(self, dtype: torch.dtype | None, call: str = "ampcore.autocast") -> torch.dtype:
-        """Return ``dtype`` (or the default) after checking the backend supports it."""
+    def check_dtype(self, dtype: torch.dtype | str | None, call: str = "ampcore.autocast") -> torch.dtype:
+        """Return ``dtype`` (a ``torch.dtype`` or a name such as ``"bf16"``; ``None`` for the
+        default) after checking the backend supports it."""
         if dtype is None:
             return self.default_dtype
+        dtype = parse_dtype(dtype, call)
         if dtype not in self.supported_dtypes:
             raise AmpcoreError(
                 f'{call}(device="{self.name}", dtype={dtype}): backend "{self.name}" does not '

@@ -323,8 +323,22 @@ class PluginManager:
                     name, "a plugin of this name is already registered; unregister it first or choose another name"
                 )
             backend = self._register(plugin, name, None, None)
+            previous = self._infos.get(name)
             self._infos[name] = PluginInfo(name, None, None, "in-process", "loaded", backend=backend.name)
-            self._add_claim(backend)
+            try:
+                self._add_claim(backend)
+            except BaseException:  # strict mode refused a conflict: undo the registration
+                self._claims[backend.name].remove(backend)
+                if self._claims[backend.name]:
+                    self._refresh_statuses(backend.name)
+                else:
+                    del self._claims[backend.name]
+                if previous is None:
+                    del self._infos[name]
+                else:
+                    self._infos[name] = previous
+                self._pm.unregister(plugin)
+                raise
             self.generation += 1
             return backend
 

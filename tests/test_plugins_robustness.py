@@ -371,3 +371,22 @@ def test_ampcore_info_shows_a_plugin_broken_while_describing_it(register) -> Non
     assert "ampcore_device_name(0) returned 7" in backend["error"]
     assert any("ampcore_device_name" in w for w in info["load_warnings"])
     assert "failed" in format_info(info)
+
+
+def test_strict_conflict_on_register_leaves_nothing_behind(site: FakeSite) -> None:
+    site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
+    pm = site.manager(AMPCORE_STRICT_PLUGINS="1")
+    pm.load_entry_points()
+    generation = pm.generation
+    with pytest.raises(ampcore.AmpcoreError, match="claimed by more than one plugin"):
+        pm.register(make_adapter("alpha"), name="intruder")
+    assert [p.name for p in pm.plugins()] == ["alpha"]
+    assert pm.backend("alpha").plugin_name == "alpha" and pm.generation == generation
+    pm.register(make_adapter("beta"), name="intruder")  # the name is free
+
+
+def test_backend_check_dtype_takes_names() -> None:
+    cpu = ampcore.get_backend("cpu")
+    assert cpu.check_dtype("bf16") == torch.bfloat16
+    with pytest.raises(ampcore.AmpcoreError, match=r"dtype='fp8'\): unknown dtype name"):
+        cpu.check_dtype("fp8")  # type: ignore[arg-type]
