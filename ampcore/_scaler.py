@@ -40,7 +40,7 @@ class LossScaleAtMinimumError(AmpcoreError):
 def _check_optimizer(call: str, optimizer: object) -> None:
     """Refuse what is no optimizer (a model, None) before anything is recorded."""
     groups = getattr(optimizer, "param_groups", None)
-    if not isinstance(groups, list) or not callable(getattr(optimizer, "step", None)):
+    if not isinstance(groups, (list, tuple)) or not callable(getattr(optimizer, "step", None)):
         hint = "; pass the optimizer, not the model" if isinstance(optimizer, torch.nn.Module) else ""
         raise AmpcoreError(
             f"{_CALL}.{call}(optimizer={type(optimizer).__name__}): expected a torch.optim.Optimizer "
