@@ -285,7 +285,9 @@ class GradScaler(PaddleScalerMethods):
         ``grad_scale`` and ``found_inf`` tensors and skip on the device.
 
         Raises:
-            AmpcoreError (a RuntimeError): step twice before update, a ``closure``.
+            AmpcoreError (a RuntimeError): step twice before update, a ``closure``, an
+            ``optimizer`` that is no optimizer (e.g. the model).  A refused call records
+            nothing.
         """
         _check_optimizer("step", optimizer)
         if not self._active:
