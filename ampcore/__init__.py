@@ -19,6 +19,7 @@ from ._capability import CapabilityIssue
 from ._custom_fwd import custom_bwd, custom_fwd
 from ._decorate import decorate
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
+from ._fp32_modules import register_fp32_module, unregister_fp32_module
 from ._fused import FusedKernelWarning
 from ._region import RegionInfo, active_region
 from ._levels import LEVELS, Level
@@ -62,6 +63,8 @@ __all__ = [
     "list_backends",
     "list_plugins",
     "oplists",
+    "register_fp32_module",
     "register_plugin",
+    "unregister_fp32_module",
     "unregister_plugin",
 ]

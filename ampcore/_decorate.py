@@ -37,6 +37,7 @@ def decorate(
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
+    cast_buffers: bool = False,
 ) -> ModelsT: ...
 
 
@@ -52,6 +53,7 @@ def decorate(
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
+    cast_buffers: bool = False,
 ) -> tuple[ModelsT, OptimizersT]: ...
 
 
@@ -66,12 +68,15 @@ def decorate(
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
+    cast_buffers: bool = False,
 ) -> Any:
     """Prepare models (and their optimizers) for mixed precision at ``level``.
 
     Levels O0, OD and O1 change nothing (the op side is :class:`ampcore.autocast`) and return
-    the arguments as given.  At ``"O2"`` the parameters and floating buffers go to ``dtype``
-    except in norm layers and ``excluded_layers`` (see docs/o2.md), the models' floating
+    the arguments as given.  At ``"O2"`` the parameters go to ``dtype`` except in norm
+    layers (torch's, norm-like classes of other libraries such as ``LlamaRMSNorm``, and
+    types given to :func:`ampcore.register_fp32_module`) and ``excluded_layers`` (see
+    docs/o2.md); floating buffers keep their dtype unless ``cast_buffers``; the models' floating
     inputs are cast to ``dtype`` at forward, and with ``master_weight=True`` each optimizer
     updates fp32 master copies from which the low-precision parameters are refreshed after
     every step.  The objects are changed in place and keep their types.
@@ -89,9 +94,9 @@ def decorate(
         device: the backend (``"cuda"``, ``"cpu"``, ...); ``None`` takes the backend of the
             device the models' parameters are on.
         master_weight: keep fp32 master weights for the optimizers (O2).
-        keep_norm_fp32: keep LayerNorm, GroupNorm, InstanceNorm and RMSNorm in float32;
-            ``None`` asks the backend (default: for float16 only).  BatchNorm always stays
-            float32.
+        keep_norm_fp32: keep LayerNorm-, GroupNorm-, InstanceNorm- and RMSNorm-like layers
+            in float32; ``None`` asks the backend (default: for float16 only).
+            BatchNorm-like layers always stay float32.
         excluded_layers: modules (instances or types) that stay float32 and run as float32
             islands (autocast off inside).
         save_dtype: dtype of every floating entry of ``model.state_dict()``; ``None`` saves
@@ -99,6 +104,10 @@ def decorate(
         master_grad: backward produces float32 gradients, shared by model and optimizer
             (accumulation, unscaling, clipping and the update all in float32).  Not with
             DistributedDataParallel.
+        cast_buffers: also cast floating buffers (outside kept and excluded layers) to
+            ``dtype``.  ``False`` (default) leaves them as they are: rotary frequencies,
+            running statistics and position tables are constants that low precision makes
+            wrong.
 
     Returns:
         ``models`` when ``optimizers`` is None, else ``(models, optimizers)``, in the shapes
@@ -124,7 +133,7 @@ def decorate(
     checked_level = check_level(level, call=_CALL)
     model_list = _as_list(models, nn.Module, "models")
     opt_list = [] if optimizers is None else _as_list(optimizers, torch.optim.Optimizer, "optimizers")
-    _check_flags(master_weight=master_weight, master_grad=master_grad)
+    _check_flags(master_weight=master_weight, master_grad=master_grad, cast_buffers=cast_buffers)
     if keep_norm_fp32 is not None and not isinstance(keep_norm_fp32, bool):
         raise AmpcoreError(f"{_CALL}(keep_norm_fp32={keep_norm_fp32!r}): expected None, True or False")
     dtype = None if dtype is None else parse_dtype(dtype, _CALL)
@@ -155,9 +164,11 @@ def decorate(
         )
     keep_norm = default_keep_norm_fp32(resolved.backend, low) if keep_norm_fp32 is None else keep_norm_fp32
     ids = {id(m) for m in excluded_instances}
-    plans = [plan_model(m, keep_norm, excluded_types, ids) for m in model_list]
+    plans = [plan_model(m, keep_norm, excluded_types, ids, cast_buffers) for m in model_list]
     out_models, out_opts = list(model_list), list(opt_list)
-    if (master_weight, keep_norm_fp32, excluded_layers, save_dtype, master_grad) == (True, None, None, None, False):
+    if (master_weight, keep_norm_fp32, excluded_layers, save_dtype, master_grad, cast_buffers) == (
+        True, None, None, None, False, False
+    ):  # fmt: skip
         # the backend's own O2 tool (e.g. IPEX) serves the default options only
         done_models, done_opts = _vendor_prepare(resolved, low, out_models, out_opts)
         plans = [plan for index, plan in enumerate(plans) if index not in done_models]
