@@ -27,6 +27,7 @@ from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
 from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
 from ._scaler import GradScaler, LossScaleAtMinimumError
+from ._scaler_watch import LossScaleCollapseWarning
 from ._support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
 from .hookspec import hookimpl
@@ -43,6 +44,7 @@ __all__ = [
     "GradScaler",
     "Level",
     "LossScaleAtMinimumError",
+    "LossScaleCollapseWarning",
     "OpLists",
     "PluginError",
     "PluginInfo",
