@@ -11,6 +11,7 @@ from torch import nn
 from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpointHooks, decorated_model_of
 from ._dtypes import parse_dtype
 from ._errors import AmpcoreError
+from ._fsdp import RefuseSharded, check_not_sharded
 from ._levels import check_level
 from ._master import MasterPair, MasterWeights, master_weights_of
 from ._o2_policy import CastInputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
@@ -114,9 +115,11 @@ def decorate(
         they were given.
 
     Raises:
-        AmpcoreError: invalid arguments, a model already decorated or already wrapped in
-            DistributedDataParallel, an optimizer holding foreign parameters, a dtype the
-            backend cannot run.  Nothing is changed when it raises.
+        AmpcoreError: invalid arguments, a model already decorated, already wrapped in
+            DistributedDataParallel or already sharded by FSDP2's ``fully_shard`` (sharding
+            a decorated model raises at its first forward: with FSDP2 use its
+            ``MixedPrecisionPolicy`` and ``ampcore.autocast``), an optimizer holding foreign
+            parameters, a dtype the backend cannot run.  Nothing is changed when it raises.
 
     Example::
 
@@ -151,6 +154,7 @@ def decorate(
 
     resolved.backend.enforce_capability(low, resolved.index or 0, stacklevel=2)
     _check_models(model_list, excluded_instances)
+    check_not_sharded(model_list, _CALL)
     _check_optimizers(model_list, opt_list)
     if master_grad and not (master_weight and opt_list):
         raise AmpcoreError(
@@ -364,6 +368,10 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
     for module in plan.model.modules():
         if module._parameters or module._buffers:
             ModuleCheckpointHooks(record, plan.original.get(module, {})).register(module)
+    owners = [
+        (m, name, param) for m, names in plan.original.items() for name in names if (param := m._parameters.get(name)) is not None
+    ]
+    plan.model.register_forward_pre_hook(RefuseSharded(owners))  # type: ignore[arg-type]
     if not plan.root_kept:
         plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
     for module in plan.norm_modules:

@@ -4,12 +4,14 @@ libraries recognised by name, and the types users register.
 Two groups, as in Paddle's ``decorate``:
 
 * **always float32** (:data:`ALWAYS`): BatchNorm-like layers, whose running statistics
-  accumulate over many steps;
+  accumulate over many steps, and rotary position embeddings, whose cos/sin tables are
+  wrong in low precision;
 * **norms** (:data:`NORM`): LayerNorm-, RMSNorm-, GroupNorm- and InstanceNorm-like layers,
   kept float32 where the dtype rule says so (float16 by default; ``keep_norm_fp32``).
 
 A module type is in a group when it subclasses one of torch's classes of the group, when a
-class in its MRO is named like one (``LlamaRMSNorm``, ``T5LayerNorm``, ``FrozenBatchNorm2d``:
+class in its MRO is named like one (``LlamaRMSNorm``, ``T5LayerNorm``, ``FrozenBatchNorm2d``,
+``LlamaRotaryEmbedding``:
 see :data:`NAME_PATTERNS`), or when :func:`register_fp32_module` put it there.  The
 registry is process-global (module types are); registration is meant for import time.
 """
@@ -41,7 +43,9 @@ _TORCH_CLASSES: Final[dict[str, tuple[type[nn.Module], ...]]] = {
 }
 #: Class names (anywhere in the MRO) that put a module type of another library in a group.
 NAME_PATTERNS: Final[dict[str, re.Pattern[str]]] = {
-    ALWAYS: re.compile(r"BatchNorm(\d[dD])?$"),
+    # rotary embeddings: their cos/sin tables must be computed in float32, and O2 would
+    # run every op of them in low precision (wrong by up to 2.0 at position 2048)
+    ALWAYS: re.compile(r"(BatchNorm(\d[dD])?|RotaryEmbedding|RotaryEmbedding\w*|RoPE|Rotary)$"),
     NORM: re.compile(r"(RMSNorm|RmsNorm|LayerNorm|LayerNormalization|GroupNorm|InstanceNorm)(\d[dD])?$"),
 }
 
