@@ -48,7 +48,8 @@ class AmpcoreAccelerator(Accelerator):  # type: ignore[misc]
         >>> from ampcore.integrations import AmpcoreSettings
         >>> from ampcore.integrations.accelerate import AmpcoreAccelerator
         >>> accelerator = AmpcoreAccelerator(cpu=True, ampcore=AmpcoreSettings(device="cpu", level="O1"))
-        >>> model, opt = accelerator.prepare(torch.nn.Linear(4, 1), torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1))
+        >>> net = torch.nn.Linear(4, 1)
+        >>> model, opt = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
         >>> with accelerator.autocast():
         ...     loss = model(torch.randn(2, 4)).float().pow(2).mean()
         >>> accelerator.backward(loss); opt.step(); opt.zero_grad()

@@ -77,11 +77,15 @@ class AmpcoreFabricPrecision(_Shared, FabricPrecision):  # type: ignore[misc]
 
         >>> import torch, lightning
         >>> from ampcore.integrations.lightning import AmpcoreFabricPrecision
-        >>> fabric = lightning.Fabric(accelerator="cpu", devices=1, plugins=AmpcoreFabricPrecision(device="cpu", level="O1"))
-        >>> model, opt = fabric.setup(torch.nn.Linear(4, 1), torch.optim.SGD(torch.nn.Linear(4, 1).parameters(), lr=0.1))
+        >>> plugin = AmpcoreFabricPrecision(device="cpu", level="O1", custom_black_list={"gelu"})
+        >>> fabric = lightning.Fabric(accelerator="cpu", devices=1, plugins=plugin)
+        >>> net = torch.nn.Linear(4, 1)
+        >>> model, opt = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
         >>> with fabric.autocast():
-        ...     model(torch.randn(2, 4)).dtype
+        ...     out = model(torch.randn(2, 4))
+        >>> out.dtype
         torch.bfloat16
+        >>> fabric.backward(out.float().sum()); opt.step(); opt.zero_grad()
     """
 
     precision = "ampcore"

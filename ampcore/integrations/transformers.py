@@ -49,16 +49,17 @@ class AmpcoreTrainerMixin:
 
     Example::
 
-        # doc-test: requires transformers
-        >>> import torch, transformers
+        >>> import tempfile, torch, transformers
         >>> from ampcore.integrations import AmpcoreSettings
         >>> from ampcore.integrations.transformers import AmpcoreTrainer
         >>> config = transformers.GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2)
         >>> data = [{"input_ids": torch.arange(8), "labels": torch.arange(8)}] * 4
-        >>> args = transformers.TrainingArguments("out", max_steps=2, use_cpu=True, report_to=[], save_strategy="no")
+        >>> args = transformers.TrainingArguments(tempfile.mkdtemp(), max_steps=2, use_cpu=True, report_to=[],
+        ...                                       save_strategy="no", disable_tqdm=True)
         >>> trainer = AmpcoreTrainer(model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=data,
         ...                          ampcore=AmpcoreSettings(device="cpu", level="O1"))
-        >>> trainer.train().global_step
+        >>> trainer.train().global_step  # the Trainer prints its metrics
+        {'train_runtime': ...}
         2
     """
 
