@@ -371,7 +371,7 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
     owners = [
         (m, name, param) for m, names in plan.original.items() for name in names if (param := m._parameters.get(name)) is not None
     ]
-    plan.model.register_forward_pre_hook(RefuseSharded(owners))  # type: ignore[arg-type]
+    plan.model.register_forward_pre_hook(RefuseSharded(owners))
     if not plan.root_kept:
         plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
     for module in plan.norm_modules:

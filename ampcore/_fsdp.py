@@ -33,7 +33,7 @@ def _fsdp_module_type() -> type | None:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # torch built without distributed
         return None
-    return FSDPModule  # type: ignore[no-any-return]
+    return FSDPModule
 
 
 def is_sharded(module: nn.Module) -> bool:

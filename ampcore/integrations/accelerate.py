@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.optimizer import AcceleratedOptimizer
+from accelerate import Accelerator  # type: ignore[import-untyped]
+from accelerate.optimizer import AcceleratedOptimizer  # type: ignore[import-untyped]
 from torch import nn
 
 from .._checkpoint import decorated_model_of

@@ -61,7 +61,7 @@ class _Shared:
             self.scaler.unscale_(optimizer)
 
 
-class AmpcoreFabricPrecision(_Shared, FabricPrecision):  # type: ignore[misc]
+class AmpcoreFabricPrecision(_Shared, FabricPrecision):
     """``Fabric(plugins=AmpcoreFabricPrecision(device="cpu", level="O1", ...))``.
 
     Args:
@@ -88,7 +88,7 @@ class AmpcoreFabricPrecision(_Shared, FabricPrecision):  # type: ignore[misc]
         >>> fabric.backward(out.float().sum()); opt.step(); opt.zero_grad()
     """
 
-    precision = "ampcore"
+    precision = "ampcore"  # type: ignore[assignment]  # not one of Lightning's names
 
     def __init__(self, settings: AmpcoreSettings | None = None, **kwargs: Any) -> None:
         self.settings = _settings(settings, kwargs, "AmpcoreFabricPrecision")
@@ -115,7 +115,7 @@ class AmpcoreFabricPrecision(_Shared, FabricPrecision):  # type: ignore[misc]
 
 
 
-class AmpcorePrecision(_Shared, TrainerPrecision):  # type: ignore[misc]
+class AmpcorePrecision(_Shared, TrainerPrecision):
     """``Trainer(plugins=[AmpcorePrecision(device="cpu", level="O1", ...)])``.
 
     Args:
@@ -135,7 +135,7 @@ class AmpcorePrecision(_Shared, TrainerPrecision):  # type: ignore[misc]
         ('OD', False)
     """
 
-    precision = "ampcore"
+    precision = "ampcore"  # type: ignore[assignment]  # not one of Lightning's names
 
     def __init__(self, settings: AmpcoreSettings | None = None, **kwargs: Any) -> None:
         self.settings = _settings(settings, kwargs, "AmpcorePrecision")
@@ -155,12 +155,12 @@ class AmpcorePrecision(_Shared, TrainerPrecision):  # type: ignore[misc]
         return model, optimizers, lr_schedulers
 
     @contextlib.contextmanager
-    def forward_context(self) -> Generator[None, None, None]:  # type: ignore[override]
+    def forward_context(self) -> Generator[None, None, None]:
         with self.settings.autocast():
             yield
 
-    def pre_backward(self, tensor: torch.Tensor, module: Any) -> torch.Tensor:  # type: ignore[override]
-        return super().pre_backward(self._scale(tensor), module)  # type: ignore[no-any-return]
+    def pre_backward(self, tensor: torch.Tensor, module: Any) -> torch.Tensor:
+        return super().pre_backward(self._scale(tensor), module)
 
     def optimizer_step(  # type: ignore[override]
         self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any

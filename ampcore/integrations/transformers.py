@@ -63,6 +63,12 @@ class AmpcoreTrainerMixin:
         2
     """
 
+    # provided by the Trainer this is mixed into
+    accelerator: Any
+    model: Any
+    args: Any
+    optimizer: Any
+
     def __init__(self, *args: Any, ampcore: AmpcoreSettings | None = None, **kwargs: Any) -> None:
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         if training_args is not None and (getattr(training_args, "fp16", False) or getattr(training_args, "bf16", False)):
@@ -125,5 +131,5 @@ class AmpcoreTrainerMixin:
         return list(model.parameters())
 
 
-class AmpcoreTrainer(AmpcoreTrainerMixin, Trainer):  # type: ignore[misc]
+class AmpcoreTrainer(AmpcoreTrainerMixin, Trainer):
     """``transformers.Trainer`` with :class:`AmpcoreTrainerMixin` (takes ``ampcore=``)."""
