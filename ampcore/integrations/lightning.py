@@ -8,9 +8,10 @@ under ``ampcore.autocast``, the loss is scaled before backward, the step goes th
 scaler's state is part of Lightning's checkpoints.
 
 Level O2: the ``Trainer`` plugin decorates the LightningModule and its optimizers when
-Lightning connects them (single-device strategies: DDP wraps the model first, which
-``ampcore.decorate`` refuses); with ``Fabric`` decorate the model and optimizer yourself
-before ``fabric.setup`` (the plugin checks that you did).
+Lightning connects them (single-device strategies: Lightning's DDP strategy builds DDP
+before the optimizers exist, and decorate must come first, so the plugin refuses O2 there);
+with ``Fabric`` decorate the model and optimizer yourself before ``fabric.setup`` (the
+plugin checks that you did).
 """
 
 from __future__ import annotations
@@ -148,8 +149,9 @@ class AmpcorePrecision(_Shared, TrainerPrecision):
             if isinstance(model, nn.parallel.DistributedDataParallel):
                 raise AmpcoreError(
                     "AmpcorePrecision(level='O2'): the strategy wrapped the model in DistributedDataParallel "
-                    "before the plugin could decorate it. With DDP, decorate the model and its optimizers in "
-                    "configure_optimizers (`ampcore.decorate(self, opt, level='O2')`) or use level 'O1'"
+                    "before the optimizers existed, and ampcore.decorate must convert the model (with its "
+                    "optimizers) before DDP is built. Under Lightning's DDP strategy use level 'O1' or 'OD' "
+                    "(the plugin's autocast and scaler work there), or O2 on a single device"
                 )
             self.settings.decorate_models(model, list(optimizers) or None)
         return model, optimizers, lr_schedulers
