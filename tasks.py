@@ -89,7 +89,12 @@ def _up_to_date(extras: tuple[str, ...]) -> bool:
     return PY.exists() and stamp.get("key") == _setup_key() and set(extras) <= set(stamp.get("extras", []))
 
 
-def setup(extras: tuple[str, ...] = ("test",)) -> None:
+#: What `python3 tasks.py test` installs: the test tools and the optional integrations'
+#: frameworks (pure Python; pinned to the venv's torch by the constraints file).
+TEST_EXTRAS = ("test", "integrations")
+
+
+def setup(extras: tuple[str, ...] = TEST_EXTRAS) -> None:
     """Create the venv and install torch (``AMPCORE_TORCH``), ampcore[extras], the plugin."""
     if _up_to_date(extras):
         print(f"setup: {VENV} is up to date (delete {STAMP.name} there to reinstall)", flush=True)

@@ -19,6 +19,7 @@ from ._capability import CapabilityIssue
 from ._custom_fwd import custom_bwd, custom_fwd
 from ._decorate import decorate
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
+from ._fp32_modules import register_fp32_module, unregister_fp32_module
 from ._fused import FusedKernelWarning
 from ._region import RegionInfo, active_region
 from ._levels import LEVELS, Level
@@ -26,6 +27,7 @@ from ._oplists import OpLists, oplists
 from ._plugins import PluginInfo, PluginManager
 from ._registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
 from ._scaler import GradScaler, LossScaleAtMinimumError
+from ._scaler_watch import LossScaleCollapseWarning
 from ._support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
 from .hookspec import hookimpl
@@ -42,6 +44,7 @@ __all__ = [
     "GradScaler",
     "Level",
     "LossScaleAtMinimumError",
+    "LossScaleCollapseWarning",
     "OpLists",
     "PluginError",
     "PluginInfo",
@@ -62,6 +65,8 @@ __all__ = [
     "list_backends",
     "list_plugins",
     "oplists",
+    "register_fp32_module",
     "register_plugin",
+    "unregister_fp32_module",
     "unregister_plugin",
 ]

@@ -61,6 +61,16 @@ def _entries(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, buf
 
 
+def _adopt_if_changed(pair: MasterPair) -> None:
+    """Copy into the master a model parameter changed in place outside ampcore since
+    ampcore last wrote it (``fill_``, ``nn.init``, DDP's broadcast), as the next optimizer
+    step would: a state dict taken before that step must not hold the stale master."""
+    if pair.model._version != pair.version:
+        with torch.no_grad():
+            pair.master.copy_(pair.model)
+        pair.version = pair.model._version
+
+
 class ModuleCheckpointHooks:
     """State-dict hooks of one submodule of a decorated model.
 
@@ -91,6 +101,7 @@ class ModuleCheckpointHooks:
             live = value is tensor  # state_dict(keep_vars=True)
             pair = pairs.get(tensor) if isinstance(tensor, nn.Parameter) else None
             if pair is not None:
+                _adopt_if_changed(pair)
                 value = pair.master if live else pair.master.detach()
             target = save_dtype if save_dtype is not None else self.original.get(name)
             if target is not None and not live and value.is_floating_point() and value.dtype != target:

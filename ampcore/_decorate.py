@@ -11,6 +11,7 @@ from torch import nn
 from ._checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpointHooks, decorated_model_of
 from ._dtypes import parse_dtype
 from ._errors import AmpcoreError
+from ._fsdp import RefuseSharded, check_not_sharded
 from ._levels import check_level
 from ._master import MasterPair, MasterWeights, master_of, master_weights_of
 from ._o2_policy import CastInputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
@@ -37,6 +38,7 @@ def decorate(
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
+    cast_buffers: bool = False,
 ) -> ModelsT: ...
 
 
@@ -52,6 +54,7 @@ def decorate(
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
+    cast_buffers: bool = False,
 ) -> tuple[ModelsT, OptimizersT]: ...
 
 
@@ -66,12 +69,15 @@ def decorate(
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
     master_grad: bool = False,
+    cast_buffers: bool = False,
 ) -> Any:
     """Prepare models (and their optimizers) for mixed precision at ``level``.
 
     Levels O0, OD and O1 change nothing (the op side is :class:`ampcore.autocast`) and return
-    the arguments as given.  At ``"O2"`` the parameters and floating buffers go to ``dtype``
-    except in norm layers and ``excluded_layers`` (see docs/o2.md), the models' floating
+    the arguments as given.  At ``"O2"`` the parameters go to ``dtype`` except in norm
+    layers (torch's, norm-like classes of other libraries such as ``LlamaRMSNorm``, and
+    types given to :func:`ampcore.register_fp32_module`) and ``excluded_layers`` (see
+    docs/o2.md); floating buffers keep their dtype unless ``cast_buffers``; the models' floating
     inputs are cast to ``dtype`` at forward, and with ``master_weight=True`` each optimizer
     updates fp32 master copies from which the low-precision parameters are refreshed after
     every step.  The objects are changed in place and keep their types.
@@ -89,9 +95,9 @@ def decorate(
         device: the backend (``"cuda"``, ``"cpu"``, ...); ``None`` takes the backend of the
             device the models' parameters are on.
         master_weight: keep fp32 master weights for the optimizers (O2).
-        keep_norm_fp32: keep LayerNorm, GroupNorm, InstanceNorm and RMSNorm in float32;
-            ``None`` asks the backend (default: for float16 only).  BatchNorm always stays
-            float32.
+        keep_norm_fp32: keep LayerNorm-, GroupNorm-, InstanceNorm- and RMSNorm-like layers
+            in float32; ``None`` asks the backend (default: for float16 only).
+            BatchNorm-like layers always stay float32.
         excluded_layers: modules (instances or types) that stay float32 and run as float32
             islands (autocast off inside).
         save_dtype: dtype of every floating entry of ``model.state_dict()``; ``None`` saves
@@ -99,15 +105,21 @@ def decorate(
         master_grad: backward produces float32 gradients, shared by model and optimizer
             (accumulation, unscaling, clipping and the update all in float32).  Not with
             DistributedDataParallel.
+        cast_buffers: also cast floating buffers (outside kept and excluded layers) to
+            ``dtype``.  ``False`` (default) leaves them as they are: rotary frequencies,
+            running statistics and position tables are constants that low precision makes
+            wrong.
 
     Returns:
         ``models`` when ``optimizers`` is None, else ``(models, optimizers)``, in the shapes
         they were given.
 
     Raises:
-        AmpcoreError: invalid arguments, a model already decorated or already wrapped in
-            DistributedDataParallel, an optimizer holding foreign parameters, a dtype the
-            backend cannot run.  Nothing is changed when it raises.
+        AmpcoreError: invalid arguments, a model already decorated, already wrapped in
+            DistributedDataParallel or already sharded by FSDP2's ``fully_shard`` (sharding
+            a decorated model raises at its first forward: with FSDP2 use its
+            ``MixedPrecisionPolicy`` and ``ampcore.autocast``), an optimizer holding foreign
+            parameters, a dtype the backend cannot run.  Nothing is changed when it raises.
 
     Example::
 
@@ -124,7 +136,7 @@ def decorate(
     checked_level = check_level(level, call=_CALL)
     model_list = _as_list(models, nn.Module, "models")
     opt_list = [] if optimizers is None else _as_list(optimizers, torch.optim.Optimizer, "optimizers")
-    _check_flags(master_weight=master_weight, master_grad=master_grad)
+    _check_flags(master_weight=master_weight, master_grad=master_grad, cast_buffers=cast_buffers)
     if keep_norm_fp32 is not None and not isinstance(keep_norm_fp32, bool):
         raise AmpcoreError(f"{_CALL}(keep_norm_fp32={keep_norm_fp32!r}): expected None, True or False")
     dtype = None if dtype is None else parse_dtype(dtype, _CALL)
@@ -142,6 +154,7 @@ def decorate(
 
     resolved.backend.enforce_capability(low, resolved.index or 0, stacklevel=2)
     _check_models(model_list, excluded_instances)
+    check_not_sharded(model_list, _CALL)
     _check_optimizers(model_list, opt_list)
     if master_grad and not (master_weight and opt_list):
         raise AmpcoreError(
@@ -155,9 +168,11 @@ def decorate(
         )
     keep_norm = default_keep_norm_fp32(resolved.backend, low) if keep_norm_fp32 is None else keep_norm_fp32
     ids = {id(m) for m in excluded_instances}
-    plans = [plan_model(m, keep_norm, excluded_types, ids) for m in model_list]
+    plans = [plan_model(m, keep_norm, excluded_types, ids, cast_buffers) for m in model_list]
     out_models, out_opts = list(model_list), list(opt_list)
-    if (master_weight, keep_norm_fp32, excluded_layers, save_dtype, master_grad) == (True, None, None, None, False):
+    if (master_weight, keep_norm_fp32, excluded_layers, save_dtype, master_grad, cast_buffers) == (
+        True, None, None, None, False, False
+    ):  # fmt: skip
         # the backend's own O2 tool (e.g. IPEX) serves the default options only
         done_models, done_opts = _vendor_prepare(resolved, low, out_models, out_opts)
         plans = [plan for index, plan in enumerate(plans) if index not in done_models]
@@ -361,6 +376,10 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
     for module in plan.model.modules():
         if module._parameters or module._buffers:
             ModuleCheckpointHooks(record, plan.original.get(module, {})).register(module)
+    owners = [
+        (m, name, param) for m, names in plan.original.items() for name in names if (param := m._parameters.get(name)) is not None
+    ]
+    plan.model.register_forward_pre_hook(RefuseSharded(owners))
     if not plan.root_kept:
         plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
     for module in plan.norm_modules:

@@ -58,6 +58,15 @@ class MasterPair:
     seen_grad: weakref.ReferenceType[torch.Tensor] | None = field(default=None, repr=False)
     seen_grad_version: int = 0
 
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy, torch.save of the model
+        return {"model": self.model, "master": self.master}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a copy's tensors have version counters of their own: it starts in sync
+        self.model, self.master = state["model"], state["master"]
+        self.version = self.model._version
+        self.seen_grad, self.seen_grad_version = None, 0
+
 
 def master_of(param: torch.Tensor) -> MasterWeights | None:
     """The :class:`MasterWeights` (of some decorated optimizer) that holds ``param``'s master."""

@@ -1,12 +1,17 @@
 """Which parts of a model level O2 keeps in float32, and the forward hooks that feed them.
 
-Parameters and floating buffers go to the low-precision dtype except in:
+Parameters go to the low-precision dtype (floating buffers too with ``cast_buffers=True``;
+by default they keep their dtype: rotary frequencies, running statistics and position
+tables are constants that low precision would make wrong) except in:
 
-* BatchNorm layers (every ``_BatchNorm``, so SyncBatchNorm too), always: their running
-  statistics accumulate over many steps;
-* LayerNorm, GroupNorm, InstanceNorm and RMSNorm when the backend says so for the dtype
-  (core default: for float16 only, as Paddle does); ``keep_norm_fp32`` overrides;
+* BatchNorm-like layers, always: their running statistics accumulate over many steps;
+* LayerNorm-, GroupNorm-, InstanceNorm- and RMSNorm-like layers when the backend says so
+  for the dtype (core default: for float16 only, as Paddle does); ``keep_norm_fp32``
+  overrides;
 * ``excluded_layers`` (instances or types) and everything inside them.
+
+Which layers are "-like" (torch's classes, names such as ``LlamaRMSNorm``, registered
+types) is ``_fp32_modules.py``'s business; a kept layer keeps its whole subtree.
 
 A kept norm layer and an excluded layer run as float32 islands: float32 inputs, autocast off
 inside (forward hooks).  A kept norm layer's outputs go back to the low-precision dtype, so
@@ -19,35 +24,24 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ._errors import AmpcoreError
+from ._fp32_modules import ALWAYS, fp32_group
 
 if TYPE_CHECKING:
     from ._backend import Backend
     from ._checkpoint import DecoratedModel
 
 __all__ = [
-    "ALWAYS_FP32_NORMS",
-    "DTYPE_DEPENDENT_NORMS",
     "ModelPlan",
     "cast_floating",
     "default_keep_norm_fp32",
     "plan_model",
 ]
-
-#: Norm layers whose parameters and buffers always stay float32.
-ALWAYS_FP32_NORMS: Final[tuple[type[nn.Module], ...]] = (nn.modules.batchnorm._BatchNorm,)
-#: Norm layers kept float32 when the backend says so for the dtype (float16 by default).
-DTYPE_DEPENDENT_NORMS: Final[tuple[type[nn.Module], ...]] = tuple(
-    t
-    for t in (nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm, getattr(nn, "RMSNorm", None))
-    if t is not None
-)
-
 
 def default_keep_norm_fp32(backend: Backend, dtype: torch.dtype) -> bool:
     """Whether LayerNorm/GroupNorm/InstanceNorm/RMSNorm stay float32 for ``dtype`` on
@@ -79,22 +73,22 @@ def plan_model(
     keep_norm: bool,
     excluded_types: tuple[type[nn.Module], ...],
     excluded_instances: set[int],
+    cast_buffers: bool = False,
 ) -> ModelPlan:
     """Decide what level O2 converts in ``model`` (reads the model, changes nothing)."""
     plan = ModelPlan(model)
     kept: set[int] = set()  # ids of modules whose own tensors stay float32
-    in_excluded: set[int] = set()
-    norms = ALWAYS_FP32_NORMS + (DTYPE_DEPENDENT_NORMS if keep_norm else ())
     for module in model.modules():
-        if id(module) in in_excluded:
+        if id(module) in kept:
             continue
         if id(module) in excluded_instances or (excluded_types and isinstance(module, excluded_types)):
             plan.excluded_roots.append(module)
-            in_excluded.update(id(sub) for sub in module.modules())
-        elif isinstance(module, norms):
+        else:
+            group = fp32_group(module)
+            if group is None or (group != ALWAYS and not keep_norm):
+                continue
             plan.norm_modules.append(module)
-            kept.add(id(module))
-    kept |= in_excluded
+        kept.update(id(sub) for sub in module.modules())
     plan.root_kept = id(model) in kept
     keep_params = {
         id(p) for m in model.modules() if id(m) in kept for p in m._parameters.values() if p is not None
@@ -110,6 +104,8 @@ def plan_model(
             if id(param) not in seen:
                 seen.add(id(param))
                 plan.params.append(param)
+        if not cast_buffers:
+            continue
         for name, buf in module._buffers.items():
             if buf is not None and buf.is_floating_point():
                 plan.original.setdefault(module, {})[name] = buf.dtype

@@ -19,6 +19,7 @@ from ._scaler_base import CALL as _CALL
 from ._scaler_base import map_tensors
 from ._scaler_options import ScalerOptions, accepts_paddle_aliases, check_bool, check_number
 from ._scaler_paddle import PaddleScalerMethods
+from ._scaler_watch import CollapseWatch
 
 __all__ = ["GradScaler", "LossScaleAtMinimumError"]
 
@@ -30,10 +31,11 @@ T = TypeVar("T")
 
 
 class LossScaleAtMinimumError(AmpcoreError):
-    """Gradients overflowed while the loss scale was already at ``min_scale``.
+    """Gradients keep overflowing whatever the loss scale: training on would skip every step.
 
     Raised by :meth:`GradScaler.update` when the scaler was built with
-    ``raise_at_min_scale=True``: training on would skip every step without learning.
+    ``raise_at_min_scale=True`` and the scale is already at ``min_scale``, or with
+    ``on_collapse="raise"`` after ``collapse_patience`` skipped steps in a row.
     """
 
 
@@ -60,6 +62,8 @@ class _OptimizerRecord:
 
     stage: _Stage = _Stage.READY
     found_inf: torch.Tensor | None = None
+    #: whether step() skipped the update (None: not read on the host, fused optimizers)
+    skipped: bool | None = None
 
 
 class GradScaler(PaddleScalerMethods):
@@ -98,6 +102,13 @@ class GradScaler(PaddleScalerMethods):
         raise_at_min_scale: raise :class:`LossScaleAtMinimumError` from :meth:`update` when
             the scale must back off but already is at ``min_scale`` (needs ``min_scale``;
             costs one host read per :meth:`update`).
+        collapse_patience: after this many consecutive iterations whose step was skipped
+            (non-finite gradients: the scale collapsing toward its minimum), warn with
+            :class:`ampcore.LossScaleCollapseWarning` (once per run of skips) naming how to
+            find the op (``ampcore.debugging.check_numerics``); ``None`` turns the watch off.
+            Counted from the flag :meth:`step` reads anyway: no extra host sync; fused
+            optimizers (no read) are not watched.
+        on_collapse: ``"warn"`` (default) or ``"raise"`` (:class:`LossScaleAtMinimumError`).
         process_group: the group over which the found-inf flag is all-reduced (MAX) when
             ``torch.distributed`` is initialised; ``None`` for the default group.
         sync_found_inf: ``False`` never all-reduces the flag (each rank decides alone).
@@ -141,6 +152,8 @@ class GradScaler(PaddleScalerMethods):
         dynamic: bool = True,
         enabled: bool | None = None,
         raise_at_min_scale: bool = False,
+        collapse_patience: int | None = 10,
+        on_collapse: str = "warn",
         dtype: torch.dtype | str | None = None,
         process_group: dist.ProcessGroup | None = None,
         sync_found_inf: bool = True,
@@ -179,6 +192,7 @@ class GradScaler(PaddleScalerMethods):
                 dtype_name(checked),
                 backend.name,
             )
+        self._collapse = CollapseWatch(_CALL, collapse_patience, on_collapse)
         self._process_group = process_group
         self._sync_found_inf = sync_found_inf
         #: per optimizer (by id), only once a call on it succeeded: a refused call leaves none
@@ -304,7 +318,8 @@ class GradScaler(PaddleScalerMethods):
             self.unscale_(optimizer)
             record = self._records[id(optimizer)]
         found_inf = record.found_inf
-        result = None if found_inf is None or found_inf.item() else optimizer.step(*args, **kwargs)
+        record.skipped = found_inf is None or bool(found_inf.item())
+        result = None if record.skipped else optimizer.step(*args, **kwargs)
         record.stage = _Stage.STEPPED
         return result
 
@@ -373,8 +388,16 @@ class GradScaler(PaddleScalerMethods):
                 self._kernels.update_scale_(
                     tensors.scale, tensors.growth_tracker, tensors.overflow_tracker, found_inf, self._options
                 )
+        skipped = [r.skipped for r in self._records.values() if r.skipped is not None]
         self._records.clear()
         self._iteration_started = False
+        self._collapse.record(skipped, self._describe_scale, LossScaleAtMinimumError)
+
+    def _describe_scale(self) -> str:
+        """', and the loss scale fell to 0.0625' (read, one host sync, only when reporting)."""
+        if not self._scaling or not self._options.dynamic:
+            return ""
+        return f", and the loss scale fell to {self.get_scale():g} (init_scale {self._options.init_scale:g})"
 
     def _set_scale(self, new_scale: float | torch.Tensor) -> None:
         if not self._scaling:

@@ -94,8 +94,16 @@ def test_o2_converts_all_but_batchnorm_and_dtype_dependent_norms(dtype: torch.dt
             assert value == (torch.long if name.endswith("num_batches_tracked") else FP32), name
         elif layer in norms:
             assert value == norms[layer], name
+        elif name == "scale":
+            assert value == FP32  # floating buffers keep their dtype (cast_buffers=False)
         else:
-            assert value == dtype, name  # embedding, linear, conv, the float buffer
+            assert value == dtype, name  # embedding, linear, conv
+
+
+def test_cast_buffers_casts_the_floating_buffers_outside_kept_layers() -> None:
+    model = ampcore.decorate(Zoo(), level="O2", dtype=BF16, device="cpu", cast_buffers=True)
+    assert model.scale.dtype == BF16 and model.count.dtype == torch.long
+    assert model.batch_norm.running_mean.dtype == FP32
 
 
 @pytest.mark.parametrize(("dtype", "keep", "expected"), [(BF16, True, FP32), (FP16, False, FP16)])

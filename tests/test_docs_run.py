@@ -15,6 +15,7 @@ from __future__ import annotations
 import __future__
 import doctest
 import importlib
+import importlib.util
 import pkgutil
 import re
 import warnings
@@ -32,6 +33,12 @@ PACKAGES = ("ampcore", "ampcore_backends", "ampcore_conformance", "ampcore_examp
 #: modules not imported here: the suite's pytest plugin registers assert rewriting on import
 #: (it has no examples; it runs in every conformance run)
 _NOT_IMPORTED = {"ampcore_conformance.plugin"}
+#: integration modules and the optional framework each imports (not installed: not imported)
+_NEEDS = {
+    "ampcore.integrations.lightning": "lightning",
+    "ampcore.integrations.accelerate": "accelerate",
+    "ampcore.integrations.transformers": "transformers",
+}
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 _MARKER = re.compile(r"^(?:>>> )?# doc-test: (requires|skip)\s*(.*)$")
@@ -142,7 +149,11 @@ def _modules() -> list[str]:
         names.append(package)
         names += [info.name for info in pkgutil.walk_packages(module.__path__, package + ".")]
     return [
-        n for n in names if n not in _NOT_IMPORTED and not n.rsplit(".", 1)[-1].startswith(("test_", "conftest", "__main__"))
+        n
+        for n in names
+        if n not in _NOT_IMPORTED
+        and not n.rsplit(".", 1)[-1].startswith(("test_", "conftest", "__main__"))
+        and (n not in _NEEDS or importlib.util.find_spec(_NEEDS[n]) is not None)
     ]
 
 

@@ -88,7 +88,9 @@ class NumericsFinding:
         if self.autograd_node is not None and self.inputs_finite:
             return (
                 f"a gradient overflowed in {self.autograd_node}: lower the loss scale (ampcore's GradScaler "
-                "backs off by itself) or keep the forward op in float32"
+                "backs off by itself); if it overflows at every scale (the scaler keeps skipping steps), keep "
+                "the forward op in float32 (custom_black_list) or its layer (decorate(excluded_layers=...) or "
+                "ampcore.register_fp32_module)"
             )
         if not self.inputs_finite:
             return "its inputs already held nan/inf: the problem starts earlier (before the region or in a skipped op)"
