@@ -19,6 +19,7 @@ counterpart, runs the operator's CPU kernel and wraps the results:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import torch
@@ -158,4 +159,26 @@ def install_fallback() -> None:
     kernels = torch.library.Library("aten", "IMPL")
     for name, kernel in _OVERRIDES.items():
         kernels.impl(name, kernel, "PrivateUse1")
+    for op in _cpu_kernel_over_composite():
+        kernels.impl(op._schema.name.removeprefix("aten::") + ("" if op._overloadname == "default" else "." + op._overloadname),
+                     functools.partial(_fallback, op), "PrivateUse1")  # fmt: skip
     _libraries.append(kernels)
+
+
+def _cpu_kernel_over_composite() -> list[torch._ops.OpOverload]:
+    """Ops with a CPU kernel *and* a composite one, which would otherwise win over the fallback.
+
+    A composite kernel of a functional op allocates its result and calls the ``out=``
+    variant, which resizes it: a device tensor without memory cannot be resized, so these
+    ops run their CPU kernel directly (about 400, e.g. ``mse_loss``).
+    """
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    found = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::") or not has(name, "CPU"):
+            continue
+        if not (has(name, "CompositeExplicitAutograd") or has(name, "CompositeExplicitAutogradNonFunctional")):
+            continue
+        base, _, overload = name.removeprefix("aten::").partition(".")
+        found.append(getattr(getattr(torch.ops.aten, base), overload or "default"))
+    return found
