@@ -6,6 +6,11 @@ the dtype, at level O1; the required sets hold whatever the lists say.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from typing import Any
+
 import pytest
 import torch
 
@@ -73,3 +78,44 @@ def test_required_black_ops(
     where = category(amp_context.lists(amp_dtype), amp_op.name)
     assert where == "black", f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be black"
     check_runs_fp32(amp_op, amp_backend, amp_device, amp_dtype)
+
+
+def _native_kernels(backend: ampcore.Backend, dtype: torch.dtype) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "ampcore_conformance._native", backend.name, str(dtype).removeprefix("torch.")],
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"measuring the device's own autocast kernels failed:\n{done.stderr[-3000:]}", pytrace=False)
+    return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_device_autocast_kernels_match_the_lists(amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:
+    """The autocast kernels the device registers itself do what the backend's lists say.
+
+    Measured with plain ``torch.autocast`` in a fresh process (nothing of ampcore on the
+    device's autocast key).  Every kernel the device has must match the lists (the adapter
+    declares its differences from torch's table with ``ampcore_op_list_adjustments``); and
+    where the adapter declares none, ampcore leaves uncustomised O1 to the device, so every
+    listed op needs a kernel.  A device with no autocast kernels passes: ampcore provides
+    its autocast with exactly these lists.
+    """
+    found = _native_kernels(amp_backend, amp_dtype)
+    if not found["native"]:
+        pytest.skip(f"{amp_backend.device_type!r} registers no autocast kernels: ampcore provides its autocast from the lists")
+    low = str(amp_dtype).removeprefix("torch.")
+    wanted = {"white": low, "black": "float32", "promote": "float32"}
+    wrong = []
+    for op, seen in found["ops"].items():
+        want, got = wanted[seen["list"]], seen["got"]
+        if got.startswith("error") or got == want:
+            continue
+        if seen["kernel"]:
+            wrong.append(f"{op}: the {found['key']} kernel returns {got}; the lists put it on the {seen['list']} list ({want})")
+        elif not found["adjusted"]:
+            wrong.append(f"{op}: no {found['key']} kernel, so torch.autocast returns {got}; the lists put it on the {seen['list']} list ({want})")
+    assert not wrong, (
+        f"the device's own autocast kernels disagree with backend {amp_backend.name!r}'s lists for {amp_dtype}:\n  "
+        + "\n  ".join(wrong)
+        + "\nregister the kernels the lists name, or declare the differences with ampcore_op_list_adjustments"
+    )

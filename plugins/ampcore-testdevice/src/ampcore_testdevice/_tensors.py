@@ -11,7 +11,7 @@ composite kernel: it swaps each device tensor (and a ``device=`` argument) for i
 counterpart, runs the operator's CPU kernel and wraps the results:
 
 * a result the schema says is written in place (``add_``, ``out=``) is the device tensor
-  that was passed;
+  that was passed (given the CPU tensor's new shape when the kernel resized it);
 * any other tensor result becomes a new device tensor holding the CPU result.  A view's
   CPU result shares memory with its base, so writes through views reach the base;
 * unless a ``device=`` argument names another device (``.cpu()``).
@@ -141,6 +141,10 @@ def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             return value
         written = _written_argument(op, index, args, kwargs)
         if written is not None:
+            if isinstance(written, torch.Tensor) and written.device.type == device_type and written.shape != value.shape:
+                # an out= argument the CPU kernel resized: give the device tensor the new
+                # metadata in place (set_data), holding the resized CPU tensor
+                written.data = from_cpu(value)
             return written
         return from_cpu(value) if stays_here else value
 
