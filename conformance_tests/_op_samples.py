@@ -90,7 +90,9 @@ def _add(
 
 
 def _long(*values: Any) -> Callable[[torch.device], tuple[Any, ...]]:
-    return lambda device: (torch.tensor(values, device=device),)
+    # built on the CPU, then moved: torch.tensor(..., device=) inside a TorchDispatchMode
+    # trips an INTERNAL ASSERT for a device registered from Python
+    return lambda device: (torch.tensor(values).to(device),)
 
 
 def _A(*shape: int, kind: Kind = "normal") -> Arg:

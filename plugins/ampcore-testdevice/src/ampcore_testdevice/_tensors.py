@@ -20,6 +20,7 @@ counterpart, runs the operator's CPU kernel and wraps the results:
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Final
 
 import torch
@@ -118,6 +119,14 @@ _OVERRIDES: Final = {
     "convolution_backward_overrideable": _device_call(_convolution_backward),
 }
 
+#: Aliases with the same metadata, kept on their composite kernels: a shallow copy shares
+#: the storage and so the CPU tensor, and ``nn.Parameter`` needs a tensor without a Python
+#: object from ``detach``.
+_SHALLOW: Final = frozenset({"detach", "alias", "lift_fresh"})
+
+#: View ops that C++ code calls when the (always contiguous) device tensor allows it.
+_VIEWS: Final = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default})
+
 _SPECIAL: Final = {
     torch.ops.aten._copy_from.default: _copy_from,
     torch.ops.aten._copy_from_and_resize.default: _copy_from_and_resize,
@@ -130,7 +139,14 @@ def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         return special(*args, **kwargs)
     device_type = torch._C._get_privateuse1_backend_name()
     unwrap = _unwrap(device_type)
-    out = op(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    cpu_args, cpu_kwargs = tree_map(unwrap, args), tree_map(unwrap, kwargs)
+    try:
+        out = op(*cpu_args, **cpu_kwargs)
+    except RuntimeError as exc:
+        if op not in _VIEWS or "view size is not compatible" not in str(exc):
+            raise
+        # the device tensor looks contiguous, the CPU view it holds is not: reshape copies
+        out = torch.reshape(cpu_args[0], cpu_args[1])
     target = kwargs.get("device")
     stays_here = target is None or torch.device(target).type == device_type
 
@@ -161,28 +177,34 @@ def install_fallback() -> None:
     library.fallback(_fallback, "PrivateUse1")
     _libraries.append(library)
     kernels = torch.library.Library("aten", "IMPL")
-    for name, kernel in _OVERRIDES.items():
-        kernels.impl(name, kernel, "PrivateUse1")
-    for op in _cpu_kernel_over_composite():
-        kernels.impl(op._schema.name.removeprefix("aten::") + ("" if op._overloadname == "default" else "." + op._overloadname),
-                     functools.partial(_fallback, op), "PrivateUse1")  # fmt: skip
     _libraries.append(kernels)
+    with warnings.catch_warnings():  # "Overriding a previously registered kernel": on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        for name, kernel in _OVERRIDES.items():
+            kernels.impl(name, kernel, "PrivateUse1")
+        for op in _composite_ops():
+            overload = "" if op._overloadname == "default" else "." + op._overloadname
+            kernels.impl(op._schema.name.removeprefix("aten::") + overload, functools.partial(_fallback, op), "PrivateUse1")
 
 
-def _cpu_kernel_over_composite() -> list[torch._ops.OpOverload]:
-    """Ops with a CPU kernel *and* a composite one, which would otherwise win over the fallback.
+def _composite_ops() -> list[torch._ops.OpOverload]:
+    """The ATen ops whose composite-explicit kernel would otherwise win over the fallback.
 
-    A composite kernel of a functional op allocates its result and calls the ``out=``
-    variant, which resizes it: a device tensor without memory cannot be resized, so these
-    ops run their CPU kernel directly (about 400, e.g. ``mse_loss``).
+    Such a kernel runs *on the device tensors*: it computes views with ``as_strided`` from
+    their metadata, which is not the metadata of the CPU tensors holding the data (a
+    transposed view is held by a contiguous device tensor), and it allocates ``out=``
+    results that its ``out=`` kernel then resizes.  Run on the CPU tensors instead, where
+    metadata and data agree (about 1,500 ops: views, ``mse_loss``, ``_to_copy``...).
     """
     has = torch._C._dispatch_has_kernel_for_dispatch_key
     found = []
     for name in torch._C._dispatch_get_all_op_names():
-        if not name.startswith("aten::") or not has(name, "CPU"):
+        if not name.startswith("aten::"):
             continue
         if not (has(name, "CompositeExplicitAutograd") or has(name, "CompositeExplicitAutogradNonFunctional")):
             continue
         base, _, overload = name.removeprefix("aten::").partition(".")
-        found.append(getattr(getattr(torch.ops.aten, base), overload or "default"))
+        op = getattr(getattr(torch.ops.aten, base), overload or "default")
+        if op not in _SPECIAL and base not in _OVERRIDES and base not in _SHALLOW:
+            found.append(op)
     return found
