@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -9,8 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-import ampcore
-from ampcore import hookimpl
+# The acme adapter (plugins/ampcore-privateuse1) installs a PrivateUse1 device when asked
+# whether it is available, and torch hosts one PrivateUse1 device per process, for good.
+# Keep it out of the test process: its tests (tests/plugins/test_privateuse1_device.py) and
+# the conformance runs use it in processes of their own.
+os.environ.setdefault("AMPCORE_BLOCK_PLUGINS", "acme")
+
+import ampcore  # noqa: E402
+from ampcore import hookimpl  # noqa: E402
 
 
 def make_adapter(

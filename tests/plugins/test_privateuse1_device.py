@@ -29,7 +29,8 @@ pytestmark = pytest.mark.skipif(
 
 
 def _python(*args: str, mode: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AMPCORE_ACME_AUTOCAST": mode, "AMPCORE_STRICT_PLUGINS": "1"}
+    # tests/conftest.py blocks acme in the test process; its own processes load it
+    env = {**os.environ, "AMPCORE_ACME_AUTOCAST": mode, "AMPCORE_STRICT_PLUGINS": "1", "AMPCORE_BLOCK_PLUGINS": ""}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
 
 

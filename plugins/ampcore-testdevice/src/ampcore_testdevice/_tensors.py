@@ -52,6 +52,19 @@ def to_cpu(tensor: torch.Tensor) -> torch.Tensor:
     return flat.as_strided(tensor.shape, tensor.stride(), flat.storage_offset() + tensor.storage_offset())
 
 
+def _make_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """Give device tensor ``tensor`` a contiguous CPU copy of its data and return it.
+
+    A device tensor always looks contiguous, but may hold a non-contiguous CPU view (a
+    transposed result): C++ code that trusts its metadata calls ``view`` on it, which the
+    CPU view refuses.  The device tensor then holds a copy (it stops sharing memory with the
+    view's base: writes through such views are the one aliasing this device loses).
+    """
+    copy = to_cpu(tensor).contiguous()
+    setattr(tensor.untyped_storage(), _ATTR, copy)
+    return copy
+
+
 def _unwrap(device_type: str) -> Any:
     def unwrap(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.device.type == device_type:
@@ -145,8 +158,7 @@ def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     except RuntimeError as exc:
         if op not in _VIEWS or "view size is not compatible" not in str(exc):
             raise
-        # the device tensor looks contiguous, the CPU view it holds is not: reshape copies
-        out = torch.reshape(cpu_args[0], cpu_args[1])
+        out = op(_make_contiguous(args[0]), *cpu_args[1:], **cpu_kwargs)
     target = kwargs.get("device")
     stays_here = target is None or torch.device(target).type == device_type
 
