@@ -133,6 +133,8 @@ CONFORMANCE_RUNS: tuple[tuple[str, str | None, dict[str, str]], ...] = (
     ("example", None, {}),
     *(("acme", "float16", {"AMPCORE_ACME_AUTOCAST": mode}) for mode in ("none", "fallthrough", "partial", "generic")),
 )
+#: backend -> its vendor manifest (device limits only, each with a reason)
+CONFORMANCE_MANIFESTS = {"acme": ROOT / "plugins" / "ampcore-privateuse1" / "conformance-manifest.toml"}
 
 
 @dataclass
@@ -171,6 +173,8 @@ def conformance() -> list[Stage]:
             continue
         report_dir = ROOT / "reports" / name
         command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", report_dir]
+        if backend in CONFORMANCE_MANIFESTS:
+            command += ["--manifest", CONFORMANCE_MANIFESTS[backend]]
         print("+", " ".join(map(str, command)), flush=True)
         code = subprocess.run(
             [str(c) for c in (*command, *(["--dtype", dtype] if dtype else []), "--", "-q")],
