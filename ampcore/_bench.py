@@ -21,9 +21,15 @@ import torch
 from torch import nn
 
 from ._backend import Backend, dtype_name
-from ._errors import AmpcoreError
 from ._dispatch import has_native_autocast
-from ._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory, synchronize
+from ._errors import AmpcoreError
+from ._memory import (
+    device_memory,
+    memory_in_use,
+    peak_memory,
+    reset_peak_memory,
+    synchronize,
+)
 from ._registry import resolve_device
 
 __all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]

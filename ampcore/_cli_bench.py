@@ -10,7 +10,14 @@ from typing import Any, Final, TextIO
 
 import torch
 
-from ._bench import MODES, BenchResult, BenchSettings, ModeResult, run_bench, unreliable_reasons
+from ._bench import (
+    MODES,
+    BenchResult,
+    BenchSettings,
+    ModeResult,
+    run_bench,
+    unreliable_reasons,
+)
 from ._errors import AmpcoreError
 
 __all__ = ["add_parser", "format_result", "plot_result"]

@@ -11,17 +11,17 @@ from typing import Any, Final
 
 import pytest
 import torch
+from ampcore_conformance._context import SuiteContext, dtype_name
+from ampcore_conformance._lists import REQUIRED_WHITE, category
+from ampcore_conformance._op_samples import SAMPLES, OpSample
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import ampcore
-from ampcore_conformance._context import SuiteContext, dtype_name
-from ampcore_conformance._lists import REQUIRED_WHITE, category
-from ampcore_conformance._op_samples import SAMPLES, OpSample
 
 __all__ = [
-    "OpRecorder",
     "UNLISTED",
+    "OpRecorder",
     "check_op",
     "check_runs_fp32",
     "check_runs_low",

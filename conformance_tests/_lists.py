@@ -27,10 +27,10 @@ __all__ = [
     "REQUIRED_BLACK",
     "REQUIRED_WHITE",
     "category",
-    "native_category",
-    "required_ops",
     "effective_lists",
+    "native_category",
     "overlaps",
+    "required_ops",
     "unknown_op_names",
 ]
 

@@ -17,11 +17,11 @@ import sys
 from typing import Any
 
 import torch
-
-import ampcore
 from ampcore_conformance._context import parse_dtype
 from ampcore_conformance._lists import category
 from ampcore_conformance._op_samples import SAMPLES, OpSample
+
+import ampcore
 
 __all__ = ["measure"]
 

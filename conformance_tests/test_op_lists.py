@@ -13,13 +13,18 @@ from typing import Any
 
 import pytest
 import torch
-
-import ampcore
-from ampcore_conformance._checks import check_unlisted, check_runs_fp32, check_runs_low, check_runs_widest
+from ampcore_conformance._checks import (
+    check_runs_fp32,
+    check_runs_low,
+    check_runs_widest,
+    check_unlisted,
+)
 from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._lists import category, overlaps, unknown_op_names
 from ampcore_conformance._manifest import Tolerances
 from ampcore_conformance._op_samples import OpSample
+
+import ampcore
 
 
 def test_op_lists_are_valid(amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:

@@ -16,8 +16,8 @@ import torch
 # the conformance runs use it in processes of their own.
 os.environ.setdefault("AMPCORE_BLOCK_PLUGINS", "acme")
 
-import ampcore  # noqa: E402
-from ampcore import hookimpl  # noqa: E402
+import ampcore
+from ampcore import hookimpl
 
 
 def make_adapter(

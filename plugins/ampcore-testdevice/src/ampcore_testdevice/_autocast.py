@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_map
 
 from ._generic_lists import APPEND_DTYPE, GENERIC
 
-__all__ = ["MODES", "Mode", "PARTIAL", "register"]
+__all__ = ["MODES", "PARTIAL", "Mode", "register"]
 
 Mode = Literal["none", "fallthrough", "partial", "generic"]
 MODES: Final[tuple[Mode, ...]] = ("none", "fallthrough", "partial", "generic")
@@ -44,7 +44,7 @@ def _op(overload: str) -> torch._ops.OpOverload | None:
 
 def _kernel(op: torch._ops.OpOverload, policy: str, device_type: str) -> Callable[..., Any]:
     """torch's autocast kernel for ``policy`` (``autocast_mode.h``), in Python."""
-    exclude = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
+    exclude = torch._C.DispatchKeySet(torch._C._parse_dispatch_key(_KEY))
     dtype_slot = next(((i, a.kwarg_only) for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
     append_to = _op(APPEND_DTYPE[op._schema.name.removeprefix("aten::") + "." + op._overloadname]) if policy == "fp32_append_dtype" else None
 
