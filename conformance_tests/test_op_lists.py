@@ -7,6 +7,7 @@ the dtype, at level O1; the required sets hold whatever the lists say.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -85,10 +86,18 @@ def test_required_black_ops(
     check_runs_fp32(amp_op, amp_backend, amp_device, amp_dtype)
 
 
+def _loading(backend: ampcore.Backend) -> dict[str, str]:
+    """This environment, with the plugin under test loaded (never on the block list)."""
+    env = dict(os.environ)
+    blocked = [name for name in env.get("AMPCORE_BLOCK_PLUGINS", "").split(",") if name.strip() not in (backend.plugin_name, backend.distribution)]
+    env["AMPCORE_BLOCK_PLUGINS"] = ",".join(blocked)
+    return env
+
+
 def _native_kernels(backend: ampcore.Backend, dtype: torch.dtype) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-m", "ampcore_conformance._native", backend.name, str(dtype).removeprefix("torch.")],
-        capture_output=True, text=True, timeout=900, check=False,
+        capture_output=True, text=True, timeout=900, check=False, env=_loading(backend),
     )  # fmt: skip
     if done.returncode != 0:
         pytest.fail(f"measuring the device's own autocast kernels failed:\n{done.stderr[-3000:]}", pytrace=False)

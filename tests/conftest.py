@@ -10,14 +10,20 @@ from typing import Any
 import pytest
 import torch
 
-# The acme adapter (plugins/ampcore-privateuse1) installs a PrivateUse1 device when asked
-# whether it is available, and torch hosts one PrivateUse1 device per process, for good.
-# Keep it out of the test process: its tests (tests/plugins/test_privateuse1_device.py) and
-# the conformance runs use it in processes of their own.
-os.environ.setdefault("AMPCORE_BLOCK_PLUGINS", "acme")
-
 import ampcore
 from ampcore import hookimpl
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the acme adapter (plugins/ampcore-privateuse1) out of the test process.
+
+    Asked whether it is available, it installs a PrivateUse1 device, and torch hosts one per
+    process, for good.  Its tests (tests/plugins/test_privateuse1_device.py) use it in
+    processes of their own.  (pytest also imports this file for a conformance run started
+    at the repository root; that run is left alone.)
+    """
+    if not config.pluginmanager.has_plugin("ampcore_conformance.plugin"):
+        os.environ.setdefault("AMPCORE_BLOCK_PLUGINS", "acme")
 
 
 def make_adapter(
