@@ -114,7 +114,8 @@ def ampcore_device_count() -> int:
 
 @hookimpl
 def ampcore_device_name(device_index: int) -> str:
-    return f"acme test device {device_index} (CPU kernels, autocast registrations: {autocast_mode()})"
+    # the test device's autocast registrations, in place of a chip name
+    return f"acme TEMPLATE device ({autocast_mode()})"
 
 
 @hookimpl
