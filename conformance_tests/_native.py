@@ -23,7 +23,7 @@ from ampcore_conformance._op_samples import SAMPLES, OpSample
 
 import ampcore
 
-__all__ = ["measure"]
+__all__ = ["disagreements", "measure"]
 
 #: list -> the input dtypes of the probe: ``"low"`` or ``"fp32"`` per floating input (cycled)
 _INPUTS = {"white": ("fp32",), "black": ("low",), "promote": ("low", "fp32")}
@@ -64,6 +64,37 @@ def measure(backend_name: str, dtype: torch.dtype) -> dict[str, Any]:
         "adjusted": bool(backend.op_list_adjustments(dtype)),
         "ops": ops,
     }
+
+
+def disagreements(found: dict[str, Any], dtype: torch.dtype) -> list[str]:
+    """What :func:`measure` found that disagrees with the lists (empty: none).
+
+    A kernel the device has must give the list's dtype.  An op without a kernel is fine
+    when the adapter declares adjustments (ampcore's kernels then apply the lists in every
+    region), and wrong otherwise (ampcore leaves uncustomised O1 to the device's kernels).
+    Ops that raise are left to the other checks.
+
+    Example::
+
+        >>> found = {"key": "AutocastPrivateUse1", "adjusted": False, "ops": {
+        ...     "mm": {"list": "white", "kernel": True, "got": "float16"},
+        ...     "softmax": {"list": "black", "kernel": False, "got": "float16"}}}
+        >>> print(*disagreements(found, torch.float16))
+        softmax: no AutocastPrivateUse1 kernel, so torch.autocast returns float16; the lists put it on the black list (float32)
+    """
+    wanted = {"white": str(dtype).removeprefix("torch."), "black": "float32", "promote": "float32"}
+    wrong = []
+    for op, seen in found["ops"].items():
+        want, got = wanted[seen["list"]], seen["got"]
+        if got.startswith("error") or got == want:
+            continue
+        if seen["kernel"]:
+            wrong.append(f"{op}: the {found['key']} kernel returns {got}; the lists put it on the {seen['list']} list ({want})")
+        elif not found["adjusted"]:
+            wrong.append(
+                f"{op}: no {found['key']} kernel, so torch.autocast returns {got}; the lists put it on the {seen['list']} list ({want})"
+            )
+    return wrong
 
 
 if __name__ == "__main__":

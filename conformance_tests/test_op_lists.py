@@ -23,6 +23,7 @@ from ampcore_conformance._checks import (
 from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._lists import category, overlaps, unknown_op_names
 from ampcore_conformance._manifest import Tolerances
+from ampcore_conformance._native import disagreements
 from ampcore_conformance._op_samples import OpSample
 
 import ampcore
@@ -117,17 +118,7 @@ def test_device_autocast_kernels_match_the_lists(amp_backend: ampcore.Backend, a
     found = _native_kernels(amp_backend, amp_dtype)
     if not found["native"]:
         pytest.skip(f"{amp_backend.device_type!r} registers no autocast kernels: ampcore provides its autocast from the lists")
-    low = str(amp_dtype).removeprefix("torch.")
-    wanted = {"white": low, "black": "float32", "promote": "float32"}
-    wrong = []
-    for op, seen in found["ops"].items():
-        want, got = wanted[seen["list"]], seen["got"]
-        if got.startswith("error") or got == want:
-            continue
-        if seen["kernel"]:
-            wrong.append(f"{op}: the {found['key']} kernel returns {got}; the lists put it on the {seen['list']} list ({want})")
-        elif not found["adjusted"]:
-            wrong.append(f"{op}: no {found['key']} kernel, so torch.autocast returns {got}; the lists put it on the {seen['list']} list ({want})")
+    wrong = disagreements(found, amp_dtype)
     assert not wrong, (
         f"the device's own autocast kernels disagree with backend {amp_backend.name!r}'s lists for {amp_dtype}:\n  "
         + "\n  ".join(wrong)
