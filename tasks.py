@@ -36,6 +36,9 @@ TORCH = os.environ.get("AMPCORE_TORCH", "torch==2.13.0")
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 PLUGIN = ROOT / "plugins" / "ampcore-example"
+#: Installed by set-up after ampcore, with --no-deps: the example plugin, the pure-Python
+#: PrivateUse1 test device and the PrivateUse1 vendor template that drives it (acme).
+PLUGINS = (PLUGIN, ROOT / "plugins" / "ampcore-testdevice", ROOT / "plugins" / "ampcore-privateuse1")
 STAMP = VENV / "ampcore-setup.json"
 CONSTRAINTS = VENV / "ampcore-constraints.txt"
 #: pip output lines shown during set-up (the rest is shown only when pip fails).
@@ -76,7 +79,7 @@ def pip(stage: str, *args: str | Path) -> None:
 
 def _setup_key() -> str:
     digest = hashlib.sha256(TORCH.encode())
-    for path in (ROOT / "pyproject.toml", PLUGIN / "pyproject.toml"):
+    for path in (ROOT / "pyproject.toml", *(plugin / "pyproject.toml" for plugin in PLUGINS)):
         digest.update(path.read_bytes() if path.exists() else b"-")
     return digest.hexdigest()
 
@@ -95,7 +98,7 @@ TEST_EXTRAS = ("test", "integrations")
 
 
 def setup(extras: tuple[str, ...] = TEST_EXTRAS) -> None:
-    """Create the venv and install torch (``AMPCORE_TORCH``), ampcore[extras], the plugin."""
+    """Create the venv and install torch (``AMPCORE_TORCH``), ampcore[extras], the plugins."""
     if _up_to_date(extras):
         print(f"setup: {VENV} is up to date (delete {STAMP.name} there to reinstall)", flush=True)
         return
@@ -111,8 +114,10 @@ def setup(extras: tuple[str, ...] = TEST_EXTRAS) -> None:
     CONSTRAINTS.write_text(f"torch=={version}\n")  # the rest must keep exactly this build
     target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
     pip(f"[2/3] ampcore{'[' + ','.join(extras) + ']' if extras else ''}", "-c", CONSTRAINTS, "-e", target)
-    if (PLUGIN / "pyproject.toml").exists():
-        pip("[3/3] the example plugin", "--no-deps", "-e", PLUGIN)
+    plugins = [plugin for plugin in PLUGINS if (plugin / "pyproject.toml").exists()]
+    if plugins:
+        editable = [arg for plugin in plugins for arg in ("-e", plugin)]
+        pip(f"[3/3] the plugins ({', '.join(p.name for p in plugins)})", "--no-deps", *editable)
     STAMP.write_text(json.dumps({"key": _setup_key(), "extras": sorted(extras), "torch": version}) + "\n")
 
 
@@ -123,8 +128,18 @@ def demo(args: list[str]) -> None:
     sh(BIN / "ampcore", "bench", *args)
 
 
-#: Conformance runs of `python3 tasks.py test`: (backend, dtype or None for all declared).
-CONFORMANCE_RUNS = (("cpu", "bfloat16"), ("cpu", "float16"), ("example", None))
+#: Conformance runs of `python3 tasks.py test`: (backend, dtype or None for all declared,
+#: environment).  acme (plugins/ampcore-privateuse1) runs in each autocast registration mode
+#: of the PrivateUse1 test device: no kernels, a fallthrough only, partial kernels declared
+#: through the adapter, torch's generic lists (CUDA's without the cuDNN ops).
+CONFORMANCE_RUNS: tuple[tuple[str, str | None, dict[str, str]], ...] = (
+    ("cpu", "bfloat16", {}),
+    ("cpu", "float16", {}),
+    ("example", None, {}),
+    *(("acme", "float16", {"AMPCORE_ACME_AUTOCAST": mode}) for mode in ("none", "fallthrough", "partial", "generic")),
+)
+#: backend -> its vendor manifest (device limits only, each with a reason)
+CONFORMANCE_MANIFESTS = {"acme": ROOT / "plugins" / "ampcore-privateuse1" / "conformance-manifest.toml"}
 
 
 @dataclass
@@ -156,17 +171,20 @@ def _report_counts(report_dir: Path) -> str:
 def conformance() -> list[Stage]:
     """Run the conformance suite for CONFORMANCE_RUNS (reports under reports/), one stage each."""
     known, stages = installed_backends(), []
-    for backend, dtype in CONFORMANCE_RUNS:
-        name = f"{backend}-{dtype or 'all'}"
+    for backend, dtype, env in CONFORMANCE_RUNS:
+        name = f"{backend}-{dtype or 'all'}" + "".join(f"-{value}" for value in env.values())
         if backend not in known:  # setup() installs every one of them: missing is a failure
             stages.append(Stage(f"conformance {name}", False, f"backend {backend!r} is not installed"))
             continue
         report_dir = ROOT / "reports" / name
         command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", report_dir]
+        if backend in CONFORMANCE_MANIFESTS:
+            command += ["--manifest", CONFORMANCE_MANIFESTS[backend]]
         print("+", " ".join(map(str, command)), flush=True)
         code = subprocess.run(
-            [str(c) for c in (*command, *(["--dtype", dtype] if dtype else []), "--", "-q")], cwd=ROOT, check=False
-        ).returncode
+            [str(c) for c in (*command, *(["--dtype", dtype] if dtype else []), "--", "-q")],
+            cwd=ROOT, env={**os.environ, **env}, check=False,
+        ).returncode  # fmt: skip
         stages.append(Stage(f"conformance {name}", code == 0, _report_counts(report_dir)))
     return stages
 

@@ -21,8 +21,15 @@ import torch
 from torch import nn
 
 from ._backend import Backend, dtype_name
+from ._dispatch import has_native_autocast
 from ._errors import AmpcoreError
-from ._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory, synchronize
+from ._memory import (
+    device_memory,
+    memory_in_use,
+    peak_memory,
+    reset_peak_memory,
+    synchronize,
+)
 from ._registry import resolve_device
 
 __all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
@@ -99,6 +106,8 @@ class BenchResult:
     #: the 1-minute load average when the run started and the CPUs it is shared by (None: unknown)
     load_average: float | None = None
     cpus: int | None = None
+    #: who provides the device's autocast: "native" (its own kernels) or "ampcore"
+    autocast_provider: str = "native"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,6 +140,11 @@ def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: Be
         return model, opt, contextlib.nullcontext, None
     if mode == "torch.autocast":
         native = torch.amp.GradScaler(backend.device_type) if backend.needs_loss_scaling(dtype) else None
+        if not has_native_autocast(backend.device_type):
+            # the device registers no autocast kernels: torch.autocast alone would fail or
+            # cast nothing; ampcore provides its autocast (the backend's O1 lists)
+            provided = ampcore.autocast(device, dtype=dtype, level="O1")
+            return model, opt, lambda: provided, native
         return model, opt, lambda: torch.autocast(backend.device_type, dtype=dtype), native
     scaler = ampcore.GradScaler(device, dtype=dtype, init_scale=1024.0)
     if mode == "AMP-O1":
@@ -149,7 +163,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
     data = torch.rand(settings.batches, batch, size, device=device)
     label = torch.rand(settings.batches, batch, size, device=device)
-    synchronize(backend)
+    synchronize(backend, index)
     reset_peak_memory(backend, index)
     base = memory_in_use(backend, index)  # peak growth: weights, masters, grads, activations
     model: nn.Module = SeedNet(size).to(device)
@@ -171,7 +185,7 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
             scaler.update()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())  # synchronises
-        synchronize(backend)
+        synchronize(backend, index)
         if step >= settings.warmup:
             times.append((time.perf_counter() - start) * 1e3)
         if on_step is not None:
@@ -279,6 +293,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
         versions={"ampcore": __version__, "torch": torch.__version__, "python": platform.python_version()},
     )
     result.repeats, result.load_average, result.cpus = settings.repeats, _load_average(), os.cpu_count()
+    result.autocast_provider = "native" if has_native_autocast(backend.device_type) else "ampcore"
     runs: dict[str, list[ModeResult]] = {mode: [] for mode in settings.modes}
     for _ in range(settings.repeats):  # interleaved: a slow spell of the machine hits every mode
         for mode in settings.modes:

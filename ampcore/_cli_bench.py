@@ -12,7 +12,14 @@ from typing import Any, Final, TextIO
 
 import torch
 
-from ._bench import MODES, BenchResult, BenchSettings, ModeResult, run_bench, unreliable_reasons
+from ._bench import (
+    MODES,
+    BenchResult,
+    BenchSettings,
+    ModeResult,
+    run_bench,
+    unreliable_reasons,
+)
 from ._errors import AmpcoreError
 
 __all__ = ["add_parser", "check_output_path", "format_result", "plot_result"]
@@ -102,10 +109,16 @@ def format_result(result: BenchResult) -> str:
         "ms/step: median step time over the measured steps" + (" of all repeats" if result.repeats > 1 else "")
         + "; min-max: the fastest and slowest step"
         + "; speed-up: fp32's ms/step over the mode's" + (" (in brackets: its range over the repeats)" if result.repeats > 1 else "")
-        + ". peak memory: growth of the device's peak use (host backends: resident set) during training. "
+        + ". peak memory: growth of the device's peak use (host backends: resident set) during training "
+        "('-': unavailable, the backend cannot measure it). "
         "loss scale: '-' where no loss scaling runs.",
         O1_NOTE.format(dtype=result.dtype),
     ]
+    if result.autocast_provider == "ampcore":
+        notes.append(
+            f"{result.backend} registers no autocast kernels of its own: its torch.autocast row is "
+            "ampcore.autocast at O1, whose kernels provide the backend's lists (~3 us per op)."
+        )
     reasons = unreliable_reasons(result)
     if reasons:
         notes.append(

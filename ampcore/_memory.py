@@ -1,4 +1,11 @@
-"""Device memory questions, answered by the adapter's hooks or by ``torch.accelerator``."""
+"""Device memory and synchronisation, answered by the adapter's hooks or by ``torch.accelerator``.
+
+``torch.accelerator`` answers only for device types torch knows the allocator and streams
+of: a PrivateUse1 device registered from Python is torch's current accelerator, yet its
+memory calls trip an INTERNAL ASSERT ("Allocator for <name> is not a DeviceAllocator") and
+``synchronize`` is unsupported.  Such refusals read as "unavailable" (``None``), never as a
+crash; an adapter's own hooks are called as they are (their errors are the adapter's).
+"""
 
 from __future__ import annotations
 
@@ -33,7 +40,10 @@ def _ask(backend: Backend, hook: str, device_index: int) -> Any:
     if function is not None:
         return function(device_index=device_index)
     if _drives_current_accelerator(backend):
-        return _ACCELERATOR_FALLBACKS[hook](device_index)
+        try:
+            return _ACCELERATOR_FALLBACKS[hook](device_index)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return None  # torch cannot tell for this device type: unavailable
     return None
 
 
@@ -61,7 +71,23 @@ def peak_memory(backend: Backend, device_index: int = 0) -> int | None:
     return _bytes(_ask(backend, "ampcore_peak_memory", device_index))
 
 
-def synchronize(backend: Backend) -> None:
-    """Wait for the device's queued work (for timing); nothing for host backends."""
+def synchronize(backend: Backend, device_index: int = 0) -> None:
+    """Wait for the device's queued work (for timing); nothing for host backends.
+
+    The adapter's ``ampcore_synchronize``; else ``torch.accelerator.synchronize`` when the
+    backend drives the current accelerator and torch supports it there; else the device
+    module's ``synchronize`` (``torch.<device_type>.synchronize``) when it has one.
+    """
+    function = backend.hook("ampcore_synchronize")
+    if function is not None:
+        function(device_index=device_index)
+        return
     if _drives_current_accelerator(backend):
-        torch.accelerator.synchronize()
+        try:
+            torch.accelerator.synchronize(device_index)
+            return
+        except (RuntimeError, NotImplementedError):
+            pass  # unsupported for this device type: ask its device module
+    module_synchronize = getattr(getattr(torch, backend.device_type, None), "synchronize", None)
+    if callable(module_synchronize) and backend.device_type != "cpu":
+        module_synchronize()

@@ -365,3 +365,22 @@ def ampcore_keep_norm_fp32(dtype: torch.dtype) -> bool:  # type: ignore[empty-bo
 
     Use in plugins: ``return dtype == torch.float16``.
     """
+
+
+# ---------------------------------------------------------------------------------------
+# Synchronisation (optional; used by `ampcore bench` and the conformance speed report)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_synchronize(device_index: int) -> None:
+    """Wait until the work queued on device ``device_index`` has finished (for timing).
+
+    Core default: ``torch.accelerator.synchronize`` when the backend's device type is
+    torch's current accelerator and torch supports it there; else the device module's
+    ``torch.<device_type>.synchronize()`` when it has one; else nothing (host backends).
+    A PrivateUse1 device registered from Python is unknown to ``torch.accelerator``:
+    implement this hook with your runtime's synchronisation.
+
+    Use in plugins: ``torch_myvendor.synchronize(device_index)``.
+    """

@@ -6,8 +6,11 @@ The effective lists of a backend, dtype and level are :func:`ampcore.oplists`: t
 checked against the list it is on (white: runs low; black: float32; promote: widest input
 dtype; unlisted: what the level says).
 
-Two fixed sets hold whatever the lists say: the matrix products that make mixed precision
-worth having (they must be white) and the losses that must stay float32.  A vendor that
+Two required sets hold whatever an adapter's adjustments say: the matrix products that make
+mixed precision worth having (they must stay white) and the losses that must stay float32.
+Both are taken from torch's own table for the device type (:func:`required_ops`), so a loss
+that table leaves unlisted (``cross_entropy_loss`` in CUDA's and the generic lists: it
+decomposes into ``log_softmax``, black, and ``nll_loss``) is not required.  A vendor that
 deliberately differs records it in its manifest, with a reason.
 """
 
@@ -25,13 +28,16 @@ __all__ = [
     "REQUIRED_WHITE",
     "category",
     "effective_lists",
+    "native_category",
     "overlaps",
+    "required_ops",
     "unknown_op_names",
 ]
 
-#: Ops every backend must run in the low-precision dtype at O1.
+#: Ops a backend must run in the low-precision dtype at O1, where torch's table has them white.
 REQUIRED_WHITE: Final = ("mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "conv2d")
-#: Ops every backend must keep in float32 at O1 (losses: reductions prone to overflow).
+#: Ops a backend must keep in float32 at O1, where torch's table has them black (losses:
+#: reductions prone to overflow).
 REQUIRED_BLACK: Final = (
     "mse_loss",
     "l1_loss",
@@ -42,6 +48,48 @@ REQUIRED_BLACK: Final = (
     "binary_cross_entropy_with_logits",
 )
 _LISTS: Final = ("white", "black", "promote", "banned")
+
+
+_POLICY_CATEGORY: Final = {
+    "lower_precision_fp": "white",
+    "fp32": "black",
+    "fp32_set_opt_dtype": "black",
+    "fp32_append_dtype": "black",
+    "promote": "promote",
+    "banned": "banned",
+}
+
+
+def native_category(device_type: str, op: str) -> str:
+    """The list torch's own autocast table for ``device_type`` puts ``op`` on (``"other"``:
+    none), before any adapter adjustment.
+
+    Example::
+
+        >>> native_category("cpu", "cross_entropy_loss"), native_category("cuda", "cross_entropy_loss")
+        ('black', 'other')
+    """
+    from ampcore._oplist_data import native_table
+
+    for overload, policy in native_table(device_type).items():
+        if overload.partition(".")[0] == op:
+            return _POLICY_CATEGORY[policy]
+    return "other"
+
+
+def required_ops(device_type: str, kind: str) -> tuple[str, ...]:
+    """The ops of :data:`REQUIRED_WHITE` (``kind="required_white"``) or :data:`REQUIRED_BLACK`
+    (``"required_black"``) that torch's table for ``device_type`` puts on that list.
+
+    Example::
+
+        >>> "cross_entropy_loss" in required_ops("cpu", "required_black")
+        True
+        >>> "cross_entropy_loss" in required_ops("npu", "required_black")
+        False
+    """
+    candidates, wanted = (REQUIRED_WHITE, "white") if kind == "required_white" else (REQUIRED_BLACK, "black")
+    return tuple(op for op in candidates if native_category(device_type, op) == wanted)
 
 
 def effective_lists(backend: ampcore.Backend, dtype: torch.dtype, level: str = "O1") -> ampcore.OpLists:

@@ -90,7 +90,9 @@ def _add(
 
 
 def _long(*values: Any) -> Callable[[torch.device], tuple[Any, ...]]:
-    return lambda device: (torch.tensor(values, device=device),)
+    # built on the CPU, then moved: torch.tensor(..., device=) inside a TorchDispatchMode
+    # trips an INTERNAL ASSERT for a device registered from Python
+    return lambda device: (torch.tensor(values).to(device),)
 
 
 def _A(*shape: int, kind: Kind = "normal") -> Arg:
@@ -195,7 +197,7 @@ _add("index_copy", lambda a, b, idx: torch.index_copy(a, 0, idx, b), (ROWS, _A(2
 _add("addcmul", torch.addcmul, (ROWS, ROWS, ROWS))
 _add("addcdiv", torch.addcdiv, (ROWS, ROWS, _A(4, 8, kind="positive")))
 _add("atan2", torch.atan2, (ROWS, ROWS))
-_add("cross", lambda a, b: torch.linalg.cross(a, b), (_A(4, 3), _A(4, 3)))
+_add("cross", lambda a, b: aten.cross.default(a, b, 1), (_A(4, 3), _A(4, 3)))  # aten::cross, not linalg_cross
 _add("dot", torch.dot, (V, V))
 _add("tensordot", lambda a, b: torch.tensordot(a, b, dims=1), (ROWS, _A(8, 3)))
 _add("scatter_add", lambda a, b, idx: torch.scatter_add(a, 0, idx, b), (ROWS, ROWS), lambda d: (torch.zeros(4, 8, dtype=torch.long, device=d),))

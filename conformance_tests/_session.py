@@ -18,7 +18,7 @@ import torch
 import ampcore
 from ampcore_conformance import SUITE_VERSION
 from ampcore_conformance._context import SuiteContext, dtype_name
-from ampcore_conformance._lists import REQUIRED_BLACK, REQUIRED_WHITE, category
+from ampcore_conformance._lists import category, required_ops
 from ampcore_conformance._op_samples import SAMPLES, OpSample
 from ampcore_conformance._reports import TestRecord, build_report, write_reports
 
@@ -26,7 +26,8 @@ __all__ = ["AVAILABILITY_TEST", "ConformanceSession", "ConformanceWarning"]
 
 #: The check that carries the failure when the backend is unknown or has no device.
 AVAILABILITY_TEST: Final = "test_backend_is_available"
-_FIXED: Final[dict[str, tuple[str, ...]]] = {"required_white": REQUIRED_WHITE, "required_black": REQUIRED_BLACK}
+#: Marker categories whose ops come from torch's table for the device type (``required_ops``).
+_REQUIRED: Final = ("required_white", "required_black")
 _RAN: Final = ("passed", "xpassed", "failed", "error")
 #: Check modules from the most basic to the most composite (the run order, and the report's).
 MODULE_ORDER: Final = (
@@ -71,8 +72,9 @@ class ConformanceSession:
         ]
 
     def _ops_for(self, wanted: str, dtype: torch.dtype, level: str) -> list[str]:
-        if wanted in _FIXED:
-            return list(_FIXED[wanted])
+        if wanted in _REQUIRED:
+            backend = self.context.backend
+            return [op for op in required_ops(backend.device_type, wanted) if op in SAMPLES] if backend else []
         if wanted == "all":
             return sorted(SAMPLES)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +12,18 @@ import torch
 
 import ampcore
 from ampcore import hookimpl
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the acme adapter (plugins/ampcore-privateuse1) out of the test process.
+
+    Asked whether it is available, it installs a PrivateUse1 device, and torch hosts one per
+    process, for good.  Its tests (tests/plugins/test_privateuse1_device.py) use it in
+    processes of their own.  (pytest also imports this file for a conformance run started
+    at the repository root; that run is left alone.)
+    """
+    if not config.pluginmanager.has_plugin("ampcore_conformance.plugin"):
+        os.environ.setdefault("AMPCORE_BLOCK_PLUGINS", "acme")
 
 
 def make_adapter(

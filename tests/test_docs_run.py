@@ -29,7 +29,7 @@ import ampcore
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-PACKAGES = ("ampcore", "ampcore_backends", "ampcore_conformance", "ampcore_example")
+PACKAGES = ("ampcore", "ampcore_backends", "ampcore_conformance", "ampcore_example", "ampcore_acme")
 #: modules not imported here: the suite's pytest plugin registers assert rewriting on import
 #: (it has no examples; it runs in every conformance run)
 _NOT_IMPORTED = {"ampcore_conformance.plugin"}

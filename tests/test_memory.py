@@ -56,3 +56,42 @@ def test_cpu_peak_memory_sees_a_large_allocation() -> None:
     del block
     assert before is not None and peak is not None
     assert peak - before >= 60 * 2**20
+
+
+def test_accelerator_refusals_read_as_unavailable(register, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PrivateUse1 device registered from Python is torch's current accelerator, but its
+    memory calls trip an INTERNAL ASSERT: unavailable, never a crash."""
+    from ampcore import _memory
+
+    def refuse(index: int) -> int:
+        raise RuntimeError("Allocator for acme is not a DeviceAllocator")
+
+    backend = register(make_adapter("pu1", device_type="pu1"), name="pu1")
+    monkeypatch.setattr(_memory, "_drives_current_accelerator", lambda backend: True)
+    monkeypatch.setattr(_memory, "_ACCELERATOR_FALLBACKS", dict.fromkeys(_memory._ACCELERATOR_FALLBACKS, refuse))
+    assert device_memory(backend) is None and memory_in_use(backend) is None and peak_memory(backend) is None
+    reset_peak_memory(backend)
+
+
+def test_synchronize_hook_then_accelerator_then_device_module(register, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampcore import _memory
+
+    calls: list[str] = []
+    hooked = register(make_adapter("synced", ampcore_synchronize=lambda device_index: calls.append(f"hook{device_index}")), name="synced")
+    _memory.synchronize(hooked, 1)
+    assert calls == ["hook1"]
+
+    def unsupported(index: int = 0) -> None:
+        raise RuntimeError("synchronize is not supported for acme")
+
+    class DeviceModule:
+        @staticmethod
+        def synchronize() -> None:
+            calls.append("module")
+
+    plain = register(make_adapter("pu2", device_type="pu2"), name="pu2")
+    monkeypatch.setattr(_memory, "_drives_current_accelerator", lambda backend: True)
+    monkeypatch.setattr(torch.accelerator, "synchronize", unsupported)
+    monkeypatch.setattr(torch, "pu2", DeviceModule, raising=False)
+    _memory.synchronize(plain)
+    assert calls == ["hook1", "module"]

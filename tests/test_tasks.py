@@ -84,4 +84,6 @@ def test_summary_lists_every_stage_and_fails_on_any(tasks: ModuleType, capsys: p
 
 
 def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
-    assert ("cpu", "bfloat16") in tasks.CONFORMANCE_RUNS and all(len(run) == 2 for run in tasks.CONFORMANCE_RUNS)
+    assert ("cpu", "bfloat16", {}) in tasks.CONFORMANCE_RUNS and all(len(run) == 3 for run in tasks.CONFORMANCE_RUNS)
+    modes = {env.get("AMPCORE_ACME_AUTOCAST") for backend, _, env in tasks.CONFORMANCE_RUNS if backend == "acme"}
+    assert modes == {"none", "fallthrough", "partial", "generic"}

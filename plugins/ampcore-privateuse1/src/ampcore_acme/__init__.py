@@ -1,0 +1,1 @@
+"""TEMPLATE ampcore adapter for a PrivateUse1 device (``acme``); the hooks are in ``plugin``."""
