@@ -245,14 +245,16 @@ def compat_env(ipex_dir: Path | None) -> dict[str, str]:
     )
     if ipex_dir is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ipex_dir), env.get("PYTHONPATH")]))
+        env["AMPCORE_IMPORT_IPEX"] = "1"
     return env
 
 
-#: Imports IPEX at the start of every Python process of the compat venv (pytest, the
-#: conformance suite and the subprocesses tests start), as a program using IPEX would.
+#: Imports IPEX at the start of the compat venv's Python processes that tasks.py starts
+#: (``ampcore info``, pytest, each conformance run), as a program using IPEX would; the
+#: variable is dropped there, so the subprocesses tests start do not pay IPEX's import.
 _SITECUSTOMIZE = """\
-import sys
-if sys.prefix == {prefix!r}:
+import os, sys
+if sys.prefix == {prefix!r} and os.environ.pop("AMPCORE_IMPORT_IPEX", None) == "1":
     import intel_extension_for_pytorch  # noqa: F401
 """
 
