@@ -200,8 +200,7 @@ def _warn_once(problem: str) -> None:
     """One :class:`ampcore.AmpcoreWarning` per process, attributed to the user's call."""
     warnings.warn(
         f"{ENV}=optimize: ampcore.decorate(level='O2') on the CPU does not use Intel Extension for PyTorch: "
-        f"{problem}. Using ampcore's own O2 instead. Install intel-extension-for-pytorch matching your torch "
-        f"version, or unset {ENV}",
+        f"{problem}. Using ampcore's own O2 instead; unset {ENV} to silence this warning",
         AmpcoreWarning,
         stacklevel=user_stacklevel(),
     )
@@ -223,8 +222,10 @@ def ipex_prepare_o2(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
     """``ipex.optimize(model, dtype=torch.bfloat16, optimizer=optimizer)`` when the user opted
     in (``AMPCORE_CPU_IPEX=optimize``) and IPEX matches the running torch, else ``None``
-    (ampcore's own O2).  float16 is always left to the core.  Opted in with an unusable IPEX:
-    one warning per process, pointing at the user's call.
+    (ampcore's own O2).  float16 is always left to the core.  Opted in with an IPEX that
+    cannot serve (absent, mismatched, failing to import, or ``ipex.optimize`` raising, as it
+    does for bf16 on a CPU without AVX512): one warning per process, pointing at the user's
+    call, and ``None``.
 
     Example::
 
@@ -245,7 +246,11 @@ def ipex_prepare_o2(
     if ipex is None:
         _warn_once(f"importing intel-extension-for-pytorch failed ({error})")
         return None
-    if optimizer is None:
-        return ipex.optimize(model, dtype=dtype), None
-    prepared_model, prepared_optimizer = ipex.optimize(model, dtype=dtype, optimizer=optimizer)
+    try:  # ipex.optimize works on a copy (inplace=False): a failure leaves the model as it was
+        if optimizer is None:
+            return ipex.optimize(model, dtype=dtype), None
+        prepared_model, prepared_optimizer = ipex.optimize(model, dtype=dtype, optimizer=optimizer)
+    except Exception as exc:  # e.g. bf16 weight prepacking on a CPU without AVX512 (an AssertionError)
+        _warn_once(f"ipex.optimize failed ({type(exc).__name__}: {exc})")
+        return None
     return prepared_model, prepared_optimizer

@@ -19,6 +19,12 @@ import ampcore
 from ampcore_backends import _ipex
 from ampcore_backends._ipex import ipex_compatibility
 
+#: An IPEX version that never matches the running torch.
+OTHER = "2.1.0+cpu"
+
+#: Whether this test process imported IPEX before the tests (``python3 tasks.py compat`` does).
+IMPORTED_BY_THE_PROGRAM = _ipex.MODULE in sys.modules
+
 # (installed IPEX, running torch, decision)
 VERSIONS = [
     (None, "2.13.0+cpu", "absent"),
@@ -47,13 +53,16 @@ def test_incompatible_message_names_both_versions() -> None:
 class FakeIpex(types.ModuleType):
     """``intel_extension_for_pytorch.optimize`` recording its calls (casts the model to bf16)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fails: Exception | None = None) -> None:
         super().__init__(_ipex.MODULE)
         self.__spec__ = importlib.machinery.ModuleSpec(_ipex.MODULE, None)
         self.calls: list[dict[str, Any]] = []
+        self.fails = fails
 
     def optimize(self, model: torch.nn.Module, dtype: torch.dtype | None = None, optimizer: Any = None) -> Any:
         self.calls.append({"model": model, "dtype": dtype, "optimizer": optimizer})
+        if self.fails is not None:
+            raise self.fails
         model = model.to(dtype)
         return model if optimizer is None else (model, optimizer)
 
@@ -123,13 +132,12 @@ def test_ipex_state(compatibility: Any, mode: Any, imported: bool, error: str | 
 def test_ampcore_info_shows_the_ipex_state(installed: Any) -> None:
     from ampcore._cli_info import collect_info, format_info
 
-    installed("2.8.0+cpu")
+    installed(OTHER)
     info = collect_info()
     (cpu,) = [b for b in info["backends"] if b["name"] == "cpu"]
-    expected = "incompatible" if not torch.__version__.startswith("2.8.") else "not used"
-    assert cpu["info"]["ipex"].startswith(expected)
-    assert f"cpu ipex: {expected}" in format_info(info)
-    assert _ipex.MODULE not in sys.modules  # reading the state never imports IPEX unasked
+    assert cpu["info"]["ipex"].startswith("incompatible: intel-extension-for-pytorch 2.1.0+cpu supports torch 2.1.* only")
+    assert "cpu ipex: incompatible" in format_info(info)
+    assert (_ipex.MODULE in sys.modules) == IMPORTED_BY_THE_PROGRAM  # never imported unasked
 
 
 # -- decorate's O2 on the cpu backend ------------------------------------------------------
@@ -156,17 +164,17 @@ def test_a_matching_ipex_is_not_used_unless_opted_in(installed: Any) -> None:
 
 
 def test_an_incompatible_ipex_is_silent_unless_opted_in(installed: Any) -> None:
-    installed("2.8.0+cpu")
+    installed(OTHER)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", ".*Intel Extension", ampcore.AmpcoreWarning)
         model = ampcore.decorate(torch.nn.Linear(4, 4), level="O2", dtype=torch.bfloat16, device="cpu")
     assert model.weight.dtype == torch.bfloat16
-    assert _ipex.MODULE not in sys.modules
+    assert (_ipex.MODULE in sys.modules) == IMPORTED_BY_THE_PROGRAM
 
 
 def test_opted_in_incompatible_ipex_warns_once_at_the_users_call(installed: Any) -> None:
-    installed("2.8.0+cpu", mode="optimize")
-    with pytest.warns(ampcore.AmpcoreWarning, match="supports torch 2.8.\\* only") as record:
+    installed(OTHER, mode="optimize")
+    with pytest.warns(ampcore.AmpcoreWarning, match="supports torch 2.1.\\* only") as record:
         for _ in range(2):
             model = torch.nn.Linear(4, 4)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -176,7 +184,7 @@ def test_opted_in_incompatible_ipex_warns_once_at_the_users_call(installed: Any)
     assert warning.filename == __file__  # not backends/_ipex.py
     assert "ampcore.decorate(" in open(__file__).read().splitlines()[warning.lineno - 1]
     assert "Using ampcore's own O2 instead" in str(warning.message)
-    assert _ipex.MODULE not in sys.modules
+    assert (_ipex.MODULE in sys.modules) == IMPORTED_BY_THE_PROGRAM
 
 
 def test_opted_in_without_ipex_warns_once(installed: Any) -> None:
@@ -220,3 +228,15 @@ def test_an_invalid_opt_in_is_an_error_naming_the_choices(installed: Any) -> Non
     installed(None, mode="yes")
     with pytest.raises(ampcore.AmpcoreError, match="expected one of off, optimize"):
         ampcore.decorate(torch.nn.Linear(2, 2), level="O2", dtype=torch.bfloat16, device="cpu")
+
+
+def test_opted_in_ipex_optimize_that_fails_warns_once_and_leaves_o2_to_the_core(installed: Any) -> None:
+    # IPEX 2.8 on a CPU without AVX512: bf16 weight prepacking asserts
+    fake = FakeIpex(fails=AssertionError("BF16 weight prepack needs the cpu support avx_ne_convert or avx512bw"))
+    installed(torch.__version__, fake, mode="optimize")
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(ampcore.AmpcoreWarning, match=r"ipex.optimize failed \(AssertionError: BF16 weight prepack"):
+        out_model, out_opt = ampcore.decorate(model, opt, level="O2", dtype=torch.bfloat16, device="cpu")
+    assert out_model is model and out_opt is opt and model.weight.dtype == torch.bfloat16
+    assert opt.param_groups[0]["params"][0].dtype == torch.float32
