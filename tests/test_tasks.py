@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -85,3 +86,20 @@ def test_summary_lists_every_stage_and_fails_on_any(tasks: ModuleType, capsys: p
 
 def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
     assert ("cpu", "bfloat16") in tasks.CONFORMANCE_RUNS and all(len(run) == 2 for run in tasks.CONFORMANCE_RUNS)
+
+
+def test_compat_pins_torch_and_the_matching_ipex(tasks: ModuleType) -> None:
+    assert tasks.compat_requirements("2.8.0", "2.8.0") == ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0"]
+    assert tasks.compat_requirements("2.8.0", "none") == ["torch==2.8.0"]
+
+
+def test_compat_runs_install_torch_from_the_cache_only(tasks: ModuleType, tmp_path: Path) -> None:
+    plain = tasks.compat_env(None)
+    assert plain["AMPCORE_VENV"] == str(tasks.COMPAT_VENV) and plain["AMPCORE_CONFORMANCE"] == "always"
+    assert tasks.torch_args(plain["AMPCORE_TORCH"]) == [
+        f"torch=={tasks.COMPAT_TORCH}", "--no-index", "--find-links", str(tasks.COMPAT_CACHE),
+    ]  # fmt: skip
+    assert "AMPCORE_IMPORT_IPEX" not in plain and plain["AMPCORE_REPORTS"].endswith(f"compat-torch{tasks.COMPAT_TORCH}")
+    with_ipex = tasks.compat_env(tmp_path / "ipex")
+    assert with_ipex["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "ipex")
+    assert with_ipex["AMPCORE_IMPORT_IPEX"] == "1" and with_ipex["AMPCORE_REPORTS"].endswith("-ipex")
