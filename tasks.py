@@ -43,6 +43,8 @@ PLUGIN = ROOT / "plugins" / "ampcore-example"
 REPORTS = Path(os.environ.get("AMPCORE_REPORTS", ROOT / "reports"))
 #: ``always``: ``test`` runs the conformance stages also when pytest gets arguments.
 CONFORMANCE_MODE = os.environ.get("AMPCORE_CONFORMANCE", "auto")
+#: A vendor manifest (skips/xfails with reasons) for the cpu conformance runs, or empty.
+CPU_MANIFEST = os.environ.get("AMPCORE_CPU_MANIFEST", "")
 STAMP = VENV / "ampcore-setup.json"
 CONSTRAINTS = VENV / "ampcore-constraints.txt"
 #: pip output lines shown during set-up (the rest is shown only when pip fails).
@@ -165,6 +167,8 @@ def conformance() -> list[Stage]:
             continue
         report_dir = REPORTS / name
         command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", report_dir]
+        if backend == "cpu" and CPU_MANIFEST:
+            command += ["--manifest", CPU_MANIFEST]
         print("+", " ".join(map(str, command)), flush=True)
         code = subprocess.run(
             [str(c) for c in (*command, *(["--dtype", dtype] if dtype else []), "--", "-q")], cwd=ROOT, check=False
@@ -222,6 +226,8 @@ COMPAT_IPEX = os.environ.get("AMPCORE_COMPAT_IPEX", "2.8.0")
 COMPAT_VENV = Path(os.environ.get("AMPCORE_COMPAT_VENV", ROOT / ".venv-compat"))
 #: The downloaded wheels (torch's CUDA build and its nvidia libraries: ~3.6 GB), kept
 #: between runs so that only the first one downloads.
+#: What an imported IPEX changes in torch.autocast itself (the cpu conformance runs waive it).
+COMPAT_IPEX_MANIFEST = ROOT / "tests" / "compat" / "ipex-cpu-manifest.toml"
 COMPAT_CACHE = Path(os.environ.get("AMPCORE_COMPAT_CACHE", Path.home() / ".cache" / "ampcore" / "compat-wheels"))
 
 
@@ -246,6 +252,7 @@ def compat_env(ipex_dir: Path | None) -> dict[str, str]:
     if ipex_dir is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ipex_dir), env.get("PYTHONPATH")]))
         env["AMPCORE_IMPORT_IPEX"] = "1"
+        env["AMPCORE_CPU_MANIFEST"] = str(COMPAT_IPEX_MANIFEST)
     return env
 
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
-    for name in ("AMPCORE_TORCH", "AMPCORE_VENV", "AMPCORE_REPORTS", "AMPCORE_CONFORMANCE"):
+    for name in ("AMPCORE_TORCH", "AMPCORE_VENV", "AMPCORE_REPORTS", "AMPCORE_CONFORMANCE", "AMPCORE_CPU_MANIFEST"):
         monkeypatch.delenv(name, raising=False)  # `tasks.py compat` runs these tests with its own
     spec = importlib.util.spec_from_file_location("ampcore_tasks", ROOT / "tasks.py")
     assert spec is not None and spec.loader is not None
@@ -105,3 +105,4 @@ def test_compat_runs_install_torch_from_the_cache_only(tasks: ModuleType, tmp_pa
     with_ipex = tasks.compat_env(tmp_path / "ipex")
     assert with_ipex["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "ipex")
     assert with_ipex["AMPCORE_IMPORT_IPEX"] == "1" and with_ipex["AMPCORE_REPORTS"].endswith("-ipex")
+    assert Path(with_ipex["AMPCORE_CPU_MANIFEST"]).is_file() and "AMPCORE_CPU_MANIFEST" not in plain
