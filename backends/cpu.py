@@ -78,7 +78,7 @@ def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype
     """Warn when ``dtype`` will run emulated on a CPU with ``capabilities``.
 
     A pure function of recorded flags.  Unknown capabilities (an empty mapping: torch has
-    no ``torch.cpu.get_capabilities()`` and ``/proc/cpuinfo`` is not readable) give a
+    no ``torch.cpu.get_capabilities()`` and ``/proc/cpuinfo`` gives no flags) give a
     warning that says the check could not be made, rather than silently none.
 
     Example::
@@ -96,7 +96,7 @@ def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype
             CapabilityIssue(
                 "warning",
                 f"cannot tell whether {dtype} runs natively on this CPU: torch {torch.__version__} has no "
-                f"torch.cpu.get_capabilities() and {CPUINFO} is not readable; without any of "
+                f"torch.cpu.get_capabilities() and {CPUINFO} gives no CPU flags; without any of "
                 f"{', '.join(features)} mixed precision is slower than float32",
             )
         ]
