@@ -5,6 +5,9 @@
     python3 tasks.py test     # the whole test suite, then the conformance suite against
                               # cpu (bfloat16, float16) and the example plugin (reports/);
                               # ends with one summary of every stage
+    python3 tasks.py compat   # the same at the oldest supported torch (2.8.0), then again
+                              # with Intel Extension for PyTorch 2.8.0 imported in every
+                              # process (.venv-compat; wheels cached, ~3.6 GB; args go to pytest)
 
 Only Python >= 3.10 is needed.  torch is pinned: ``AMPCORE_TORCH`` (default
 ``torch==2.13.0``) is split like a shell command line and handed to pip, so it can carry pip
@@ -39,6 +42,12 @@ PLUGIN = ROOT / "plugins" / "ampcore-example"
 #: Installed by set-up after ampcore, with --no-deps: the example plugin, the pure-Python
 #: PrivateUse1 test device and the PrivateUse1 vendor template that drives it (acme).
 PLUGINS = (PLUGIN, ROOT / "plugins" / "ampcore-testdevice", ROOT / "plugins" / "ampcore-privateuse1")
+#: Where conformance reports go (``AMPCORE_REPORTS``); ``compat`` keeps its own.
+REPORTS = Path(os.environ.get("AMPCORE_REPORTS", ROOT / "reports"))
+#: ``always``: ``test`` runs the conformance stages also when pytest gets arguments.
+CONFORMANCE_MODE = os.environ.get("AMPCORE_CONFORMANCE", "auto")
+#: A vendor manifest (skips/xfails with reasons) for the cpu conformance runs, or empty.
+CPU_MANIFEST = os.environ.get("AMPCORE_CPU_MANIFEST", "")
 STAMP = VENV / "ampcore-setup.json"
 CONSTRAINTS = VENV / "ampcore-constraints.txt"
 #: pip output lines shown during set-up (the rest is shown only when pip fails).
@@ -176,10 +185,12 @@ def conformance() -> list[Stage]:
         if backend not in known:  # setup() installs every one of them: missing is a failure
             stages.append(Stage(f"conformance {name}", False, f"backend {backend!r} is not installed"))
             continue
-        report_dir = ROOT / "reports" / name
+        report_dir = REPORTS / name
         command = [BIN / "ampcore", "conformance", "--backend", backend, "--report-dir", report_dir]
         if backend in CONFORMANCE_MANIFESTS:
             command += ["--manifest", CONFORMANCE_MANIFESTS[backend]]
+        elif backend == "cpu" and CPU_MANIFEST:
+            command += ["--manifest", CPU_MANIFEST]
         print("+", " ".join(map(str, command)), flush=True)
         code = subprocess.run(
             [str(c) for c in (*command, *(["--dtype", dtype] if dtype else []), "--", "-q")],
@@ -223,14 +234,105 @@ def test(args: list[str]) -> None:
     started = time.monotonic()
     setup()
     stages = [run_pytest(args)]
-    if not args:
+    if not args or CONFORMANCE_MODE == "always":
         stages += conformance()
     if not summarize(stages, started):
         sys.exit(1)
 
 
+# -- compat: the oldest supported torch, with and without Intel Extension for PyTorch -----
+
+#: The oldest torch ampcore supports (pyproject's lower bound) and the IPEX that matches it
+#: (IPEX's last release).  ``AMPCORE_COMPAT_IPEX=none`` skips the IPEX run.
+COMPAT_TORCH = os.environ.get("AMPCORE_COMPAT_TORCH", "2.8.0")
+COMPAT_IPEX = os.environ.get("AMPCORE_COMPAT_IPEX", "2.8.0")
+COMPAT_VENV = Path(os.environ.get("AMPCORE_COMPAT_VENV", ROOT / ".venv-compat"))
+#: The downloaded wheels (torch's CUDA build and its nvidia libraries: ~3.6 GB), kept
+#: between runs so that only the first one downloads.
+#: What an imported IPEX changes in torch.autocast itself (the cpu conformance runs waive it).
+COMPAT_IPEX_MANIFEST = ROOT / "tests" / "compat" / "ipex-cpu-manifest.toml"
+COMPAT_CACHE = Path(os.environ.get("AMPCORE_COMPAT_CACHE", Path.home() / ".cache" / "ampcore" / "compat-wheels"))
+
+
+def compat_requirements(torch_version: str = COMPAT_TORCH, ipex_version: str = COMPAT_IPEX) -> list[str]:
+    """The pinned requirements ``compat`` downloads (IPEX left out for ``none``)."""
+    wanted = [f"torch=={torch_version}"]
+    if ipex_version.lower() != "none":
+        wanted.append(f"intel-extension-for-pytorch=={ipex_version}")
+    return wanted
+
+
+def compat_env(ipex_dir: Path | None) -> dict[str, str]:
+    """The environment of a ``compat`` run: its venv, torch from the cache only, its reports;
+    with ``ipex_dir``, IPEX on the path and imported at start-up (its ``sitecustomize``)."""
+    env = dict(os.environ)
+    env.update(
+        AMPCORE_VENV=str(COMPAT_VENV),
+        AMPCORE_TORCH=shlex.join([f"torch=={COMPAT_TORCH}", "--no-index", "--find-links", str(COMPAT_CACHE)]),
+        AMPCORE_REPORTS=str(ROOT / "reports" / (f"compat-torch{COMPAT_TORCH}" + ("-ipex" if ipex_dir else ""))),
+        AMPCORE_CONFORMANCE="always",
+    )
+    if ipex_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ipex_dir), env.get("PYTHONPATH")]))
+        env["AMPCORE_IMPORT_IPEX"] = "1"
+        env["AMPCORE_CPU_MANIFEST"] = str(COMPAT_IPEX_MANIFEST)
+    return env
+
+
+#: Imports IPEX at the start of the compat venv's Python processes that tasks.py starts
+#: (``ampcore info``, pytest, each conformance run), as a program using IPEX would; the
+#: variable is dropped there, so the subprocesses tests start do not pay IPEX's import.
+_SITECUSTOMIZE = """\
+import os, sys
+if sys.prefix == {prefix!r} and os.environ.pop("AMPCORE_IMPORT_IPEX", None) == "1":
+    import intel_extension_for_pytorch  # noqa: F401
+"""
+
+
+def _download_compat() -> None:
+    stamp = COMPAT_CACHE / ("complete-" + "-".join(compat_requirements()).replace("=", "") + ".txt")
+    if stamp.exists():
+        print(f"compat: wheels cached in {COMPAT_CACHE}", flush=True)
+        return
+    COMPAT_CACHE.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    sh(sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+       "-d", COMPAT_CACHE, *compat_requirements())  # fmt: skip
+    stamp.write_text(f"downloaded in {time.monotonic() - started:.0f} s\n")
+
+
+def _install_ipex() -> Path:
+    """IPEX into its own folder (put on PYTHONPATH for the IPEX run only), its dependencies
+    into the compat venv; returns the folder."""
+    target = COMPAT_VENV / "ipex"
+    python = COMPAT_VENV / BIN.name / PY.name
+    if not (target / "intel_extension_for_pytorch").exists():
+        constraints = COMPAT_VENV / CONSTRAINTS.name
+        pip_install = [python, "-m", "pip", "install", "--disable-pip-version-check", "--find-links", COMPAT_CACHE]
+        sh(*pip_install, "--no-deps", "--target", target, f"intel-extension-for-pytorch=={COMPAT_IPEX}")
+        sh(*pip_install, "-c", constraints, "psutil", "packaging", "numpy")  # IPEX's requirements
+    (target / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(prefix=str(COMPAT_VENV.resolve())))
+    return target
+
+
+def compat(args: list[str]) -> None:
+    """``test`` (args go to pytest) at torch ``COMPAT_TORCH``, then with IPEX imported."""
+    started = time.monotonic()
+    _download_compat()
+    stages: list[Stage] = []
+    runs: list[tuple[str, Path | None]] = [(f"torch {COMPAT_TORCH}", None)]
+    for label, ipex_dir in runs:
+        print(f"\ncompat: {label}", flush=True)
+        code = subprocess.run([sys.executable, __file__, "test", *args], cwd=ROOT, env=compat_env(ipex_dir)).returncode
+        stages.append(Stage(label, code == 0, "see its summary above" + ("" if code == 0 else f" (exit {code})")))
+        if ipex_dir is None and COMPAT_IPEX.lower() != "none":
+            runs.append((f"torch {COMPAT_TORCH} + IPEX {COMPAT_IPEX} imported", _install_ipex()))
+    if not summarize(stages, started):
+        sys.exit(1)
+
+
 def main() -> None:
-    commands = {"demo": demo, "test": test}
+    commands = {"demo": demo, "test": test, "compat": compat}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: python3 tasks.py {{{'|'.join(commands)}}} [args...]")
     try:

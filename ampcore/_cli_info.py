@@ -38,6 +38,7 @@ def _backend_info(backend: Backend) -> dict[str, Any]:
         "device_name": None,
         "capability": {},
         "autocast": None,
+        "info": {},
     }
     if reason is None:
         try:
@@ -47,6 +48,8 @@ def _backend_info(backend: Backend) -> dict[str, Any]:
                 dtype_name(d): [f"{i.severity}: {i.message}" for i in backend.capability_issues(d, 0)]
                 for d in backend.supported_dtypes
             }
+            extra = backend.hook("ampcore_backend_info")
+            entry["info"] = {str(k): str(v) for k, v in dict(extra() if extra else {}).items()}
         except Exception as exc:  # a broken adapter must not break `ampcore info`
             entry["error"] = f"{type(exc).__name__}: {exc}"
     return entry
@@ -112,7 +115,8 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
     lines += _table(rows, width)
     lines += ["", "Backends:"]
     rows = [("backend", "type", "avail", "from", "dtypes", "autocast", "device")]
-    capability = []
+    capability: list[str] = []
+    extras: list[str] = []
     for b in info["backends"]:
         available = "yes" if b["available"] else "no " + note(f"{b['name']}: {b['reason']}")
         if b.get("error"):
@@ -131,6 +135,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         )
         for dtype, issues in b["capability"].items():
             capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
+        extras += [f"{b['name']} {name}: {text}" for name, text in b.get("info", {}).items()]
     lines += [
         *_table(rows, width),
         "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
@@ -141,6 +146,8 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
     if capability:
         lines += ["", "Capability notes:", *_wrapped(capability, width, hanging=4)]
+    if extras:
+        lines += ["", "Backend notes:", *_wrapped(extras, width, hanging=4)]
     return "\n".join(lines)
 
 

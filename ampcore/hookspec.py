@@ -384,3 +384,24 @@ def ampcore_synchronize(device_index: int) -> None:
 
     Use in plugins: ``torch_myvendor.synchronize(device_index)``.
     """
+
+
+# ---------------------------------------------------------------------------------------
+# Description for `ampcore info` (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec
+def ampcore_backend_info() -> Mapping[str, str]:  # type: ignore[empty-body]
+    """Further facts about the backend for ``ampcore info``: name -> one line of text, e.g.
+    ``{"ipex": "not used: ..."}`` (what a vendor library on this backend is doing).
+
+    ``ampcore info`` lists each entry under the backend table and in its JSON output
+    (``"info"`` of the backend).  Called only when the backend is available; an exception
+    is shown as an adapter error and does not stop ``ampcore info``.
+
+    Core default: ``{}``.
+
+    Use in plugins: cheap and side-effect free: read versions from package metadata rather
+    than importing a vendor library that may abort the process.
+    """

@@ -2,11 +2,12 @@
 
 Native bf16 needs AVX512-BF16 or AMX-BF16; native fp16 needs AVX512-FP16 or AMX-FP16.
 Without them torch emulates the dtype, which is typically slower than float32: the
-capability check warns once.
+capability check warns once.  The flags come from ``torch.cpu.get_capabilities()`` (torch
+>= 2.9), else from ``/proc/cpuinfo``; where neither answers, the check says it cannot tell.
 
-O2 in bfloat16 uses Intel Extension for PyTorch (``ipex.optimize``) when it is installed
-and matches the running torch (see ``ampcore_backends._ipex``); an installed but
-incompatible IPEX gives one warning and stock PyTorch.
+O2 is ampcore's own, also where Intel Extension for PyTorch is installed: ``ipex.optimize``
+breaks decorate's contract, so it is used only on request (``AMPCORE_CPU_IPEX=optimize``,
+see ``ampcore_backends._ipex``); ``ampcore info`` shows IPEX's state.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from ampcore import CapabilityIssue, hookimpl
 
-from ._ipex import ipex_prepare_o2
+from ._ipex import ipex_prepare_o2, ipex_state
 
 #: CPU feature flags (as ``torch.cpu.get_capabilities()`` names them) that run a dtype natively.
 NATIVE_FEATURES: Final[Mapping[torch.dtype, tuple[str, ...]]] = {
@@ -28,31 +29,77 @@ NATIVE_FEATURES: Final[Mapping[torch.dtype, tuple[str, ...]]] = {
 }
 
 
-def read_capabilities() -> dict[str, object]:
-    """The CPU's feature flags, or ``{}`` where torch cannot report them."""
-    getter = getattr(torch.cpu, "get_capabilities", None)
-    if getter is None:
+#: Where Linux lists the CPU's feature flags (read when torch cannot report them).
+CPUINFO: Final = "/proc/cpuinfo"
+
+
+def capabilities_from_cpuinfo(text: str) -> dict[str, object]:
+    """The :data:`NATIVE_FEATURES` flags and ``cpu_name`` from ``/proc/cpuinfo`` text, in
+    ``torch.cpu.get_capabilities()``'s form (the kernel names these flags alike); ``{}``
+    when the text lists no flags.
+
+    Example::
+
+        >>> caps = capabilities_from_cpuinfo("model name\\t: Xeon\\nflags\\t\\t: fpu avx512_bf16 sse2\\n")
+        >>> caps["cpu_name"], caps["avx512_bf16"], caps["amx_bf16"]
+        ('Xeon', True, False)
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:  # the first processor's entry
+            fields[key.strip()] = value.strip()
+    if "flags" not in fields:
         return {}
+    flags = set(fields["flags"].split())
+    wanted = {flag for features in NATIVE_FEATURES.values() for flag in features}
+    caps: dict[str, object] = {"cpu_name": fields.get("model name", "")}
+    caps.update({flag: flag in flags for flag in sorted(wanted)})
+    return caps
+
+
+def read_capabilities() -> dict[str, object]:
+    """The CPU's feature flags: ``torch.cpu.get_capabilities()`` (torch >= 2.9), else
+    ``/proc/cpuinfo`` (Linux), else ``{}`` (unknown)."""
+    getter = getattr(torch.cpu, "get_capabilities", None)
+    if getter is not None:
+        try:
+            return dict(getter())
+        except Exception:  # an unusual build: fall back to the operating system
+            pass
     try:
-        return dict(getter())
-    except Exception:  # older or unusual builds: treat as unknown
+        with open(CPUINFO, encoding="utf-8", errors="replace") as handle:
+            return capabilities_from_cpuinfo(handle.read())
+    except OSError:  # not Linux
         return {}
 
 
 def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype) -> list[CapabilityIssue]:
     """Warn when ``dtype`` will run emulated on a CPU with ``capabilities``.
 
-    A pure function of recorded flags.  Unknown capabilities (an empty mapping) give no
-    finding: there is nothing to base a warning on.
+    A pure function of recorded flags.  Unknown capabilities (an empty mapping: torch has
+    no ``torch.cpu.get_capabilities()`` and ``/proc/cpuinfo`` gives no flags) give a
+    warning that says the check could not be made, rather than silently none.
 
     Example::
 
         >>> cpu_capability_issues({"cpu_name": "X", "avx512_bf16": False, "amx_bf16": False}, torch.bfloat16)[0].severity
         'warning'
+        >>> cpu_capability_issues({}, torch.bfloat16)[0].message.startswith("cannot tell")
+        True
     """
     features = NATIVE_FEATURES.get(dtype)
-    if not capabilities or features is None:
+    if features is None:
         return []
+    if not capabilities:
+        return [
+            CapabilityIssue(
+                "warning",
+                f"cannot tell whether {dtype} runs natively on this CPU: torch {torch.__version__} has no "
+                f"torch.cpu.get_capabilities() and {CPUINFO} gives no CPU flags; without any of "
+                f"{', '.join(features)} mixed precision is slower than float32",
+            )
+        ]
     if any(bool(capabilities.get(flag)) for flag in features):
         return []
     cpu = capabilities.get("cpu_name") or "this CPU"
@@ -101,6 +148,11 @@ def ampcore_prepare_o2(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, dtype: torch.dtype
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
     return ipex_prepare_o2(model, optimizer, dtype)
+
+
+@hookimpl
+def ampcore_backend_info() -> dict[str, str]:
+    return {"ipex": str(ipex_state())}
 
 
 # -- memory: the process's resident set, from Linux's /proc ------------------------------

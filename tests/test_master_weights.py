@@ -12,6 +12,13 @@ from torch import nn
 
 import ampcore
 
+#: torch < 2.13 has no ``Tensor.grad_dtype``: no master_grad, and the masters never share the
+#: model's bf16 gradients (decorate then always copies them in float32).
+needs_grad_dtype = pytest.mark.skipif(
+    not hasattr(torch.Tensor, "grad_dtype"), reason=f"needs Tensor.grad_dtype (torch >= 2.13); torch {torch.__version__}"
+)
+
+
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 Params = Iterable[torch.Tensor]
 
@@ -210,6 +217,7 @@ def test_master_grad_false_copies_on_read_and_releases_after_the_step() -> None:
     assert masters_of(opt)[0].grad is None
 
 
+@needs_grad_dtype
 def test_sgd_without_momentum_reads_the_bf16_gradients_without_a_copy() -> None:
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -237,6 +245,7 @@ def test_optimizer_zero_grad_reaches_the_model_parameters(set_to_none: bool) -> 
         assert master.grad is None or not master.grad.any()
 
 
+@needs_grad_dtype
 def test_master_grad_accumulates_tiny_gradients_in_fp32() -> None:
     def accumulate(master_grad: bool) -> torch.Tensor:
         model = nn.Linear(1, 1, bias=False)
@@ -264,6 +273,7 @@ def scaled_fp16_backward(master_grad: bool) -> tuple[nn.Module, torch.optim.Opti
     return model, opt, scaler
 
 
+@needs_grad_dtype
 def test_master_grad_shares_one_fp32_gradient_so_clipping_the_model_works() -> None:
     model, opt, scaler = scaled_fp16_backward(master_grad=True)
     assert masters_of(opt)[0].grad is model[0].weight.grad
@@ -376,6 +386,7 @@ def test_a_param_group_of_model_parameters_added_after_decorate_is_refused() -> 
         opt.step()
 
 
+@needs_grad_dtype
 @pytest.mark.parametrize("options", [{}, {"weight_decay": 0.01, "maximize": True}])
 def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain SGD runs ampcore's fused update; a step hook makes ampcore call torch's SGD."""

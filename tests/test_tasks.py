@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
+    for name in ("AMPCORE_TORCH", "AMPCORE_VENV", "AMPCORE_REPORTS", "AMPCORE_CONFORMANCE", "AMPCORE_CPU_MANIFEST"):
+        monkeypatch.delenv(name, raising=False)  # `tasks.py compat` runs these tests with its own
     spec = importlib.util.spec_from_file_location("ampcore_tasks", ROOT / "tasks.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -87,3 +90,21 @@ def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
     assert ("cpu", "bfloat16", {}) in tasks.CONFORMANCE_RUNS and all(len(run) == 3 for run in tasks.CONFORMANCE_RUNS)
     modes = {env.get("AMPCORE_ACME_AUTOCAST") for backend, _, env in tasks.CONFORMANCE_RUNS if backend == "acme"}
     assert modes == {"none", "fallthrough", "partial", "generic"}
+
+
+def test_compat_pins_torch_and_the_matching_ipex(tasks: ModuleType) -> None:
+    assert tasks.compat_requirements("2.8.0", "2.8.0") == ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0"]
+    assert tasks.compat_requirements("2.8.0", "none") == ["torch==2.8.0"]
+
+
+def test_compat_runs_install_torch_from_the_cache_only(tasks: ModuleType, tmp_path: Path) -> None:
+    plain = tasks.compat_env(None)
+    assert plain["AMPCORE_VENV"] == str(tasks.COMPAT_VENV) and plain["AMPCORE_CONFORMANCE"] == "always"
+    assert tasks.torch_args(plain["AMPCORE_TORCH"]) == [
+        f"torch=={tasks.COMPAT_TORCH}", "--no-index", "--find-links", str(tasks.COMPAT_CACHE),
+    ]  # fmt: skip
+    assert "AMPCORE_IMPORT_IPEX" not in plain and plain["AMPCORE_REPORTS"].endswith(f"compat-torch{tasks.COMPAT_TORCH}")
+    with_ipex = tasks.compat_env(tmp_path / "ipex")
+    assert with_ipex["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "ipex")
+    assert with_ipex["AMPCORE_IMPORT_IPEX"] == "1" and with_ipex["AMPCORE_REPORTS"].endswith("-ipex")
+    assert Path(with_ipex["AMPCORE_CPU_MANIFEST"]).is_file() and "AMPCORE_CPU_MANIFEST" not in plain
