@@ -71,11 +71,13 @@ _LEVEL_ACTIONS: Final[Mapping[str, Mapping[CastPolicy, str]]] = {
         "promote": promote,
         "banned": BANNED,
     }
-    for level, promote in (("OD", FP32), ("O1", PROMOTE), ("O2", LOW))
+    for level, promote in (("OD", FP32), ("O1", PROMOTE), ("O2", LOW), ("auto", PROMOTE))
 }
 
 #: What an op in no list does, per level.
-DEFAULT_ACTIONS: Final[Mapping[str, str]] = {"O0": FOLLOW, "OD": FP32, "O1": FOLLOW, "O2": LOW}
+#: ``auto`` has O1's lists; :mod:`ampcore._auto` runs planned modules in float32 where
+#: low precision does not pay.
+DEFAULT_ACTIONS: Final[Mapping[str, str]] = {"O0": FOLLOW, "OD": FP32, "O1": FOLLOW, "O2": LOW, "auto": FOLLOW}
 
 #: How :attr:`OpLists.unlisted` words :data:`DEFAULT_ACTIONS`.
 _UNLISTED: Final[Mapping[str, str]] = {
@@ -83,6 +85,7 @@ _UNLISTED: Final[Mapping[str, str]] = {
     "OD": "float32",
     "O1": "follow-inputs",
     "O2": "low-precision",
+    "auto": "follow-inputs",
 }
 
 
@@ -248,7 +251,15 @@ def _overload_actions(
 def compute_oplists(
     backend: Backend, dtype: torch.dtype, level: Level, white: frozenset[str], black: frozenset[str]
 ) -> OpLists:
-    """The effective lists (validated inputs; cached)."""
+    """The effective lists (validated inputs; cached).
+
+    The first ``level="auto"`` lists of the process install the module hooks that apply its
+    plans (:mod:`ampcore._auto._hooks`).
+    """
+    if level == "auto":
+        from ._auto import install_hooks
+
+        install_hooks()
     adjustments = _adjustments(backend, dtype) if level != "O0" else {}
     actions = _overload_actions(backend.device_type, level, adjustments, white, black)
     by_action: dict[str, set[str]] = {action: set() for action in ACTIONS}
@@ -288,7 +299,7 @@ def oplists(
     Args:
         device: a backend name, ``"name:N"``, a ``torch.device`` or ``None`` (best available).
         dtype: the low-precision dtype; ``None`` takes the backend's default.
-        level: ``"O0"``, ``"OD"``, ``"O1"`` or ``"O2"``.
+        level: ``"O0"``, ``"OD"``, ``"O1"``, ``"O2"`` or ``"auto"`` (O1's lists).
         custom_white_list: ops to run in ``dtype`` (ATen names or Paddle aliases).
         custom_black_list: ops to run in float32.
 
