@@ -94,7 +94,7 @@ def _auto_region() -> Any:
         return None
     region = stack[-1]
     spec = region.spec
-    if spec.level != "auto" or not spec.enabled or _local.measuring or _is_compiling():
+    if spec.level != "auto" or not spec.enabled or _local.measuring:
         return None
     return region
 
@@ -106,7 +106,7 @@ def _to_fp32(value: Any, device_type: str) -> Any:
 
 
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    if not _thread.stack:
+    if _is_compiling() or not _thread.stack:  # dynamo folds is_compiling(): nothing traced
         return None
     ops = planned_ops(module)
     if ops is None:
@@ -136,6 +136,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+    if _is_compiling():
+        return
     frames = _local.frames
     if not frames or frames[-1][0] is not module:
         return
