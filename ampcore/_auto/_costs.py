@@ -10,9 +10,10 @@ forward and backward:
   does), the output back to float32 for a float32 consumer, and the gradients' casts;
 * ``cast_ms``: the casts alone (part of ``low_ms``), to explain the decision.
 
-Bounded: each path runs at least twice (the first run is a warm-up) and repeats only while
-its budget lasts; a low-precision path that is clearly slower is first probed on an eighth
-of the batch and not run in full (``estimated``).
+Bounded: each path repeats only while its share of the budget lasts (best time kept; a
+path whose first run exceeds its share runs once).  A low-precision path that is clearly
+slower (more than twice float32) is decided after a probe on an eighth of the batch, or
+after its first run (``estimated``: not repeated).
 """
 
 from __future__ import annotations
@@ -164,8 +165,9 @@ def measure(
 
     with _fork_rng(device_type), torch.enable_grad() if grad else torch.no_grad():
         share = budget_ms / 3
-        fp32_first = _timed(path(False, args), sync)
-        fp32 = _best(path(False, args), sync, share, fp32_first)
+        fp32 = _timed(path(False, args), sync)
+        if fp32 < share:
+            fp32 = _best(path(False, args), sync, share, fp32)
         cast = _best(casts, sync, share / 4)
         rows = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim()), 0)
         if rows >= 4 * PROBE:
@@ -175,5 +177,9 @@ def measure(
                 probe = min(probe, _timed(path(True, part), sync))
                 if probe * PROBE > _CLEARLY_SLOWER * fp32:
                     return Costs(fp32, probe * PROBE, cast, estimated=True)
-        low = _best(path(True, args), sync, share)
+        low = _timed(path(True, args), sync)
+        if low > _CLEARLY_SLOWER * fp32:
+            return Costs(fp32, low, cast, estimated=True)  # one run (with its warm-up) is enough
+        if low < share:
+            low = _best(path(True, args), sync, share, low)
     return Costs(fp32, low, cast)
