@@ -168,9 +168,10 @@ def test_black_list_ops_stay_float32_as_in_o1() -> None:
 def test_frozen_plan_measures_nothing_and_runs_unknown_classes_with_o1_lists() -> None:
     model, x, y = Mixed(), torch.randn(16, 32), torch.randn(4, 8)
     ampcore.load_plan(_plan({}))
+    region = ampcore.autocast("cpu", level="auto")
     with warnings.catch_warnings():
         warnings.simplefilter("error", ampcore.AmpcoreWarning)  # no "measuring" warning
-        with ampcore.autocast("cpu", level="auto"):
+        with region:
             dtypes = _output_dtypes(model, lambda: model(x, y))
     assert set(dtypes.values()) == {torch.bfloat16}
     assert ampcore.auto_plan("cpu").entries == {}
@@ -191,8 +192,9 @@ def test_measuring_fills_the_plan_and_leaves_module_state_alone(fresh: Path) -> 
     model, x, y = Mixed(), torch.randn(16, 32), torch.randn(4, 8)
     torch.manual_seed(0)
     expected_rng = torch.get_rng_state()
+    region = ampcore.autocast("cpu", level="auto")
     with pytest.warns(ampcore.AmpcoreWarning, match="measuring the costs"):
-        with ampcore.autocast("cpu", level="auto"):
+        with region:
             model(x, y)
     assert torch.equal(torch.get_rng_state(), expected_rng)
     assert all(p.grad is None for p in model.parameters())
@@ -209,8 +211,9 @@ def test_measuring_fills_the_plan_and_leaves_module_state_alone(fresh: Path) -> 
 def test_disk_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, fresh: Path) -> None:
     monkeypatch.setenv("AMPCORE_AUTO_CACHE", "off")
     model = nn.Linear(4, 4)
+    region = ampcore.autocast("cpu", level="auto")
     with pytest.warns(ampcore.AmpcoreWarning, match="disk cache is off"):
-        with ampcore.autocast("cpu", level="auto"):
+        with region:
             model(torch.randn(2, 4))
     assert ampcore.auto_plan("cpu").entries
     assert not fresh.exists()
