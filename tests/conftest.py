@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,6 +13,9 @@ import torch
 
 import ampcore
 from ampcore import hookimpl
+
+# level="auto" keeps measured costs on disk: never in the user's cache during tests
+os.environ.setdefault("AMPCORE_AUTO_CACHE", tempfile.mkdtemp(prefix="ampcore-auto-cache-"))
 
 
 def make_adapter(

@@ -129,7 +129,9 @@ def test_plan_decides_per_shape_class_not_per_op_name() -> None:
 def test_fp32_module_gets_float32_inputs_and_gradients_flow() -> None:
     model, x, y = Mixed(), torch.randn(16, 32), torch.randn(4, 8)
     big, small = _classes(model, x, y)
-    ampcore.load_plan(_plan({big: "low", small: "fp32"}))
+    small_bf16 = _classes(model, x, y.bfloat16())[1]  # the input's dtype is part of the class
+    assert small_bf16 == small.replace("[4x8]", "[4x8:bfloat16]")
+    ampcore.load_plan(_plan({big: "low", small: "fp32", small_bf16: "fp32"}))
     with ampcore.autocast("cpu", level="auto"):
         out_x, out_y = model(x, y.bfloat16())  # a low-precision input reaches a float32 layer
     assert out_y.dtype == torch.float32

@@ -85,13 +85,25 @@ def _best(run: Callable[[], None], sync: Callable[[], None], budget_ms: float, f
     return best
 
 
-def _floating(value: Any, dtype: torch.dtype | None, grad: bool) -> Any:
+def _leaf(value: Any, grad: bool, seen: dict[int, torch.Tensor]) -> Any:
+    """A floating tensor as a new autograd leaf (the same leaf for the same tensor: modules
+    such as MultiheadAttention take another path when ``query is key``)."""
     if isinstance(value, torch.Tensor) and value.is_floating_point():
-        t = value.detach()
-        if dtype is not None:
-            t = t.to(dtype)
-        return t.requires_grad_(grad)
+        found = seen.get(id(value))
+        if found is None:
+            found = seen[id(value)] = value.detach().requires_grad_(grad)
+        return found
     return value
+
+
+def _to_float32(values: Any) -> Any:
+    if isinstance(values, dict):
+        return {k: _to_float32(v) for k, v in values.items()}
+    if isinstance(values, tuple):
+        return tuple(_to_float32(v) for v in values)
+    if isinstance(values, torch.Tensor) and values.dtype in (torch.bfloat16, torch.float16):
+        return values.float()
+    return values
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -138,9 +150,10 @@ def measure(
     params = [p for p in module.parameters() if p.requires_grad] if grad else []
 
     def path(low: bool, call_args: tuple[Any, ...]) -> Callable[[], None]:
-        inputs = tuple(_floating(a, None if low else torch.float32, grad) for a in call_args)
-        kw = {k: _floating(v, None if low else torch.float32, False) for k, v in kwargs.items()}
-        leaves = [a for a in inputs if isinstance(a, torch.Tensor) and a.requires_grad] + params
+        seen: dict[int, torch.Tensor] = {}
+        inputs = tuple(_leaf(a, grad, seen) for a in call_args)
+        kw = {k: _leaf(v, False, {}) for k, v in kwargs.items()}
+        leaves = list({id(t): t for t in seen.values() if t.requires_grad}.values()) + params
 
         def run() -> None:
             if low:
@@ -148,9 +161,9 @@ def measure(
                     out = _first_tensor(module.forward(*inputs, **kw))
                 if out is not None and out.is_floating_point():
                     out = out.float()  # a float32 consumer's cast
-            else:
+            else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
                 with torch.autocast(device_type, enabled=False):
-                    out = _first_tensor(module.forward(*inputs, **kw))
+                    out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
             if grad and out is not None and out.requires_grad and leaves:
                 torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
 

@@ -2,7 +2,8 @@
 
 A shape class is the module's kind and hyper-parameters (``Linear(in_features=1024,
 out_features=1024, bias=True)``), the input shapes with every dimension rounded up to a
-power of two (the bucket), and whether the call records gradients.  Two layers of the same
+power of two (the bucket) and their dtypes where not float32 (``16x64:bfloat16``: a
+float32 decision then pays the input's cast), and whether the call records gradients.  Two layers of the same
 kind and bucket share one measurement and one decision; a layer's path in the model plays
 no part, so a plan carries over to every rank and to a model rebuilt on resume.
 """
@@ -89,7 +90,8 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
         if isinstance(arg, torch.Tensor):
             if arg.is_floating_point() and arg.device.type == device_type:
                 floating = True
-            shapes.append("x".join(str(bucket(d)) for d in arg.shape))
+            dims = "x".join(str(bucket(d)) for d in arg.shape)
+            shapes.append(dims if arg.dtype == torch.float32 else f"{dims}:{str(arg.dtype).removeprefix('torch.')}")
     if not floating:
         return None
     grad = "grad" if torch.is_grad_enabled() else "no-grad"
