@@ -288,7 +288,8 @@ def _child(mode: str, path: Path, cache: str) -> dict[str, Any]:
 def test_plan_round_trip_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     first = _child("measure", path, str(tmp_path / "cache"))
-    assert first["measured"] and len(first["decisions"]) == 2 and first["sources"] == ["measured"]
+    # (2 layers; a class more where the first step, at O1, fed the second layer bfloat16)
+    assert first["measured"] and len(first["decisions"]) >= 2 and first["sources"] == ["measured"]
     loaded = _child("load", path, "off")  # another process, no cache: the file decides
     assert not loaded["measured"] and loaded["decisions"] == first["decisions"] and loaded["sources"] == ["loaded"]
     cached = _child("cache", tmp_path / "unused.json", str(tmp_path / "cache"))  # later run: the disk cache

@@ -10,10 +10,11 @@ forward and backward:
   does), the output back to float32 for a float32 consumer, and the gradients' casts;
 * ``cast_ms``: the casts alone (part of ``low_ms``), to explain the decision.
 
-Bounded: each path repeats only while its share of the budget lasts (best time kept; a
-path whose first run exceeds its share runs once).  A low-precision path that is clearly
-slower (more than twice float32) is decided after a probe on an eighth of the batch, or
-after its first run (``estimated``: not repeated).
+Bounded: each path runs once untimed (the first call of a shape pays one-time set-up: up
+to seconds for a process's first matrix product) and then repeats only while its share of
+the budget lasts (best time kept, at least one timed run).  A low-precision path that is
+clearly slower (more than twice float32) on a probe of an eighth of the batch is not run
+in full (``estimated``: the probe's time times eight).
 """
 
 from __future__ import annotations
@@ -178,21 +179,14 @@ def measure(
 
     with _fork_rng(device_type), torch.enable_grad() if grad else torch.no_grad():
         share = budget_ms / 3
-        fp32 = _timed(path(False, args), sync)
-        if fp32 < share:
-            fp32 = _best(path(False, args), sync, share, fp32)
+        fp32 = _best(path(False, args), sync, share)
         cast = _best(casts, sync, share / 4)
         rows = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim()), 0)
         if rows >= 4 * PROBE:
             part, ok = _rows(args, kwargs, rows // PROBE)
             if ok:
-                probe = _timed(path(True, part), sync)
-                probe = min(probe, _timed(path(True, part), sync))
+                probe = _best(path(True, part), sync, 0.0)
                 if probe * PROBE > _CLEARLY_SLOWER * fp32:
                     return Costs(fp32, probe * PROBE, cast, estimated=True)
-        low = _timed(path(True, args), sync)
-        if low > _CLEARLY_SLOWER * fp32:
-            return Costs(fp32, low, cast, estimated=True)  # one run (with its warm-up) is enough
-        if low < share:
-            low = _best(path(True, args), sync, share, low)
+        low = _best(path(True, args), sync, share)
     return Costs(fp32, low, cast)
