@@ -135,7 +135,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _load() -> str:
     try:
-        return "%.2f %.2f %.2f" % os.getloadavg()
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
     except OSError:
         return "unknown"
 

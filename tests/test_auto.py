@@ -21,8 +21,7 @@ import torch
 from torch import nn
 
 import ampcore
-from ampcore._auto import Costs, decide
-from ampcore._auto import _hooks
+from ampcore._auto import Costs, _hooks, decide
 from ampcore._auto._plan import forget_plans
 from ampcore._auto._shapes import shape_class
 from ampcore._cli import main
@@ -195,9 +194,8 @@ def test_measuring_fills_the_plan_and_leaves_module_state_alone(fresh: Path) -> 
     torch.manual_seed(0)
     expected_rng = torch.get_rng_state()
     region = ampcore.autocast("cpu", level="auto")
-    with pytest.warns(ampcore.AmpcoreWarning, match="measuring the costs"):
-        with region:
-            model(x, y)
+    with pytest.warns(ampcore.AmpcoreWarning, match="measuring the costs"), region:
+        model(x, y)
     assert torch.equal(torch.get_rng_state(), expected_rng)
     assert all(p.grad is None for p in model.parameters())
     plan = ampcore.auto_plan("cpu")
@@ -214,9 +212,8 @@ def test_disk_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, fresh: Pa
     monkeypatch.setenv("AMPCORE_AUTO_CACHE", "off")
     model = nn.Linear(4, 4)
     region = ampcore.autocast("cpu", level="auto")
-    with pytest.warns(ampcore.AmpcoreWarning, match="disk cache is off"):
-        with region:
-            model(torch.randn(2, 4))
+    with pytest.warns(ampcore.AmpcoreWarning, match="disk cache is off"), region:
+        model(torch.randn(2, 4))
     assert ampcore.auto_plan("cpu").entries
     assert not fresh.exists()
 
