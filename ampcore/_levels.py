@@ -18,7 +18,9 @@ _CANONICAL: Final[dict[str, Level]] = {level.upper(): level for level in LEVELS}
 
 
 def check_level(level: object, call: str = "ampcore.autocast") -> Level:
-    """Validate a level name (case-insensitive, Paddle spelling) and return it upper-cased.
+    """Validate a level name (case-insensitive, Paddle spelling) and return its canonical
+    spelling.  The first ``"auto"`` of the process installs the module hooks that apply its
+    plans (:mod:`ampcore._auto._hooks`).
 
     Example::
 
@@ -28,5 +30,10 @@ def check_level(level: object, call: str = "ampcore.autocast") -> Level:
         'auto'
     """
     if isinstance(level, str) and level.upper() in _CANONICAL:
-        return _CANONICAL[level.upper()]
+        checked = _CANONICAL[level.upper()]
+        if checked == "auto":  # the plan acts through module hooks: installed on first use
+            from ._auto import install_hooks
+
+            install_hooks()
+        return checked
     raise AmpcoreError(f"{call}(level={level!r}): invalid level; valid levels: {', '.join(LEVELS)}")

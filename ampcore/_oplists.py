@@ -251,15 +251,7 @@ def _overload_actions(
 def compute_oplists(
     backend: Backend, dtype: torch.dtype, level: Level, white: frozenset[str], black: frozenset[str]
 ) -> OpLists:
-    """The effective lists (validated inputs; cached).
-
-    The first ``level="auto"`` lists of the process install the module hooks that apply its
-    plans (:mod:`ampcore._auto._hooks`).
-    """
-    if level == "auto":
-        from ._auto import install_hooks
-
-        install_hooks()
+    """The effective lists (validated inputs; cached)."""
     adjustments = _adjustments(backend, dtype) if level != "O0" else {}
     actions = _overload_actions(backend.device_type, level, adjustments, white, black)
     by_action: dict[str, set[str]] = {action: set() for action in ACTIONS}

@@ -20,6 +20,7 @@ the timed rounds and the ratios of those medians (one run).
 
     python benchmarks/bench_auto.py                          # mixed + transformer
     python benchmarks/bench_auto.py --models transformer --rounds 7
+    python benchmarks/bench_auto.py --lead-patch    # with the change proposed for _autocast.py
 """
 
 from __future__ import annotations
@@ -76,6 +77,25 @@ def _build(name: str, args: argparse.Namespace) -> tuple[Any, Callable[[], tuple
     raise SystemExit(f"unknown model {name!r}; valid: mixed, transformer, seed")
 
 
+def _emulate_lead_patch() -> None:
+    """The change proposed for the lead-owned ampcore/_autocast.py: an auto region without
+    custom lists uses torch's own kernels (as uncustomised O1) instead of ampcore's Python
+    policy kernels; its plan acts through the module hooks either way."""
+    from ampcore import _autocast
+
+    original = _autocast.autocast._policy_of
+
+    def policy_of(self: Any, white: frozenset[str], black: frozenset[str]) -> Any:
+        if (
+            self.enabled and self.level == "auto" and not white and not black
+            and not self.backend.op_list_adjustments(self.dtype) and _autocast.has_native_autocast(self.device_type)
+        ):
+            return None
+        return original(self, white, black)
+
+    _autocast.autocast._policy_of = policy_of  # type: ignore[method-assign]
+
+
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run one model's modes in this process; return the measurements."""
     import torch
@@ -83,6 +103,8 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     import ampcore
     from ampcore._auto import _hooks
 
+    if args.lead_patch:
+        _emulate_lead_patch()
     torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -152,13 +174,14 @@ def main() -> None:
     parser.add_argument("--small-batch", type=int, default=16)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable on a shared machine)")
+    parser.add_argument("--lead-patch", action="store_true", help="emulate the proposed change to ampcore/_autocast.py (see _emulate_lead_patch)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the measurements as JSON")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)")
+    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)" + (", lead patch emulated" if args.lead_patch else ""))
     results = []
     for name in args.models:
         env = {**os.environ, "AMPCORE_AUTO_CACHE": "off"}
@@ -180,6 +203,8 @@ def main() -> None:
 
 def _passthrough(args: argparse.Namespace) -> list[str]:
     out = ["--rounds", str(args.rounds), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    if args.lead_patch:
+        out.append("--lead-patch")
     for name in ("big", "big_batch", "small", "small_batch", "layers"):
         out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     return out

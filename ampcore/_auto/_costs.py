@@ -14,7 +14,8 @@ Bounded: each path runs once untimed (the first call of a shape pays one-time se
 to seconds for a process's first matrix product) and then repeats only while its share of
 the budget lasts (best time kept, at least one timed run).  A low-precision path that is
 clearly slower (more than twice float32) on a probe of an eighth of the batch is not run
-in full (``estimated``: the probe's time times eight).
+in full (``estimated``: the probe's time times eight); one whose first run is clearly slower
+and over its share is not repeated (``estimated``: float32 is the safe side to err on).
 """
 
 from __future__ import annotations
@@ -188,5 +189,9 @@ def measure(
                 probe = _best(path(True, part), sync, 0.0)
                 if probe * PROBE > _CLEARLY_SLOWER * fp32:
                     return Costs(fp32, probe * PROBE, cast, estimated=True)
-        low = _best(path(True, args), sync, share)
+        run_low = path(True, args)
+        first = _timed(run_low, sync)
+        if first > _CLEARLY_SLOWER * fp32 and first > share:
+            return Costs(fp32, first, cast, estimated=True)  # expensive and clearly slower: one run
+        low = _best(run_low, sync, share, first)
     return Costs(fp32, low, cast)

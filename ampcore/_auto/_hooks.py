@@ -1,7 +1,7 @@
 """Where ``level="auto"`` acts: two process-global module hooks that apply the plan.
 
 ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``..._forward_hook`` are
-installed once per process, by the first ``level="auto"`` region, and never removed (like
+installed once per process, by the first use of ``level="auto"`` (``check_level``), and never removed (like
 ampcore's dispatcher kernels).  While installed, every ``nn.Module`` call in the process
 takes torch's hook path (a few microseconds); the hooks return at once unless the calling
 thread's innermost ampcore region is an enabled ``level="auto"`` region and the module is a
