@@ -158,16 +158,17 @@ def measure(
         leaves = list({id(t): t for t in seen.values() if t.requires_grad}.values()) + params
 
         def run() -> None:
-            if low:
-                with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
-                    out = _first_tensor(module.forward(*inputs, **kw))
-                if out is not None and out.is_floating_point():
-                    out = out.float()  # a float32 consumer's cast
-            else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
-                with torch.autocast(device_type, enabled=False):
+            # autocast off around the whole run: backward runs outside the region, as in training
+            with torch.autocast(device_type, enabled=False):
+                if low:
+                    with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
+                        out = _first_tensor(module.forward(*inputs, **kw))
+                    if out is not None and out.is_floating_point():
+                        out = out.float()  # a float32 consumer's cast
+                else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
                     out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
-            if grad and out is not None and out.requires_grad and leaves:
-                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+                if grad and out is not None and out.requires_grad and leaves:
+                    torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
 
         return run
 
