@@ -38,6 +38,9 @@ MARGIN: Final = 0.05
 #: A probe on 1/PROBE of the rows that already costs this many times float32 decides fp32.
 PROBE: Final = 8
 _CLEARLY_SLOWER: Final = 2.0
+#: Only calls whose float32 path takes this long are probed (a probe's fixed costs would
+#: weigh too much on small ones).
+_PROBE_ABOVE_MS: Final = 20.0
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ def measure(
         fp32 = _best(path(False, args), sync, share)
         cast = _best(casts, sync, share / 4)
         rows = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim()), 0)
-        if rows >= 4 * PROBE:
+        if rows >= 2 * PROBE and fp32 >= _PROBE_ABOVE_MS:  # small calls are cheap to run in full
             part, ok = _rows(args, kwargs, rows // PROBE)
             if ok:
                 probe = _best(path(True, part), sync, 0.0)
