@@ -323,3 +323,17 @@ def test_bench_has_an_amp_auto_mode() -> None:
     result = run_bench(BenchSettings(device="cpu", size=16, batch=4, steps=2, isolate=False, modes=("fp32", "AMP-auto")))
     assert [r.mode for r in result.results] == ["fp32", "AMP-auto"]
     assert result.results[1].final_loss == pytest.approx(result.results[0].final_loss, rel=0.05)
+
+
+def test_an_exception_in_a_float32_module_restores_autocast() -> None:
+    linear = nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with torch.enable_grad():
+        key = shape_class(linear, (x,), "cpu")
+    ampcore.load_plan(_plan({key: "fp32"}))  # type: ignore[dict-item]
+    linear.weight.data = torch.randn(8, 9)  # the call fails inside forward
+    with ampcore.autocast("cpu", level="auto"):
+        with pytest.raises(RuntimeError):
+            linear(x)
+        assert torch.is_autocast_enabled("cpu")
+        assert not _hooks._local.frames
