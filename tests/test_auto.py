@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_adapter
 from torch import nn
 
 import ampcore
@@ -337,3 +338,22 @@ def test_an_exception_in_a_float32_module_restores_autocast() -> None:
             linear(x)
         assert torch.is_autocast_enabled("cpu")
         assert not _hooks._local.frames
+
+
+def test_an_adapter_hook_supplies_costs_instead_of_measuring(register: Any) -> None:
+    asked: list[str] = []
+
+    def costs(shape_class: str, dtype: torch.dtype) -> dict[str, float] | None:
+        asked.append(shape_class)
+        return {"fp32_ms": 1.0, "low_ms": 0.5, "cast_ms": 0.1} if "in_features=8" in shape_class else None
+
+    register(make_adapter("autocosts", ampcore_auto_costs=costs), name="autocosts")
+    linear = nn.Linear(8, 8)
+    region = ampcore.autocast("autocosts", level="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.AmpcoreWarning)  # nothing measured
+        with region:
+            linear(torch.randn(4, 8))
+    plan = ampcore.auto_plan("autocosts")
+    (entry,) = plan.entries.values()
+    assert entry.source == "adapter" and entry.decision == "low" and asked == [entry.shape_class]

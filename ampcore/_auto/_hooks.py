@@ -12,7 +12,8 @@ the call's shape class:
   float32, exactly as O1);
 * ``"fp32"``: autocast is switched off for the module's forward (``torch.autocast(...,
   enabled=False)``) and its low-precision floating inputs are cast to float32;
-* no decision yet: the call runs with the O1 lists, then the forward hook measures it
+* no decision yet: the call runs with the O1 lists, then the forward hook takes the costs
+  from the adapter's ``ampcore_auto_costs`` hook or measures it
   (:func:`ampcore._auto._costs.measure`) within the process's warm-up budget
   (``AMPCORE_AUTO_BUDGET`` seconds, default 10) and records the decision.
 
@@ -33,7 +34,7 @@ import torch
 from .._errors import AmpcoreWarning
 from .._memory import synchronize
 from .._state import thread_state
-from ._costs import measure
+from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
 from ._shapes import planned_ops, shape_class
 
@@ -152,8 +153,15 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
 
 def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any) -> None:
     spec = region.spec
+    if plan.decision(key) is not None:
+        return
+    given = adapter_costs(spec.backend, key, spec.dtype)
+    if given is not None:
+        plan.set(key, given, source="adapter")
+        write_cache(plan)
+        return
     left_ms = (_budget_s() - _process.spent_s) * 1e3
-    if left_ms <= 0 or plan.decision(key) is not None:
+    if left_ms <= 0:
         return
     _warn_once(spec, plan)
     start = time.perf_counter()
@@ -179,6 +187,27 @@ def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         )
 
 
+def adapter_costs(backend: Any, key: str, dtype: torch.dtype) -> Costs | None:
+    """The costs the backend's ``ampcore_auto_costs`` hook gives for ``key`` (None: measure)."""
+    hook = backend.hook("ampcore_auto_costs")
+    if hook is None:
+        return None
+    raw = hook(shape_class=key, dtype=dtype)
+    if raw is None:
+        return None
+    try:
+        return Costs(float(raw["fp32_ms"]), float(raw["low_ms"]), float(raw.get("cast_ms", 0.0)))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        from .._errors import PluginError
+
+        raise PluginError(
+            backend.plugin_name,
+            f"ampcore_auto_costs() returned {raw!r} for {key!r}: expected None or a mapping with "
+            f"'fp32_ms', 'low_ms' and optionally 'cast_ms' (numbers); {type(exc).__name__}: {exc}",
+            backend.distribution,
+        ) from None
+
+
 def _warn_once(spec: Any, plan: AutoPlan) -> None:
     if _process.warned:
         return
@@ -200,7 +229,10 @@ def install() -> None:
         return
     with _process.lock:
         if not _process.handles:
-            from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+            from torch.nn.modules.module import (
+                register_module_forward_hook,
+                register_module_forward_pre_hook,
+            )
 
             _process.handles = [
                 register_module_forward_pre_hook(_pre),

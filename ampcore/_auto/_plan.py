@@ -43,14 +43,14 @@ __all__ = [
 CACHE_ENV: Final = "AMPCORE_AUTO_CACHE"
 _FORMAT: Final = 1
 _ENV_PREFIXES: Final = ("ONEDNN_", "DNNL_", "MKL_", "OMP_")
-_SOURCES: Final = ("measured", "cache", "loaded", "given")
 
 
 @dataclass(frozen=True)
 class PlanEntry:
     """The decision for one shape class: ``"low"`` or ``"fp32"``, the costs it rests on
     (``None`` for a decision given without costs) and where it came from (``measured`` in
-    this process, read from the disk ``cache``, ``loaded`` from a plan file, or ``given``)."""
+    this process, given by the backend's ``adapter`` hook, read from the disk ``cache``,
+    ``loaded`` from a plan file, or ``given``)."""
 
     shape_class: str
     decision: Decision
