@@ -357,3 +357,17 @@ def test_an_adapter_hook_supplies_costs_instead_of_measuring(register: Any) -> N
     plan = ampcore.auto_plan("autocosts")
     (entry,) = plan.entries.values()
     assert entry.source == "adapter" and entry.decision == "low" and asked == [entry.shape_class]
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks:UserWarning")
+def test_under_torch_compile_the_plan_is_not_applied_and_results_match_o1() -> None:
+    model, x, y = Mixed(), torch.randn(16, 32), torch.randn(4, 8)
+    big, small = _classes(model, x, y)
+    ampcore.load_plan(_plan({big: "fp32", small: "fp32"}))
+    compiled = torch.compile(model, backend="eager")
+    with ampcore.autocast("cpu", level="auto"):
+        out = compiled(x, y)
+    with ampcore.autocast("cpu", level="O1"):
+        reference = model(x, y)
+    assert out[0].dtype == reference[0].dtype == torch.bfloat16  # O1's lists, not the plan
+    torch.testing.assert_close(out, reference)
