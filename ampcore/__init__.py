@@ -13,6 +13,7 @@ from ._launch import quiet_torch_numpy_warning as _quiet
 _quiet()  # before torch is imported: the command line needs no NumPy
 # ruff: noqa: E402  (the imports below must follow that call)
 
+from ._auto import AutoPlan, auto_plan, load_plan
 from ._autocast import autocast
 from ._backend import Backend
 from ._capability import CapabilityIssue
@@ -37,6 +38,7 @@ __all__ = [
     "LEVELS",
     "AmpcoreError",
     "AmpcoreWarning",
+    "AutoPlan",
     "Backend",
     "BackendUnavailableError",
     "CapabilityIssue",
@@ -53,6 +55,7 @@ __all__ = [
     "RegionInfo",
     "__version__",
     "active_region",
+    "auto_plan",
     "autocast",
     "custom_bwd",
     "custom_fwd",
@@ -64,6 +67,7 @@ __all__ = [
     "is_float16_supported",
     "list_backends",
     "list_plugins",
+    "load_plan",
     "oplists",
     "register_fp32_module",
     "register_plugin",

@@ -32,9 +32,11 @@ from ._memory import (
 )
 from ._registry import resolve_device
 
-__all__ = ["MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
+__all__ = ["EXTRA_MODES", "MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
 
 MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
+#: Modes run only when asked for (``--modes``): ``AMP-auto`` is ``level="auto"`` with a GradScaler.
+EXTRA_MODES: Final = ("AMP-auto",)
 #: The guide's sizes, used where the device has the memory for them.
 GUIDE_SIZES: Final = (8192, 2048)
 #: Scaled-down sizes for host-memory backends (CPU): a few minutes for all modes.
@@ -150,11 +152,14 @@ def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: Be
     if mode == "AMP-O1":
         region = ampcore.autocast(device, dtype=dtype, level="O1", custom_white_list={"elementwise_add"})
         return model, opt, lambda: region, scaler
+    if mode == "AMP-auto":
+        region = ampcore.autocast(device, dtype=dtype, level="auto")
+        return model, opt, lambda: region, scaler
     if mode == "AMP-O2":
         model, opt = ampcore.decorate(model, opt, level="O2", dtype=dtype, device=device)
         region = ampcore.autocast(device, dtype=dtype, level="O2")
         return model, opt, lambda: region, scaler
-    raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+    raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
 
 
 def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
@@ -262,9 +267,9 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
 
     from ._version import __version__
 
-    bad = [m for m in settings.modes if m not in MODES]
+    bad = [m for m in settings.modes if m not in MODES + EXTRA_MODES]
     if bad:
-        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES)}")
+        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
     if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
         raise AmpcoreError(
             f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "

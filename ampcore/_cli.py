@@ -10,14 +10,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _cli_bench, _cli_conformance, _cli_info, _cli_oplists
+from . import _cli_bench, _cli_conformance, _cli_info, _cli_oplists, _cli_plan
 from ._errors import AmpcoreError
 from ._version import __version__
 
 __all__ = ["main"]
 
 #: Modules that contribute a sub-command (``add_parser(subparsers) -> None``).
-_COMMANDS = (_cli_info, _cli_bench, _cli_conformance, _cli_oplists)
+_COMMANDS = (_cli_info, _cli_bench, _cli_conformance, _cli_oplists, _cli_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:

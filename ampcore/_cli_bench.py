@@ -13,6 +13,7 @@ from typing import Any, Final, TextIO
 import torch
 
 from ._bench import (
+    EXTRA_MODES,
     MODES,
     BenchResult,
     BenchSettings,
@@ -237,7 +238,10 @@ def add_parser(subparsers: Any) -> None:
         "--repeats", type=int, default=1,
         help="run all modes this many times, interleaved, and report the spread of the speed-ups (default 1)",
     )  # fmt: skip
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to run")
+    parser.add_argument(
+        "--modes", nargs="+", choices=MODES + EXTRA_MODES, default=list(MODES),
+        help="modes to run (default: all but AMP-auto, level='auto', which runs when named)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write all measurements as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw step times, loss curves and their difference to fp32 (needs matplotlib)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

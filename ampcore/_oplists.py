@@ -72,7 +72,7 @@ _LEVEL_ACTIONS: Final[Mapping[str, Mapping[CastPolicy, str]]] = {
         "promote": promote,
         "banned": BANNED,
     }
-    for level, promote in (("OD", FP32), ("O1", PROMOTE), ("O2", LOW))
+    for level, promote in (("OD", FP32), ("O1", PROMOTE), ("O2", LOW), ("auto", PROMOTE))
 }
 
 #: The list an overload's action puts it in (see :meth:`OpLists.category`).
@@ -86,7 +86,9 @@ _CATEGORY_OF: Final[Mapping[str, str]] = {
 }
 
 #: What an op in no list does, per level.
-DEFAULT_ACTIONS: Final[Mapping[str, str]] = {"O0": FOLLOW, "OD": FP32, "O1": FOLLOW, "O2": LOW}
+#: ``auto`` has O1's lists; :mod:`ampcore._auto` runs planned modules in float32 where
+#: low precision does not pay.
+DEFAULT_ACTIONS: Final[Mapping[str, str]] = {"O0": FOLLOW, "OD": FP32, "O1": FOLLOW, "O2": LOW, "auto": FOLLOW}
 
 #: How :attr:`OpLists.unlisted` words :data:`DEFAULT_ACTIONS`.
 _UNLISTED: Final[Mapping[str, str]] = {
@@ -94,6 +96,7 @@ _UNLISTED: Final[Mapping[str, str]] = {
     "OD": "float32",
     "O1": "follow-inputs",
     "O2": "low-precision",
+    "auto": "follow-inputs",
 }
 
 
@@ -294,7 +297,7 @@ def oplists(
         device: a backend name, ``"name:N"``, a ``torch.device`` or ``None`` (best available).
         dtype: the low-precision dtype (``torch.bfloat16`` or a name such as ``"bf16"``);
             ``None`` takes the backend's default.
-        level: ``"O0"``, ``"OD"``, ``"O1"`` or ``"O2"``.
+        level: ``"O0"``, ``"OD"``, ``"O1"``, ``"O2"`` or ``"auto"`` (O1's lists).
         custom_white_list: ops to run in ``dtype`` (ATen names or Paddle aliases).
         custom_black_list: ops to run in float32.
 

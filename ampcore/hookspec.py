@@ -405,3 +405,27 @@ def ampcore_backend_info() -> Mapping[str, str]:  # type: ignore[empty-body]
     Use in plugins: cheap and side-effect free: read versions from package metadata rather
     than importing a vendor library that may abort the process.
     """
+
+
+# ---------------------------------------------------------------------------------------
+# Costs for level="auto" (optional)
+# ---------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def ampcore_auto_costs(shape_class: str, dtype: torch.dtype) -> Mapping[str, float] | None:
+    """The costs of one shape class for ``level="auto"``, instead of measuring them.
+
+    ``shape_class`` is the key the plan stores decisions under, e.g.
+    ``"Linear(in_features=1024, out_features=1024, bias=True) in=[512x1024] grad"``
+    (see docs/auto.md).  Return a mapping with ``fp32_ms`` and ``low_ms`` (forward and
+    backward of one call; ``low_ms`` including the casts) and optionally ``cast_ms``; the
+    core decides from them as from measured costs.  Return ``None`` to let the core measure.
+
+    **firstresult**: the first non-``None`` result is used.
+
+    Core default: ``None`` (the core measures with micro-benchmarks).
+
+    Use in plugins: a table from the vendor's own cost model or profiler; ``None`` for
+    classes it does not know.
+    """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -12,6 +13,9 @@ import torch
 
 import ampcore
 from ampcore import hookimpl
+
+# level="auto" keeps measured costs on disk: never in the user's cache during tests
+os.environ.setdefault("AMPCORE_AUTO_CACHE", tempfile.mkdtemp(prefix="ampcore-auto-cache-"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

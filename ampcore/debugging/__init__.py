@@ -6,6 +6,7 @@
   op, the module and the inputs' dtypes and ranges.
 * :func:`compare_accuracy`: run a batch in float32 and under AMP, rank the modules by
   relative error.
+* :func:`auto_plan_table`: the costs and decisions of ``level="auto"`` per shape class.
 
 All three see the ATen ops inside composite modules and work with any backend.  See
 docs/debugging.md.
@@ -19,6 +20,7 @@ Example::
     1
 """
 
+from ._auto_table import auto_plan_table
 from ._compare import AccuracyReport, AccuracyRow, compare_accuracy
 from ._numerics import NumericsError, NumericsFinding, NumericsWarning, check_numerics
 from ._op_stats import (
@@ -37,6 +39,7 @@ __all__ = [
     "NumericsWarning",
     "OperatorStats",
     "TensorSummary",
+    "auto_plan_table",
     "check_numerics",
     "collect_operator_stats",
     "compare_accuracy",

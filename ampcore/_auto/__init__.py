@@ -1,0 +1,44 @@
+"""``level="auto"``: a measured cost model picks float32 or low precision per module call
+and shape class.
+
+Modules:
+
+* :mod:`._shapes`: which module kinds are planned, and their shape classes;
+* :mod:`._costs`: :class:`Costs`, the pure :func:`decide` and the micro-benchmarks;
+* :mod:`._plan`: :class:`AutoPlan` (export, load, table), in-memory and disk cache;
+* :mod:`._hooks`: the global module hooks that apply a plan inside ``level="auto"`` regions.
+
+See docs/auto.md.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._registry import DeviceLike, resolve_device
+from ._costs import MARGIN, Costs, Decision, decide
+from ._hooks import install as install_hooks
+from ._plan import AutoPlan, PlanEntry, current_plan, fingerprint, load_plan
+
+__all__ = ["MARGIN", "AutoPlan", "Costs", "Decision", "PlanEntry", "auto_plan", "decide", "install_hooks", "load_plan"]
+
+
+def auto_plan(device: DeviceLike = None, dtype: torch.dtype | str | None = None) -> AutoPlan:
+    """This process's ``level="auto"`` plan for a backend and dtype (the one its regions use;
+    read from the disk cache the first time, empty when nothing was measured).
+
+    Example::
+
+        >>> import ampcore
+        >>> plan = ampcore.auto_plan("cpu")
+        >>> plan.fingerprint["dtype"]
+        'bfloat16'
+        >>> print(plan.table().splitlines()[1].split()[:2])
+        ['shape', 'class']
+    """
+    from .._dtypes import parse_dtype
+
+    resolved = resolve_device(device)
+    backend = resolved.backend
+    checked = backend.check_dtype(None if dtype is None else parse_dtype(dtype, "ampcore.auto_plan"), "ampcore.auto_plan")
+    return current_plan(fingerprint(backend.name, backend.device_name(resolved.index or 0), checked))

@@ -1,0 +1,98 @@
+"""Shape classes: which module calls ``level="auto"`` plans, and the key a decision is stored under.
+
+A shape class is the module's kind and hyper-parameters (``Linear(in_features=1024,
+out_features=1024, bias=True)``), the input shapes with every dimension rounded up to a
+power of two (the bucket) and their dtypes where not float32 (``16x64:bfloat16``: a
+float32 decision then pays the input's cast), and whether the call records gradients.  Two layers of the same
+kind and bucket share one measurement and one decision; a layer's path in the model plays
+no part, so a plan carries over to every rank and to a model rebuilt on resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+import torch
+from torch import nn
+
+__all__ = ["PLANNED_OPS", "bucket", "planned_ops", "shape_class"]
+
+
+def _linear(module: nn.Module) -> str:
+    return module.extra_repr()
+
+
+def _attention(module: nn.Module) -> str:
+    m = module
+    return f"embed_dim={m.embed_dim}, num_heads={m.num_heads}, batch_first={m.batch_first}, bias={m.in_proj_bias is not None}"
+
+
+#: The module kinds ``level="auto"`` plans, with the ATen ops they run in low precision
+#: (a custom list naming one of these ops takes the module out of the plan: lists win).
+PLANNED_OPS: Final[dict[type[nn.Module], tuple[Callable[[nn.Module], str], frozenset[str]]]] = {
+    nn.Linear: (_linear, frozenset({"linear", "addmm", "mm", "matmul"})),
+    nn.modules.conv._ConvNd: (
+        _linear,
+        frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}),
+    ),
+    nn.MultiheadAttention: (
+        _attention,
+        frozenset({"linear", "addmm", "mm", "matmul", "bmm", "baddbmm", "scaled_dot_product_attention", "_native_multi_head_attention"}),
+    ),
+}
+
+_BY_TYPE: dict[type, tuple[Callable[[nn.Module], str], frozenset[str]] | None] = {}
+
+
+def _kind(cls: type) -> tuple[Callable[[nn.Module], str], frozenset[str]] | None:
+    try:
+        return _BY_TYPE[cls]
+    except KeyError:
+        found = next((value for base, value in PLANNED_OPS.items() if issubclass(cls, base)), None)
+        _BY_TYPE[cls] = found
+        return found
+
+
+def planned_ops(module: nn.Module) -> frozenset[str] | None:
+    """The ATen ops a planned module runs in low precision; ``None``: not a planned kind."""
+    kind = _kind(type(module))
+    return None if kind is None else kind[1]
+
+
+def bucket(n: int) -> int:
+    """``n`` rounded up to a power of two (the size bucket of a dimension).
+
+    Example::
+
+        >>> bucket(500), bucket(512), bucket(513), bucket(1)
+        (512, 512, 1024, 1)
+    """
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -> str | None:
+    """The shape class of a call of ``module`` on ``args``; ``None`` when it is not planned
+    (not a planned kind, or no floating-point input on ``device_type``).
+
+    Example::
+
+        >>> import torch
+        >>> shape_class(torch.nn.Linear(64, 32), (torch.zeros(500, 64),), "cpu")
+        'Linear(in_features=64, out_features=32, bias=True) in=[512x64] grad'
+    """
+    kind = _kind(type(module))
+    if kind is None:
+        return None
+    shapes = []
+    floating = False
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            if arg.is_floating_point() and arg.device.type == device_type:
+                floating = True
+            dims = "x".join(str(bucket(d)) for d in arg.shape)
+            shapes.append(dims if arg.dtype == torch.float32 else f"{dims}:{str(arg.dtype).removeprefix('torch.')}")
+    if not floating:
+        return None
+    grad = "grad" if torch.is_grad_enabled() else "no-grad"
+    return f"{type(module).__name__}({kind[0](module)}) in=[{', '.join(shapes)}] {grad}"
