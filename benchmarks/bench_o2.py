@@ -237,6 +237,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="the optimizer of every mode")
     parser.add_argument("--repeats", type=int, default=3, help="memory runs per mode")
     parser.add_argument("--skip-time", action="store_true")
@@ -244,6 +245,8 @@ def main() -> None:
     parser.add_argument("--memory-child", nargs=3, metavar=("MODE", "SIZE", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_flush_denormal(True)  # deep fp32 chains must not fall into denormals
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_child:
         mode, size, batch = args.memory_child
         memory_child(mode, int(size), int(batch), args.lr, args.optimizer)
