@@ -200,7 +200,7 @@ def memory_child(mode: str, size: int, batch: int, lr: float, kind: str = "sgd")
     print(json.dumps({"steps": peak - built, "total": peak - before}))
 
 
-def run_memory(repeats: int, lr: float, kind: str = "sgd") -> None:
+def run_memory(repeats: int, lr: float, kind: str = "sgd", configs: tuple[str, ...] = tuple(CONFIGS)) -> None:
     print(f"\n## Peak memory growth of training steps with {kind} (fresh process per run, "
           f"MALLOC_MMAP_THRESHOLD_=65536; median of {repeats})\n")
     print("steps: VmHWM during 3 steps - VmRSS after building model and optimizer (activations, "
@@ -208,7 +208,8 @@ def run_memory(repeats: int, lr: float, kind: str = "sgd") -> None:
           "weights: fp32, or fp32 masters + low-precision copies)\n")
     print("| configuration | mode | steps MiB | steps / fp32 | total MiB | total / fp32 |")
     print("|---|---|---:|---:|---:|---:|")
-    for config, (size, batch) in CONFIGS.items():
+    for config in configs:
+        size, batch = CONFIGS[config]
         got: dict[str, tuple[float, float]] = {}
         for mode in MEMORY_MODES:
             runs = []
@@ -241,6 +242,7 @@ def main() -> None:
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="the optimizer of every mode")
     parser.add_argument("--repeats", type=int, default=3, help="memory runs per mode")
     parser.add_argument("--skip-time", action="store_true")
+    parser.add_argument("--memory-configs", nargs="+", choices=tuple(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--memory-child", nargs=3, metavar=("MODE", "SIZE", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,7 +256,7 @@ def main() -> None:
     if not args.skip_time:
         print_time(run_time(args.steps, args.warmup, args.size, args.batch, args.lr, args.optimizer), args)
     if not args.skip_memory:
-        run_memory(args.repeats, args.lr, args.optimizer)
+        run_memory(args.repeats, args.lr, args.optimizer, tuple(args.memory_configs))
 
 
 if __name__ == "__main__":
