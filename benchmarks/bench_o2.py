@@ -154,6 +154,8 @@ def run_time(steps: int, warmup: int, size: int, batch: int, lr: float, kind: st
             mode.losses.append(float(loss.detach()))
             if step >= warmup:
                 mode.times.append(elapsed * 1e3)
+        print(f"round {step}: " + ", ".join(f"{m.name} {m.times[-1]:.0f} ms" for m in modes if m.times and step >= warmup),
+              file=sys.stderr, flush=True)  # partial results survive a killed run
     return modes
 
 
