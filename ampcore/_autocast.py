@@ -154,7 +154,7 @@ class autocast:
         if not self.enabled:
             return None
         if (
-            self.level == "O1"
+            self.level in ("O1", "auto")  # auto: O1's lists; its plan acts through module hooks
             and not white
             and not black
             and not self.backend.op_list_adjustments(self.dtype)

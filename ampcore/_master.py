@@ -16,6 +16,10 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   Exception: momentum-free torch SGD in a dtype that needs no loss scaling reads the
   low-precision gradient itself (the masters get ``grad_dtype=None``), and without step
   hooks ampcore runs that update in one pass (``_master_sgd.py``).
+  Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself, chunk
+  by chunk, widening each chunk of the low-precision gradient into a small scratch buffer
+  (``_master_adam.py``); a master gets an fp32 copy only if something reads the param
+  groups between backward and the step (GradScaler, clipping the optimizer's parameters).
 * ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
   accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
 """
@@ -33,6 +37,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ._errors import AmpcoreError
+from ._master_adam import fused_adam_applies, fused_adam_update
 from ._master_sgd import fused_sgd_applies, fused_sgd_update
 
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
@@ -179,8 +184,12 @@ class MasterWeights:
                 groups[index] = _MasterGroup(group, self.sync_grads)
 
     # -- gradients --------------------------------------------------------------------
-    def sync_grads(self) -> None:
-        """Give each master the current gradient of its model parameter."""
+    def sync_grads(self, copy_missing: bool = True) -> None:
+        """Give each master the current gradient of its model parameter.
+
+        With ``copy_missing=False`` only masters that already hold a copy are brought up to
+        date (or dropped, if the model's gradient is gone); the others keep no gradient.
+        """
         if self._suspended:
             return
         if self.master_grad or self._shares_low_grads():
@@ -202,6 +211,8 @@ class MasterWeights:
                 continue
             same_object = seen is not None and seen() is grad
             if same_object and pair.seen_grad_version == grad._version:
+                continue
+            if seen is None and not copy_missing:
                 continue
             if same_object and pair.master.grad is not None:
                 # changed in place while the master still holds the copy (that GradScaler
@@ -295,6 +306,9 @@ class MasterWeights:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
         self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
+        if not args and not kwargs and fused_adam_applies(self.optimizer):
+            self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
+            return self._fused_adam_step()
         self.sync_grads()
         if args and callable(args[0]):
             args = (self._wrap_closure(args[0]), *args[1:])
@@ -319,6 +333,24 @@ class MasterWeights:
         step counting, profiling)."""
         groups = self.optimizer.param_groups
         own = fused_sgd_update(groups, {pair.master: pair.model for pair in self.pairs})
+        self.record_versions()
+        hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
+        for param, _ in hidden:
+            param.grad = None
+        self._suspended = True
+        try:
+            return self._call_inner_step((), {})
+        finally:
+            self._suspended = False
+            for param, grad in hidden:
+                param.grad = grad
+            self.release_grads()
+
+    def _fused_adam_step(self) -> Any:
+        """Adam/AdamW chunk by chunk (``_master_adam``), from the low-precision gradients
+        (or the fp32 ones the masters hold already); then torch's own step runs with the
+        gradients hidden, as for SGD."""
+        own = fused_adam_update(self.optimizer, {pair.master: pair.model for pair in self.pairs})
         self.record_versions()
         hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
         for param, _ in hidden:

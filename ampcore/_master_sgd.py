@@ -20,15 +20,15 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["CHUNK", "fused_sgd_applies", "fused_sgd_update"]
+__all__ = ["CHUNK", "fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
 
 #: Elements per chunk: 4 MiB of fp32 scratch plus the master chunk stay in cache.
 CHUNK: Final = 1 << 20
 
 
-def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ampcore may run ``optimizer``'s step itself: nothing observes the step
-    from inside (no step hooks) and every group is plain SGD with float hyperparameters."""
+def step_hooks_free(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether nothing observes ``optimizer``'s step from inside (no step pre/post hooks,
+    global or its own); False on a torch that keeps its hooks elsewhere."""
     from torch.optim import optimizer as optim_module
 
     hooks = [
@@ -37,7 +37,13 @@ def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:
         getattr(optim_module, "_global_optimizer_pre_hooks", None),
         getattr(optim_module, "_global_optimizer_post_hooks", None),
     ]
-    if any(h is None or len(h) for h in hooks):  # unknown torch, or hooks to honour
+    return not any(h is None or len(h) for h in hooks)
+
+
+def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ampcore may run ``optimizer``'s step itself: nothing observes the step
+    from inside (no step hooks) and every group is plain SGD with float hyperparameters."""
+    if not step_hooks_free(optimizer):
         return False
     return all(
         not isinstance(group.get("weight_decay"), torch.Tensor)

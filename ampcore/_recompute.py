@@ -52,9 +52,14 @@ def _restored(policies: dict[str, Any]) -> Iterator[None]:
         torch._C._dispatch_tls_set_dispatch_key_included(key, True)
         torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
     state.policies.update(policies)
+    # a recomputation has its own weight-cast cache: one filled here (typically in backward,
+    # outside any region) would otherwise outlive it and hand the next step's forward the
+    # previous step's cast weights
+    outer_cache, state.cast_cache = state.cast_cache, {}
     try:
         yield
     finally:
+        state.cast_cache = outer_cache
         state.policies.clear()
         state.policies.update(previous)
         for key, included, excluded in saved:

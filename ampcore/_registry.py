@@ -206,6 +206,7 @@ def resolve_device(device: DeviceLike) -> ResolvedDevice:
     name, index = _parse(device)
     backend = _best(manager) if name is None else _lookup(manager, name, device)
     backend.require_available()
+    _provide_autocast(backend)
     if index is not None:
         count = backend.device_count()
         if index >= count:
@@ -232,4 +233,20 @@ def get_backend(device: DeviceLike = None) -> Backend:
     """
     manager = get_manager()
     name, _ = _parse(device)
-    return _best(manager) if name is None else _lookup(manager, name, device)
+    backend = _best(manager) if name is None else _lookup(manager, name, device)
+    if backend.is_available:
+        _provide_autocast(backend)
+    return backend
+
+
+def _provide_autocast(backend: Backend) -> None:
+    """Once ampcore knows an available backend whose device type has no autocast kernels
+    of its own, ampcore's kernels provide its autocast from then on (for plain
+    ``torch.autocast`` too), so results never depend on whether an ampcore region ran."""
+    from ._dispatch import has_native_autocast, route  # noqa: PLC0415 (the dispatcher only when needed)
+
+    if has_native_autocast(backend.device_type):
+        return
+    from ._autocast import _provider  # noqa: PLC0415
+
+    route(backend.device_type, _provider(backend))

@@ -117,12 +117,6 @@ def test_trainer_matches_the_raw_loop(level: str, checkpointing: bool, tmp_path:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="ampcore's thread-local cast cache (_kernels) is filled by the backward recomputation, "
-    "outside any region (_recompute._restored), and never cleared: the next step's forward reuses "
-    "the previous step's low-precision weight casts (lead-owned fix: clear or swap the cache in _restored)",
-)
 def test_gradient_checkpointing_changes_nothing_under_custom_lists(tmp_path: Path) -> None:
     assert raw_loop("O1", True)[0] == raw_loop("O1", False)[0]
 
