@@ -118,8 +118,15 @@ class autocast:
         cache_enabled: bool | None = None,
         custom_white_list: Iterable[str] | None = None,
         custom_black_list: Iterable[str] | None = None,
+        *extra: Any,
         **aliases: Any,
     ) -> None:
+        if extra:
+            raise AmpcoreError(
+                f"{_CALL}() takes at most 7 positional arguments (device, dtype, level, enabled, "
+                f"cache_enabled, custom_white_list, custom_black_list); got {7 + len(extra)}: pass the "
+                "rest by keyword"
+            )
         if aliases:
             device, enabled = _aliases(aliases, device, enabled)
         checked_level = check_level(level)

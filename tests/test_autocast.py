@@ -201,8 +201,17 @@ def test_unsupported_dtype_lists_supported_dtypes() -> None:
 
 
 def test_unavailable_backend_gives_the_reason() -> None:
-    with pytest.raises(ampcore.BackendUnavailableError, match='backend "cuda".*unavailable: this torch build .* has no CUDA support'):
+    # a CPU-only build says it has no CUDA; a CUDA build on a machine without a GPU says so too
+    reason = "this torch build .* has no CUDA support" if torch.version.cuda is None else r"torch.cuda.is_available\(\) is False"
+    with pytest.raises(ampcore.BackendUnavailableError, match=f'backend "cuda".*unavailable: {reason}'):
         ampcore.autocast(device="cuda")
+
+
+def test_too_many_positional_arguments_raise_an_ampcore_error() -> None:
+    before = torch.is_autocast_enabled("cpu")
+    with pytest.raises(ampcore.AmpcoreError, match="at most 7 positional arguments.*got 8"):
+        ampcore.autocast("cpu", None, "O1", True, None, None, None, "extra")
+    assert torch.is_autocast_enabled("cpu") == before
 
 
 @pytest.mark.parametrize("level", ["O3", "fp16", 1, None])

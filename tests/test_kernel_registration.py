@@ -173,7 +173,10 @@ INTERRUPTS = """
             raise KeyboardInterrupt
     signal.signal(signal.SIGALRM, interrupt)
     interrupted = leaked = 0
-    for level, custom in [("O1", {"add"}), ("O2", None), ("OD", None)] * 60:
+    rounds = [("O1", {"add"}), ("O2", None), ("OD", None)] * 60
+    for i, (level, custom) in enumerate(rounds * 10):  # on a loaded machine: more rounds
+        if i >= len(rounds) and registered_keys().get("AutocastIPU") == len(castable_overloads()):
+            break
         armed[0] = True
         signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, 0.003))
         try:
@@ -189,7 +192,9 @@ INTERRUPTS = """
             thread_state().stack.clear()
     print("interrupted", interrupted, "leaked", leaked)
     assert interrupted > 20
-    # a registration interrupted or not, the table is complete and regions work
+    # however often the registration was interrupted, the next region completes it
+    with ampcore.autocast("cpu", level="OD"):
+        x + x
     assert registered_keys() == {"AutocastIPU": len(castable_overloads())}, (registered_keys(), len(castable_overloads()))
     with ampcore.autocast("cpu", custom_white_list={"add"}):
         assert (x + x).dtype == torch.bfloat16
