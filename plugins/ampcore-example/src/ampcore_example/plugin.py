@@ -217,10 +217,31 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 #     def ampcore_keep_norm_fp32(dtype) -> bool:
 #         return dtype == torch.float16
 #
-# Your vendor's own O2 preparation (as the cpu adapter uses ipex.optimize):
+# Your vendor's own O2 preparation (as the cpu adapter can use ipex.optimize, when the user
+# opts in with AMPCORE_CPU_IPEX=optimize):
 #
 #     @hookimpl
 #     def ampcore_prepare_o2(model, optimizer, dtype):
 #         if dtype != torch.bfloat16:
 #             return None      # the core casts parameters and keeps fp32 master weights
 #         return torch_myvendor.optimize(model, dtype=dtype, optimizer=optimizer)
+#
+# Waiting for the device's queued work, for `ampcore bench` timings (core default:
+# torch.accelerator, then torch.<device_type>.synchronize(), else nothing):
+#
+#     @hookimpl
+#     def ampcore_synchronize(device_index) -> None:
+#         torch_myvendor.synchronize(device_index)
+#
+# Further facts shown by `ampcore info` under the backend table (cheap, no vendor import):
+#
+#     @hookimpl
+#     def ampcore_backend_info() -> dict[str, str]:
+#         return {"runtime": f"myvendor-runtime {importlib.metadata.version('myvendor-rt')}"}
+#
+# Costs for level="auto" from your own cost model instead of ampcore's micro-benchmarks
+# (None: let ampcore measure the shape class):
+#
+#     @hookimpl
+#     def ampcore_auto_costs(shape_class, dtype) -> dict[str, float] | None:
+#         return torch_myvendor.cost_table.get((shape_class, dtype))  # {"fp32_ms", "low_ms"}
