@@ -183,6 +183,10 @@ def _widest(args: tuple[Any, ...], kwargs: dict[str, Any], eligible: Callable[[t
 
 def _wrap_numbers(args: tuple[Any, ...], kwargs: dict[str, Any], slots: tuple[int, ...], names: frozenset[str]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Python numbers in Tensor slots -> 0-dim tensors promoting as torch's wrapped numbers do."""
+    in_args = any(i < len(args) and type(args[i]) in _NUMBERS for i in slots)
+    in_kwargs = bool(kwargs) and any(type(kwargs.get(n)) in _NUMBERS for n in names)
+    if not (in_args or in_kwargs):
+        return args, kwargs  # the common case: nothing to wrap, nothing else computed
     tensors = list(_tensors((*args, *kwargs.values())))
     # the operand that decides the result dtype: a dimensioned one beats 0-dim ones
     reference = next((t for t in tensors if t.dim()), tensors[0] if tensors else None)
@@ -192,9 +196,9 @@ def _wrap_numbers(args: tuple[Any, ...], kwargs: dict[str, Any], slots: tuple[in
         dtype = torch.result_type(reference, value) if reference is not None else None
         return torch.scalar_tensor(value, dtype=dtype)
 
-    if any(i < len(args) and type(args[i]) in _NUMBERS for i in slots):
+    if in_args:
         args = tuple(tensor(a) if i in slots and type(a) in _NUMBERS else a for i, a in enumerate(args))
-    if kwargs and any(type(kwargs.get(n)) in _NUMBERS for n in names):
+    if in_kwargs:
         kwargs = {k: tensor(v) if k in names and type(v) in _NUMBERS else v for k, v in kwargs.items()}
     return args, kwargs
 
