@@ -140,7 +140,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         *_table(rows, width),
         "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
         "   device's own kernels, ampcore's only in customised regions; 'ampcore' = ampcore's",
-        "   kernels provide it, ~3 us per op)",
+        "   kernels provide it, ~3-8 us per op)",
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
