@@ -113,6 +113,14 @@ def unregister_fp32_module(module_type: type[nn.Module]) -> None:
     Name-based recognition (``*RMSNorm``, ``*LayerNorm``...) is not affected; turn norms off
     with ``decorate(keep_norm_fp32=False)`` or keep a layer in low precision by not
     decorating it as a norm (see docs/o2.md).
+
+    Example::
+
+        >>> import ampcore, torch
+        >>> class Gate(torch.nn.Module): ...
+        >>> ampcore.register_fp32_module(Gate)
+        <class '...Gate'>
+        >>> ampcore.unregister_fp32_module(Gate)  # decorate casts Gate to low precision again
     """
     with _lock:
         _registered.pop(module_type, None)

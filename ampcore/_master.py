@@ -327,12 +327,10 @@ class MasterWeights:
             return self._inner_step(*args, **kwargs)
         return type(self.optimizer).step(self.optimizer, *args, **kwargs)
 
-    def _fused_sgd_step(self) -> Any:
-        """Momentum-free SGD in one pass (``_master_sgd``); then torch's own step runs with
-        the gradients hidden, an update of nothing, for its bookkeeping (LR schedulers'
-        step counting, profiling)."""
-        groups = self.optimizer.param_groups
-        own = fused_sgd_update(groups, {pair.master: pair.model for pair in self.pairs})
+    def _bookkeeping_step(self, own: list[torch.Tensor]) -> Any:
+        """After a fused update (of the masters and of ``own``, the float32 parameters it
+        updated whole): torch's own step with those gradients hidden, an update of nothing,
+        for its bookkeeping (LR schedulers' step counting, profiling)."""
         self.record_versions()
         hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
         for param, _ in hidden:
@@ -346,23 +344,20 @@ class MasterWeights:
                 param.grad = grad
             self.release_grads()
 
+    def _fused_sgd_step(self) -> Any:
+        """Momentum-free SGD in one pass (``_master_sgd``); then torch's own step runs with
+        the gradients hidden, an update of nothing, for its bookkeeping (LR schedulers'
+        step counting, profiling)."""
+        groups = self.optimizer.param_groups
+        own = fused_sgd_update(groups, {pair.master: pair.model for pair in self.pairs})
+        return self._bookkeeping_step(own)
+
     def _fused_adam_step(self) -> Any:
         """Adam/AdamW chunk by chunk (``_master_adam``), from the low-precision gradients
         (or the fp32 ones the masters hold already); then torch's own step runs with the
         gradients hidden, as for SGD."""
         own = fused_adam_update(self.optimizer, {pair.master: pair.model for pair in self.pairs})
-        self.record_versions()
-        hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
-        for param, _ in hidden:
-            param.grad = None
-        self._suspended = True
-        try:
-            return self._call_inner_step((), {})
-        finally:
-            self._suspended = False
-            for param, grad in hidden:
-                param.grad = grad
-            self.release_grads()
+        return self._bookkeeping_step(own)
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import torch
 
+from ._errors import AmpcoreError
 from ._master_sgd import step_hooks_free
 
 __all__ = ["ADAM_CHUNK", "fused_adam_applies", "fused_adam_update"]
@@ -95,7 +96,8 @@ def fused_adam_update(
     other parameters that were updated.
     """
     adam = _adam_function()
-    assert adam is not None  # fused_adam_applies checked it
+    if adam is None:  # fused_adam_applies() checks this before the step comes here
+        raise AmpcoreError("the chunked Adam update needs torch.optim.adam.adam, which this torch does not have")
     own: list[torch.Tensor] = []
     with torch.no_grad():
         for group in optimizer.param_groups:
