@@ -57,9 +57,16 @@ import torch
 from ._errors import AmpcoreError
 from ._forklock import LOCK
 from ._kernels import Client, KeyTable, dispatch_key, eligibility, kernel
-from ._oplist_data import NATIVE_TABLES, TENSOR_DEVICE_CHECKS, dispatch_key_of, table_name_of
+from ._oplist_data import (
+    NATIVE_TABLES,
+    TENSOR_DEVICE_CHECKS,
+    TORCH_KERNEL_DEVICE_TYPES,
+    dispatch_key_of,
+    native_table,
+    table_name_of,
+)
 from ._oplist_names import castable_overloads
-from ._oplists import DEFAULT_ACTIONS, PROMOTE, OpLists
+from ._oplists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
 
 __all__ = [
     "SHADOW_KEYS",
@@ -195,7 +202,8 @@ class _Registry:
         table = self.tables.get(key) or KeyTable(key)
         self.tables[key] = table
         eligible = eligibility(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
-        client = Client(device_type, dispatch_key(own), _backend_key(device_type), eligible, provider if resident else None)
+        native = {} if resident else _torch_actions(device_type, own)
+        client = Client(device_type, dispatch_key(own), _backend_key(device_type), eligible, provider if resident else None, native)
         if resident:  # kernels behave as the backend's lists while they are being registered
             table.clients = (*table.clients, client)
         self._register(table)
@@ -234,6 +242,20 @@ class _Registry:
             ) from exc
         finally:
             self._progress[key] = done
+
+
+def _torch_actions(device_type: str, key: str) -> dict[str, str]:
+    """overload -> the O1 action of torch's own autocast kernel on ``key``, for the device
+    types whose kernels torch registers itself (:data:`TORCH_KERNEL_DEVICE_TYPES`; a vendor's
+    kernels on its key may follow other lists)."""
+    if device_type not in TORCH_KERNEL_DEVICE_TYPES:
+        return {}
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    return {
+        overload: native_action(policy)
+        for overload, policy in native_table(device_type).items()
+        if has_kernel(f"aten::{overload}", key)
+    }
 
 
 def _backend_key(device_type: str) -> torch._C.DispatchKey:

@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import torch
@@ -40,7 +40,7 @@ from ._errors import AmpcoreError
 from ._fused import SWALLOWING, check_swallowed
 from ._oplist_data import APPEND_DTYPE_OVERLOADS, AUTOCAST_DISPATCH_KEYS, BANNED_MESSAGES, DEFAULT_DISPATCH_KEY
 from ._oplist_names import generated_overloads, is_composite
-from ._oplists import BANNED, FOLLOW, FP32, FP32_APPEND_DTYPE, FP32_SET_OPT_DTYPE, LOW, PROMOTE
+from ._oplists import ACTIONS, BANNED, FOLLOW, FP32, FP32_APPEND_DTYPE, FP32_SET_OPT_DTYPE, LOW, PROMOTE
 from ._state import thread_state
 
 __all__ = ["KEEP", "Client", "KeyTable", "dispatch_key", "kernel"]
@@ -52,6 +52,12 @@ _NUMBERS: Final = frozenset({bool, int, float, complex})
 #: Internal action: run the op as called, with autocast off (an explicit dtype= at OD/O2).
 KEEP: Final = "keep"
 _SEQUENCES: Final = frozenset({list, tuple})
+#: the fastest cast torch offers per common dtype (its argument parser is skipped)
+_CONVERT: Final[dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor]]] = {
+    torch.bfloat16: torch.Tensor.bfloat16,
+    torch.float16: torch.Tensor.half,
+    torch.float32: torch.Tensor.float,
+}
 
 
 def dispatch_key(name: str) -> torch._C.DispatchKey:
@@ -87,6 +93,9 @@ class Client:
     backend: torch._C.DispatchKey  # its backend key (in the key set of a call on its tensors)
     eligible: Callable[[torch.Tensor], bool]
     provider: Callable[[torch.dtype], Any] | None = None
+    #: overload -> the action the device's own (torch's) autocast kernel takes: a policy
+    #: that agrees passes the call on to it instead of casting in Python
+    native: Mapping[str, str] = field(default_factory=dict)
 
 
 class KeyTable:
@@ -95,6 +104,8 @@ class KeyTable:
     def __init__(self, key_name: str) -> None:
         self.key_name = key_name
         key = dispatch_key(key_name)
+        #: this key alone
+        self.own = torch._C.DispatchKeySet(key)
         #: every key below this one: the call as if this kernel were not there
         self.passthrough = torch._C._dispatch_keyset_full_after(key)
         #: the same without any autocast key: below autocast
@@ -104,18 +115,24 @@ class KeyTable:
         self.clients: tuple[Client, ...] = ()
 
 
+#: torch's castable dtypes: every floating dtype but float64 (a set: one lookup per tensor)
+_CASTABLE: Final = frozenset(
+    d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_floating_point and d is not _FLOAT64
+)
+
+
 def eligibility(device_type: str, attr: str | None) -> Callable[[torch.Tensor], bool]:
     """torch's ``is_eligible``: a floating tensor of the device type, not float64."""
     if attr is not None and hasattr(torch.Tensor, attr):
         on_device = operator.attrgetter(attr)
 
         def eligible(t: torch.Tensor) -> bool:
-            return t.is_floating_point() and t.dtype is not _FLOAT64 and on_device(t)
+            return t.dtype in _CASTABLE and on_device(t)
 
     else:
 
         def eligible(t: torch.Tensor) -> bool:
-            return t.is_floating_point() and t.dtype is not _FLOAT64 and t.device.type == device_type
+            return t.dtype in _CASTABLE and t.device.type == device_type
 
     return eligible
 
@@ -134,10 +151,10 @@ def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: dict[tuple[int, torch.
         hit = cache.get(key)
         if hit is not None and hit[0]() is t:
             return hit[1]  # type: ignore[no-any-return]
-        casted = t.to(to)
+        casted = t.to(dtype=to)  # by keyword: torch parses it faster
         cache[key] = (weakref.ref(t), casted)
         return casted
-    return t.to(to)
+    return t.to(dtype=to)
 
 
 def _cast_value(value: Any, to: torch.dtype, eligible: Callable[[torch.Tensor], bool], cache: Any) -> Any:
@@ -153,10 +170,26 @@ def _cast_value(value: Any, to: torch.dtype, eligible: Callable[[torch.Tensor], 
 def _cast_all(
     args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, eligible: Callable[[torch.Tensor], bool], cache: Any
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    casted = [_cast_value(a, to, eligible, cache) for a in args]
+    casted: list[Any] | None = None  # copied on the first change: most calls change nothing
+    for i, value in enumerate(args):
+        if isinstance(value, _Tensor):
+            if value.dtype is to or not eligible(value):
+                continue
+            # only weights (leaves that require grad) are cached: skip the call for the rest
+            if cache is not None and value.requires_grad:
+                new = _cast_tensor(value, to, cache)
+            else:
+                new = _CONVERT[to](value) if to in _CONVERT else value.to(dtype=to)
+        elif type(value) in _SEQUENCES:
+            new = _cast_value(value, to, eligible, cache)
+        else:
+            continue
+        if casted is None:
+            casted = list(args)
+        casted[i] = new
     if kwargs:
         kwargs = {k: _cast_value(v, to, eligible, cache) for k, v in kwargs.items()}
-    return tuple(casted), kwargs
+    return (args if casted is None else tuple(casted)), kwargs
 
 
 def _tensors(values: Any) -> Any:
@@ -229,6 +262,35 @@ def _tensor_slots(op: torch._ops.OpOverload) -> tuple[tuple[int, ...], frozenset
     return tuple(i for i in single if not arguments[i].kwarg_only), frozenset(arguments[i].name for i in single)
 
 
+#: Internal plans (beside the actions of :mod:`ampcore._oplists`): what a kernel does with a
+#: call under one policy, decided once per (kernel, policy).
+_PASS: Final = "pass"  # the device's own autocast kernel does exactly the policy's action
+_CHOOSE: Final = "choose"  # on no list: KEEP when the call passes a dtype, else as without one
+#: each action as the one string object the kernels compare with ``is``
+_CANONICAL: Final[Mapping[str, str]] = {action: action for action in (*ACTIONS, KEEP, _PASS, _CHOOSE)}
+
+
+def _plan(policy: Any, client: Client, overload: str, composite: bool, level_casts: bool, dtype_arg: Any) -> str:
+    """What the kernel of ``overload`` does under ``policy`` (cached by the kernel)."""
+    action = policy.actions.get(overload)
+    if action is None:  # an op on no list
+        if not level_casts:
+            return FOLLOW  # levels never cast it (a copy, a check, an optimizer op...)
+        if dtype_arg is not None:
+            return _CHOOSE  # the caller may choose the dtype: decided per call
+        return _unlisted(policy, composite)
+    if composite and policy.reach:
+        return _CANONICAL[action]  # decomposed here, so that custom-listed ops inside are reached
+    if client.native.get(overload) == action:
+        return _PASS  # torch's C++ kernel below does the same, without the Python round trip
+    return _CANONICAL[action]
+
+
+def _unlisted(policy: Any, composite: bool) -> str:
+    """The action of a castable op on no list, called without a dtype."""
+    return FOLLOW if composite else _CANONICAL[policy.default]  # a composite's inner ops get the policy
+
+
 def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     """The policy kernel of one overload on ``table``'s key."""
     op = _op(overload)
@@ -249,6 +311,8 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
     call_op = op._op  # the C++ callable behind OpOverload.__call__
     redispatch = op._handle.redispatch_boxed
+    plans: dict[Any, str] = {}  # policy -> plan (policies live as long as their lists)
+    passthrough, below, own = table.passthrough, table.below, table.own
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
         policy = client = None
@@ -261,60 +325,69 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                     policy = client.provider(get_dtype(client.device_type))
                 break
         if slots:
-            args, kwargs = _wrap_numbers(args, kwargs, slots, slot_names)
+            for i in slots:  # Python numbers arrive where torch had wrapped-number tensors
+                if i < len(args) and type(args[i]) in _NUMBERS:
+                    args, kwargs = _wrap_numbers(args, kwargs, slots, slot_names)
+                    break
+            else:
+                if kwargs and slot_names.intersection(kwargs):
+                    args, kwargs = _wrap_numbers(args, kwargs, slots, slot_names)
         if policy is None:
-            return redispatch(keyset & table.passthrough, *args, **kwargs)
+            return redispatch(keyset & passthrough, *args, **kwargs)
+        plan = plans.get(policy)
+        if plan is None:
+            plan = plans[policy] = _plan(policy, client, overload, composite, level_casts, dtype_arg)
+        if plan is _PASS:
+            # the device's kernel excludes only its own key while it calls the op: this
+            # key must be off too, or the op would come back here
+            with guard(own):
+                return redispatch(keyset & passthrough, *args, **kwargs)
+        if plan is FOLLOW:
+            return redispatch(keyset & below, *args, **kwargs)
+        if plan is _CHOOSE:
+            plan = KEEP if _explicit_dtype(args, kwargs, dtype_arg) else _unlisted(policy, composite)
+            if plan is FOLLOW:
+                return redispatch(keyset & below, *args, **kwargs)
         if tf_mode_enabled():
             # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
             # them) must not see this kernel's own tensor calls
             with no_torch_function():
-                return body(keyset, args, kwargs, policy, client)
-        return body(keyset, args, kwargs, policy, client)
+                return body(keyset, args, kwargs, plan, policy, client)
+        return body(keyset, args, kwargs, plan, policy, client)
 
-    def body(keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Any) -> Any:
-        action = policy.actions.get(overload)
-        if action is None:  # an op on no list
-            if not level_casts:
-                action = FOLLOW  # levels never cast it (a copy, a check, an optimizer op...)
-            elif _explicit_dtype(args, kwargs, dtype_arg):
-                action = KEEP  # the caller chose the dtype: run the whole op as asked
-            elif composite:
-                action = FOLLOW  # its inner ops get the policy
-            else:
-                action = policy.default
-        if action == FOLLOW:
-            return redispatch(keyset & table.below, *args, **kwargs)
-        if action == KEEP:
+    def body(keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], action: str, policy: Any, client: Any) -> Any:
+        if action is KEEP:
             with guard(exclude):
                 return call_op(*args, **kwargs)
-        if action == BANNED:
+        if action is BANNED:
             raise RuntimeError(banned)
         eligible = client.eligible
         device_type = client.device_type
         with guard(exclude):
-            if action == LOW:
+            if action is LOW:
                 # torch's current autocast dtype: the region's, or a nested torch.autocast's
                 cache = state.cast_cache if policy.cache and cache_enabled() else None
                 args, kwargs = _cast_all(args, kwargs, get_dtype(device_type), eligible, cache)
-            elif action == FP32:
+            elif action is FP32:
                 args, kwargs = _cast_all(args, kwargs, _FLOAT32, eligible, None)
-            elif action == PROMOTE:
+            elif action is PROMOTE:
                 widest = _widest(args, kwargs, eligible)
                 if widest is not None:
                     args, kwargs = _cast_all(args, kwargs, widest, eligible, None)
-            elif action == FP32_SET_OPT_DTYPE:
+            elif action is FP32_SET_OPT_DTYPE:
                 args, kwargs = _set_opt_dtype(args, kwargs, dtype_arg, eligible)
-            elif action == FP32_APPEND_DTYPE and append_to is not None:
+            elif action is FP32_APPEND_DTYPE and append_to is not None:
                 first = args[0]
                 return append_to(*_defaults(op, args), dtype=_FLOAT32 if eligible(first) else first.dtype, **kwargs)
             if not (composite and policy.reach):
-                return call_op(*args, **kwargs)  # autocast excluded, as torch's kernels call the op
+                # autocast excluded, as torch's kernels call the op
+                return redispatch(keyset & below, *args, **kwargs)
         # decompose with autocast on, so that custom-listed ops inside are reached
         if swallows:
             check_swallowed(overload, policy, args, kwargs)
         state.policies[device_type] = policy.inner or policy  # an inner policy is its own inner
         try:
-            return redispatch(keyset & table.below, *args, **kwargs)
+            return redispatch(keyset & below, *args, **kwargs)
         finally:
             state.policies[device_type] = policy
 

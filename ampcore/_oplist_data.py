@@ -44,6 +44,7 @@ __all__ = [
     "NATIVE_TABLES",
     "TABLE_OF_DEVICE_TYPE",
     "TENSOR_DEVICE_CHECKS",
+    "TORCH_KERNEL_DEVICE_TYPES",
     "dispatch_key_of",
     "native_table",
     "table_name_of",
@@ -170,6 +171,10 @@ NATIVE_TABLES: Final[Mapping[str, Mapping[str, CastPolicy]]] = {
 
 #: torch device type -> native table (anything else: :data:`GENERIC_TABLE`).
 TABLE_OF_DEVICE_TYPE: Final[Mapping[str, str]] = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}
+
+#: Device types whose autocast kernels torch registers itself, from the table
+#: :func:`native_table` gives them (a vendor registers its own for the others).
+TORCH_KERNEL_DEVICE_TYPES: Final = frozenset({"cpu", "cuda", "mps", "xpu", "mtia"})
 
 #: torch device type -> autocast dispatch key, as torch's
 #: ``get_autocast_dispatch_key_from_device_type`` maps them.

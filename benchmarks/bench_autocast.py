@@ -8,7 +8,8 @@ each table runs the baseline against itself: its distance from 1.000 is the mach
    ampcore O1 and ampcore O1 with ``custom_white_list={"add"}`` / torch.autocast.
 2. Small-op model (4-layer ``nn.TransformerEncoder``, d_model 256), one training step:
    ampcore O1 / torch.autocast.
-3. Added cost per call of an op whose policy was customised (64x64 ``add``).
+3. Added cost per call in a customised region: of the customised op (64x64 ``add``), of an
+   op on no list, and of a white-listed op whose policy the region leaves as torch's.
 4. Region entry + exit, and the one-time kernel registration of the first customised region.
 5. What custom lists and levels OD/O2 cost on the small-op model (every op through Python).
 6. Plain torch.autocast in a process that used customised, OD and O2 regions before, against
@@ -147,20 +148,29 @@ def _calls(region: Region, call: Callable[[], Any], n: int) -> Callable[[], None
 
 
 def case_per_call(rounds: int) -> None:
+    """Rows in pairs: a torch.autocast baseline, then the same op in an ampcore region."""
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     n = 2000
     add = lambda: x + y  # noqa: E731
     manual = lambda: x.to(BF16) + y.to(BF16)  # noqa: E731
     black = lambda: ampcore.autocast(device="cpu", custom_black_list={"add"})  # noqa: E731
+    other = lambda: ampcore.autocast(device="cpu", custom_black_list={"mul"})  # noqa: E731
+    sub = lambda: x - y  # noqa: E731
+    small = torch.randn(8, 8)
+    mm = lambda: torch.mm(small, small)  # noqa: E731
     variants = {
         "torch.autocast: add (follows its fp32 inputs)": _calls(torch_region, add, n),
         'ampcore custom_black_list={"add"}: add (no cast needed)': _calls(black, add, n),
         "torch.autocast: x.to(bf16) + y.to(bf16) (casts by hand)": _calls(torch_region, manual, n),
         'ampcore custom_white_list={"add"}: add (two casts)': _calls(custom_add_region, add, n),
+        "torch.autocast: sub (on no list)": _calls(torch_region, sub, n),
+        'ampcore custom_black_list={"mul"}: sub (on no list)': _calls(other, sub, n),
+        "torch.autocast: 8x8 mm (white list)": _calls(torch_region, mm, n),
+        'ampcore custom_black_list={"mul"}: 8x8 mm (torch\'s kernel)': _calls(other, mm, n),
     }
     medians = {name: value / n for name, value in interleaved(variants, rounds).items()}
     names = list(medians)
-    print(f"\nAdded cost per call of a customised op (64x64 add, {n} calls per sample, {rounds} rounds)\n")
+    print(f"\nAdded cost per call in a customised region (64x64 unless said, {n} calls per sample, {rounds} rounds)\n")
     print("| variant | median us per call | added us |")
     print("|---|---:|---:|")
     for i, name in enumerate(names):

@@ -14,9 +14,10 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ampcore
+from ampcore import _dispatch
 from ampcore._autocast import _switch_on
 from ampcore._dispatch import Policy, registered_keys, route, routes
-from ampcore._oplist_names import castable_overloads
+from ampcore._oplist_names import castable_overloads, is_composite
 from ampcore._state import thread_state
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
@@ -26,6 +27,7 @@ BF16, FP32 = torch.bfloat16, torch.float32
 X = torch.randn(8, 16)
 Y = torch.randn(8, 16)
 W = torch.randn(16, 16)
+X_BF16, Y_BF16 = X.to(torch.bfloat16), Y.to(torch.bfloat16)
 
 
 # (custom white, custom black, call, expected dtype): fp32 inputs, bf16 on CPU.
@@ -390,3 +392,60 @@ def test_a_list_naming_an_op_a_fused_kernel_swallows_warns_once() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a list naming nothing inside attention: silent
             F.scaled_dot_product_attention(q, q, q)
+
+
+class _CountingClients(tuple):  # type: ignore[type-arg]
+    """A key table's device types, counting how often a policy kernel is entered (each
+    entry iterates them once)."""
+
+    entries = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).entries += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize(
+    ("call", "torch_runs_it"),
+    [
+        (lambda: torch.mm(X, W), True),  # white, unchanged by the region: torch's C++ kernel
+        (lambda: torch.ops.aten.mse_loss(X_BF16, Y_BF16), True),  # black, unchanged
+        (lambda: X - Y, False),  # on no list: passed below autocast
+        (lambda: X * Y, False),  # the customised op: cast by ampcore
+    ],
+)
+def test_a_customised_region_enters_ampcores_kernel_once_per_op_call(
+    call: Callable[[], torch.Tensor], torch_runs_it: bool
+) -> None:
+    """An op whose policy the region leaves as torch's is handed to torch's own autocast
+    kernel, which must not send the op it calls back through ampcore's kernel (twice the
+    Python cost, and the op's internals would see the region's policy where torch's do not)."""
+    with ampcore.autocast(device="cpu", custom_white_list={"mul"}):
+        expected = call()
+        table = _dispatch._registry.tables[_dispatch.routes()["cpu"].key]
+        saved = table.clients
+        table.clients = _CountingClients(saved)
+        _CountingClients.entries = 0
+        try:
+            result = call()
+        finally:
+            table.clients = saved
+    assert _CountingClients.entries == 1
+    torch.testing.assert_close(result, expected, rtol=0, atol=0)
+    if torch_runs_it:
+        with torch.autocast("cpu", dtype=BF16):
+            torch.testing.assert_close(result, call(), rtol=0, atol=0)
+
+
+def test_plans_hand_only_unchanged_native_policies_to_torchs_kernels() -> None:
+    from ampcore._kernels import _PASS, _plan  # noqa: PLC0415 - the plan is internal
+
+    with ampcore.autocast(device="cpu", custom_white_list={"mul"}, custom_black_list={"mm"}):
+        policy = thread_state().policies["cpu"]
+    (client,) = (c for table in _dispatch._registry.tables.values() for c in table.clients if c.device_type == "cpu")
+    plan = lambda overload: _plan(policy, client, overload, is_composite(overload), True, None)  # noqa: E731
+    assert plan("bmm") is _PASS  # white in torch's list and in the region's
+    assert plan("mse_loss") is _PASS  # black in both
+    assert plan("mm") == "fp32"  # the region black-lists it: ampcore casts
+    assert plan("mul.Tensor") == "low"  # the region white-lists it
+    assert plan("linear") == "low"  # a composite the region must decompose (reach)
