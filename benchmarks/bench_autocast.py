@@ -99,8 +99,13 @@ def _models(make: Callable[[], nn.Module], n: int) -> Iterator[nn.Module]:
         yield model
 
 
+#: (width, batch) of the seed network; ``--seed-size`` shrinks it on a machine where bf16 is
+#: emulated (a full-size step takes ~40 s there): per-op overheads weigh more, not less
+SEED_SHAPE = [2048, 512]
+
+
 def case_seed(rounds: int) -> None:
-    size, batch = 2048, 512
+    size, batch = SEED_SHAPE
     x, y = torch.rand(batch, size), torch.rand(batch, size)
     make = lambda: nn.Sequential(*[nn.Linear(size, size) for _ in range(9)])  # noqa: E731
     regions = {"torch.autocast": torch_region, "torch.autocast (again)": torch_region, "ampcore O1": o1_region, 'ampcore O1 custom_white_list={"add"}': custom_add_region}
@@ -267,8 +272,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds per case (default 9)")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--seed-size", nargs=2, type=int, metavar=("WIDTH", "BATCH"), default=SEED_SHAPE, help="seed network shape (default 2048 512)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    SEED_SHAPE[:] = args.seed_size
     if args.child:
         child(args.child, args.rounds)
         return
