@@ -17,7 +17,7 @@ import torch
 
 import ampcore
 try:
-    from ampcore._dispatch import registered_keys
+    from ampcore._policy.registration import registered_keys
 except ImportError:  # before issue 10
     registered_keys = lambda: True  # noqa: E731
 
@@ -159,13 +159,13 @@ def test_dataloader_workers_start_while_another_thread_enters_o2() -> None:
 
 INTERRUPTS = """
     import random, signal, torch, ampcore
-    from ampcore._dispatch import registered_keys
-    from ampcore._oplist_names import castable_overloads
-    from ampcore._state import thread_state
+    from ampcore._policy.registration import registered_keys
+    from ampcore._policy.op_names import castable_overloads
+    from ampcore._policy.thread_state import thread_state
     x = torch.randn(4, 4)
     # plugins loaded and ATen's schemas read (one-time work of ~30 ms that an interrupt
     # every few ms would restart forever); the kernels are not registered yet
-    ampcore.get_backend("cpu"), castable_overloads(), ampcore._oplist_names.generated_overloads()
+    ampcore.get_backend("cpu"), castable_overloads(), ampcore._policy.op_names.generated_overloads()
     armed = [False]
     def interrupt(signum, frame):
         if armed[0]:  # one KeyboardInterrupt per round, at a random bytecode

@@ -14,11 +14,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ampcore
-from ampcore import _dispatch
-from ampcore._autocast import _switch_on
-from ampcore._dispatch import Policy, registered_keys, route, routes
-from ampcore._oplist_names import castable_overloads, is_composite
-from ampcore._state import thread_state
+from ampcore._policy import registration as _dispatch
+from ampcore._policy.autocast import _switch_on
+from ampcore._policy.registration import Policy, registered_keys, route, routes
+from ampcore._policy.op_names import castable_overloads, is_composite
+from ampcore._policy.thread_state import thread_state
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
 from conftest import make_adapter
@@ -438,7 +438,7 @@ def test_a_customised_region_enters_ampcores_kernel_once_per_op_call(
 
 
 def test_plans_hand_only_unchanged_native_policies_to_torchs_kernels() -> None:
-    from ampcore._kernels import _PASS, _plan  # noqa: PLC0415 - the plan is internal
+    from ampcore._policy.kernels import _PASS, _plan  # noqa: PLC0415 - the plan is internal
 
     with ampcore.autocast(device="cpu", custom_white_list={"mul"}, custom_black_list={"mm"}):
         policy = thread_state().policies["cpu"]

@@ -32,8 +32,8 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreWarning
-from .._memory import synchronize
-from .._state import thread_state
+from .._backends.memory import synchronize
+from .._policy.thread_state import thread_state
 from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
 from ._shapes import planned_ops, shape_class
