@@ -25,6 +25,7 @@ without them they do nothing.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -66,13 +67,16 @@ class _PolicyGuardMode(TorchFunctionMode):
 _lock = LOCK  # fork-safe (see ampcore._forklock)
 
 
+#: policy -> its guard mode class (policies are frozen: the class lives beside them)
+_classes: weakref.WeakKeyDictionary[object, type[_PolicyGuardMode]] = weakref.WeakKeyDictionary()
+
+
 def guard_mode(policy: object) -> TorchFunctionMode:
-    """A new guard mode whose class is unique to ``policy`` (kept on the policy object)."""
-    cls = policy.__dict__.get("_guard_mode_class")
+    """A new guard mode whose class is unique to ``policy``."""
+    cls = _classes.get(policy)
     if cls is None:
         with _lock:
-            cls = policy.__dict__.get("_guard_mode_class")
+            cls = _classes.get(policy)
             if cls is None:
-                cls = type(f"AmpcorePolicy_{id(policy):x}", (_PolicyGuardMode,), {})
-                object.__setattr__(policy, "_guard_mode_class", cls)
-    return cls()  # type: ignore[no-any-return]
+                cls = _classes[policy] = type(f"AmpcorePolicy_{id(policy):x}", (_PolicyGuardMode,), {})
+    return cls()

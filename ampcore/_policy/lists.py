@@ -16,6 +16,7 @@ by op name.
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .._backends.registry import DeviceLike, get_backend
 
 __all__ = [
     "ACTIONS",
+    "Action",
     "BANNED",
     "FP32",
     "FP32_APPEND_DTYPE",
@@ -49,16 +51,27 @@ __all__ = [
     "oplists",
 ]
 
-#: What a policy does to one op call.
-LOW: Final = "low"  # inputs cast to the low-precision dtype
-FP32: Final = "fp32"  # inputs cast to float32
-FP32_SET_OPT_DTYPE: Final = "fp32_set_opt_dtype"  # dtype=float32 passed unless given
-FP32_APPEND_DTYPE: Final = "fp32_append_dtype"  # redispatched with a float32 output dtype
-PROMOTE: Final = "promote"  # inputs cast to the widest floating dtype among them
-BANNED: Final = "banned"  # raises, as torch.autocast does
-FOLLOW: Final = "follow"  # no cast: the op follows its inputs
+class Action(enum.StrEnum):
+    """What a policy does to one op call (a ``str``: lists print and serialise as their values)."""
 
-ACTIONS: Final = (LOW, FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE, PROMOTE, BANNED, FOLLOW)
+    LOW = "low"  #: inputs cast to the low-precision dtype
+    FP32 = "fp32"  #: inputs cast to float32
+    FP32_SET_OPT_DTYPE = "fp32_set_opt_dtype"  #: dtype=float32 passed unless given
+    FP32_APPEND_DTYPE = "fp32_append_dtype"  #: redispatched with a float32 output dtype
+    PROMOTE = "promote"  #: inputs cast to the widest floating dtype among them
+    BANNED = "banned"  #: raises, as torch.autocast does
+    FOLLOW = "follow"  #: no cast: the op follows its inputs
+
+
+LOW: Final = Action.LOW
+FP32: Final = Action.FP32
+FP32_SET_OPT_DTYPE: Final = Action.FP32_SET_OPT_DTYPE
+FP32_APPEND_DTYPE: Final = Action.FP32_APPEND_DTYPE
+PROMOTE: Final = Action.PROMOTE
+BANNED: Final = Action.BANNED
+FOLLOW: Final = Action.FOLLOW
+
+ACTIONS: Final = tuple(Action)
 
 _FP32_FAMILY: Final = frozenset({FP32, FP32_SET_OPT_DTYPE, FP32_APPEND_DTYPE})
 

@@ -56,7 +56,8 @@ import torch
 
 from .._errors import AmpcoreError
 from .._forklock import LOCK
-from .kernels import Client, KeyTable, dispatch_key, eligibility, kernel
+from .casting import eligibility
+from .kernels import Client, KeyTable, dispatch_key, kernel
 from .torch_tables import (
     NATIVE_TABLES,
     TENSOR_DEVICE_CHECKS,
