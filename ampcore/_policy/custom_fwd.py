@@ -127,6 +127,11 @@ def custom_fwd(
     if fwd is None:
         return functools.partial(custom_fwd, device=device, cast_inputs=cast_inputs)  # type: ignore[return-value]
     _check_function(fwd, call, "fwd")
+    return _decorated_fwd(fwd, device, cast_inputs)  # type: ignore[arg-type]
+
+
+def _decorated_fwd(fwd: F, device: DeviceLike, cast_inputs: torch.dtype | None) -> F:
+    """``fwd`` run as :func:`custom_fwd` says, remembering on ``ctx`` what backward needs."""
 
     @functools.wraps(fwd)
     def decorate_fwd(*args: Any, **kwargs: Any) -> Any:
