@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import ampcore
 from ampcore._policy import registration as _dispatch
 from ampcore._policy.autocast import _switch_on
-from ampcore._policy.registration import Policy, registered_keys, route, routes
+from ampcore._policy.registration import OpPolicy, registered_keys, route, routes
 from ampcore._policy.lists import Action
 from ampcore._policy.op_names import castable_overloads
 from ampcore._policy.thread_state import thread_state
@@ -319,7 +319,7 @@ OTHER_POLICIES = [
 @contextlib.contextmanager
 def _hand_made_policy(actions: dict[str, str]) -> Iterator[None]:
     """Run under torch.autocast with a policy of only ``actions`` (overload -> action)."""
-    policy = Policy(ampcore.oplists("cpu"), BF16, actions, "follow", False)
+    policy = OpPolicy(ampcore.oplists("cpu"), BF16, actions, "follow", False)
     key = route("cpu", lambda dtype: None).key
     with torch.autocast("cpu", dtype=BF16):
         shadow = _switch_on(key)

@@ -10,9 +10,16 @@ Read in this order:
 * ``autocast``: the ``ampcore.autocast`` context manager; ``region``: ``active_region``.
 * ``thread_state``: the per-thread region stack and policies.
 * ``kernels``: the Python policy kernels; ``registration``: where in the dispatcher they are
-  registered (once per process, never removed) and the runtime :class:`Policy`.
+  registered (once per process, never removed) and the runtime :class:`OpPolicy`.
+* ``casting``: how a kernel casts the arguments of one call.
 * ``fused``, ``compile``, ``recompute``, ``custom_fwd``: fused kernels that swallow listed
   ops, torch.compile, activation checkpointing, custom autograd functions.
+
+Three words that sound alike: a *cast policy* is torch's rule for one op in its own tables
+(``lower_precision_fp``, ``fp32``...; :data:`torch_tables.CastPolicy`); an *action* is what
+ampcore does with one op call (:class:`lists.Action`); an :class:`registration.OpPolicy` is
+the runtime form of one region's lists, which the kernels read.  (Level O2's choice of which
+modules stay in float32 is the *model plan*, in ``ampcore._o2``.)
 """
 
 __all__: list[str] = []

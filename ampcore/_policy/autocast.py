@@ -15,7 +15,7 @@ import torch
 from .._backends.backend import Backend, dtype_name
 from .compile import constant_result, guard_mode, opaque
 from .._dtypes import parse_dtype
-from .registration import Policy, has_native_autocast, policy_for, route
+from .registration import OpPolicy, has_native_autocast, policy_for, route
 from .kernels import dispatch_key
 from .recompute import install as install_recompute
 from .._errors import AmpcoreError, closest
@@ -156,7 +156,7 @@ class autocast:
             backend.enforce_capability(self.dtype, self.device_index or 0, stacklevel=2)
         self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, self._policy_of(white, black))
 
-    def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> Policy | None:
+    def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> OpPolicy | None:
         """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
         if not self.enabled:
             return None
@@ -323,7 +323,7 @@ def _switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
 def _restore(
     state: Any,
     device_type: str,
-    previous: Policy | None,
+    previous: OpPolicy | None,
     mode: Any,
     shadow: tuple[torch._C.DispatchKey, bool, bool] | None,
     torch_region: Any,
@@ -346,11 +346,11 @@ def _restore(
 
 
 @functools.cache
-def _provider(backend: Backend) -> Callable[[torch.dtype], Policy | None]:
+def _provider(backend: Backend) -> Callable[[torch.dtype], OpPolicy | None]:
     """The policies of ``backend``'s O1 lists per dtype, for kernels that provide autocast."""
-    by_dtype: dict[torch.dtype, Policy | None] = {}
+    by_dtype: dict[torch.dtype, OpPolicy | None] = {}
 
-    def provide(dtype: torch.dtype) -> Policy | None:
+    def provide(dtype: torch.dtype) -> OpPolicy | None:
         try:
             return by_dtype[dtype]
         except KeyError:

@@ -3,7 +3,7 @@ live in the dispatcher.
 
 torch's autocast is a set of C++ kernels registered per operator on the autocast dispatch
 key of a device type (``AutocastCPU``...), which sits above autograd.  ampcore's policy
-kernels (:mod:`ampcore._policy.kernels`) read the calling thread's :class:`Policy`; an
+kernels (:mod:`ampcore._policy.kernels`) read the calling thread's :class:`OpPolicy`; an
 uncustomised O1 region has no policy and involves no ampcore kernel: it *is*
 ``torch.autocast``.
 
@@ -71,7 +71,7 @@ from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
 
 __all__ = [
     "SHADOW_KEYS",
-    "Policy",
+    "OpPolicy",
     "Route",
     "choose_key",
     "has_native_autocast",
@@ -89,7 +89,7 @@ _OVERRIDE_WARNING: Final = r"Warning only once for all operators"
 
 
 @dataclass(frozen=True, eq=False)
-class Policy:
+class OpPolicy:
     """What each op does in a region: built once per :class:`~ampcore.OpLists`.
 
     ``inner`` is the policy inside a decomposed composite (``None``: this one); ``cache``
@@ -102,12 +102,12 @@ class Policy:
     actions: Mapping[str, str]
     default: str
     reach: bool
-    inner: Policy | None = None
+    inner: OpPolicy | None = None
     cache: bool = True
 
 
 @functools.lru_cache(maxsize=512)
-def _policy(lists: OpLists, _identity: int, cache: bool) -> Policy | None:
+def _policy(lists: OpLists, _identity: int, cache: bool) -> OpPolicy | None:
     if lists.level == "O0":
         return None
     explicit = {
@@ -117,11 +117,11 @@ def _policy(lists: OpLists, _identity: int, cache: bool) -> Policy | None:
     }
     # inside a decomposed composite: custom-listed ops act, the others only reconcile
     # mixed input dtypes their neighbours' custom casts may cause (torch's promote rule)
-    inner = Policy(lists, lists.dtype, explicit, PROMOTE, True, None, cache) if explicit else None
-    return Policy(lists, lists.dtype, dict(lists.overloads), DEFAULT_ACTIONS[lists.level], bool(explicit), inner, cache)
+    inner = OpPolicy(lists, lists.dtype, explicit, PROMOTE, True, None, cache) if explicit else None
+    return OpPolicy(lists, lists.dtype, dict(lists.overloads), DEFAULT_ACTIONS[lists.level], bool(explicit), inner, cache)
 
 
-def policy_for(lists: OpLists, cache: bool = True) -> Policy | None:
+def policy_for(lists: OpLists, cache: bool = True) -> OpPolicy | None:
     """The runtime policy of ``lists`` (``None`` for O0)."""
     return _policy(lists, id(lists), cache)
 
