@@ -128,6 +128,7 @@ FORKS = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_fork_during_first_o2_entry_never_hangs_the_child() -> None:
     run_child(FORKS)
@@ -150,6 +151,7 @@ DATALOADER = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_dataloader_workers_start_while_another_thread_enters_o2() -> None:
     run_child(DATALOADER)
@@ -201,6 +203,7 @@ INTERRUPTS = """
 """
 
 
+@pytest.mark.slow
 def test_keyboard_interrupts_leave_no_kernel_registration_state_behind() -> None:
     done = run_child(INTERRUPTS)
     assert "interrupted" in done.stdout
@@ -294,6 +297,7 @@ def test_scalar_overloads_run_inside_od_and_o2_regions(
     torch.testing.assert_close(got, plain.to(got.dtype), atol=0.1, rtol=0.05, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_compile_of_a_customised_region_after_an_od_region() -> None:
     with ampcore.autocast(device="cpu", level="OD"):
         pass
