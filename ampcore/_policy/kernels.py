@@ -186,22 +186,25 @@ def unlisted(spec: OverloadSpec, policy: Any) -> str:
 class _Kernel:
     """One kernel's fixed parts, as the action table's entries see them."""
 
-    __slots__ = ("below", "call_op", "own", "passthrough", "redispatch", "spec")
+    __slots__ = ("below", "call_op", "exclude", "own", "passthrough", "redispatch", "spec")
 
     def __init__(self, spec: OverloadSpec, table: KeyTable) -> None:
         self.spec = spec
         self.call_op = spec.op._op  # the C++ callable behind OpOverload.__call__
         self.redispatch = spec.op._handle.redispatch_boxed
         self.passthrough, self.below, self.own = table.passthrough, table.below, table.own
+        self.exclude = all_autocast_keys()  # excluded while the op runs, as torch's kernels do
 
 
 Step = Callable[[_Kernel, torch._C.DispatchKeySet, tuple[Any, ...], dict[str, Any], Any, Client], Any]
 _guard: Final = torch._C._ExcludeDispatchKeyGuard
 _state: Final = thread_state()
+_autocast_dtype: Final = torch.get_autocast_dtype
+_cache_enabled: Final = torch.is_autocast_cache_enabled
 
 
 def _keep(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
-    with _guard(all_autocast_keys()):
+    with _guard(k.exclude):
         return k.call_op(*args, **kwargs)
 
 
@@ -213,7 +216,7 @@ def _casting(cast: Callable[[_Kernel, tuple[Any, ...], dict[str, Any], Any, Clie
     """A step that casts the arguments with ``cast``, then runs the op (or decomposes it)."""
 
     def step(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
-        with _guard(all_autocast_keys()):
+        with _guard(k.exclude):
             args, kwargs = cast(k, args, kwargs, policy, client)
             if not (k.spec.composite and policy.reach):
                 return k.redispatch(keyset & k.below, *args, **kwargs)  # autocast excluded, as torch calls the op
@@ -236,8 +239,8 @@ def _decompose(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...
 
 def _to_low(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
     # torch's current autocast dtype: the region's, or a nested torch.autocast's
-    cache = _state.cast_cache if policy.cache and torch.is_autocast_cache_enabled() else None
-    return cast_all(args, kwargs, torch.get_autocast_dtype(client.device_type), client.eligible, cache)
+    cache = _state.cast_cache if policy.cache and _cache_enabled() else None
+    return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.eligible, cache)
 
 
 def _to_fp32(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -259,7 +262,7 @@ def _append_fp32_dtype(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[
     first = args[0]
     positional = [a for a in k.spec.op._schema.arguments if not a.kwarg_only]
     completed = args + tuple(a.default_value for a in positional[len(args) :])  # the schema's defaults
-    with _guard(all_autocast_keys()):
+    with _guard(k.exclude):
         return k.spec.append_to(*completed, dtype=_FLOAT32 if client.eligible(first) else first.dtype, **kwargs)
 
 
