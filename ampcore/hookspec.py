@@ -40,7 +40,7 @@ import pluggy
 if TYPE_CHECKING:
     import torch
 
-    from ._capability import CapabilityIssue
+    from ._backends.capability import CapabilityIssue
 
 __all__ = ["PROJECT_NAME", "REQUIRED_HOOKS", "hookimpl", "hookspec"]
 

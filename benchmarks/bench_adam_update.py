@@ -9,8 +9,8 @@ rounds after the first, and the load average.
 """
 import time, statistics, torch, sys, warnings, os
 warnings.simplefilter("ignore")
-import ampcore, ampcore._master_adam as ma
-from ampcore._bench import SeedNet
+import ampcore, ampcore._o2.master_adam as ma
+from ampcore._cli.experiment import SeedNet
 torch.set_flush_denormal(True)
 torch.set_num_threads(int(sys.argv[1]))
 def mk(kind):

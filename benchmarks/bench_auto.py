@@ -70,7 +70,7 @@ def _build(name: str, args: argparse.Namespace) -> tuple[Any, Callable[[], tuple
         data = (torch.randn(16, 64, 256),)
         return model, lambda: data, lambda out, inputs: nn.functional.mse_loss(out.float(), inputs[0])
     if name == "seed":
-        from ampcore._bench import SeedNet
+        from ampcore._cli.experiment import SeedNet
 
         data = (torch.rand(512, 2048),)
         return SeedNet(2048), lambda: data, lambda out, inputs: nn.functional.mse_loss(out.float(), inputs[0])
@@ -78,11 +78,10 @@ def _build(name: str, args: argparse.Namespace) -> tuple[Any, Callable[[], tuple
 
 
 def _emulate_lead_patch() -> None:
-    """The change proposed for the lead-owned ampcore/_autocast.py: an auto region without
+    """The change proposed for the lead-owned ampcore/_policy/autocast.py: an auto region without
     custom lists uses torch's own kernels (as uncustomised O1) instead of ampcore's Python
     policy kernels; its plan acts through the module hooks either way."""
-    from ampcore import _autocast
-
+    from ampcore._policy import autocast as _autocast
     original = _autocast.autocast._policy_of
 
     def policy_of(self: Any, white: frozenset[str], black: frozenset[str]) -> Any:
@@ -174,7 +173,7 @@ def main() -> None:
     parser.add_argument("--small-batch", type=int, default=16)
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable on a shared machine)")
-    parser.add_argument("--lead-patch", action="store_true", help="emulate the proposed change to ampcore/_autocast.py (see _emulate_lead_patch)")
+    parser.add_argument("--lead-patch", action="store_true", help="emulate the proposed change to ampcore/_policy/autocast.py (see _emulate_lead_patch)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the measurements as JSON")
     args = parser.parse_args()

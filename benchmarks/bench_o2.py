@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 import ampcore
-from ampcore._bench import SeedNet
-from ampcore._memory import memory_in_use, peak_memory, reset_peak_memory
+from ampcore._cli.experiment import SeedNet
+from ampcore._backends.memory import memory_in_use, peak_memory, reset_peak_memory
 
 BF16: Final = torch.bfloat16
 TIME_MODES: Final = ("fp32", "O1", "torch.autocast", "bf16 loop", "bf16 loop + master", "O2", "O2 no master")

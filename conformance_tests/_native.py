@@ -41,8 +41,8 @@ def _run(sample: OpSample, where: str, dtype: torch.dtype, device: torch.device)
 
 def measure(backend_name: str, dtype: torch.dtype) -> dict[str, Any]:
     """``{"native": bool, "key": str, "adjusted": bool, "ops": {op: {"list", "kernel", "got"}}}``."""
-    from ampcore._dispatch import has_native_autocast
-    from ampcore._oplist_data import dispatch_key_of
+    from ampcore._policy.registration import has_native_autocast
+    from ampcore._policy.torch_tables import dispatch_key_of
 
     backend = ampcore.get_backend(backend_name)
     backend.require_available()

@@ -24,7 +24,7 @@ BACKENDS: Final = ("cpu", "cuda", "xpu", "npu")
 
 def generate() -> str:
     import ampcore
-    from ampcore._cli_oplists import format_markdown
+    from ampcore._cli.oplists import format_markdown
 
     parts = []
     for name in BACKENDS:

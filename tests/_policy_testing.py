@@ -11,8 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ampcore._dispatch import SHADOW_KEYS
-from ampcore._state import thread_state
+from ampcore._policy.registration import SHADOW_KEYS
+from ampcore._policy.thread_state import thread_state
 
 
 @pytest.fixture(autouse=True)

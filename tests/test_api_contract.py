@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import ampcore
 import ampcore.debugging as dbg
-from ampcore._state import current_region
+from ampcore._policy.thread_state import current_region
 
 pytestmark = pytest.mark.filterwarnings("ignore::ampcore.AmpcoreWarning", "ignore::UserWarning")
 

@@ -25,7 +25,7 @@ import ampcore
 from ampcore._auto import Costs, _hooks, decide
 from ampcore._auto._plan import forget_plans
 from ampcore._auto._shapes import shape_class
-from ampcore._cli import main
+from ampcore._cli.main import main
 
 
 @pytest.fixture(autouse=True)
@@ -319,7 +319,7 @@ def test_cli_plan_show_check_export(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 @pytest.mark.filterwarnings("ignore:.*measuring the costs:ampcore.AmpcoreWarning")
 def test_bench_has_an_amp_auto_mode() -> None:
-    from ampcore._bench import BenchSettings, run_bench
+    from ampcore._cli.experiment import BenchSettings, run_bench
 
     result = run_bench(BenchSettings(device="cpu", size=16, batch=4, steps=2, isolate=False, modes=("fp32", "AMP-auto")))
     assert [r.mode for r in result.results] == ["fp32", "AMP-auto"]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampcore
-from ampcore._state import current_region
+from ampcore._policy.thread_state import current_region
 
 from conftest import make_adapter
 

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import ampcore
-from ampcore._dispatch import Route, registered_keys, routes
-from ampcore._oplist_names import castable_overloads
-from ampcore._oplist_names import NO_CAST_OPS
+from ampcore._policy.registration import Route, registered_keys, routes
+from ampcore._policy.op_names import castable_overloads
+from ampcore._policy.op_names import NO_CAST_OPS
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
 

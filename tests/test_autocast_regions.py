@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._state import thread_state
+from ampcore._policy.thread_state import thread_state
 
 from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._bench import GUIDE_SIZES, HOST_SIZES, MODES, BenchResult, BenchSettings, ModeResult, default_sizes, run_bench, unreliable_reasons
-from ampcore._cli import main
-from ampcore._cli_bench import format_result, plot_result
+from ampcore._cli.experiment import GUIDE_SIZES, HOST_SIZES, MODES, BenchResult, BenchSettings, ModeResult, default_sizes, run_bench, unreliable_reasons
+from ampcore._cli.main import main
+from ampcore._cli.bench import format_result, plot_result
 
 from conftest import make_adapter
 
@@ -111,7 +111,7 @@ def test_isolated_modes_match_in_process_losses() -> None:
 
 
 def test_an_error_in_the_isolated_process_is_raised_here() -> None:
-    from ampcore._bench import _run_isolated
+    from ampcore._cli.experiment import _run_isolated
 
     with pytest.raises(ampcore.AmpcoreError, match="mode 'fp64' failed: AmpcoreError: ampcore bench: unknown mode 'fp64'"):
         _run_isolated("fp64", BenchSettings(steps=1), "cpu", torch.bfloat16, 8, 2, None)
@@ -209,7 +209,7 @@ def test_unwritable_output_paths_fail_before_training(
 ) -> None:
     (tmp_path / "a-file").write_text("")
     path = str(tmp_path / where) + (".png" if option == "--plot" else ".json") if where != "." else str(tmp_path)
-    import ampcore._cli_bench as cli_bench
+    import ampcore._cli.bench as cli_bench
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("the benchmark ran before the output path was checked")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ampcore._cli import main
+from ampcore._cli.main import main
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import ampcore
-from ampcore._cli import main
-from ampcore._launch import launched_as_cli, quiet_torch_numpy_warning
+from ampcore._cli.main import main
+from ampcore._cli.launch import launched_as_cli, quiet_torch_numpy_warning
 
 from conftest import make_adapter
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ampcore._cli import main
+from ampcore._cli.main import main
 
 # (arguments, text that must appear in the output)
 OUTPUTS = [

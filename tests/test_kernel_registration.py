@@ -17,7 +17,7 @@ import torch
 
 import ampcore
 try:
-    from ampcore._dispatch import registered_keys
+    from ampcore._policy.registration import registered_keys
 except ImportError:  # before issue 10
     registered_keys = lambda: True  # noqa: E731
 
@@ -128,6 +128,7 @@ FORKS = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_fork_during_first_o2_entry_never_hangs_the_child() -> None:
     run_child(FORKS)
@@ -150,6 +151,7 @@ DATALOADER = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_dataloader_workers_start_while_another_thread_enters_o2() -> None:
     run_child(DATALOADER)
@@ -159,13 +161,13 @@ def test_dataloader_workers_start_while_another_thread_enters_o2() -> None:
 
 INTERRUPTS = """
     import random, signal, torch, ampcore
-    from ampcore._dispatch import registered_keys
-    from ampcore._oplist_names import castable_overloads
-    from ampcore._state import thread_state
+    from ampcore._policy.registration import registered_keys
+    from ampcore._policy.op_names import castable_overloads
+    from ampcore._policy.thread_state import thread_state
     x = torch.randn(4, 4)
     # plugins loaded and ATen's schemas read (one-time work of ~30 ms that an interrupt
     # every few ms would restart forever); the kernels are not registered yet
-    ampcore.get_backend("cpu"), castable_overloads(), ampcore._oplist_names.generated_overloads()
+    ampcore.get_backend("cpu"), castable_overloads(), ampcore._policy.op_names.generated_overloads()
     armed = [False]
     def interrupt(signum, frame):
         if armed[0]:  # one KeyboardInterrupt per round, at a random bytecode
@@ -201,6 +203,7 @@ INTERRUPTS = """
 """
 
 
+@pytest.mark.slow
 def test_keyboard_interrupts_leave_no_kernel_registration_state_behind() -> None:
     done = run_child(INTERRUPTS)
     assert "interrupted" in done.stdout
@@ -294,6 +297,7 @@ def test_scalar_overloads_run_inside_od_and_o2_regions(
     torch.testing.assert_close(got, plain.to(got.dtype), atol=0.1, rtol=0.05, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_compile_of_a_customised_region_after_an_od_region() -> None:
     with ampcore.autocast(device="cpu", level="OD"):
         pass

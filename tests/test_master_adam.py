@@ -17,8 +17,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import ampcore
-from ampcore._master import master_weights_of
-from ampcore._master_adam import ADAM_CHUNK
+from ampcore._o2.master import master_weights_of
+from ampcore._o2.master_adam import ADAM_CHUNK
 
 BF16, FP32 = torch.bfloat16, torch.float32
 Params = Iterable[torch.Tensor]
@@ -119,7 +119,7 @@ def assert_same_state(got: torch.optim.Optimizer, want: torch.optim.Optimizer) -
 
 @pytest.mark.parametrize("name", list(ADAMS))
 def test_chunked_update_is_bit_identical_to_torch_on_fp32_masters(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ampcore._master as master_module
+    import ampcore._o2.master as master_module
 
     calls: list[int] = []
     original = master_module.fused_adam_update

@@ -390,7 +390,7 @@ def test_a_param_group_of_model_parameters_added_after_decorate_is_refused() -> 
 @pytest.mark.parametrize("options", [{}, {"weight_decay": 0.01, "maximize": True}])
 def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """Plain SGD runs ampcore's fused update; a step hook makes ampcore call torch's SGD."""
-    import ampcore._master as master_module
+    import ampcore._o2.master as master_module
 
     calls: list[int] = []
     original = master_module.fused_sgd_update

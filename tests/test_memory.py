@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._memory import device_memory, memory_in_use, peak_memory, reset_peak_memory
+from ampcore._backends.memory import device_memory, memory_in_use, peak_memory, reset_peak_memory
 from ampcore_backends.cpu import parse_status_kib
 
 from conftest import make_adapter
@@ -61,8 +61,7 @@ def test_cpu_peak_memory_sees_a_large_allocation() -> None:
 def test_accelerator_refusals_read_as_unavailable(register, monkeypatch: pytest.MonkeyPatch) -> None:
     """A PrivateUse1 device registered from Python is torch's current accelerator, but its
     memory calls trip an INTERNAL ASSERT: unavailable, never a crash."""
-    from ampcore import _memory
-
+    from ampcore._backends import memory as _memory
     def refuse(index: int) -> int:
         raise RuntimeError("Allocator for acme is not a DeviceAllocator")
 
@@ -74,8 +73,7 @@ def test_accelerator_refusals_read_as_unavailable(register, monkeypatch: pytest.
 
 
 def test_synchronize_hook_then_accelerator_then_device_module(register, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ampcore import _memory
-
+    from ampcore._backends import memory as _memory
     calls: list[str] = []
     hooked = register(make_adapter("synced", ampcore_synchronize=lambda device_index: calls.append(f"hook{device_index}")), name="synced")
     _memory.synchronize(hooked, 1)

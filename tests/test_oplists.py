@@ -10,9 +10,9 @@ import torch
 
 import ampcore
 from ampcore import AmpcoreError, PluginError
-from ampcore._oplist_data import NATIVE_TABLES, dispatch_key_of, native_table, table_name_of
-from ampcore._dispatch import registered_keys
-from ampcore._oplist_names import functional_overloads
+from ampcore._policy.torch_tables import NATIVE_TABLES, dispatch_key_of, native_table, table_name_of
+from ampcore._policy.registration import registered_keys
+from ampcore._policy.op_names import functional_overloads
 
 # (dispatch key, ampcore table) pairs torch itself registers kernels for.
 DISPATCHER_TABLES = [

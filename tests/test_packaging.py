@@ -59,4 +59,4 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: tuple[zipfile.ZipFile
     metadata = archive.read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
     entry_points = archive.read(f"{info}/entry_points.txt").decode()
-    assert "ampcore = ampcore._cli:main" in entry_points and "cpu = ampcore_backends.cpu" in entry_points
+    assert "ampcore = ampcore._cli.main:main" in entry_points and "cpu = ampcore_backends.cpu" in entry_points

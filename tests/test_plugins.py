@@ -12,7 +12,7 @@ import torch
 
 import ampcore
 from ampcore import PluginManager, PluginWarning
-from ampcore._plugins import ENTRY_POINT_GROUP
+from ampcore._backends.plugins import ENTRY_POINT_GROUP
 
 from conftest import make_adapter
 

@@ -258,7 +258,7 @@ def test_unregister_plugin_refuses_non_strings() -> None:
 def test_disabled_autoload_is_named_when_a_backend_is_missing(site: FakeSite) -> None:
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     pm = site.manager(AMPCORE_DISABLE_PLUGIN_AUTOLOAD="1")
-    from ampcore._registry import _lookup
+    from ampcore._backends.registry import _lookup
 
     with pytest.raises(ampcore.AmpcoreError) as caught:
         _lookup(pm, "alpha", "alpha")
@@ -286,7 +286,7 @@ def test_in_process_plugins_are_not_called_distribution_none(register) -> None:
 
 
 def test_multi_line_plugin_error_keeps_the_info_table_intact() -> None:
-    from ampcore._cli_info import format_info
+    from ampcore._cli.info import format_info
 
     info = {
         "ampcore": "0", "torch": "0", "pluggy": "0", "python": "3",
@@ -307,7 +307,7 @@ def test_multi_line_plugin_error_keeps_the_info_table_intact() -> None:
 
 
 def test_in_process_info_rows_show_the_source_not_none() -> None:
-    from ampcore._cli_info import format_info
+    from ampcore._cli.info import format_info
 
     info = {
         "ampcore": "0", "torch": "0", "pluggy": "0", "python": "3", "plugins": [],
@@ -361,7 +361,7 @@ def test_lazy_hooks_that_exit_or_raise_become_plugin_errors(register, hook: str,
 
 
 def test_ampcore_info_shows_a_plugin_broken_while_describing_it(register) -> None:
-    from ampcore._cli_info import collect_info, format_info
+    from ampcore._cli.info import collect_info, format_info
 
     register(make_adapter("lazy", ampcore_device_name=lambda device_index: 7), name="lazy")
     info = collect_info()

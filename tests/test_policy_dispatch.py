@@ -14,11 +14,12 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ampcore
-from ampcore import _dispatch
-from ampcore._autocast import _switch_on
-from ampcore._dispatch import Policy, registered_keys, route, routes
-from ampcore._oplist_names import castable_overloads, is_composite
-from ampcore._state import thread_state
+from ampcore._policy import registration as _dispatch
+from ampcore._policy.autocast import _switch_on
+from ampcore._policy.registration import OpPolicy, registered_keys, route, routes
+from ampcore._policy.lists import Action
+from ampcore._policy.op_names import castable_overloads
+from ampcore._policy.thread_state import thread_state
 
 from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
 from conftest import make_adapter
@@ -318,7 +319,7 @@ OTHER_POLICIES = [
 @contextlib.contextmanager
 def _hand_made_policy(actions: dict[str, str]) -> Iterator[None]:
     """Run under torch.autocast with a policy of only ``actions`` (overload -> action)."""
-    policy = Policy(ampcore.oplists("cpu"), BF16, actions, "follow", False)
+    policy = OpPolicy(ampcore.oplists("cpu"), BF16, actions, "follow", False)
     key = route("cpu", lambda dtype: None).key
     with torch.autocast("cpu", dtype=BF16):
         shadow = _switch_on(key)
@@ -438,14 +439,15 @@ def test_a_customised_region_enters_ampcores_kernel_once_per_op_call(
 
 
 def test_plans_hand_only_unchanged_native_policies_to_torchs_kernels() -> None:
-    from ampcore._kernels import _PASS, _plan  # noqa: PLC0415 - the plan is internal
+    from ampcore._policy.kernels import OverloadSpec, Plan, plan  # noqa: PLC0415 - internal
 
     with ampcore.autocast(device="cpu", custom_white_list={"mul"}, custom_black_list={"mm"}):
         policy = thread_state().policies["cpu"]
     (client,) = (c for table in _dispatch._registry.tables.values() for c in table.clients if c.device_type == "cpu")
-    plan = lambda overload: _plan(policy, client, overload, is_composite(overload), True, None)  # noqa: E731
-    assert plan("bmm") is _PASS  # white in torch's list and in the region's
-    assert plan("mse_loss") is _PASS  # black in both
-    assert plan("mm") == "fp32"  # the region black-lists it: ampcore casts
-    assert plan("mul.Tensor") == "low"  # the region white-lists it
-    assert plan("linear") == "low"  # a composite the region must decompose (reach)
+    planned = lambda overload: plan(OverloadSpec.of(overload), policy, client)  # noqa: E731
+    assert planned("bmm") is Plan.PASS  # white in torch's list and in the region's
+    assert planned("mse_loss") is Plan.PASS  # black in both
+    assert planned("mm") is Action.FP32  # the region black-lists it: ampcore casts
+    assert planned("mul.Tensor") is Action.LOW  # the region white-lists it
+    assert planned("linear") is Action.LOW  # a composite the region must decompose (reach)
+    assert planned("sub.Tensor") is Action.FOLLOW  # on no list at O1

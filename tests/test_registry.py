@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._registry import resolve_device
+from ampcore._backends.registry import resolve_device
 
 from conftest import make_adapter
 

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ampcore
-from ampcore._scaler_kernels import portable_update_scale_
-from ampcore._scaler_options import ScalerOptions
+from ampcore._scaler.kernels import portable_update_scale_
+from ampcore._scaler.options import ScalerOptions
 
 
 def f32(x: float) -> float:

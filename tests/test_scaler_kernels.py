@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._scaler_kernels import ScalerKernels, portable_unscale_
+from ampcore._scaler.kernels import ScalerKernels, portable_unscale_
 
 from conftest import make_adapter
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .._registry import DeviceLike, resolve_device
+from .._backends.registry import DeviceLike, resolve_device
 from ._costs import MARGIN, Costs, Decision, decide
 from ._hooks import install as install_hooks
 from ._plan import AutoPlan, PlanEntry, current_plan, fingerprint, load_plan

@@ -27,13 +27,13 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import torch
 
 from .._errors import AmpcoreWarning
-from .._memory import synchronize
-from .._state import thread_state
+from .._backends.memory import synchronize
+from .._policy.thread_state import thread_state
 from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
 from ._shapes import planned_ops, shape_class
@@ -49,9 +49,20 @@ _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
 
 
+class _Frame(NamedTuple):
+    """A planned module's forward in progress: either run in float32 with ``off`` (a
+    ``torch.autocast(enabled=False)`` to exit), or measured for the shape class ``key``."""
+
+    module: torch.nn.Module
+    off: Any  # the entered torch.autocast(enabled=False), or None
+    key: Any  # the shape class being measured, or None
+    plan: Any  # the AutoPlan that records the measurement, or None
+    region: Any  # the region's spec, or None
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
-        self.frames: list[tuple[Any, Any, Any, Any, Any]] = []
+        self.frames: list[_Frame] = []
         self.measuring = False
 
 
@@ -126,13 +137,13 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     decision = plan.decision(key)
     if decision is None:
         if not plan.frozen and _process.spent_s < _budget_s():
-            _local.frames.append((module, None, key, plan, region))
+            _local.frames.append(_Frame(module, None, key, plan, region))
         return None
     if decision == "low":
         return None
     off = torch.autocast(device_type, enabled=False)
     off.__enter__()
-    _local.frames.append((module, off, None, None, None))
+    _local.frames.append(_Frame(module, off, None, None, None))
     return tuple(_to_fp32(a, device_type) for a in args)
 
 
@@ -140,7 +151,7 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
     if _is_compiling():
         return
     frames = _local.frames
-    if not frames or frames[-1][0] is not module:
+    if not frames or frames[-1].module is not module:
         return
     _, off, key, plan, region = frames.pop()
     if off is not None:

@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import torch
 
-from .._backend import dtype_name
+from .._backends.backend import dtype_name
 from .._errors import AmpcoreError
 from .._version import __version__
 from ._costs import MARGIN, Costs, Decision, decide
@@ -314,7 +314,7 @@ def load_plan(
 
 def _this_process(fp: Mapping[str, Any]) -> dict[str, Any]:
     from .._dtypes import parse_dtype
-    from .._registry import resolve_device
+    from .._backends.registry import resolve_device
 
     try:
         resolved = resolve_device(fp.get("backend"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._auto import AutoPlan, auto_plan
-from .._registry import DeviceLike
+from .._backends.registry import DeviceLike
 
 __all__ = ["auto_plan_table"]
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from .._autocast import autocast
+from .._policy.autocast import autocast
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
-from .._levels import check_level
-from .._scaler import GradScaler
+from .._policy.levels import check_level
+from .._scaler.grad_scaler import GradScaler
 
 __all__ = ["AmpcoreSettings"]
 
@@ -96,7 +96,7 @@ class AmpcoreSettings:
 
     def decorate_models(self, models: Any, optimizers: Any = None) -> Any:
         """``ampcore.decorate`` at O2 (with ``self.decorate``); other levels: unchanged."""
-        from .._decorate import decorate
+        from .._o2.decorate import decorate
 
         if self.level != "O2":
             return models if optimizers is None else (models, optimizers)

@@ -21,9 +21,9 @@ from accelerate import Accelerator  # type: ignore[import-untyped]
 from accelerate.optimizer import AcceleratedOptimizer  # type: ignore[import-untyped]
 from torch import nn
 
-from .._checkpoint import decorated_model_of
+from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
-from .._master import master_weights_of
+from .._o2.master import master_weights_of
 from ._settings import AmpcoreSettings
 
 __all__ = ["AmpcoreAccelerator"]

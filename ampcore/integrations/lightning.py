@@ -25,7 +25,7 @@ from lightning.fabric.plugins.precision import Precision as FabricPrecision
 from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from torch import nn
 
-from .._checkpoint import decorated_model_of
+from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
 from ._settings import AmpcoreSettings
 

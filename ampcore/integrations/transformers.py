@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from .._checkpoint import decorated_model_of
+from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
-from .._master import master_weights_of
+from .._o2.master import master_weights_of
 from ._settings import AmpcoreSettings
 
 __all__ = ["AmpcoreTrainer", "AmpcoreTrainerMixin"]

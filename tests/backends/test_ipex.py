@@ -130,7 +130,7 @@ def test_ipex_state(compatibility: Any, mode: Any, imported: bool, error: str | 
 
 
 def test_ampcore_info_shows_the_ipex_state(installed: Any) -> None:
-    from ampcore._cli_info import collect_info, format_info
+    from ampcore._cli.info import collect_info, format_info
 
     installed(OTHER)
     info = collect_info()

@@ -138,7 +138,7 @@ def test_resume_is_exact(ipex: Any, build: Callable[[], nn.Module], optimizer: s
 
 
 def test_ampcore_info_says_ipex_is_there_but_not_used(ipex: Any) -> None:
-    from ampcore._cli_info import collect_info
+    from ampcore._cli.info import collect_info
 
     (cpu,) = [b for b in collect_info()["backends"] if b["name"] == "cpu"]
     assert cpu["info"]["ipex"].startswith("not used: intel-extension-for-pytorch")

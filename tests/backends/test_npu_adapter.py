@@ -119,7 +119,7 @@ def test_torch_npu_that_fails_to_import_makes_npu_unavailable_only(tmp_path: Pat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     code = (
         "import json, torch, ampcore\n"
-        "from ampcore._cli_info import collect_info\n"
+        "from ampcore._cli.info import collect_info\n"
         "with ampcore.autocast(device='cpu'):\n"
         "    dtype = str(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype)\n"
         "print(json.dumps({'dtype': dtype, 'info': collect_info()}))\n"

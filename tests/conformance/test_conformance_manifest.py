@@ -11,8 +11,8 @@ import torch
 
 import ampcore
 
-from ampcore._cli import main
-from ampcore._cli_conformance import pytest_arguments
+from ampcore._cli.main import main
+from ampcore._cli.conformance import pytest_arguments
 from ampcore_conformance._context import UsageProblem, build_context
 from ampcore_conformance._manifest import Manifest, ManifestError, Tolerances, load_manifest
 from ampcore_conformance._reports import _speed_lines, summarize_speed, render_markdown

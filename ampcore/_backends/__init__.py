@@ -1,0 +1,9 @@
+"""Backends: the plugin manager and what the core asks a backend.
+
+* ``plugins``: :class:`PluginManager`, loading ``ampcore`` entry points through pluggy.
+* ``backend``: :class:`Backend`, one adapter's answers to the hooks of ``ampcore.hookspec``.
+* ``registry``: the process's backends, ``get_backend``/``list_backends``/``register_plugin``.
+* ``capability``, ``support``, ``memory``: device questions (dtype support, memory).
+"""
+
+__all__: list[str] = []

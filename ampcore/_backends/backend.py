@@ -1,0 +1,357 @@
+"""``Backend``: what one adapter plugin says about its backend, read once and cached."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, final
+
+import pluggy
+import torch
+
+from .capability import CapabilityIssue
+from .._dtypes import parse_dtype
+from .._forklock import LOCK
+from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError
+from .._policy.op_names import canonical_ops
+
+__all__ = ["Backend", "ADJUSTMENT_KEYS", "dtype_name", "origin"]
+
+#: The keys ``ampcore_op_list_adjustments`` may use.
+ADJUSTMENT_KEYS: Final = ("white", "black", "promote")
+
+_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_\-]*$")
+_MISSING: Final = object()
+_DEFAULT_PRIORITY: Final = 50
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def origin(distribution: str | None) -> str:
+    """How messages name where a plugin comes from: ``distribution "x"``, or that it was
+    registered in process (no distribution).
+
+    Example::
+
+        >>> origin("ampcore"), origin(None)
+        ('distribution "ampcore"', 'registered in process')
+    """
+    return f'distribution "{distribution}"' if distribution else "registered in process"
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+def _plugin_hook(pm: pluggy.PluginManager, plugin: object, hook: str) -> Callable[..., Any] | None:
+    """The implementation of ``hook`` that ``plugin`` itself provides, or None."""
+    caller = getattr(pm.hook, hook, None)
+    if caller is None:
+        return None
+    for impl in caller.get_hookimpls():
+        if impl.plugin is plugin:
+            function = impl.function
+            argnames = impl.argnames
+
+            def call(**kwargs: Any) -> Any:
+                return function(*[kwargs[name] for name in argnames])
+
+            return call
+    return None
+
+
+@final
+class Backend:
+    """A backend as described by its adapter plugin.
+
+    Identity (name, device type, dtypes, priority) is read when the plugin is registered;
+    availability, device names and capability findings are read lazily and cached.
+    Obtain instances with :func:`ampcore.get_backend` or :func:`ampcore.list_backends`.
+
+    Example::
+
+        >>> import ampcore, torch
+        >>> cpu = ampcore.get_backend("cpu")
+        >>> cpu.device_type, cpu.default_dtype
+        ('cpu', torch.bfloat16)
+    """
+
+    def __init__(
+        self,
+        pm: pluggy.PluginManager,
+        plugin: object,
+        plugin_name: str,
+        distribution: str | None = None,
+        version: str | None = None,
+        on_broken: Callable[[str], None] | None = None,
+    ) -> None:
+        self._pm = pm
+        self._plugin = plugin
+        self.plugin_name = plugin_name
+        self.distribution = distribution
+        self.version = version
+        self._lock = LOCK  # fork-safe: adapter hooks may hold device-runtime locks
+        self._hooks: dict[str, Callable[..., Any] | None] = {}
+        self._reason: object = _MISSING
+        self._capability: dict[tuple[int, torch.dtype], tuple[CapabilityIssue, ...]] = {}
+        self._warned: set[tuple[int, torch.dtype, str]] = set()
+        self._adjustments: dict[torch.dtype, dict[str, frozenset[str]]] = {}
+        self._loss_scaling: dict[torch.dtype, bool] = {}
+        self._keep_norm: dict[torch.dtype, bool] = {}
+        self._on_broken: Callable[[str], None] | None = None  # at load, errors fail the load
+        #: why the plugin broke the adapter contract in a lazily called hook (None: it did not)
+        self.contract_error: str | None = None
+        self._validate_and_describe()
+        self._validate_dtype_hooks()
+        self._on_broken = on_broken
+
+    # -- identity --------------------------------------------------------------------
+    def _hook(self, name: str) -> Callable[..., Any] | None:
+        try:
+            return self._hooks[name]
+        except KeyError:
+            hook = self._hooks[name] = _plugin_hook(self._pm, self._plugin, name)
+            return hook
+
+    def _call(self, name: str, default: Any = _MISSING, **kwargs: Any) -> Any:
+        hook = self._hook(name)
+        if hook is None:
+            if default is _MISSING:
+                raise self._error(
+                    f"does not implement the required hook {name}(); an adapter plugin must implement "
+                    "ampcore_backend_name, ampcore_device_type and ampcore_supported_dtypes with @ampcore.hookimpl"
+                )
+            return default
+        try:
+            return hook(**kwargs)
+        except AmpcoreError:
+            raise
+        except SystemExit as exc:  # a hook calling exit() must not end the user's program
+            raise self._broken(f"{name}() called sys.exit({exc.code!r})") from None
+        except Exception as exc:
+            raise self._error(f"{name}() raised {type(exc).__name__}: {exc}") from exc
+
+    def _error(self, message: str) -> AmpcoreError:
+        return PluginError(self.plugin_name, message, self.distribution)
+
+    def _broken(self, message: str) -> PluginError:
+        """Record that a lazily called hook broke the contract (the plugin is then reported
+        as failed) and return the error to raise."""
+        if self.contract_error is None and self._on_broken is not None:
+            self.contract_error = message
+            self._on_broken(message)
+        return PluginError(self.plugin_name, message, self.distribution)
+
+    def _validate_and_describe(self) -> None:
+        name = self._call("ampcore_backend_name")
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise self._error(
+                f"ampcore_backend_name() returned {name!r}; expected a lower-case name of "
+                "letters, digits, '_' or '-' (no ':'), e.g. 'cuda'"
+            )
+        device_type = self._call("ampcore_device_type")
+        if not isinstance(device_type, str) or not device_type:
+            raise self._error(f"ampcore_device_type() returned {device_type!r}; expected e.g. 'cuda'")
+        raw = self._call("ampcore_supported_dtypes")
+        dtypes = tuple(raw) if isinstance(raw, (list, tuple)) else ()
+        bad = [d for d in dtypes if not isinstance(d, torch.dtype) or not d.is_floating_point]
+        if not dtypes or bad or len(set(dtypes)) != len(dtypes):
+            raise self._error(
+                f"ampcore_supported_dtypes() returned {raw!r}; expected a non-empty "
+                "list of distinct floating torch dtypes such as [torch.bfloat16]"
+            )
+        default = self._call("ampcore_default_dtype", default=dtypes[0])
+        if not isinstance(default, torch.dtype) or default not in dtypes:
+            raise self._error(
+                f"ampcore_default_dtype() returned {default!r}, which is not among its "
+                f"supported dtypes {[dtype_name(d) for d in dtypes]}"
+            )
+        priority = self._call("ampcore_backend_priority", default=_DEFAULT_PRIORITY)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise self._error(f"ampcore_backend_priority() returned {priority!r}; expected an int")
+        self.name: str = name
+        self.device_type: str = device_type
+        self.supported_dtypes: tuple[torch.dtype, ...] = dtypes
+        self.default_dtype: torch.dtype = default
+        self.priority: int = priority
+        overrides = self._call("ampcore_backend_overrides", default=False)
+        if not _is_bool(overrides):
+            raise self._error(f"ampcore_backend_overrides() returned {overrides!r}; expected True or False")
+        self.overrides: bool = overrides
+
+    def _validate_dtype_hooks(self) -> None:
+        """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin
+        returning the wrong type fails at load (and is skipped) instead of in a region."""
+        for dtype in self.supported_dtypes:
+            for hook, default, cache in (
+                ("ampcore_needs_loss_scaling", dtype == torch.float16, self._loss_scaling),
+                ("ampcore_keep_norm_fp32", dtype == torch.float16, self._keep_norm),
+            ):
+                value = self._call(hook, default=default, dtype=dtype)
+                if not _is_bool(value):
+                    raise self._error(f"{hook}({dtype}) returned {value!r}; expected True or False")
+                cache[dtype] = value
+            self._adjustments[dtype] = self._validated_adjustments(dtype)
+
+    def _validated_adjustments(self, dtype: torch.dtype) -> dict[str, frozenset[str]]:
+        hook = f"ampcore_op_list_adjustments({dtype})"
+        raw = self._call("ampcore_op_list_adjustments", default=None, dtype=dtype)
+        if raw is None:
+            return {}
+        if not isinstance(raw, Mapping):
+            raise self._error(
+                f"{hook} returned {raw!r}; expected None or a dict such as {{'black': ['layer_norm']}}"
+            )
+        bad = [key for key in raw if key not in ADJUSTMENT_KEYS]
+        if bad:
+            raise self._error(f"{hook} returned keys {bad!r}; valid keys: 'white', 'black', 'promote'")
+        adjusted: dict[str, frozenset[str]] = {}
+        for key, ops in raw.items():
+            if ops is None:
+                continue
+            if not isinstance(ops, (str, list, tuple, set, frozenset)):
+                raise self._error(
+                    f"{hook} returned {dict(raw)!r}; each value must be a list or set of op names, "
+                    f"got {type(ops).__name__} under {key!r}"
+                )
+            try:
+                names = canonical_ops(ops, hook, key)
+            except AmpcoreError as exc:
+                raise self._error(str(exc)) from None
+            if names:
+                adjusted[key] = names
+        seen: dict[str, str] = {}
+        for key, names in adjusted.items():
+            for op in sorted(names):
+                if op in seen:
+                    raise self._error(f"{hook} puts {op!r} under both {seen[op]!r} and {key!r}")
+                seen[op] = key
+        return adjusted
+
+    def __repr__(self) -> str:
+        return (
+            f"Backend(name={self.name!r}, device_type={self.device_type!r}, "
+            f"dtypes={[dtype_name(d) for d in self.supported_dtypes]}, "
+            f"plugin={self.plugin_name!r}, distribution={self.distribution!r})"
+        )
+
+    # -- availability ----------------------------------------------------------------
+    @property
+    def unavailable_reason(self) -> str | None:
+        """Why the backend cannot run here, or ``None`` when it can (cached)."""
+        if self._reason is _MISSING:
+            with self._lock:
+                if self._reason is _MISSING:
+                    try:
+                        reason = self._call("ampcore_unavailable_reason", default=None)
+                    except AmpcoreError as exc:  # a broken probe means unavailable
+                        reason = f"the availability check failed: {str(exc).split(': ', 1)[-1]}"
+                    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+                        message = (
+                            f"ampcore_unavailable_reason() returned {reason!r}; expected None (available) "
+                            "or a str saying why the backend cannot run"
+                        )
+                        self._broken(message)
+                        reason = f"the plugin broke the adapter contract: {message}"
+                    self._reason = reason
+        return self._reason  # type: ignore[return-value]
+
+    @property
+    def is_available(self) -> bool:
+        """Whether the backend can run here."""
+        return self.unavailable_reason is None
+
+    def require_available(self) -> None:
+        """Raise :class:`BackendUnavailableError` with the adapter's reason if unavailable."""
+        reason = self.unavailable_reason
+        if reason is not None:
+            raise BackendUnavailableError(f'backend "{self.name}" ({origin(self.distribution)}) is unavailable: {reason}')
+
+    def device_count(self) -> int:
+        """Number of visible devices (adapter hook; 1 by default)."""
+        self.require_available()
+        count = self._call("ampcore_device_count", default=1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise self._broken(f"ampcore_device_count() returned {count!r}; expected an int >= 0")
+        return count
+
+    def device_name(self, device_index: int = 0) -> str:
+        """Human-readable device name (adapter hook; the device type by default)."""
+        self.require_available()
+        name = self._call("ampcore_device_name", default=self.device_type, device_index=device_index)
+        if not isinstance(name, str):
+            raise self._broken(f"ampcore_device_name({device_index}) returned {name!r}; expected a str")
+        return name
+
+    # -- dtype questions --------------------------------------------------------------
+    def needs_loss_scaling(self, dtype: torch.dtype) -> bool:
+        """Whether ``dtype`` gradients need loss scaling on this backend (read at load)."""
+        cached = self._loss_scaling.get(dtype)
+        return dtype == torch.float16 if cached is None else cached
+
+    def keep_norm_fp32(self, dtype: torch.dtype) -> bool:
+        """Whether norm layers keep float32 parameters at O2 for ``dtype`` (read at load)."""
+        cached = self._keep_norm.get(dtype)
+        return dtype == torch.float16 if cached is None else cached
+
+    def check_dtype(self, dtype: torch.dtype | str | None, call: str = "ampcore.autocast") -> torch.dtype:
+        """Return ``dtype`` (a ``torch.dtype`` or a name such as ``"bf16"``; ``None`` for the
+        default) after checking the backend supports it."""
+        if dtype is None:
+            return self.default_dtype
+        dtype = parse_dtype(dtype, call)
+        if dtype not in self.supported_dtypes:
+            raise AmpcoreError(
+                f'{call}(device="{self.name}", dtype={dtype}): backend "{self.name}" does not '
+                f"support {dtype}; supported dtypes: "
+                f"{', '.join('torch.' + dtype_name(d) for d in self.supported_dtypes)}"
+            )
+        return dtype
+
+    def capability_issues(self, dtype: torch.dtype, device_index: int = 0) -> tuple[CapabilityIssue, ...]:
+        """The adapter's findings for ``dtype`` on ``device_index`` (cached)."""
+        key = (device_index, dtype)
+        issues = self._capability.get(key)
+        if issues is None:
+            self.require_available()
+            found = self._call("ampcore_check_capability", default=(), dtype=dtype, device_index=device_index)
+            if found is not None and (isinstance(found, (str, bytes, Mapping)) or not isinstance(found, Iterable)):
+                raise self._broken(
+                    f"ampcore_check_capability({dtype}, {device_index}) returned {found!r}; expected a "
+                    "list of ampcore.CapabilityIssue"
+                )
+            issues = tuple(found or ())
+            for issue in issues:
+                if not isinstance(issue, CapabilityIssue):
+                    raise self._broken(
+                        f"ampcore_check_capability({dtype}, {device_index}) yielded {issue!r}; expected "
+                        "ampcore.CapabilityIssue"
+                    )
+            self._capability[key] = issues
+        return issues
+
+    def enforce_capability(self, dtype: torch.dtype, device_index: int = 0, stacklevel: int = 2) -> None:
+        """Raise on error findings; warn once per (device, dtype, message) on warnings."""
+        for issue in self.capability_issues(dtype, device_index):
+            if issue.severity == "error":
+                raise AmpcoreError(f'backend "{self.name}", {dtype}: {issue.message}')
+            key = (device_index, dtype, issue.message)
+            if key not in self._warned:
+                self._warned.add(key)
+                warnings.warn(issue.message, AmpcoreWarning, stacklevel=stacklevel + 1)
+
+    def op_list_adjustments(self, dtype: torch.dtype) -> Mapping[str, frozenset[str]]:
+        """The adapter's op-list changes for ``dtype`` (``{"white"|"black"|"promote": ops}``,
+        canonical op names), validated when the plugin was loaded."""
+        cached = self._adjustments.get(dtype)
+        if cached is None:
+            cached = self._adjustments[dtype] = self._validated_adjustments(dtype)
+        return cached
+
+    def hook(self, name: str) -> Callable[..., Any] | None:
+        """This plugin's implementation of an optional hook, or None (for core subsystems)."""
+        return self._hook(name)

@@ -1,0 +1,93 @@
+"""Device memory and synchronisation, answered by the adapter's hooks or by ``torch.accelerator``.
+
+``torch.accelerator`` answers only for device types torch knows the allocator and streams
+of: a PrivateUse1 device registered from Python is torch's current accelerator, yet its
+memory calls trip an INTERNAL ASSERT ("Allocator for <name> is not a DeviceAllocator") and
+``synchronize`` is unsupported.  Such refusals read as "unavailable" (``None``), never as a
+crash; an adapter's own hooks are called as they are (their errors are the adapter's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import torch
+
+from .backend import Backend
+
+__all__ = ["device_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "synchronize"]
+
+#: hook -> what ``torch.accelerator`` answers when the backend drives the current accelerator
+_ACCELERATOR_FALLBACKS: Final[dict[str, Callable[[int], Any]]] = {
+    "ampcore_device_memory": lambda index: torch.accelerator.get_memory_info(index)[1],
+    "ampcore_memory_in_use": lambda index: torch.accelerator.memory_allocated(index),
+    "ampcore_reset_peak_memory": lambda index: torch.accelerator.reset_peak_memory_stats(index),
+    "ampcore_peak_memory": lambda index: torch.accelerator.max_memory_allocated(index),
+}
+
+
+def _drives_current_accelerator(backend: Backend) -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not accelerator.is_available():
+        return False
+    current = accelerator.current_accelerator()
+    return current is not None and current.type == backend.device_type
+
+
+def _ask(backend: Backend, hook: str, device_index: int) -> Any:
+    function = backend.hook(hook)
+    if function is not None:
+        return function(device_index=device_index)
+    if _drives_current_accelerator(backend):
+        try:
+            return _ACCELERATOR_FALLBACKS[hook](device_index)
+        except (RuntimeError, NotImplementedError, AttributeError):
+            return None  # torch cannot tell for this device type: unavailable
+    return None
+
+
+def _bytes(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def device_memory(backend: Backend, device_index: int = 0) -> int | None:
+    """Total device memory in bytes, or None for host-memory backends."""
+    return _bytes(_ask(backend, "ampcore_device_memory", device_index))
+
+
+def memory_in_use(backend: Backend, device_index: int = 0) -> int | None:
+    """Bytes in use now, or None when the backend cannot tell."""
+    return _bytes(_ask(backend, "ampcore_memory_in_use", device_index))
+
+
+def reset_peak_memory(backend: Backend, device_index: int = 0) -> None:
+    """Start a new peak-memory measurement."""
+    _ask(backend, "ampcore_reset_peak_memory", device_index)
+
+
+def peak_memory(backend: Backend, device_index: int = 0) -> int | None:
+    """Peak bytes in use since :func:`reset_peak_memory`, or None when it cannot be measured."""
+    return _bytes(_ask(backend, "ampcore_peak_memory", device_index))
+
+
+def synchronize(backend: Backend, device_index: int = 0) -> None:
+    """Wait for the device's queued work (for timing); nothing for host backends.
+
+    The adapter's ``ampcore_synchronize``; else ``torch.accelerator.synchronize`` when the
+    backend drives the current accelerator and torch supports it there; else the device
+    module's ``synchronize`` (``torch.<device_type>.synchronize``) when it has one.
+    """
+    function = backend.hook("ampcore_synchronize")
+    if function is not None:
+        function(device_index=device_index)
+        return
+    if _drives_current_accelerator(backend):
+        try:
+            torch.accelerator.synchronize(device_index)
+            return
+        except (RuntimeError, NotImplementedError):
+            pass  # unsupported for this device type: ask its device module
+    module_synchronize = getattr(getattr(torch, backend.device_type, None), "synchronize", None)
+    if callable(module_synchronize) and backend.device_type != "cpu":
+        module_synchronize()

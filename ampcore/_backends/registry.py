@@ -1,0 +1,252 @@
+"""The process-wide plugin manager and device resolution (``"cuda:1"`` -> backend, index)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import torch
+
+from .._forklock import LOCK
+from .backend import Backend
+from .._errors import AmpcoreError, BackendUnavailableError, closest
+from .plugins import PluginInfo, PluginManager
+
+__all__ = [
+    "DeviceLike",
+    "ResolvedDevice",
+    "get_backend",
+    "get_manager",
+    "list_backends",
+    "list_plugins",
+    "register_plugin",
+    "resolve_device",
+    "unregister_plugin",
+]
+
+DeviceLike = Union[str, torch.device, None]
+
+
+@dataclass(frozen=True)
+class ResolvedDevice:
+    """A backend and a device index (``None`` when the user named no index)."""
+
+    backend: Backend
+    index: int | None
+
+
+class _Holder:
+    """Owns the one process-wide manager and a resolution cache tied to its generation."""
+
+    def __init__(self) -> None:
+        self.lock = LOCK  # fork-safe (see ampcore._forklock)
+        self.manager: PluginManager | None = None
+        self.cache: dict[object, ResolvedDevice] = {}
+        self.generation = -1
+
+
+_holder = _Holder()
+
+
+def get_manager() -> PluginManager:
+    """The process-wide :class:`PluginManager` (created and loaded on first use)."""
+    manager = _holder.manager
+    if manager is None:
+        with _holder.lock:
+            if _holder.manager is None:
+                _holder.manager = PluginManager()
+            manager = _holder.manager
+    manager.load_entry_points()
+    return manager
+
+
+def register_plugin(plugin: object, name: str | None = None) -> Backend:
+    """Register an adapter plugin (a module or object with ``@ampcore.hookimpl`` functions)
+    in this process, for tests and notebooks.
+
+    Raises :class:`ampcore.PluginError` when it breaks the contract.
+
+    Example::
+
+        >>> import torch, ampcore
+        >>> class Demo:
+        ...     @ampcore.hookimpl
+        ...     def ampcore_backend_name(self): return "demo"
+        ...     @ampcore.hookimpl
+        ...     def ampcore_device_type(self): return "cpu"
+        ...     @ampcore.hookimpl
+        ...     def ampcore_supported_dtypes(self): return [torch.bfloat16]
+        >>> ampcore.register_plugin(Demo(), name="demo").name
+        'demo'
+        >>> ampcore.unregister_plugin("demo")
+    """
+    return get_manager().register(plugin, name)
+
+
+def unregister_plugin(name: str) -> None:
+    """Remove the plugin registered under ``name``."""
+    get_manager().unregister(name)
+
+
+def list_plugins() -> list[PluginInfo]:
+    """Every plugin ampcore has seen, with its distribution, status and load error.
+
+    Example::
+
+        >>> import ampcore
+        >>> info = {p.name: p for p in ampcore.list_plugins()}
+        >>> info["cpu"].distribution, info["cpu"].status
+        ('ampcore', 'loaded')
+    """
+    return get_manager().plugins()
+
+
+def list_backends() -> list[Backend]:
+    """Every known backend, available or not, sorted by name.
+
+    Example::
+
+        >>> import ampcore
+        >>> "cpu" in [b.name for b in ampcore.list_backends()]
+        True
+    """
+    return get_manager().backends()
+
+
+def _parse(device: DeviceLike) -> tuple[str | None, int | None]:
+    if device is None:
+        return None, None
+    if isinstance(device, torch.device):
+        return device.type, device.index
+    if not isinstance(device, str):
+        raise AmpcoreError(
+            f"device={device!r}: expected a backend name such as 'cuda', 'cuda:1', a torch.device or None"
+        )
+    name, sep, index = device.strip().partition(":")
+    if not sep:
+        return name, None
+    if not index.isdigit():
+        raise AmpcoreError(f"device={device!r}: the device index after ':' must be a non-negative integer")
+    return name, int(index)
+
+
+def _describe(manager: PluginManager) -> str:
+    parts = []
+    for backend in manager.backends():
+        reason = backend.unavailable_reason
+        parts.append(f"{backend.name} ({'available' if reason is None else 'unavailable: ' + reason})")
+    return "; ".join(parts) or "none (no adapter plugin is loaded; see `ampcore info`)"
+
+
+def _lookup(manager: PluginManager, name: str, device: DeviceLike) -> Backend:
+    try:
+        return manager.backend(name)
+    except KeyError:
+        pass
+    by_type = [b for b in manager.backends() if b.device_type == name]
+    if len(by_type) == 1:
+        return by_type[0]
+    hint = closest(name, manager.backend_names(), n=1)
+    raise AmpcoreError(
+        f"device={device!r}: unknown backend {name!r}"
+        + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        + f". Known backends: {_describe(manager)}"
+        + _not_loaded(manager, name)
+    )
+
+
+#: Why a plugin that was found is not loaded, and what to do about it.
+_REMEDY = {
+    "disabled": "{env_disable} is set; set AMPCORE_PLUGINS={name} to load it anyway",
+    "not-allowed": "it is not listed in AMPCORE_PLUGINS; add {name} there",
+    "blocked": "it is blocked by AMPCORE_BLOCK_PLUGINS; remove {name} there",
+}
+
+
+def _not_loaded(manager: PluginManager, name: str) -> str:
+    """A sentence on plugins that were found but not loaded (the likely reason a backend
+    is unknown): the one named like the backend, else all of them."""
+    from .plugins import ENV_DISABLE_AUTOLOAD
+
+    idle = [p for p in manager.plugins() if p.status in (*_REMEDY, "failed")]
+    same = [p for p in idle if p.name == name]
+    parts = []
+    for plugin in same or idle:
+        remedy = _REMEDY.get(plugin.status)
+        why = f"it failed to load: {plugin.error}" if remedy is None else remedy.format(env_disable=ENV_DISABLE_AUTOLOAD, name=plugin.name)
+        parts.append(f"plugin {plugin.name!r} is not loaded: {why}")
+    return ("; " + "; ".join(parts)) if parts else ""
+
+
+def _best(manager: PluginManager) -> Backend:
+    ranked = sorted(manager.backends(), key=lambda b: (-b.priority, b.name))
+    for backend in ranked:
+        if backend.is_available:
+            return backend
+    raise BackendUnavailableError(f"device=None: no available backend. Known backends: {_describe(manager)}")
+
+
+def resolve_device(device: DeviceLike) -> ResolvedDevice:
+    """Resolve ``device`` to an *available* backend and device index.
+
+    Raises :class:`ampcore.AmpcoreError` for unknown names (listing the known backends and
+    their availability), :class:`ampcore.BackendUnavailableError` with the adapter's reason,
+    and for an index beyond the visible devices.
+    """
+    manager = get_manager()
+    key = device if isinstance(device, (str, torch.device)) or device is None else None
+    if key is not None or device is None:
+        if _holder.generation == manager.generation:
+            hit = _holder.cache.get(key)
+            if hit is not None:
+                return hit
+        else:
+            _holder.cache.clear()
+            _holder.generation = manager.generation
+    name, index = _parse(device)
+    backend = _best(manager) if name is None else _lookup(manager, name, device)
+    backend.require_available()
+    _provide_autocast(backend)
+    if index is not None:
+        count = backend.device_count()
+        if index >= count:
+            raise AmpcoreError(
+                f"device={device!r}: backend {backend.name!r} has {count} visible device(s); "
+                f"valid indices are 0..{count - 1}"
+            )
+    resolved = ResolvedDevice(backend, index)
+    if key is not None or device is None:
+        _holder.cache[key] = resolved
+    return resolved
+
+
+def get_backend(device: DeviceLike = None) -> Backend:
+    """The backend for ``device`` (a name, ``"name:N"``, a ``torch.device`` or ``None`` for
+    the best available one).  Unlike :func:`resolve_device` it also returns unavailable
+    backends, so that their ``unavailable_reason`` can be read.
+
+    Example::
+
+        >>> import ampcore
+        >>> ampcore.get_backend("cpu").default_dtype
+        torch.bfloat16
+    """
+    manager = get_manager()
+    name, _ = _parse(device)
+    backend = _best(manager) if name is None else _lookup(manager, name, device)
+    if backend.is_available:
+        _provide_autocast(backend)
+    return backend
+
+
+def _provide_autocast(backend: Backend) -> None:
+    """Once ampcore knows an available backend whose device type has no autocast kernels
+    of its own, ampcore's kernels provide its autocast from then on (for plain
+    ``torch.autocast`` too), so results never depend on whether an ampcore region ran."""
+    from .._policy.registration import has_native_autocast, route  # noqa: PLC0415 (the dispatcher only when needed)
+
+    if has_native_autocast(backend.device_type):
+        return
+    from .._policy.autocast import _provider  # noqa: PLC0415
+
+    route(backend.device_type, _provider(backend))

@@ -1,0 +1,377 @@
+"""The experiment of Paddle's AMP guide, on any backend: 9 Linear layers, MSE, SGD.
+
+Each mode trains the same network from the same initial weights on the same random batch:
+``fp32``, the native ``torch.autocast`` baseline, ``AMP-O1`` (ampcore autocast with the
+guide's ``custom_white_list={"elementwise_add"}`` and a GradScaler) and ``AMP-O2``
+(``ampcore.decorate`` with fp32 master weights, O2 autocast and a GradScaler).  Modes run one
+after the other so that each one's peak memory is its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from .._backends.backend import Backend, dtype_name
+from .._policy.registration import has_native_autocast
+from .._errors import AmpcoreError
+from .._backends.memory import (
+    device_memory,
+    memory_in_use,
+    peak_memory,
+    reset_peak_memory,
+    synchronize,
+)
+from .._backends.registry import resolve_device
+
+__all__ = ["EXTRA_MODES", "MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
+
+MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
+#: Modes run only when asked for (``--modes``): ``AMP-auto`` is ``level="auto"`` with a GradScaler.
+EXTRA_MODES: Final = ("AMP-auto",)
+#: The guide's sizes, used where the device has the memory for them.
+GUIDE_SIZES: Final = (8192, 2048)
+#: Scaled-down sizes for host-memory backends (CPU): a few minutes for all modes.
+HOST_SIZES: Final = (2048, 512)
+_GUIDE_NEEDS: Final = 16 * 2**30
+
+#: Load average per CPU above which the machine counts as busy.
+LOAD_LIMIT: Final = 0.5
+#: Relative spread (step-time interquartile range / median; repeat speed-ups) that counts as wide.
+SPREAD_LIMIT: Final = 0.25
+
+StepCallback = Callable[[str, int, int], None]
+
+
+@dataclass
+class BenchSettings:
+    """What to run; ``size``/``batch`` None picks :func:`default_sizes`."""
+
+    device: str | None = None
+    dtype: torch.dtype | None = None
+    size: int | None = None
+    batch: int | None = None
+    steps: int = 20
+    warmup: int = 0
+    batches: int = 10
+    lr: float = 1e-4
+    seed: int = 0
+    modes: tuple[str, ...] = MODES
+    #: run each mode in a fresh process (clean peak memory, no allocator cross-talk)
+    isolate: bool = True
+    #: run all modes this many times, interleaved (spread of the speed-ups)
+    repeats: int = 1
+
+
+@dataclass
+class ModeResult:
+    """One mode's measurements (times in milliseconds, memory in bytes)."""
+
+    mode: str
+    ms_per_step: float
+    step_ms: list[float]
+    losses: list[float]
+    final_loss: float
+    peak_memory: int | None
+    loss_scale: float | None
+    #: fp32's ms/step over this mode's (None when fp32 was not run)
+    speedup: float | None = 1.0
+    #: median step time of each repeat (one entry per repeat)
+    repeat_ms: list[float] = field(default_factory=list)
+    #: the fastest and slowest per-repeat speed-up (None with one repeat)
+    speedup_range: list[float] | None = None
+
+
+@dataclass
+class BenchResult:
+    """Everything ``ampcore bench`` prints or writes as JSON."""
+
+    backend: str
+    device_name: str
+    dtype: str
+    size: int
+    batch: int
+    steps: int
+    warmup: int
+    lr: float
+    versions: dict[str, str]
+    results: list[ModeResult] = field(default_factory=list)
+    repeats: int = 1
+    #: the 1-minute load average when the run started and the CPUs it is shared by (None: unknown)
+    load_average: float | None = None
+    cpus: int | None = None
+    #: who provides the device's autocast: "native" (its own kernels) or "ampcore"
+    autocast_provider: str = "native"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SeedNet(nn.Module):
+    """The guide's network: 9 ``Linear(size, size)`` layers in a row."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.linears = nn.ModuleList(nn.Linear(size, size) for _ in range(9))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for linear in self.linears:
+            x = linear(x)
+        return x
+
+
+def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
+    """(size, batch): the guide's where the device has >= 16 GiB, else the host sizes."""
+    memory = device_memory(backend, device_index)
+    return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
+
+
+def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: BenchSettings, dtype: torch.dtype, backend: Backend) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
+    import ampcore
+
+    device = settings.device
+    if mode == "fp32":
+        return model, opt, contextlib.nullcontext, None
+    if mode == "torch.autocast":
+        native = torch.amp.GradScaler(backend.device_type) if backend.needs_loss_scaling(dtype) else None
+        if not has_native_autocast(backend.device_type):
+            # the device registers no autocast kernels: torch.autocast alone would fail or
+            # cast nothing; ampcore provides its autocast (the backend's O1 lists)
+            provided = ampcore.autocast(device, dtype=dtype, level="O1")
+            return model, opt, lambda: provided, native
+        return model, opt, lambda: torch.autocast(backend.device_type, dtype=dtype), native
+    scaler = ampcore.GradScaler(device, dtype=dtype, init_scale=1024.0)
+    if mode == "AMP-O1":
+        region = ampcore.autocast(device, dtype=dtype, level="O1", custom_white_list={"elementwise_add"})
+        return model, opt, lambda: region, scaler
+    if mode == "AMP-auto":
+        region = ampcore.autocast(device, dtype=dtype, level="auto")
+        return model, opt, lambda: region, scaler
+    if mode == "AMP-O2":
+        model, opt = ampcore.decorate(model, opt, level="O2", dtype=dtype, device=device)
+        region = ampcore.autocast(device, dtype=dtype, level="O2")
+        return model, opt, lambda: region, scaler
+    raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
+
+
+def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+    device = torch.device(backend.device_type, index)
+    torch.manual_seed(settings.seed)
+    # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
+    data = torch.rand(settings.batches, batch, size, device=device)
+    label = torch.rand(settings.batches, batch, size, device=device)
+    synchronize(backend, index)
+    reset_peak_memory(backend, index)
+    base = memory_in_use(backend, index)  # peak growth: weights, masters, grads, activations
+    model: nn.Module = SeedNet(size).to(device)
+    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr)
+    model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
+    total = settings.warmup + settings.steps
+    times: list[float] = []
+    losses: list[float] = []
+    for step in range(total):
+        start = time.perf_counter()
+        with region():
+            loss = nn.functional.mse_loss(model(data[step % settings.batches]), label[step % settings.batches])
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())  # synchronises
+        synchronize(backend, index)
+        if step >= settings.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+        if on_step is not None:
+            on_step(mode, step + 1, total)
+    peak = peak_memory(backend, index)
+    scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None  # None: no scaling
+    del model, opt, data, label
+    return ModeResult(
+        mode=mode,
+        ms_per_step=statistics.median(times),
+        step_ms=times,
+        losses=losses,
+        final_loss=losses[-1],
+        peak_memory=None if peak is None or base is None else max(peak - base, 0),
+        loss_scale=scale,
+        repeat_ms=[statistics.median(times)],
+    )
+
+
+def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int) -> None:
+    """Entry point of an isolated mode's process: streams progress, then the result."""
+    try:
+        resolved = resolve_device(device)
+        result = _run_mode(
+            mode, settings, resolved.backend, resolved.index or 0, dtype, size, batch,
+            lambda m, step, total: queue.put(("step", m, step, total)),
+        )
+        queue.put(("result", asdict(result)))
+    except BaseException as exc:  # reported to the parent, which raises
+        queue.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _run_isolated(mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+    import multiprocessing
+    import queue as queues
+
+    context = multiprocessing.get_context("spawn")
+    channel = context.Queue()
+    process = context.Process(target=_worker, args=(channel, mode, settings, device, dtype, size, batch), daemon=True)
+    process.start()
+    try:
+        while True:
+            try:
+                kind, *payload = channel.get(timeout=1.0)
+            except queues.Empty:
+                if not process.is_alive():
+                    raise AmpcoreError(
+                        f"ampcore bench: the process running mode {mode!r} died (exit code {process.exitcode}); "
+                        "out of memory? try smaller --size/--batch"
+                    ) from None
+                continue
+            if kind == "step" and on_step is not None:
+                on_step(*payload)
+            elif kind == "error":
+                raise AmpcoreError(f"ampcore bench: mode {mode!r} failed: {payload[0]}")
+            elif kind == "result":
+                return ModeResult(**payload[0])
+    finally:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+
+
+def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> BenchResult:
+    """Run every mode of ``settings`` and return their measurements.
+
+    Example::
+
+        >>> result = run_bench(BenchSettings(device="cpu", size=64, batch=8, steps=2, isolate=False))
+        >>> [r.mode for r in result.results]
+        ['fp32', 'torch.autocast', 'AMP-O1', 'AMP-O2']
+    """
+    import platform
+
+    from .._version import __version__
+
+    bad = [m for m in settings.modes if m not in MODES + EXTRA_MODES]
+    if bad:
+        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
+    if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
+        raise AmpcoreError(
+            f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
+            f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
+        )
+    if settings.repeats < 1:
+        raise AmpcoreError(f"ampcore bench: --repeats must be a positive integer (got {settings.repeats})")
+    for name in ("size", "batch"):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
+    resolved = resolve_device(settings.device)
+    backend, index = resolved.backend, resolved.index or 0
+    dtype = backend.check_dtype(settings.dtype, call="ampcore bench")
+    size, batch = default_sizes(backend, index)
+    size, batch = settings.size or size, settings.batch or batch
+    result = BenchResult(
+        backend=backend.name,
+        device_name=backend.device_name(index),
+        dtype=dtype_name(dtype),
+        size=size,
+        batch=batch,
+        steps=settings.steps,
+        warmup=settings.warmup,
+        lr=settings.lr,
+        versions={"ampcore": __version__, "torch": torch.__version__, "python": platform.python_version()},
+    )
+    result.repeats, result.load_average, result.cpus = settings.repeats, _load_average(), os.cpu_count()
+    result.autocast_provider = "native" if has_native_autocast(backend.device_type) else "ampcore"
+    runs: dict[str, list[ModeResult]] = {mode: [] for mode in settings.modes}
+    for _ in range(settings.repeats):  # interleaved: a slow spell of the machine hits every mode
+        for mode in settings.modes:
+            if settings.isolate:
+                device = backend.name if resolved.index is None else f"{backend.name}:{index}"
+                runs[mode].append(_run_isolated(mode, settings, device, dtype, size, batch, on_step))
+            else:
+                runs[mode].append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
+    result.results = [_merge(runs[mode]) for mode in settings.modes]
+    reference = next((r for r in result.results if r.mode == "fp32"), None)
+    for r in result.results:
+        r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
+        if reference and r is not reference and settings.repeats > 1:
+            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
+            r.speedup_range = [min(ratios), max(ratios)]
+    return result
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not available on this platform
+        return None
+
+
+def _merge(runs: list[ModeResult]) -> ModeResult:
+    """One mode's repeats as one result: all measured steps pooled, each repeat's median kept."""
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    steps = [ms for run in runs for ms in run.step_ms]
+    peaks = [run.peak_memory for run in runs if run.peak_memory is not None]
+    return ModeResult(
+        mode=first.mode,
+        ms_per_step=statistics.median(steps),
+        step_ms=steps,
+        losses=first.losses,
+        final_loss=first.final_loss,
+        peak_memory=max(peaks) if peaks else None,
+        loss_scale=first.loss_scale,
+        repeat_ms=[run.ms_per_step for run in runs],
+    )
+
+
+def unreliable_reasons(result: BenchResult) -> list[str]:
+    """Why the speed-ups of ``result`` should not be trusted (empty when nothing speaks against them).
+
+    A busy machine (load average above half the CPUs when the run started), step times that
+    spread widely within a mode (interquartile range above a quarter of the median), or
+    repeats whose speed-ups disagree by more than 25%.
+
+    Example::
+
+        >>> r = BenchResult("cpu", "cpu", "bfloat16", 8, 2, 3, 0, 1e-4, {}, load_average=7.5, cpus=2)
+        >>> unreliable_reasons(r)
+        ['the machine was busy (load average 7.50 on 2 CPUs at the start)']
+    """
+    reasons = []
+    if result.load_average is not None and result.cpus and result.load_average > LOAD_LIMIT * result.cpus:
+        reasons.append(f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)")
+    spread = []
+    for r in result.results:
+        if len(r.step_ms) >= 4:
+            q1, _, q3 = statistics.quantiles(r.step_ms, n=4)
+            if q3 - q1 > SPREAD_LIMIT * r.ms_per_step:
+                spread.append(r.mode)
+    if spread:
+        reasons.append(f"step times spread widely in {', '.join(spread)} (quartiles more than {SPREAD_LIMIT:.0%} of the median apart)")
+    disagree = [
+        f"{r.mode} {r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}x"
+        for r in result.results
+        if r.speedup_range and r.speedup_range[1] > (1 + SPREAD_LIMIT) * r.speedup_range[0]
+    ]
+    if disagree:
+        reasons.append(f"the repeats disagree ({', '.join(disagree)})")
+    return reasons

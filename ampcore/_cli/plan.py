@@ -1,0 +1,97 @@
+"""``ampcore plan``: show, export, load-check and clear the plans of ``level="auto"``.
+
+* ``ampcore plan show [FILE]``: the table of a plan file, or of this machine's cached plan;
+* ``ampcore plan export FILE``: write this machine's cached plan to FILE (for DDP ranks
+  and resumed runs: ``ampcore.load_plan(FILE)``);
+* ``ampcore plan check FILE``: whether FILE was made for this setting;
+* ``ampcore plan clear``: delete this machine's cache file of a backend and dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import _dtypes
+from .._auto import AutoPlan, auto_plan
+from .._auto._plan import _this_process, cache_file, read_plan
+from .._errors import AmpcoreError
+
+__all__ = ["add_parser"]
+
+
+def _cached(args: argparse.Namespace) -> AutoPlan:
+    dtype = None if args.dtype is None else _dtypes.parse_dtype(args.dtype, "ampcore plan", "--dtype")
+    return auto_plan(args.device, dtype)
+
+
+def _show(args: argparse.Namespace) -> int:
+    plan = read_plan(args.file) if args.file else _cached(args)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1, sort_keys=True))
+        return 0
+    print(plan.table())
+    if not args.file:
+        where = cache_file(plan.fingerprint)
+        print(f"cache file: {where if where else 'disk cache off (AMPCORE_AUTO_CACHE)'}")
+    if not plan.entries:
+        print("(no shape class measured yet: run a step under ampcore.autocast(level='auto'))")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    plan = _cached(args)
+    if not plan.entries:
+        raise AmpcoreError(
+            f"nothing to export for {plan.fingerprint['backend']} / {plan.fingerprint['dtype']}: no shape class "
+            "is cached on this machine (run a training step under ampcore.autocast(level='auto') first)"
+        )
+    print(f"wrote {len(plan.entries)} decisions to {plan.save(args.file)}")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    plan = read_plan(args.file)
+    here = _this_process(plan.fingerprint)
+    diff = sorted(k for k in {*here, *plan.fingerprint} if here.get(k) != plan.fingerprint.get(k))
+    if diff:
+        for key in diff:
+            print(f"{key}: plan {plan.fingerprint.get(key)!r}, here {here.get(key)!r}")
+        print(f"{args.file}: made for another setting (load it with ampcore.load_plan(..., check=False) to use it anyway)")
+        return 1
+    print(f"{args.file}: {len(plan.entries)} decisions, made for this setting")
+    return 0
+
+
+def _clear(args: argparse.Namespace) -> int:
+    plan = _cached(args)
+    path = cache_file(plan.fingerprint)
+    if path is None:
+        print("disk cache off (AMPCORE_AUTO_CACHE): nothing to clear")
+    elif path.exists():
+        path.unlink()
+        print(f"removed {path}")
+    else:
+        print(f"no cache file ({path})")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("plan", help="show, export, check or clear level='auto' plans", description=__doc__)
+    actions = parser.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
+    for name, func, helptext in (
+        ("show", _show, "print a plan's table (a FILE, or this machine's cached plan)"),
+        ("export", _export, "write this machine's cached plan to FILE"),
+        ("check", _check, "exit 1 when FILE was made for another setting"),
+        ("clear", _clear, "delete this machine's cache file"),
+    ):
+        sub = actions.add_parser(name, help=helptext)
+        if name in ("show",):
+            sub.add_argument("file", nargs="?", help="a plan file (default: this machine's cached plan)")
+            sub.add_argument("--json", action="store_true", help="print the plan as JSON")
+        elif name in ("export", "check"):
+            sub.add_argument("file", help="the plan file")
+        if name != "check":
+            sub.add_argument("--device", default=None, help="backend name (default: the best available)")
+            sub.add_argument("--dtype", default=None, help="low-precision dtype (default: the backend's)")
+        sub.set_defaults(func=func)

@@ -1,0 +1,10 @@
+"""Level O2: ``ampcore.decorate`` — a low-precision model with fp32 master weights.
+
+* ``decorate``: validate -> plan -> convert -> install.
+* ``model_plan``: which modules O2 converts and which stay in float32 (``fp32_modules``).
+* ``master``: the fp32 master weights an optimizer steps; ``master_sgd`` and
+  ``master_adam``: fused one-pass updates for SGD and Adam/AdamW.
+* ``checkpoint``: state dicts that resume exactly; ``fsdp``: FSDP2's refusal.
+"""
+
+__all__: list[str] = []

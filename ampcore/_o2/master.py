@@ -1,0 +1,398 @@
+"""fp32 master weights for an optimizer whose model ``ampcore.decorate`` made low precision.
+
+The model keeps its parameters as real (low-precision) ``nn.Parameter`` objects, so forward,
+backward, DDP and module hooks see nothing unusual.  The optimizer's param groups are
+rebound, in place, to fp32 *master* copies; the optimizer object keeps its type and its
+state is keyed by (and created in the dtype of) the masters.  After every
+``optimizer.step()`` the low-precision parameters are refreshed from the masters in one
+batched copy.
+
+Gradients reach the masters in one of two ways (see docs/o2.md):
+
+* ``master_grad=False``: backward leaves low-precision gradients on the model; the first
+  read of ``group["params"]`` after they changed (by ``GradScaler.unscale_``, by the step
+  itself, by clipping over the optimizer's parameters) gives each master an fp32 copy.  The
+  copies are released after the step.
+  Exception: momentum-free torch SGD in a dtype that needs no loss scaling reads the
+  low-precision gradient itself (the masters get ``grad_dtype=None``), and without step
+  hooks ampcore runs that update in one pass (``_master_sgd.py``).
+  Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself, chunk
+  by chunk, widening each chunk of the low-precision gradient into a small scratch buffer
+  (``_master_adam.py``); a master gets an fp32 copy only if something reads the param
+  groups between backward and the step (GradScaler, clipping the optimizer's parameters).
+* ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
+  accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MethodType
+from typing import Any, Final
+
+import torch
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .._errors import AmpcoreError
+from .master_adam import fused_adam_applies, fused_adam_update
+from .master_sgd import fused_sgd_applies, fused_sgd_update
+
+__all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
+
+_ATTR: Final = "_ampcore_master_weights"
+
+#: low-precision model parameter -> the MasterWeights holding its master.  Process-wide as
+#: parameters are: two models may share a parameter, and the second decorate call must see
+#: that the first gave it a master (weak: it does not keep parameters alive).
+_MASTER_HOLDERS: Final = WeakIdKeyDictionary()
+
+
+@dataclass(eq=False)
+class MasterPair:
+    """One low-precision model parameter and its fp32 master."""
+
+    model: nn.Parameter
+    master: nn.Parameter
+    #: ``model._version`` right after ampcore last wrote the model parameter; a different
+    #: value means someone else changed it (DDP's broadcast, an in-place init, a load).
+    version: int = 0
+    #: The model gradient the master's gradient was last copied from, and its version.
+    seen_grad: weakref.ReferenceType[torch.Tensor] | None = field(default=None, repr=False)
+    seen_grad_version: int = 0
+
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy, torch.save of the model
+        return {"model": self.model, "master": self.master}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a copy's tensors have version counters of their own: it starts in sync
+        self.model, self.master = state["model"], state["master"]
+        self.version = self.model._version
+        self.seen_grad, self.seen_grad_version = None, 0
+
+
+def master_of(param: torch.Tensor) -> MasterWeights | None:
+    """The :class:`MasterWeights` (of some decorated optimizer) that holds ``param``'s master."""
+    found = _MASTER_HOLDERS.get(param)
+    return found if isinstance(found, MasterWeights) else None
+
+
+def master_weights_of(optimizer: object) -> MasterWeights | None:
+    """The :class:`MasterWeights` installed on ``optimizer`` by decorate, or None."""
+    found = getattr(optimizer, "__dict__", {}).get(_ATTR)
+    return found if isinstance(found, MasterWeights) else None
+
+
+class _MasterGroup(dict):  # type: ignore[type-arg]
+    """A param group whose ``"params"`` lookup first brings the masters' gradients up to
+    date, so that GradScaler, clipping and the optimizer all read current gradients."""
+
+    __slots__ = ("_sync",)
+
+    def __init__(self, group: Mapping[str, Any], sync: Callable[[], None]) -> None:
+        super().__init__(group)
+        self._sync = sync
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "params":
+            self._sync()
+        return dict.__getitem__(self, key)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles and deep-copies as a plain dict
+        return (dict, (dict(self),))
+
+
+def _step_function(inner: Callable[..., Any] | None) -> Callable[..., Any]:
+    def step(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        return _require(optimizer).step(args, kwargs)
+
+    if getattr(inner, "_wrapped_by_lr_sched", False):  # an LR scheduler wrapped it before us
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return step
+
+
+def _zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> None:
+    _require(optimizer).zero_grad(set_to_none)
+
+
+def _require(optimizer: torch.optim.Optimizer) -> MasterWeights:
+    weights = master_weights_of(optimizer)
+    if weights is None:  # only if someone deleted the attribute
+        raise AmpcoreError(f"{type(optimizer).__name__}: its ampcore master weights are gone")
+    return weights
+
+
+class MasterWeights:
+    """The master-weight machinery of one optimizer (created by ``ampcore.decorate``)."""
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, pairs: list[MasterPair], master_grad: bool, may_share: bool = False
+    ) -> None:
+        self.optimizer = optimizer
+        self.pairs = pairs
+        self.master_grad = master_grad
+        #: whether the low-precision gradients may be handed to the optimizer as they are
+        #: (decorate says no where the dtype needs loss scaling: GradScaler refuses float16)
+        self.may_share = may_share and not master_grad and hasattr(torch.Tensor, "grad_dtype")
+        self.models: list[torch.Tensor] = [pair.model for pair in pairs]
+        self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
+        self._suspended = False
+        # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
+        # scheduler's counts too); None means the class's own method.
+        self._inner_step: Callable[..., Any] | None = optimizer.__dict__.get("step")
+        self._inner_zero_grad: Callable[..., Any] | None = optimizer.__dict__.get("zero_grad")
+
+    # -- installation -----------------------------------------------------------------
+    def install(self) -> None:
+        """Rebind the param groups to the masters and wrap step, zero_grad and state dicts."""
+        optimizer = self.optimizer
+        master_of = {pair.model: pair.master for pair in self.pairs}
+        for group in optimizer.param_groups:
+            params = group["params"]
+            params[:] = [master_of.get(p, p) for p in params]  # in place: LBFGS keeps the list
+        self.wrap_groups()
+        state = optimizer.state
+        for pair in self.pairs:
+            if pair.model in state:
+                state[pair.master] = _cast_state(state.pop(pair.model), pair.master.dtype)
+        if self.master_grad:
+            for pair in self.pairs:
+                pair.model.grad_dtype = pair.master.dtype  # type: ignore[attr-defined]
+        if self.may_share:
+            for pair in self.pairs:
+                pair.master.grad_dtype = None  # type: ignore[attr-defined]
+        optimizer.__dict__[_ATTR] = self
+        for pair in self.pairs:
+            _MASTER_HOLDERS[pair.model] = self
+        optimizer.step = MethodType(_step_function(self._inner_step), optimizer)  # type: ignore[method-assign]
+        optimizer.zero_grad = MethodType(_zero_grad, optimizer)  # type: ignore[method-assign]
+        self.record_versions()
+
+    def wrap_groups(self) -> None:
+        """Make every param group sync gradients on read (after add_param_group or a load)."""
+        groups = self.optimizer.param_groups
+        for index, group in enumerate(groups):
+            if not isinstance(group, _MasterGroup):
+                if any(_low_precision(p) for p in dict.__getitem__(group, "params")):
+                    raise AmpcoreError(
+                        f"{type(self.optimizer).__name__}: a param group added after ampcore.decorate "
+                        "holds low-precision parameters, which would be updated without fp32 master "
+                        "weights; add every param group before decorating"
+                    )
+                groups[index] = _MasterGroup(group, self.sync_grads)
+
+    # -- gradients --------------------------------------------------------------------
+    def sync_grads(self, copy_missing: bool = True) -> None:
+        """Give each master the current gradient of its model parameter.
+
+        With ``copy_missing=False`` only masters that already hold a copy are brought up to
+        date (or dropped, if the model's gradient is gone); the others keep no gradient.
+        """
+        if self._suspended:
+            return
+        if self.master_grad or self._shares_low_grads():
+            for pair in self.pairs:
+                grad = pair.model.grad
+                if pair.master.grad is not grad:
+                    pair.master.grad = grad
+                pair.seen_grad = None
+            return
+        stale: list[tuple[MasterPair, torch.Tensor]] = []
+        conflicts: list[MasterPair] = []
+        for pair in self.pairs:
+            grad = pair.model.grad
+            seen = pair.seen_grad
+            if grad is None:
+                if seen is not None:  # the model's gradients were cleared since the copy
+                    pair.master.grad = None
+                    pair.seen_grad = None
+                continue
+            same_object = seen is not None and seen() is grad
+            if same_object and pair.seen_grad_version == grad._version:
+                continue
+            if seen is None and not copy_missing:
+                continue
+            if same_object and pair.master.grad is not None:
+                # changed in place while the master still holds the copy (that GradScaler
+                # may have unscaled: torch's unscale kernel does not bump versions)
+                conflicts.append(pair)
+            stale.append((pair, grad))
+        if conflicts and all(_finite(pair.master.grad) for pair in conflicts):
+            raise AmpcoreError(_CONFLICT.format(optimizer=type(self.optimizer).__name__, count=len(conflicts)))
+        # (non-finite master gradients belong to a step GradScaler skipped: replace them)
+        with torch.no_grad():
+            for pair, grad in stale:
+                pair.master.grad = grad.to(pair.master.dtype, copy=True)
+                pair.seen_grad = weakref.ref(grad)
+                pair.seen_grad_version = grad._version
+
+    def _shares_low_grads(self) -> bool:
+        """Whether the optimizer can read the low-precision gradients directly: torch's
+        single-tensor SGD without momentum computes ``master.add_(grad, alpha=-lr)`` in
+        float32 from a bfloat16 ``grad`` exactly as from its float32 copy, in one pass and
+        without the copy.  (Momentum would start its buffer as a low-precision clone.)"""
+        optimizer = self.optimizer
+        if not self.may_share or type(optimizer) is not torch.optim.SGD:
+            return False
+        groups = optimizer.param_groups  # .get() does not trigger a sync
+        if any(g.get("momentum", 0) != 0 or g.get("fused") or g.get("differentiable") for g in groups):
+            return False
+        if any(g.get("foreach") for g in groups) or hasattr(optimizer, "grad_scale"):
+            return False
+        if any(pair.model.grad is not None and pair.model.grad.is_sparse for pair in self.pairs):
+            return False
+        try:
+            from torch.optim.optimizer import _default_to_fused_or_foreach
+
+            _, foreach = _default_to_fused_or_foreach(self.masters, False, False)
+        except (ImportError, TypeError):  # another torch: do not guess
+            return False
+        return not foreach or all(g.get("foreach") is False for g in groups)
+
+    def release_grads(self) -> None:
+        """Drop the masters' fp32 gradient copies (after the step consumed them)."""
+        if not self.master_grad:
+            for pair in self.pairs:
+                pair.master.grad = None
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """``optimizer.zero_grad``: clears the model's gradients and the masters'."""
+        with torch.no_grad():
+            for pair in self.pairs:
+                grad = pair.model.grad
+                if grad is None:
+                    continue
+                if set_to_none:
+                    pair.model.grad = None
+                else:
+                    grad.zero_()
+        self._suspended = True
+        try:
+            if self._inner_zero_grad is not None:
+                self._inner_zero_grad(set_to_none)
+            else:
+                type(self.optimizer).zero_grad(self.optimizer, set_to_none)
+        finally:
+            self._suspended = False
+        for pair in self.pairs:
+            pair.seen_grad = None
+
+    # -- weights ----------------------------------------------------------------------
+    def adopt_model_changes(self) -> None:
+        """Copy into the masters any model parameter that was changed outside ampcore."""
+        changed = [pair for pair in self.pairs if pair.model._version != pair.version]
+        if changed:
+            with torch.no_grad():
+                torch._foreach_copy_([p.master for p in changed], [p.model for p in changed])
+            for pair in changed:
+                pair.version = pair.model._version
+
+    def refresh(self) -> None:
+        """Copy the masters into the low-precision model parameters (one batched pass)."""
+        if self.pairs:
+            with torch.no_grad():
+                torch._foreach_copy_(self.models, self.masters)
+        self.record_versions()
+
+    def record_versions(self) -> None:
+        """Remember the model parameters' versions: ampcore's own writes are not adopted."""
+        for pair in self.pairs:
+            pair.version = pair.model._version
+
+    # -- step -------------------------------------------------------------------------
+    def step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``optimizer.step``: update the masters, then refresh the model parameters."""
+        self.wrap_groups()  # a group added by add_param_group since decorate
+        self.adopt_model_changes()
+        if not args and not kwargs and fused_adam_applies(self.optimizer):
+            self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
+            return self._fused_adam_step()
+        self.sync_grads()
+        if args and callable(args[0]):
+            args = (self._wrap_closure(args[0]), *args[1:])
+        elif callable(kwargs.get("closure")):
+            kwargs = {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
+        if not args and not kwargs and self._shares_low_grads() and fused_sgd_applies(self.optimizer):
+            return self._fused_sgd_step()
+        try:
+            return self._call_inner_step(args, kwargs)
+        finally:
+            self.refresh()
+            self.release_grads()
+
+    def _call_inner_step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._inner_step is not None:
+            return self._inner_step(*args, **kwargs)
+        return type(self.optimizer).step(self.optimizer, *args, **kwargs)
+
+    def _bookkeeping_step(self, own: list[torch.Tensor]) -> Any:
+        """After a fused update (of the masters and of ``own``, the float32 parameters it
+        updated whole): torch's own step with those gradients hidden, an update of nothing,
+        for its bookkeeping (LR schedulers' step counting, profiling)."""
+        self.record_versions()
+        hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
+        for param, _ in hidden:
+            param.grad = None
+        self._suspended = True
+        try:
+            return self._call_inner_step((), {})
+        finally:
+            self._suspended = False
+            for param, grad in hidden:
+                param.grad = grad
+            self.release_grads()
+
+    def _fused_sgd_step(self) -> Any:
+        """Momentum-free SGD in one pass (``_master_sgd``); then torch's own step runs with
+        the gradients hidden, an update of nothing, for its bookkeeping (LR schedulers'
+        step counting, profiling)."""
+        groups = self.optimizer.param_groups
+        own = fused_sgd_update(groups, {pair.master: pair.model for pair in self.pairs})
+        return self._bookkeeping_step(own)
+
+    def _fused_adam_step(self) -> Any:
+        """Adam/AdamW chunk by chunk (``_master_adam``), from the low-precision gradients
+        (or the fp32 ones the masters hold already); then torch's own step runs with the
+        gradients hidden, as for SGD."""
+        own = fused_adam_update(self.optimizer, {pair.master: pair.model for pair in self.pairs})
+        return self._bookkeeping_step(own)
+
+    def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        def evaluate() -> Any:
+            self.refresh()  # the optimizer may have moved the masters since (LBFGS)
+            loss = closure()
+            self.sync_grads()
+            return loss
+
+        return evaluate
+
+_CONFLICT: Final = (
+    "{optimizer}: the gradients of {count} low-precision model parameter(s) were changed in "
+    "place after ampcore copied them to the fp32 master gradients that the optimizer and "
+    "GradScaler use (the copy is made when optimizer.param_groups is read, e.g. by "
+    "scaler.unscale_(optimizer)); the copy may be unscaled already, so neither can be trusted. "
+    "Typically this is clip_grad_norm_(model.parameters()) after scaler.unscale_(optimizer), "
+    "which clips still-scaled low-precision gradients. Clip the optimizer's parameters instead: "
+    "clip_grad_norm_([p for g in optimizer.param_groups for p in g['params']], max_norm), "
+    "or decorate with master_grad=True so that model and optimizer share one fp32 gradient."
+)
+
+
+def _low_precision(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and torch.promote_types(tensor.dtype, torch.float32) != tensor.dtype
+
+
+def _finite(tensor: torch.Tensor | None) -> bool:
+    return tensor is None or bool(torch.isfinite(tensor).all())
+
+
+def _cast_state(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """Optimizer state created before decorate, in the masters' dtype (``step`` untouched)."""
+    return {
+        key: value.to(dtype)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and key != "step" and value.dim() > 0
+        else value
+        for key, value in state.items()
+    }

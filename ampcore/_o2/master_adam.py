@@ -1,0 +1,285 @@
+"""A one-pass-per-chunk master-weight update for ``torch.optim.Adam`` and ``AdamW``.
+
+The generic master-weight step gives every master an fp32 copy of its low-precision gradient
+(a full-size tensor per parameter), lets the optimizer make its passes over the masters and
+states, then refreshes the low-precision parameters in another pass.  For Adam and AdamW
+ampcore runs the update itself, chunk by chunk: the low-precision gradient chunk is widened
+into a small float32 scratch buffer, torch's own Adam (the flavour the param group asks
+for: single-tensor, foreach or fused) updates the master, ``exp_avg``, ``exp_avg_sq`` (and
+``max_exp_avg_sq``) chunks, and the low-precision parameter chunk is written from the master
+chunk while it is still in cache.  No full-size float32 gradient exists; each chunk of the
+gradient is read once (2 bytes per parameter), the master and the states read and written
+once (24, or 32 with amsgrad) and the parameter written once (2).
+
+Adam is elementwise, so running torch's own Adam on chunks gives, element for element, the
+results of running it on the whole tensors with the upcast gradients: the same kernels with
+the same scalars.  The step count is the only non-elementwise state: every chunk gets a copy
+of the count from before the step, and the count itself is advanced once per parameter, as
+torch does.  State is created exactly as ``Adam._init_group`` creates it, so state dicts are
+interchangeable with the generic path (and with plain torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+
+from .._errors import AmpcoreError
+from .master_sgd import step_hooks_free
+
+__all__ = ["ADAM_CHUNK", "fused_adam_applies", "fused_adam_update"]
+
+#: Elements per chunk: the master, state and scratch chunks (1 MiB each in float32) and the
+#: single-tensor flavour's temporaries stay in the last-level cache.
+ADAM_CHUNK: Final = 1 << 18
+
+_ADAM_TYPES: Final = (torch.optim.Adam, torch.optim.AdamW)
+#: The param-group keys of the torch versions whose Adam this module reproduces.
+_KEYS: Final = frozenset(
+    ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused",
+     "decoupled_weight_decay")
+)
+
+
+def fused_adam_applies(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ampcore may run ``optimizer``'s step itself.
+
+    Yes for exactly ``torch.optim.Adam`` / ``AdamW`` (a subclass may change ``step``) with no
+    step hooks, not ``differentiable``, not in the middle of a GradScaler step that hands a
+    fused optimizer ``grad_scale``/``found_inf``, on a torch whose Adam has the param-group
+    keys this module knows.  Otherwise the generic path runs (fp32 gradient copies).
+    """
+    if type(optimizer) not in _ADAM_TYPES or not step_hooks_free(optimizer):
+        return False
+    if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
+        return False
+    if _adam_function() is None:
+        return False
+    return all(_KEYS <= group.keys() and not group["differentiable"] for group in optimizer.param_groups)
+
+
+@dataclass
+class _Batch:
+    """Chunks waiting for one call of torch's Adam (small parameters share a call)."""
+
+    scratch: torch.Tensor | None = None
+    used: int = 0
+    params: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
+    exp_avgs: list[torch.Tensor] = field(default_factory=list)
+    exp_avg_sqs: list[torch.Tensor] = field(default_factory=list)
+    max_exp_avg_sqs: list[torch.Tensor] = field(default_factory=list)
+    steps: list[torch.Tensor] = field(default_factory=list)
+    refresh: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.used = 0
+        for items in (self.params, self.grads, self.exp_avgs, self.exp_avg_sqs, self.max_exp_avg_sqs, self.steps):
+            items.clear()
+        self.refresh.clear()
+
+
+def fused_adam_update(
+    optimizer: torch.optim.Optimizer,
+    low_of: Mapping[torch.Tensor, torch.Tensor],
+) -> list[torch.Tensor]:
+    """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`).
+
+    For a master (a key of ``low_of``) the gradient is the master's own ``.grad`` where it
+    has one (an fp32 copy made earlier, e.g. for clipping, or the shared fp32 gradient of
+    ``master_grad=True``), else its low-precision parameter's gradient, widened chunk by
+    chunk; the low-precision parameter is refreshed chunk by chunk.  Other parameters
+    (float32 ones, e.g. norms) are updated whole with their own gradients.  Returns those
+    other parameters that were updated.
+    """
+    adam = _adam_function()
+    if adam is None:  # fused_adam_applies() checks this before the step comes here
+        raise AmpcoreError("the chunked Adam update needs torch.optim.adam.adam, which this torch does not have")
+    own: list[torch.Tensor] = []
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
+            work: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]] = []
+            for param in params:
+                low = low_of.get(param)
+                grad = param.grad if param.grad is not None or low is None else low.grad
+                if grad is None:
+                    continue
+                if grad.is_sparse:
+                    raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+                work.append((param, grad, low, _state(optimizer, group, param)))
+            if not work:
+                continue
+            options = _options(group, [param for param, *_ in work])
+            batch = _Batch()
+            for param, grad, low, state in work:
+                if low is None:
+                    own.append(param)
+                    _call(adam, options, group, [param], [grad], [state])
+                    continue
+                _chunks(adam, options, group, param, grad, low, state, batch)
+            _flush(adam, options, group, batch)
+    return own
+
+
+def _adam_function() -> Any:
+    try:
+        from torch.optim.adam import adam
+    except ImportError:  # another torch: do not guess
+        return None
+    return adam
+
+
+def _state(optimizer: torch.optim.Optimizer, group: Mapping[str, Any], param: torch.Tensor) -> dict[str, Any]:
+    """``optimizer.state[param]``, created on first use exactly as ``Adam._init_group`` does."""
+    state = optimizer.state[param]
+    if len(state) == 0:
+        from torch.optim.optimizer import _get_scalar_dtype
+
+        if group["fused"]:
+            from torch.optim.optimizer import _device_dtype_check_for_fused
+
+            _device_dtype_check_for_fused(param)
+        state["step"] = (
+            torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=param.device)
+            if group["capturable"] or group["fused"]
+            else torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
+        )
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    if group["foreach"] and torch.is_tensor(group["lr"]) and not group["capturable"]:
+        raise RuntimeError("lr as a Tensor is not supported for capturable=False and foreach=True")
+    return state
+
+
+def _options(group: Mapping[str, Any], params: list[torch.Tensor]) -> dict[str, bool]:
+    """The flavour torch's ``adam()`` would pick for the group's parameters with gradients
+    (decided once for the whole group, not per chunk)."""
+    foreach, fused = group["foreach"], group["fused"]
+    if fused is None and foreach is None:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        _, foreach = _default_to_fused_or_foreach(params, False, use_fused=False)
+        if foreach and isinstance(group["lr"], torch.Tensor) and not group["capturable"]:
+            foreach = False
+    return {"foreach": bool(foreach), "fused": bool(fused)}
+
+
+def _chunks(
+    adam: Any,
+    options: dict[str, bool],
+    group: Mapping[str, Any],
+    master: torch.Tensor,
+    grad: torch.Tensor,
+    low: torch.Tensor,
+    state: dict[str, Any],
+    batch: _Batch,
+) -> None:
+    """Queue the chunks of one master; the step count advances once, after its last chunk
+    (every chunk updates with a copy of the count from before the step)."""
+    tensors = [master, grad, low, state["exp_avg"], state["exp_avg_sq"]]
+    if group["amsgrad"]:
+        tensors.append(state["max_exp_avg_sq"])
+    widen = grad.dtype != master.dtype
+    if not all(t.is_contiguous() for t in tensors):
+        # (a strided layout: no flat chunks) one whole-tensor update from a widened copy
+        _flush(adam, options, group, batch)
+        wide = grad.to(master.dtype) if widen else grad
+        _call(adam, options, group, [master], [wide], [state])
+        low.copy_(master)
+        return
+    flat = [t.view(-1) for t in tensors]
+    total = master.numel()
+    before = state["step"]
+    for start in range(0, total, ADAM_CHUNK):
+        stop = min(start + ADAM_CHUNK, total)
+        size = stop - start
+        if batch.used + size > ADAM_CHUNK:
+            _flush(adam, options, group, batch)
+        views = [t[start:stop] for t in flat]
+        if widen:
+            if batch.scratch is not None and batch.scratch.dtype != master.dtype:
+                _flush(adam, options, group, batch)
+                batch.scratch = None
+            if batch.scratch is None:
+                batch.scratch = torch.empty(ADAM_CHUNK, dtype=master.dtype, device=master.device)
+            wide = batch.scratch[batch.used : batch.used + size].copy_(views[1])
+        else:
+            wide = views[1]
+        batch.used += size
+        batch.params.append(views[0])
+        batch.grads.append(wide)
+        batch.exp_avgs.append(views[3])
+        batch.exp_avg_sqs.append(views[4])
+        if group["amsgrad"]:
+            batch.max_exp_avg_sqs.append(views[5])
+        batch.steps.append(before.clone())
+        batch.refresh.append((views[2], views[0]))
+    # the real count: the same in-place increment torch applies (before the last chunk's
+    # update has run, which holds its own copy)
+    before += 1
+
+
+def _flush(adam: Any, options: dict[str, bool], group: Mapping[str, Any], batch: _Batch) -> None:
+    if not batch.params:
+        return
+    _run(adam, options, group, batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
+         batch.max_exp_avg_sqs, batch.steps)
+    for low, master in batch.refresh:
+        low.copy_(master)
+    batch.clear()
+
+
+def _call(
+    adam: Any,
+    options: dict[str, bool],
+    group: Mapping[str, Any],
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    states: list[dict[str, Any]],
+) -> None:
+    """torch's Adam on whole tensors with their own step counts (advanced by torch)."""
+    _run(adam, options, group, params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+         [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [], [s["step"] for s in states])
+
+
+def _run(
+    adam: Any,
+    options: dict[str, bool],
+    group: Mapping[str, Any],
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    max_exp_avg_sqs: list[torch.Tensor],
+    steps: list[torch.Tensor],
+) -> None:
+    beta1, beta2 = group["betas"]
+    adam(
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        max_exp_avg_sqs,
+        steps,
+        foreach=options["foreach"],
+        capturable=group["capturable"],
+        differentiable=False,
+        fused=options["fused"],
+        grad_scale=None,
+        found_inf=None,
+        has_complex=any(torch.is_complex(p) for p in params),
+        decoupled_weight_decay=group["decoupled_weight_decay"],
+        amsgrad=group["amsgrad"],
+        beta1=beta1,
+        beta2=beta2,
+        lr=group["lr"],
+        weight_decay=group["weight_decay"],
+        eps=group["eps"],
+        maximize=group["maximize"],
+    )

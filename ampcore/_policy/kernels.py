@@ -1,0 +1,335 @@
+"""Policy kernels: one Python kernel per operator overload on one dispatch key.
+
+A kernel serves every device type routed to its key (a :class:`KeyTable` lists them as
+:class:`Client`\\ s; :mod:`ampcore._policy.registration` decides the routes).  On each call it
+finds the client whose tensors the call is on and whose autocast is on, then reads the calling
+thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
+
+* no client, or no policy: the call continues below the kernel's key, exactly as if the
+  kernel were not there (to the device's own autocast kernel, if it has one).  A client
+  that *provides* autocast for a device without kernels of its own applies the backend's
+  O1 lists instead;
+* a policy: the :class:`Plan` of the op under that policy, decided once per (kernel,
+  policy) by :func:`plan` from the op's :class:`OverloadSpec`, then carried out:
+
+  - ``FOLLOW`` (an op on no list at O1): the call goes on below autocast, untouched;
+  - ``PASS`` (the policy does what the device's own, torch's, C++ kernel does): the call goes
+    on to that kernel, with this kernel's key excluded so the op it calls does not come back;
+  - a cast action (``LOW``, ``FP32``, ``PROMOTE``...): :data:`ACTION_TABLE` casts the
+    arguments here, above autograd, so autograd records the casts and gradients come back in
+    the inputs' dtypes (leaf float32 tensors that require grad are cast once per region,
+    torch's ``cached_cast`` rule, in the thread's region cache), then calls the op below the
+    autocast keys with autocast excluded, as torch does.  CompositeImplicitAutograd ops under
+    a policy with custom lists are instead decomposed with autocast on and the policy's
+    *inner* policy in force, so that custom-listed ops inside them are reached.
+
+Python numbers in Tensor slots are repaired first (:func:`ampcore._policy.casting.wrap_numbers`).
+``FOLLOW`` and ``PASS`` run inline in the kernel: they are most calls of a region, and each
+function call there costs per op.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import torch
+
+from .._errors import AmpcoreError
+from .casting import Eligible, cast_all, explicit_dtype, set_opt_dtype, widest
+from .casting import _NUMBERS, wrap_numbers
+from .fused import SWALLOWING, check_swallowed
+from .lists import Action
+from .op_names import generated_overloads, is_composite
+from .thread_state import thread_state
+from .torch_tables import APPEND_DTYPE_OVERLOADS, AUTOCAST_DISPATCH_KEYS, BANNED_MESSAGES, DEFAULT_DISPATCH_KEY
+
+__all__ = ["ACTION_TABLE", "Client", "KeyTable", "OverloadSpec", "Plan", "dispatch_key", "kernel", "plan"]
+
+_FLOAT32: Final = torch.float32
+
+
+class Plan(enum.StrEnum):
+    """What a kernel does with a call under one policy: an :class:`~ampcore._policy.lists.Action`,
+    or one of the kernel's own steps below."""
+
+    PASS = "pass"  #: the device's own autocast kernel does exactly the policy's action
+    CHOOSE = "choose"  #: on no list: KEEP when the call passes a dtype, else as without one
+    KEEP = "keep"  #: run the op as called, with autocast off (an explicit dtype= at OD/O2)
+
+
+def dispatch_key(name: str) -> torch._C.DispatchKey:
+    """The dispatch key called ``name``; AmpcoreError when this torch has none."""
+    key = torch._C._parse_dispatch_key(name)
+    if key is None:
+        raise AmpcoreError(f"this torch has no dispatch key {name}; ampcore cannot give this device type op policies")
+    return key
+
+
+@functools.cache
+def all_autocast_keys() -> torch._C.DispatchKeySet:
+    """Every autocast key of this torch (excluded while a policy kernel calls the op)."""
+    result = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+    for name in (DEFAULT_DISPATCH_KEY, *AUTOCAST_DISPATCH_KEYS.values()):
+        key = torch._C._parse_dispatch_key(name)
+        if key is not None:
+            result = result | torch._C.DispatchKeySet(key)
+    return result
+
+
+@dataclass(frozen=True)
+class Client:
+    """A device type whose policy kernels live on a :class:`KeyTable`'s key.
+
+    ``provider`` (resident clients: the kernels sit on the device's own autocast key) gives
+    the policy of the backend's O1 lists for an autocast dtype, applied when no region of
+    ampcore is active.  ``native`` maps an overload to the action of the device's own (torch's)
+    autocast kernel: a policy that agrees passes the call on to it instead of casting in Python.
+    """
+
+    device_type: str
+    key: torch._C.DispatchKey  # its autocast key (excluded while its autocast is off)
+    backend: torch._C.DispatchKey  # its backend key (in the key set of a call on its tensors)
+    eligible: Eligible
+    provider: Callable[[torch.dtype], Any] | None = None
+    native: Mapping[str, str] = field(default_factory=dict)
+
+
+class KeyTable:
+    """The kernels registered on one dispatch key and the device types they serve."""
+
+    def __init__(self, key_name: str) -> None:
+        self.key_name = key_name
+        key = dispatch_key(key_name)
+        #: this key alone
+        self.own = torch._C.DispatchKeySet(key)
+        #: every key below this one: the call as if this kernel were not there
+        self.passthrough = torch._C._dispatch_keyset_full_after(key)
+        #: the same without any autocast key: below autocast
+        self.below = self.passthrough - all_autocast_keys()
+        #: replaced (never mutated) when a device type is routed here, so a kernel reads a
+        #: consistent tuple without a lock
+        self.clients: tuple[Client, ...] = ()
+
+
+@functools.cache
+def _level_overloads() -> frozenset[str]:
+    return frozenset(generated_overloads())
+
+
+def _op(overload: str) -> torch._ops.OpOverload:
+    base, _, name = overload.partition(".")
+    return getattr(getattr(torch.ops.aten, base), name or "default")  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class OverloadSpec:
+    """What a kernel needs to know about its overload, read once from the schema."""
+
+    name: str
+    op: torch._ops.OpOverload
+    composite: bool  # CompositeImplicitAutograd: made of other ops
+    level_casts: bool  # levels OD/O2 cast it when it is on no list
+    swallows: bool  # a fused kernel of it may swallow custom-listed ops
+    dtype_arg: tuple[int, bool] | None  # (position, keyword-only) of its ``dtype`` argument
+    append_to: torch._ops.OpOverload | None  # the overload fp32_append_dtype redispatches to
+    banned: str  # the error a banned call raises
+    slots: tuple[int, ...]  # positions of single-Tensor arguments (numbers may arrive there)
+    slot_names: frozenset[str]  # their names
+
+    @classmethod
+    def of(cls, overload: str) -> OverloadSpec:
+        op = _op(overload)
+        arguments = op._schema.arguments
+        single = [i for i, a in enumerate(arguments) if str(a.type) == "Tensor"]
+        return cls(
+            name=overload,
+            op=op,
+            composite=is_composite(overload),
+            level_casts=overload in _level_overloads(),
+            swallows=overload in SWALLOWING,
+            dtype_arg=next(((i, a.kwarg_only) for i, a in enumerate(arguments) if a.name == "dtype"), None),
+            append_to=_op(APPEND_DTYPE_OVERLOADS[overload]) if overload in APPEND_DTYPE_OVERLOADS else None,
+            banned=BANNED_MESSAGES.get(overload.partition(".")[0], f"{overload} is banned under autocast"),
+            slots=tuple(i for i in single if not arguments[i].kwarg_only),
+            slot_names=frozenset(arguments[i].name for i in single),
+        )
+
+
+def plan(spec: OverloadSpec, policy: Any, client: Client) -> str:
+    """What the kernel of ``spec`` does under ``policy`` (cached per kernel and policy)."""
+    action = policy.actions.get(spec.name)
+    if action is None:  # an op on no list
+        if not spec.level_casts:
+            return Action.FOLLOW  # levels never cast it (a copy, a check, an optimizer op...)
+        if spec.dtype_arg is not None:
+            return Plan.CHOOSE  # the caller may choose the dtype: decided per call
+        return unlisted(spec, policy)
+    if spec.composite and policy.reach:
+        return Action(action)  # decomposed here, so that custom-listed ops inside are reached
+    if client.native.get(spec.name) == action:
+        return Plan.PASS  # torch's C++ kernel below does the same, without the Python round trip
+    return Action(action)
+
+
+def unlisted(spec: OverloadSpec, policy: Any) -> str:
+    """The action of a castable op on no list, called without a dtype."""
+    return Action.FOLLOW if spec.composite else Action(policy.default)  # a composite's inner ops get the policy
+
+
+# -- the action table: (kernel, keyset, args, kwargs, policy, client) -> result ------------------
+
+
+class _Kernel:
+    """One kernel's fixed parts, as the action table's entries see them."""
+
+    __slots__ = ("below", "call_op", "exclude", "own", "passthrough", "redispatch", "spec")
+
+    def __init__(self, spec: OverloadSpec, table: KeyTable) -> None:
+        self.spec = spec
+        self.call_op = spec.op._op  # the C++ callable behind OpOverload.__call__
+        self.redispatch = spec.op._handle.redispatch_boxed
+        self.passthrough, self.below, self.own = table.passthrough, table.below, table.own
+        self.exclude = all_autocast_keys()  # excluded while the op runs, as torch's kernels do
+
+
+Step = Callable[[_Kernel, torch._C.DispatchKeySet, tuple[Any, ...], dict[str, Any], Any, Client], Any]
+_guard: Final = torch._C._ExcludeDispatchKeyGuard
+_state: Final = thread_state()
+_autocast_dtype: Final = torch.get_autocast_dtype
+_cache_enabled: Final = torch.is_autocast_cache_enabled
+
+
+def _keep(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+    with _guard(k.exclude):
+        return k.call_op(*args, **kwargs)
+
+
+def _banned(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+    raise RuntimeError(k.spec.banned)
+
+
+def _casting(cast: Callable[[_Kernel, tuple[Any, ...], dict[str, Any], Any, Client], tuple[tuple[Any, ...], dict[str, Any]]]) -> Step:
+    """A step that casts the arguments with ``cast``, then runs the op (or decomposes it)."""
+
+    def step(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+        with _guard(k.exclude):
+            args, kwargs = cast(k, args, kwargs, policy, client)
+            if not (k.spec.composite and policy.reach):
+                return k.redispatch(keyset & k.below, *args, **kwargs)  # autocast excluded, as torch calls the op
+        return _decompose(k, keyset, args, kwargs, policy, client)
+
+    return step
+
+
+def _decompose(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+    """Run a composite with autocast on and the inner policy, so custom-listed ops inside are reached."""
+    if k.spec.swallows:
+        check_swallowed(k.spec.name, policy, args, kwargs)
+    device_type = client.device_type
+    _state.policies[device_type] = policy.inner or policy  # an inner policy is its own inner
+    try:
+        return k.redispatch(keyset & k.below, *args, **kwargs)
+    finally:
+        _state.policies[device_type] = policy
+
+
+def _to_low(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # torch's current autocast dtype: the region's, or a nested torch.autocast's
+    cache = _state.cast_cache if policy.cache and _cache_enabled() else None
+    return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.eligible, cache)
+
+
+def _to_fp32(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return cast_all(args, kwargs, _FLOAT32, client.eligible, None)
+
+
+def _to_widest(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    dtype = widest(args, kwargs, client.eligible)
+    return (args, kwargs) if dtype is None else cast_all(args, kwargs, dtype, client.eligible, None)
+
+
+def _set_fp32_dtype(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return set_opt_dtype(args, kwargs, k.spec.dtype_arg, client.eligible)
+
+
+def _append_fp32_dtype(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+    if k.spec.append_to is None:  # not one of torch's fp32_append_dtype overloads: run as called
+        return _as_called(k, keyset, args, kwargs, policy, client)
+    first = args[0]
+    positional = [a for a in k.spec.op._schema.arguments if not a.kwarg_only]
+    completed = args + tuple(a.default_value for a in positional[len(args) :])  # the schema's defaults
+    with _guard(k.exclude):
+        return k.spec.append_to(*completed, dtype=_FLOAT32 if client.eligible(first) else first.dtype, **kwargs)
+
+
+_as_called: Final = _casting(lambda k, args, kwargs, policy, client: (args, kwargs))
+
+#: Plan -> the step that carries it out (FOLLOW and PASS run inline in the kernel).
+ACTION_TABLE: Final[Mapping[str, Step]] = {
+    Plan.KEEP: _keep,
+    Action.BANNED: _banned,
+    Action.LOW: _casting(_to_low),
+    Action.FP32: _casting(_to_fp32),
+    Action.PROMOTE: _casting(_to_widest),
+    Action.FP32_SET_OPT_DTYPE: _casting(_set_fp32_dtype),
+    Action.FP32_APPEND_DTYPE: _append_fp32_dtype,
+}
+
+
+def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
+    """The policy kernel of one overload on ``table``'s key."""
+    spec = OverloadSpec.of(overload)
+    k = _Kernel(spec, table)
+    slots, slot_names = spec.slots, spec.slot_names
+    redispatch, passthrough, below, own = k.redispatch, k.passthrough, k.below, k.own
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+    get_dtype = torch.get_autocast_dtype
+    tf_mode_enabled = torch._C._is_torch_function_mode_enabled
+    plans: dict[Any, str] = {}  # policy -> plan (policies live as long as their lists)
+    follow, passing, choose = Action.FOLLOW, Plan.PASS, Plan.CHOOSE
+
+    def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        policy = client = None
+        for client in table.clients:
+            # a call on the device's tensors with its autocast on (the autocast key itself is
+            # left out of the key set of ops it has no kernel for, so it cannot tell)
+            if keyset.has(client.backend) and not excluded(client.key):
+                policy = _state.policies.get(client.device_type)
+                if policy is None and client.provider is not None:
+                    policy = client.provider(get_dtype(client.device_type))
+                break
+        if slots:
+            for i in slots:  # Python numbers arrive where torch had wrapped-number tensors
+                if i < len(args) and type(args[i]) in _NUMBERS:
+                    args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
+                    break
+            else:
+                if kwargs and slot_names.intersection(kwargs):
+                    args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
+        if policy is None:
+            return redispatch(keyset & passthrough, *args, **kwargs)
+        step = plans.get(policy)
+        if step is None:
+            step = plans[policy] = plan(spec, policy, client)  # type: ignore[arg-type]
+        if step is passing:
+            # the device's kernel excludes only its own key while it calls the op: this
+            # key must be off too, or the op would come back here
+            with _guard(own):
+                return redispatch(keyset & passthrough, *args, **kwargs)
+        if step is choose:
+            step = Plan.KEEP if explicit_dtype(args, kwargs, spec.dtype_arg) else unlisted(spec, policy)
+        if step is follow:
+            return redispatch(keyset & below, *args, **kwargs)
+        if tf_mode_enabled():
+            # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
+            # them) must not see this kernel's own tensor calls
+            with torch._C.DisableTorchFunction():
+                return ACTION_TABLE[step](k, keyset, args, kwargs, policy, client)  # type: ignore[arg-type]
+        return ACTION_TABLE[step](k, keyset, args, kwargs, policy, client)  # type: ignore[arg-type]
+
+    call.__name__ = call.__qualname__ = f"ampcore_{table.key_name}_{overload.replace('.', '_')}"
+    return call

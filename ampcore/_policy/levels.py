@@ -1,0 +1,39 @@
+"""AMP levels: O0 (fp32), OD (white list only), O1 (torch.autocast), O2 (low-precision model),
+auto (O1 lists; each planned module in low precision only where measured costs say it pays)."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from .._errors import AmpcoreError
+
+__all__ = ["LEVELS", "Level", "check_level"]
+
+Level = Literal["O0", "OD", "O1", "O2", "auto"]
+
+#: Every level, from no mixed precision to the most aggressive.
+LEVELS: Final[tuple[Level, ...]] = ("O0", "OD", "O1", "O2", "auto")
+
+_CANONICAL: Final[dict[str, Level]] = {level.upper(): level for level in LEVELS}
+
+
+def check_level(level: object, call: str = "ampcore.autocast") -> Level:
+    """Validate a level name (case-insensitive, Paddle spelling) and return its canonical
+    spelling.  The first ``"auto"`` of the process installs the module hooks that apply its
+    plans (:mod:`ampcore._auto._hooks`).
+
+    Example::
+
+        >>> check_level("o1")
+        'O1'
+        >>> check_level("AUTO")
+        'auto'
+    """
+    if isinstance(level, str) and level.upper() in _CANONICAL:
+        checked = _CANONICAL[level.upper()]
+        if checked == "auto":  # the plan acts through module hooks: installed on first use
+            from .._auto import install_hooks
+
+            install_hooks()
+        return checked
+    raise AmpcoreError(f"{call}(level={level!r}): invalid level; valid levels: {', '.join(LEVELS)}")

@@ -1,0 +1,313 @@
+"""How custom lists and levels OD/O2 reach every op call: policies, and where their kernels
+live in the dispatcher.
+
+torch's autocast is a set of C++ kernels registered per operator on the autocast dispatch
+key of a device type (``AutocastCPU``...), which sits above autograd.  ampcore's policy
+kernels (:mod:`ampcore._policy.kernels`) read the calling thread's :class:`OpPolicy`; an
+uncustomised O1 region has no policy and involves no ampcore kernel: it *is*
+``torch.autocast``.
+
+Registration lifecycle (correct by construction, measured in docs/performance.md):
+
+* **Registered once per process, never removed.**  Registering or removing a kernel while
+  another thread dispatches the same operator on the same key races inside the dispatcher
+  (segfaults, ``SafePyObject`` INTERNAL ASSERTs).  So the first region that needs a key
+  registers a kernel for *every* castable ATen overload on it (about 1,400, ~0.1 s), under
+  a lock, before any thread can dispatch through that key; nothing is registered on it
+  afterwards and nothing is ever removed.  No reference counts, no timers.
+* **On a shadow key.**  For a device type whose autocast key has a higher-priority autocast
+  key that nothing else uses (:data:`SHADOW_KEYS`: ``AutocastIPU`` above CPU, XPU and MTIA;
+  ``AutocastPrivateUse1`` above CUDA, MPS, HPU and XLA while no PrivateUse1 backend is
+  loaded), the kernels go on that key, and a region with a policy switches the key on for
+  its thread only (the thread-local include set) until it exits.  Tensors never carry a
+  shadow key, so plain ``torch.autocast`` code, in any thread and at any time, dispatches
+  exactly as in a process without ampcore: it pays nothing and its results cannot depend on
+  what ran before.  A kernel passes a call on untouched when its thread has no policy for
+  the call's device type.
+* **Resident**, otherwise (a PrivateUse1 device such as ``npu``: no autocast key ranks
+  above it): the kernels go on the device's own autocast key and *provide* its autocast:
+  with no ampcore region active they apply the backend's O1 lists (the lists the adapter
+  declares, which the conformance suite checks against the vendor's own kernels).
+* **Fork and interrupts.**  Registration runs under :data:`ampcore._forklock.LOCK`, which
+  ``os.register_at_fork`` takes around ``fork()``, so a child never inherits a held lock,
+  a held dispatcher mutex or a half-registered table.  A
+  registration interrupted by ``KeyboardInterrupt`` resumes where it stopped; a route is
+  published only when its table is complete.
+
+Reaching inside composites: when a region has custom lists, an op with a
+CompositeImplicitAutograd kernel (``linear``, ``matmul``, ``scaled_dot_product_attention``...)
+is cast as its own action says and then *decomposed with autocast still on*, under an inner
+policy in which only the custom-listed ops act and every other op merely reconciles mixed
+input dtypes (torch's promote rule), as torch runs a composite's internals with autocast
+off.  So ``custom_white_list={"bmm"}`` reaches the ``bmm`` inside SDPA's math path, while a
+black-listed ``linear`` does not see its inner ``addmm`` cast back to low precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+import torch
+
+from .._errors import AmpcoreError
+from .._forklock import LOCK
+from .casting import eligibility
+from .kernels import Client, KeyTable, dispatch_key, kernel
+from .torch_tables import (
+    NATIVE_TABLES,
+    TENSOR_DEVICE_CHECKS,
+    TORCH_KERNEL_DEVICE_TYPES,
+    dispatch_key_of,
+    native_table,
+    table_name_of,
+)
+from .op_names import castable_overloads
+from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
+
+__all__ = [
+    "SHADOW_KEYS",
+    "OpPolicy",
+    "Route",
+    "choose_key",
+    "has_native_autocast",
+    "policy_for",
+    "registered_keys",
+    "route",
+    "routes",
+]
+
+#: Autocast keys ampcore may use as shadow keys, in order of preference.
+SHADOW_KEYS: Final = ("AutocastIPU", "AutocastPrivateUse1")
+
+#: The warning torch gives (once per process) when a kernel overrides another.
+_OVERRIDE_WARNING: Final = r"Warning only once for all operators"
+
+
+@dataclass(frozen=True, eq=False)
+class OpPolicy:
+    """What each op does in a region: built once per :class:`~ampcore.OpLists`.
+
+    ``inner`` is the policy inside a decomposed composite (``None``: this one); ``cache``
+    says whether weight casts go to the thread's region cache (not for the lists a resident
+    client applies outside any region).
+    """
+
+    lists: OpLists
+    dtype: torch.dtype
+    actions: Mapping[str, str]
+    default: str
+    reach: bool
+    inner: OpPolicy | None = None
+    cache: bool = True
+
+
+@functools.lru_cache(maxsize=512)
+def _policy(lists: OpLists, _identity: int, cache: bool) -> OpPolicy | None:
+    if lists.level == "O0":
+        return None
+    explicit = {
+        overload: lists.overloads[overload]
+        for overload in lists.overloads
+        if overload.partition(".")[0] in lists.custom_white | lists.custom_black
+    }
+    # inside a decomposed composite: custom-listed ops act, the others only reconcile
+    # mixed input dtypes their neighbours' custom casts may cause (torch's promote rule)
+    inner = OpPolicy(lists, lists.dtype, explicit, PROMOTE, True, None, cache) if explicit else None
+    return OpPolicy(lists, lists.dtype, dict(lists.overloads), DEFAULT_ACTIONS[lists.level], bool(explicit), inner, cache)
+
+
+def policy_for(lists: OpLists, cache: bool = True) -> OpPolicy | None:
+    """The runtime policy of ``lists`` (``None`` for O0)."""
+    return _policy(lists, id(lists), cache)
+
+
+# -- routes -------------------------------------------------------------------------------
+
+
+class Route(NamedTuple):
+    """Where the kernels of a device type live: ``key`` (a dispatch key name), and whether it
+    is the device's own autocast key (``resident``) rather than a shadow key."""
+
+    device_type: str
+    key: str
+    resident: bool
+
+
+def _ranks_above(key: str, other: str) -> bool:
+    return bool(torch._C._dispatch_keyset_full_after(dispatch_key(key)).has(dispatch_key(other)))
+
+
+def choose_key(device_key: str, in_use: Callable[[str], bool], ranks_above: Callable[[str, str], bool] = _ranks_above) -> str:
+    """The key for the kernels of a device type whose own autocast key is ``device_key``:
+    the first :data:`SHADOW_KEYS` entry that ranks above it and is not ``in_use``, else
+    ``device_key`` itself (resident).
+
+    Example::
+
+        >>> choose_key("AutocastCPU", in_use=lambda key: False)
+        'AutocastIPU'
+        >>> choose_key("AutocastCUDA", in_use=lambda key: False)
+        'AutocastPrivateUse1'
+        >>> choose_key("AutocastCUDA", in_use=lambda key: key == "AutocastPrivateUse1")
+        'AutocastCUDA'
+        >>> choose_key("AutocastPrivateUse1", in_use=lambda key: False)
+        'AutocastPrivateUse1'
+    """
+    for key in SHADOW_KEYS:
+        if torch._C._parse_dispatch_key(key) is not None and ranks_above(key, device_key) and not in_use(key):
+            return key
+    return device_key
+
+
+class _Registry:
+    """The process's registrations: one :class:`KeyTable` per key used, one route per device type.
+
+    This is process-global state because the dispatcher is; it only ever grows.
+    """
+
+    def __init__(self) -> None:
+        self.routes: dict[str, Route] = {}
+        self.tables: dict[str, KeyTable] = {}
+        self._progress: dict[str, int] = {}  # key -> overloads registered so far
+        self._libraries: list[torch.library.Library] = []  # kept alive: never removed
+        self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
+
+    def in_use(self, key: str) -> bool:
+        """Whether something other than ampcore's shadow kernels gives ``key`` a meaning."""
+        if key in self.tables:  # ampcore's: a shadow key it shares, or a device's own key
+            return any(r.resident and r.key == key for r in self.routes.values())
+        if key == "AutocastPrivateUse1" and torch._C._get_privateuse1_backend_name() != "privateuseone":
+            return True  # a PrivateUse1 backend is loaded: the key is its autocast key
+        return bool(torch._C._dispatch_has_backend_fallback(dispatch_key(key)))
+
+    def route(self, device_type: str, provider: Callable[[torch.dtype], Any]) -> Route:
+        found = self.routes.get(device_type)
+        if found is not None:
+            return found
+        with LOCK:
+            found = self.routes.get(device_type)
+            if found is None:
+                found = self._new_route(device_type, provider)
+            return found
+
+    def _new_route(self, device_type: str, provider: Callable[[torch.dtype], Any]) -> Route:
+        own = dispatch_key_of(device_type)
+        dispatch_key(own)  # AmpcoreError on a torch without it
+        key = choose_key(own, self.in_use)
+        resident = key == own
+        table = self.tables.get(key) or KeyTable(key)
+        self.tables[key] = table
+        eligible = eligibility(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
+        native = {} if resident else _torch_actions(device_type, own)
+        client = Client(device_type, dispatch_key(own), _backend_key(device_type), eligible, provider if resident else None, native)
+        if resident:  # kernels behave as the backend's lists while they are being registered
+            table.clients = (*table.clients, client)
+        self._register(table)
+        if not resident:
+            # the highest-priority device key first, as the dispatcher would choose
+            table.clients = tuple(sorted((*table.clients, client), key=lambda c: -int(c.key.value)))
+
+        route = Route(device_type, key, resident)
+        self.routes[device_type] = route
+        return route
+
+    def _register(self, table: KeyTable) -> None:
+        key = table.key_name
+        overloads = castable_overloads()
+        done = self._progress.get(key, 0)
+        if done == len(overloads):
+            return
+        if not torch._C._dispatch_has_backend_fallback(dispatch_key(key)):
+            # ops without a kernel pass through (torch registers no fallback for these keys)
+            fallback = torch.library.Library("_", "IMPL")
+            fallback.fallback(torch.library.fallthrough_kernel, key)
+            self._libraries.append(fallback)
+            self._fallbacks.add(key)
+        library = torch.library.Library("aten", "IMPL")
+        self._libraries.append(library)
+        overload = ""
+        try:
+            with _quiet():
+                for overload in overloads[done:]:
+                    library.impl(overload, kernel(table, overload), key, with_keyset=True)
+                    done += 1
+        except Exception as exc:
+            raise AmpcoreError(
+                f"ampcore could not register its policy kernel for aten::{overload} on {key}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            self._progress[key] = done
+
+
+def _torch_actions(device_type: str, key: str) -> dict[str, str]:
+    """overload -> the O1 action of torch's own autocast kernel on ``key``, for the device
+    types whose kernels torch registers itself (:data:`TORCH_KERNEL_DEVICE_TYPES`; a vendor's
+    kernels on its key may follow other lists)."""
+    if device_type not in TORCH_KERNEL_DEVICE_TYPES:
+        return {}
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    return {
+        overload: native_action(policy)
+        for overload, policy in native_table(device_type).items()
+        if has_kernel(f"aten::{overload}", key)
+    }
+
+
+def _backend_key(device_type: str) -> torch._C.DispatchKey:
+    """The backend dispatch key of ``device_type`` (PrivateUse1 for a vendor's renamed one)."""
+    try:
+        return dispatch_key(torch._C._dispatch_key_for_device(device_type))
+    except (RuntimeError, AmpcoreError):
+        return torch._C.DispatchKey.PrivateUse1
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """A resident table overrides a vendor's kernels on purpose: silence torch's warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_OVERRIDE_WARNING, category=UserWarning)
+        yield
+
+
+_registry = _Registry()
+
+
+def route(device_type: str, provider: Callable[[torch.dtype], Any]) -> Route:
+    """The route of ``device_type``, registering its kernels the first time (thread-safe).
+
+    ``provider`` gives the policy of the backend's O1 lists for a dtype (used when the route
+    is resident).
+    """
+    return _registry.route(device_type, provider)
+
+
+def routes() -> dict[str, Route]:
+    """The routes taken so far in this process."""
+    return dict(_registry.routes)
+
+
+def has_native_autocast(device_type: str) -> bool:
+    """Whether ``device_type``'s own autocast key has kernels that are not ampcore's (for
+    any op of its native table): ``False`` means ampcore provides its autocast."""
+    found = _registry.routes.get(device_type)
+    if found is not None and found.resident:
+        return False
+    return _native_kernels(dispatch_key_of(device_type), table_name_of(device_type))
+
+
+@functools.cache
+def _native_kernels(key: str, table: str) -> bool:
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    return any(has_kernel(f"aten::{overload}", key) for overload in NATIVE_TABLES[table])
+
+
+def registered_keys() -> dict[str, int]:
+    """Dispatch key name -> number of ampcore kernels registered on it in this process."""
+    return {key: count for key, count in _registry._progress.items() if count}
+

@@ -1,0 +1,447 @@
+"""``ampcore.GradScaler``: dynamic loss scaling with hysteresis and bounds, on any backend."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from .._backends.backend import dtype_name
+from .._dtypes import parse_dtype
+from .._errors import AmpcoreError
+from .._backends.registry import DeviceLike, get_backend, resolve_device
+from .base import CALL as _CALL
+from .base import map_tensors
+from .options import ScalerOptions, accepts_paddle_aliases, check_bool, check_number
+from .paddle import PaddleScalerMethods
+from .watch import CollapseWatch
+
+__all__ = ["GradScaler", "LossScaleAtMinimumError"]
+
+_logger: Final = logging.getLogger("ampcore")
+_SCALE_FIRST: Final = (
+    "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
+)
+T = TypeVar("T")
+
+
+class LossScaleAtMinimumError(AmpcoreError):
+    """Gradients keep overflowing whatever the loss scale: training on would skip every step.
+
+    Raised by :meth:`GradScaler.update` when the scaler was built with
+    ``raise_at_min_scale=True`` and the scale is already at ``min_scale``, or with
+    ``on_collapse="raise"`` after ``collapse_patience`` skipped steps in a row.
+    """
+
+
+def _check_optimizer(call: str, optimizer: object) -> None:
+    """Refuse what is no optimizer (a model, None) before anything is recorded."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, (list, tuple)) or not callable(getattr(optimizer, "step", None)):
+        hint = "; pass the optimizer, not the model" if isinstance(optimizer, torch.nn.Module) else ""
+        raise AmpcoreError(
+            f"{_CALL}.{call}(optimizer={type(optimizer).__name__}): expected a torch.optim.Optimizer "
+            f"(an object with param_groups and step()){hint}"
+        )
+
+
+class _Stage(Enum):
+    READY = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+@dataclass
+class _OptimizerRecord:
+    """What the scaler knows about one optimizer during the current iteration."""
+
+    stage: _Stage = _Stage.READY
+    found_inf: torch.Tensor | None = None
+    #: whether step() skipped the update (None: not read on the host, fused optimizers)
+    skipped: bool | None = None
+
+
+class GradScaler(PaddleScalerMethods):
+    """Dynamic loss scaling for mixed precision training, on any ampcore backend.
+
+    Used like ``torch.amp.GradScaler``: ``scaler.scale(loss).backward()``,
+    ``scaler.step(optimizer)``, ``scaler.update()``.  A step whose gradients hold an inf or
+    a nan is skipped (parameters and optimizer state untouched).  The scale is multiplied by
+    ``backoff_factor`` once ``hysteresis`` consecutive steps overflowed, and by
+    ``growth_factor`` after ``growth_interval`` consecutive clean steps; it stays within
+    ``[min_scale, max_scale]``.  docs/scaler.md gives the algorithm, which calls synchronise
+    with the host (only :meth:`step`, once; none for fused optimizers) and the state-dict
+    format.
+
+    Args:
+        device: a backend name (``"cuda"``, ``"cuda:1"``), a ``torch.device`` or ``None`` for
+            the best available backend.
+        dtype: the low-precision training dtype (``torch.float16`` or a name such as
+            ``"float16"``, ``"bf16"``); ``None`` takes the backend's default.  It decides
+            whether loss scaling is needed (see ``enabled``).
+        init_scale: the initial scale (Paddle: ``init_loss_scaling``).
+        growth_factor: > 1; applied after ``growth_interval`` clean steps (``incr_ratio``).
+        backoff_factor: in (0, 1); applied after ``hysteresis`` overflow steps (``decr_ratio``).
+        growth_interval: >= 1 consecutive clean steps before growing (``incr_every_n_steps``).
+        hysteresis: >= 1 consecutive overflow steps before backing off
+            (``decr_every_n_nan_or_inf``); 1 is torch's behaviour.
+        min_scale: lower bound of the scale, or ``None`` for none.
+        max_scale: upper bound of the scale, or ``None`` for none.
+        dynamic: ``False`` keeps the scale constant at ``init_scale``
+            (``use_dynamic_loss_scaling``).
+        enabled: ``None`` (default): scale unless the backend says ``dtype`` needs no loss
+            scaling (bfloat16): then the scaler is a transparent no-op (scale 1) that still
+            skips steps with non-finite gradients, and says so once in an INFO record of the
+            ``"ampcore"`` logger.  ``True`` forces scaling; ``False`` turns everything off
+            (:meth:`step` just calls ``optimizer.step()``).
+        raise_at_min_scale: raise :class:`LossScaleAtMinimumError` from :meth:`update` when
+            the scale must back off but already is at ``min_scale`` (needs ``min_scale``;
+            costs one host read per :meth:`update`).
+        collapse_patience: after this many consecutive iterations whose step was skipped
+            (non-finite gradients: the scale collapsing toward its minimum), warn with
+            :class:`ampcore.LossScaleCollapseWarning` (once per run of skips) naming how to
+            find the op (``ampcore.debugging.check_numerics``); ``None`` turns the watch off.
+            Counted from the flag :meth:`step` reads anyway: no extra host sync; fused
+            optimizers (no read) are not watched.
+        on_collapse: ``"warn"`` (default) or ``"raise"`` (:class:`LossScaleAtMinimumError`).
+        process_group: the group over which the found-inf flag is all-reduced (MAX) when
+            ``torch.distributed`` is initialised; ``None`` for the default group.
+        sync_found_inf: ``False`` never all-reduces the flag (each rank decides alone).
+
+    Paddle's names (``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``,
+    ``incr_every_n_steps``, ``decr_every_n_nan_or_inf``, ``use_dynamic_loss_scaling``) are
+    accepted too; giving a parameter under both names raises.  So are Paddle's methods
+    (``minimize``, ``is_enable``, ``is_use_dynamic_loss_scaling``, ``get_init_loss_scaling``
+    and the other ``get_*``/``set_*`` of ``paddle.amp.GradScaler``).
+
+    Raises:
+        AmpcoreError: an invalid setting, an unknown backend or dtype.
+        BackendUnavailableError: the backend cannot run here (unless ``enabled=False``).
+
+    Example::
+
+        >>> import torch, ampcore
+        >>> model = torch.nn.Linear(4, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> scaler = ampcore.GradScaler("cpu", dtype=torch.float16, init_scale=1024.0)
+        >>> loss = model(torch.randn(8, 4)).pow(2).mean()
+        >>> scaler.scale(loss).backward()
+        >>> scaler.step(opt)
+        >>> scaler.update()
+        >>> scaler.get_scale()
+        1024.0
+    """
+
+    @accepts_paddle_aliases
+    def __init__(
+        self,
+        device: DeviceLike = None,
+        *,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        hysteresis: int = 1,
+        min_scale: float | None = None,
+        max_scale: float | None = 2.0**24,
+        dynamic: bool = True,
+        enabled: bool | None = None,
+        raise_at_min_scale: bool = False,
+        collapse_patience: int | None = 10,
+        on_collapse: str = "warn",
+        dtype: torch.dtype | str | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        sync_found_inf: bool = True,
+    ) -> None:
+        if enabled is not None:
+            check_bool(_CALL, "enabled", enabled)
+        check_bool(_CALL, "sync_found_inf", sync_found_inf)
+        dtype = None if dtype is None else parse_dtype(dtype, _CALL)
+        options = ScalerOptions.create(
+            _CALL,
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            hysteresis=hysteresis,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            dynamic=dynamic,
+            raise_at_min_scale=raise_at_min_scale,
+        )
+        if enabled is False:  # a disabled scaler must not need the device
+            backend, index = get_backend(device), None
+        else:
+            resolved = resolve_device(device)
+            backend, index = resolved.backend, resolved.index
+        checked = backend.check_dtype(dtype, call=_CALL)
+        scaling = enabled is True or (enabled is None and backend.needs_loss_scaling(checked))
+        super().__init__(backend, index, checked, options, active=enabled is not False, scaling=scaling)
+        if self._active and not scaling:
+            _logger.info(
+                "%s(device=%r, dtype=torch.%s): backend %r says this dtype needs no loss scaling, so the "
+                "scaler does not scale (scale 1) but still skips steps with non-finite gradients; "
+                "pass enabled=True to scale anyway",
+                _CALL,
+                backend.name,
+                dtype_name(checked),
+                backend.name,
+            )
+        self._collapse = CollapseWatch(_CALL, collapse_patience, on_collapse)
+        self._process_group = process_group
+        self._sync_found_inf = sync_found_inf
+        #: per optimizer (by id), only once a call on it succeeded: a refused call leaves none
+        self._records: dict[int, _OptimizerRecord] = {}
+        self._iteration_started = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._records:
+            raise AmpcoreError(
+                f"{_CALL} may only be pickled or copied at the beginning of an iteration, or at the end after scaler.update()."
+            )
+        if self._process_group is not None:
+            raise AmpcoreError(f"{_CALL}(process_group=...) cannot be pickled or copied: a process group cannot be")
+        return super().__getstate__()
+
+    def _require_scale(self, call: str) -> torch.Tensor:
+        if self._tensors is None and self._scaling:
+            raise AmpcoreError(f"{_CALL}.{call}(): attempted {call} but the scale is not set yet. {_SCALE_FIRST}")
+        return self._state_tensors().scale
+
+    def _start_iteration(self) -> None:
+        if not self._iteration_started:
+            self._iteration_started = True
+            self._kernels.clear_device_overflow(self._home() if self._tensors is None else self._tensors.scale.device)
+
+    # -- the training-loop API -----------------------------------------------------------
+    def scale(self, outputs: T) -> T:
+        """Multiply ``outputs`` (a tensor, or lists/tuples/dicts of them, nested) by the scale.
+
+        Returns outputs of the same structure; other iterables give a lazy ``map`` (as torch).
+        A no-op scaler returns ``outputs`` unchanged.  The first call of an iteration resets
+        the device's overflow flag (adapters with ``ampcore_clear_device_overflow_flag``).
+        No host sync.
+
+        Example::
+
+            >>> import torch, ampcore
+            >>> scaler = ampcore.GradScaler("cpu", enabled=True, init_scale=8.0)
+            >>> scaler.scale({"a": torch.tensor(1.0), "b": [torch.tensor(2.0)]})
+            {'a': tensor(8.), 'b': [tensor(16.)]}
+        """
+        if not self._active:
+            return outputs
+        self._start_iteration()
+        if not self._scaling:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            scale = self._state_tensors(outputs.device).scale
+            return outputs * scale.to(device=outputs.device, non_blocking=True)  # type: ignore[return-value]
+        copies: dict[torch.device, torch.Tensor] = {}
+
+        def by_scale(tensor: torch.Tensor) -> torch.Tensor:
+            copy = copies.get(tensor.device)
+            if copy is None:
+                scale = self._state_tensors(tensor.device).scale
+                copy = copies[tensor.device] = scale.to(device=tensor.device, non_blocking=True)
+            return tensor * copy
+
+        return map_tensors(outputs, by_scale)  # type: ignore[no-any-return]
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide ``optimizer``'s gradients by the scale in place and record whether any is
+        non-finite.  Optional: :meth:`step` does it when you did not; call it to clip or
+        inspect unscaled gradients between backward and :meth:`step`.  No host sync (the
+        found-inf flag is all-reduced over the process group when distributed).
+
+        Example::
+
+            >>> import torch, ampcore
+            >>> p = torch.nn.Parameter(torch.ones(2))
+            >>> opt = torch.optim.SGD([p], lr=1.0)
+            >>> scaler = ampcore.GradScaler("cpu", enabled=True, init_scale=4.0)
+            >>> scaler.scale(p.sum()).backward()
+            >>> scaler.unscale_(opt)
+            >>> torch.nn.utils.clip_grad_norm_([p], max_norm=1.0) is not None
+            True
+            >>> p.grad
+            tensor([0.7071, 0.7071])
+
+        Raises:
+            AmpcoreError (a RuntimeError): unscale_ twice for an optimizer, or after
+            :meth:`step`, before the iteration's update; float16 gradients.
+        """
+        _check_optimizer("unscale_", optimizer)
+        if not self._active:
+            return
+        record = self._records.get(id(optimizer)) or _OptimizerRecord()
+        if record.stage is _Stage.UNSCALED:
+            raise AmpcoreError("unscale_() has already been called on this optimizer since the last update().")
+        if record.stage is _Stage.STEPPED:
+            raise AmpcoreError("unscale_() is being called after step().")
+        scale = self._require_scale("unscale_")
+        inv_scale = self._kernels.inv_scale(scale) if self._scaling else torch.ones_like(scale)
+        record.found_inf = self._unscale_grads_(optimizer, inv_scale, allow_fp16=not self._scaling)
+        record.stage = _Stage.UNSCALED
+        self._records[id(optimizer)] = record
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """Unscale (unless :meth:`unscale_` ran) and call ``optimizer.step(*args, **kwargs)``
+        unless a gradient is non-finite; return what it returned (``None`` when skipped).
+
+        One host sync (reading the found-inf flag); none for optimizers with
+        ``_step_supports_amp_scaling`` (fused Adam/AdamW/SGD), which receive
+        ``grad_scale`` and ``found_inf`` tensors and skip on the device.
+
+        Raises:
+            AmpcoreError (a RuntimeError): step twice before update, a ``closure``, an
+            ``optimizer`` that is no optimizer (e.g. the model).  A refused call records
+            nothing.
+        """
+        _check_optimizer("step", optimizer)
+        if not self._active:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise AmpcoreError("Closure use is not currently supported if GradScaler is enabled.")
+        record = self._records.get(id(optimizer)) or _OptimizerRecord()
+        if record.stage is _Stage.STEPPED:
+            raise AmpcoreError("step() has already been called since the last update().")
+        scale = self._require_scale("step")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return self._fused_step(optimizer, record, scale, args, kwargs)
+        if record.stage is _Stage.READY:
+            self.unscale_(optimizer)
+            record = self._records[id(optimizer)]
+        found_inf = record.found_inf
+        record.skipped = found_inf is None or bool(found_inf.item())
+        result = None if record.skipped else optimizer.step(*args, **kwargs)
+        record.stage = _Stage.STEPPED
+        return result
+
+    def _fused_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        record: _OptimizerRecord,
+        scale: torch.Tensor,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            raise AmpcoreError(
+                f"{_CALL}.step(): {type(optimizer).__name__}.step takes a 'grad_scaler' argument, torch's "
+                "deprecated protocol, which ampcore does not support; read the 'grad_scale' and "
+                "'found_inf' attributes the scaler sets on the optimizer instead"
+            )
+        if record.stage is _Stage.READY:
+            record.found_inf = self._unscale_grads_(optimizer, torch.ones_like(scale), allow_fp16=True)
+            grad_scale = scale * getattr(optimizer, "grad_scale", 1) if self._scaling else None
+        else:
+            grad_scale = getattr(optimizer, "grad_scale", None)
+        optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
+        optimizer.found_inf = record.found_inf  # type: ignore[attr-defined]
+        try:
+            result = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale  # type: ignore[attr-defined]
+            del optimizer.found_inf  # type: ignore[attr-defined]
+        record.stage = _Stage.STEPPED
+        self._records[id(optimizer)] = record
+        return result
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """End the iteration: back off or grow the scale from the recorded found-inf flags,
+        or set it to ``new_scale``.  No host sync (except with ``raise_at_min_scale=True``).
+
+        A float ``new_scale`` outside ``[min_scale, max_scale]`` raises; a tensor is copied
+        and clamped into the bounds on the device (checking it would cost a host sync).  A
+        tensor holding nan, zero, a negative value or ``+inf`` without ``max_scale`` is
+        ignored: the scale stays as it was.
+
+        Raises:
+            AmpcoreError (a RuntimeError): no :meth:`step`/:meth:`unscale_` this iteration;
+            an invalid ``new_scale``.
+            LossScaleAtMinimumError: see ``raise_at_min_scale``.
+        """
+        if not self._active:
+            return
+        if new_scale is not None:
+            self._set_scale(new_scale)
+        else:
+            found = [r.found_inf for r in self._records.values() if r.found_inf is not None]
+            if not found:
+                raise AmpcoreError(
+                    "No inf checks were recorded prior to update(): call scaler.step(optimizer) "
+                    "(or unscale_) for each optimizer of this iteration before scaler.update()."
+                )
+            if self._scaling and self._options.dynamic:
+                tensors = self._state_tensors()
+                found_inf = found[0]
+                for other in found[1:]:
+                    found_inf = found_inf + other.to(tensors.scale.device, non_blocking=True)
+                if self._options.raise_at_min_scale:
+                    self._raise_if_stuck(found_inf)
+                self._kernels.update_scale_(
+                    tensors.scale, tensors.growth_tracker, tensors.overflow_tracker, found_inf, self._options
+                )
+        skipped = [r.skipped for r in self._records.values() if r.skipped is not None]
+        self._records.clear()
+        self._iteration_started = False
+        self._collapse.record(skipped, self._describe_scale, LossScaleAtMinimumError)
+
+    def _describe_scale(self) -> str:
+        """', and the loss scale fell to 0.0625' (read, one host sync, only when reporting)."""
+        if not self._scaling or not self._options.dynamic:
+            return ""
+        return f", and the loss scale fell to {self.get_scale():g} (init_scale {self._options.init_scale:g})"
+
+    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+        if not self._scaling:
+            raise AmpcoreError(
+                f"{_CALL}.update(new_scale=...): this scaler does not scale (torch.{dtype_name(self._dtype)} "
+                "needs no loss scaling on this backend); construct it with enabled=True to set a scale"
+            )
+        scale = self._require_scale("update")
+        if isinstance(new_scale, torch.Tensor):
+            if new_scale.numel() != 1 or new_scale.requires_grad or not new_scale.is_floating_point():
+                raise AmpcoreError(
+                    f"{_CALL}.update(new_scale=...): expected a float or a one-element floating tensor "
+                    f"with requires_grad=False, got shape {tuple(new_scale.shape)}, dtype {new_scale.dtype}"
+                )
+            # No host sync to check it: on the device, a nan, zero or negative value (or +inf
+            # without max_scale) is ignored, anything else clamped into the bounds.
+            candidate = new_scale.detach().reshape(()).to(scale.device, torch.float32, non_blocking=True)
+            clamped = candidate
+            if self._options.min_scale is not None or self._options.max_scale is not None:
+                clamped = candidate.clamp(min=self._options.min_scale, max=self._options.max_scale)
+            scale.copy_(torch.where((candidate > 0) & torch.isfinite(clamped), clamped, scale))
+            return
+        value = check_number(f"{_CALL}.update", "new_scale", new_scale)
+        if value is None or value <= 0.0 or not self._options.in_bounds(value):
+            raise AmpcoreError(
+                f"{_CALL}.update(new_scale={new_scale!r}): expected a positive number within "
+                f"[min_scale, max_scale] = [{self._options.min_scale}, {self._options.max_scale}]"
+            )
+        scale.fill_(value)
+
+    def _raise_if_stuck(self, found_inf: torch.Tensor) -> None:
+        """The one host read of ``raise_at_min_scale``: raise before changing anything."""
+        options, tensors = self._options, self._state_tensors()
+        minimum = options.min_scale
+        if minimum is None:  # ScalerOptions refuses raise_at_min_scale without min_scale
+            return
+        due = (found_inf > 0) & (tensors.overflow_tracker + 1 >= options.hysteresis)
+        if bool((due & (tensors.scale <= minimum)).item()):
+            raise LossScaleAtMinimumError(
+                f"{_CALL}.update(): gradients overflowed {options.hysteresis} step(s) in a row while the "
+                f"loss scale is already at min_scale={options.min_scale}; training on would skip every "
+                "step (raise_at_min_scale=True). Look for the op that overflows (e.g. run it in float32), "
+                "lower the learning rate, or lower min_scale."
+            )
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool) -> torch.Tensor:
+        return self._kernels.unscale_optimizer_(optimizer, inv_scale, allow_fp16, self._process_group, self._sync_found_inf)

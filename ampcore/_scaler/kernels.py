@@ -1,0 +1,278 @@
+"""The on-device work of :class:`ampcore.GradScaler`: unscale + non-finite check, scale update.
+
+Nothing here reads a tensor on the host.  Each operation picks, in order:
+
+1. the backend adapter's own kernel (``ampcore_unscale_grads_``), when it handles the call;
+2. torch's fused kernel (``torch._amp_foreach_non_finite_check_and_unscale_``,
+   ``torch._amp_update_scale_``) where the device has one for the dtype (probed once per
+   device type and dtype, then cached on the :class:`ScalerKernels` instance);
+3. a portable version written with foreach and tensor ops, which runs on any device.
+
+``torch._amp_update_scale_`` has neither hysteresis nor bounds: one ``clamp_`` after it
+applies the bounds, and for ``hysteresis > 1`` a few tensor ops before it count overflows and
+hide from it those the hysteresis absorbs (:func:`_absorb_by_hysteresis_`).  The portable
+update computes ``scale * factor`` in float64 where the device has it, as torch's kernels do,
+and rounds to float32, so both paths give bit-identical scales.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._backends.backend import Backend
+from .._errors import AmpcoreError, PluginError
+from .options import ScalerOptions
+
+__all__ = ["ScalerKernels", "portable_unscale_", "portable_update_scale_"]
+
+
+def portable_unscale_(grads: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    """Multiply ``grads`` by ``inv_scale`` in place; set ``found_inf`` to 1.0 if any is non-finite.
+
+    Works on any device with foreach ops (torch falls back to a per-tensor loop where a
+    device has no fused foreach kernel).  The check uses the max-norm, which is inf or nan
+    exactly when a tensor holds an inf or a nan (it cannot overflow, unlike a sum).
+    """
+    grads = [g for g in grads if g.numel() > 0]
+    if not grads:
+        return
+    torch._foreach_mul_(grads, inv_scale)
+    norms = torch._foreach_norm(grads, ord=math.inf)
+    bad = torch.stack(norms).isfinite().logical_not().any()
+    found_inf.copy_(torch.maximum(found_inf, bad.to(found_inf.dtype)))
+
+
+def portable_update_scale_(
+    scale: torch.Tensor,
+    growth_tracker: torch.Tensor,
+    overflow_tracker: torch.Tensor,
+    found_inf: torch.Tensor,
+    options: ScalerOptions,
+    wide: torch.dtype = torch.float64,
+) -> None:
+    """The dynamic-scale update with hysteresis and bounds, as tensor ops on the device.
+
+    ``found_inf > 0``: the overflow tracker counts up and the growth tracker resets; once the
+    overflow tracker reaches ``hysteresis`` the scale is multiplied by ``backoff_factor``
+    (not below ``min_scale``) and the overflow tracker resets.  Otherwise the growth tracker
+    counts up and the overflow tracker resets; once the growth tracker reaches
+    ``growth_interval`` the scale is multiplied by ``growth_factor`` (kept when the product is
+    not finite, never above ``max_scale``) and the growth tracker resets.
+    """
+    overflow = found_inf > 0
+    bad = torch.where(overflow, overflow_tracker + 1, 0)
+    good = torch.where(overflow, 0, growth_tracker + 1)
+    back_off = bad >= options.hysteresis
+    grow = good >= options.growth_interval
+    widened = scale.to(wide)
+    lower = (widened * options.backoff_factor).to(scale.dtype)
+    higher = (widened * options.growth_factor).to(scale.dtype)
+    higher = torch.where(higher.isfinite(), higher, scale)
+    if options.min_scale is not None:
+        lower = lower.clamp(min=options.min_scale)
+    if options.max_scale is not None:
+        higher = higher.clamp(max=options.max_scale)
+    scale.copy_(torch.where(back_off, lower, torch.where(grow, higher, scale)))
+    overflow_tracker.copy_(torch.where(back_off, 0, bad))
+    growth_tracker.copy_(torch.where(grow, 0, good))
+
+
+def _runs(probe: Callable[[], Any]) -> bool:
+    try:
+        probe()
+    except (RuntimeError, TypeError):  # NotImplementedError is a RuntimeError
+        return False
+    return True
+
+
+class ScalerKernels:
+    """Chooses and runs the kernels of one scaler for the devices it meets.
+
+    Probe results live on this instance (no module state): one tiny kernel call per device
+    type and dtype, the first time that pair is seen.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._unscale_hook = backend.hook("ampcore_unscale_grads_")
+        self._flag_hook = backend.hook("ampcore_device_overflow_flag")
+        self._clear_hook = backend.hook("ampcore_clear_device_overflow_flag")
+        self._native_unscale: dict[tuple[str, torch.dtype], bool] = {}
+        self._native_update: dict[str, bool] = {}
+        self._wide: dict[str, torch.dtype] = {}
+
+    # -- probes ----------------------------------------------------------------------
+    def has_native_unscale(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether torch has a fused unscale kernel for ``dtype`` gradients on ``device``."""
+        key = (device.type, dtype)
+        known = self._native_unscale.get(key)
+        if known is None:
+            known = self._native_unscale[key] = _runs(
+                lambda: torch._amp_foreach_non_finite_check_and_unscale_(
+                    [torch.zeros(1, dtype=dtype, device=device)],
+                    torch.zeros((), device=device),
+                    torch.ones((), device=device),
+                )
+            )
+        return known
+
+    def has_native_update(self, device: torch.device) -> bool:
+        """Whether torch has ``_amp_update_scale_`` on ``device``."""
+        known = self._native_update.get(device.type)
+        if known is None:
+            known = self._native_update[device.type] = _runs(
+                lambda: torch._amp_update_scale_(
+                    torch.ones((), device=device),
+                    torch.zeros((), dtype=torch.int32, device=device),
+                    torch.zeros((), device=device),
+                    2.0,
+                    0.5,
+                    1,
+                )
+            )
+        return known
+
+    def wide_dtype(self, device: torch.device) -> torch.dtype:
+        """float64 where ``device`` supports it (for the reciprocal and the scale update)."""
+        wide = self._wide.get(device.type)
+        if wide is None:
+            ok = _runs(lambda: torch.ones((), dtype=torch.float64, device=device).reciprocal())
+            wide = self._wide[device.type] = torch.float64 if ok else torch.float32
+        return wide
+
+    # -- operations ------------------------------------------------------------------
+    def unscale_optimizer_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        allow_fp16: bool,
+        process_group: dist.ProcessGroup | None,
+        sync_found_inf: bool,
+    ) -> torch.Tensor:
+        """Unscale every gradient of ``optimizer`` in place; return its found-inf flag.
+
+        The flag lies on ``inv_scale``'s device; the device overflow flags are ORed into it,
+        and it is all-reduced (MAX) over ``process_group`` when ``torch.distributed`` is
+        initialised and ``sync_found_inf`` is set.  Raises before changing any gradient.
+        """
+        by_device: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(lambda: defaultdict(list))
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    grad = param.grad
+                    if grad is None:
+                        continue
+                    if not allow_fp16 and grad.dtype == torch.float16:
+                        raise AmpcoreError(
+                            "ampcore.GradScaler.unscale_(): Attempting to unscale FP16 gradients. Unscaled "
+                            "float16 gradients underflow: keep float32 master parameters for the optimizer "
+                            "(ampcore.decorate, or float32 parameters under autocast)."
+                        )
+                    if grad.is_sparse:
+                        if grad.dtype == torch.float16:  # duplicates may overflow once summed
+                            param.grad = grad = grad.coalesce()
+                        grad = grad._values()
+                    by_device[grad.device][grad.dtype].append(grad)
+            found_inf = torch.zeros((), dtype=torch.float32, device=inv_scale.device)
+            for device, per_dtype in by_device.items():
+                local = found_inf if device == found_inf.device else torch.zeros((), device=device)
+                local_inv = inv_scale.to(device, non_blocking=True)
+                for grads in per_dtype.values():
+                    self.unscale_(grads, local, local_inv)
+                if device.type == self.backend.device_type:
+                    self.or_device_overflow_(local)
+                if local is not found_inf:
+                    found_inf.add_(local.to(found_inf.device, non_blocking=True))
+        if sync_found_inf and dist.is_available() and dist.is_initialized():
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=process_group)
+        return found_inf
+
+    def inv_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        """``1 / scale`` as float32, computed in the widest float the device has."""
+        return scale.to(self.wide_dtype(scale.device)).reciprocal().float()
+
+    def unscale_(self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+        """Unscale ``grads`` (one device, one dtype) in place and OR non-finiteness into ``found_inf``."""
+        device = grads[0].device
+        if self._unscale_hook is not None and device.type == self.backend.device_type:
+            handled = self._unscale_hook(grads=grads, found_inf=found_inf, inv_scale=inv_scale)
+            if handled is True:
+                return
+            if handled is not None and handled is not False:
+                raise PluginError(
+                    self.backend.plugin_name,
+                    f"ampcore_unscale_grads_() returned {handled!r}; expected True (handled) or None",
+                    self.backend.distribution,
+                )
+        if self.has_native_unscale(device, grads[0].dtype):
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        else:
+            portable_unscale_(grads, found_inf, inv_scale)
+
+    def or_device_overflow_(self, found_inf: torch.Tensor) -> None:
+        """OR the adapter's device overflow flag (if it has one) into ``found_inf``."""
+        if self._flag_hook is None:
+            return
+        flag = self._flag_hook(device=found_inf.device)
+        if flag is None:
+            return
+        if not isinstance(flag, torch.Tensor) or flag.numel() != 1:
+            raise PluginError(
+                self.backend.plugin_name,
+                f"ampcore_device_overflow_flag() returned {flag!r}; expected a one-element tensor or None",
+                self.backend.distribution,
+            )
+        raised = flag.reshape(()).to(found_inf.device, non_blocking=True) > 0
+        found_inf.copy_(torch.maximum(found_inf, raised.to(found_inf.dtype)))
+
+    def clear_device_overflow(self, device: torch.device) -> None:
+        """Reset the adapter's device overflow flag (if it has one)."""
+        if self._clear_hook is not None:
+            self._clear_hook(device=device)
+
+    def update_scale_(
+        self,
+        scale: torch.Tensor,
+        growth_tracker: torch.Tensor,
+        overflow_tracker: torch.Tensor,
+        found_inf: torch.Tensor,
+        options: ScalerOptions,
+    ) -> None:
+        """Apply one dynamic update to ``scale`` and the trackers, on the device."""
+        if not self.has_native_update(scale.device):
+            portable_update_scale_(
+                scale, growth_tracker, overflow_tracker, found_inf, options, self.wide_dtype(scale.device)
+            )
+            return
+        if options.hysteresis > 1:
+            found_inf = _absorb_by_hysteresis_(growth_tracker, overflow_tracker, found_inf, options.hysteresis)
+        torch._amp_update_scale_(
+            scale, growth_tracker, found_inf, options.growth_factor, options.backoff_factor, options.growth_interval
+        )
+        if options.min_scale is not None or options.max_scale is not None:
+            scale.clamp_(min=options.min_scale, max=options.max_scale)
+
+
+def _absorb_by_hysteresis_(
+    growth_tracker: torch.Tensor, overflow_tracker: torch.Tensor, found_inf: torch.Tensor, hysteresis: int
+) -> torch.Tensor:
+    """Prepare ``torch._amp_update_scale_`` for hysteresis (half the ops of the portable update).
+
+    Counts the overflow; returns the found-inf flag the kernel must see: set only when the
+    count reaches ``hysteresis`` (then the count restarts).  An overflow the hysteresis
+    absorbs must leave the scale alone but still restart the growth count: the growth tracker
+    is set to -1, which the kernel, seeing a clean step, counts to 0 (never the interval,
+    which is >= 1, so no growth).
+    """
+    overflow = found_inf > 0
+    bad = overflow_tracker.add(1).mul_(overflow)
+    back_off = bad >= hysteresis
+    growth_tracker.masked_fill_(overflow.logical_xor(back_off), -1)
+    overflow_tracker.copy_(bad.masked_fill_(back_off, 0))
+    return back_off.to(found_inf.dtype)

@@ -1,0 +1,173 @@
+"""The settings of :class:`ampcore.GradScaler`: validation and Paddle's parameter names."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+
+from .._errors import AmpcoreError, closest
+
+__all__ = [
+    "PADDLE_ALIASES",
+    "ScalerOptions",
+    "accepts_paddle_aliases",
+    "check_bool",
+    "check_int",
+    "check_number",
+]
+
+#: Paddle's ``paddle.amp.GradScaler`` parameter names and the ampcore names they stand for.
+PADDLE_ALIASES: Final[Mapping[str, str]] = {
+    "init_loss_scaling": "init_scale",
+    "incr_ratio": "growth_factor",
+    "decr_ratio": "backoff_factor",
+    "incr_every_n_steps": "growth_interval",
+    "decr_every_n_nan_or_inf": "hysteresis",
+    "use_dynamic_loss_scaling": "dynamic",
+    "enable": "enabled",
+}
+
+P = ParamSpec("P")
+S = TypeVar("S")
+
+
+def accepts_paddle_aliases(init: Callable[Concatenate[S, P], None]) -> Callable[Concatenate[S, P], None]:
+    """Let ``init`` (a constructor) also take Paddle's names for its keyword parameters.
+
+    The wrapper sees exactly the keywords the caller wrote, so a parameter given under both
+    names raises even when both values equal the default, and an unknown keyword gets a
+    did-you-mean hint instead of a bare ``TypeError``.
+    """
+    known = set(inspect.signature(init).parameters) - {"self"}
+
+    @functools.wraps(init)
+    def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> None:
+        call = f"ampcore.{type(self).__name__}"
+        translated: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            canonical = PADDLE_ALIASES.get(name, name)
+            if canonical not in known:
+                hint = closest(name, [*known, *PADDLE_ALIASES], n=1)
+                raise AmpcoreError(
+                    f"{call}({name}=...): unknown parameter"
+                    + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                    + f"; parameters: {', '.join(sorted(known))}; Paddle aliases: "
+                    + ", ".join(f"{alias} -> {target}" for alias, target in PADDLE_ALIASES.items())
+                )
+            if canonical in translated:
+                raise AmpcoreError(
+                    f"{call}(): {canonical!r} was given twice, once under its Paddle name "
+                    f"{[a for a, c in PADDLE_ALIASES.items() if c == canonical][0]!r}; pass only one of them"
+                )
+            translated[canonical] = value
+        try:
+            init(self, *args, **translated)  # type: ignore[arg-type]
+        except AmpcoreError as exc:
+            aliases = [(name, PADDLE_ALIASES[name]) for name in kwargs if name in PADDLE_ALIASES]
+            named = [(alias, target) for alias, target in aliases if f"{target}=" in str(exc)]
+            if type(exc) is not AmpcoreError or not named:
+                raise
+            note = "; ".join(f"{alias} is Paddle's name for {target}" for alias, target in named)
+            raise AmpcoreError(f"{exc} ({note})") from None
+
+    return wrapper
+
+
+def check_number(call: str, name: str, value: object, *, allow_none: bool = False) -> float | None:
+    """``value`` as a finite float (``None`` passes when allowed); raise for anything else."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        expected = "a finite number" + (" or None" if allow_none else "")
+        raise AmpcoreError(f"{call}({name}={value!r}): expected {expected}")
+    return float(value)
+
+
+def check_int(call: str, name: str, value: object, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``; raise for anything else (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise AmpcoreError(f"{call}({name}={value!r}): expected an int >= {minimum}")
+    return int(value)
+
+
+def check_bool(call: str, name: str, value: object) -> bool:
+    """``value`` if it is a bool; raise otherwise."""
+    if not isinstance(value, bool):
+        raise AmpcoreError(f"{call}({name}={value!r}): expected True or False")
+    return value
+
+
+@dataclass(frozen=True)
+class ScalerOptions:
+    """The validated settings of one scaler (see :class:`ampcore.GradScaler` for meanings)."""
+
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    hysteresis: int
+    min_scale: float | None
+    max_scale: float | None
+    dynamic: bool
+    raise_at_min_scale: bool
+
+    @classmethod
+    def create(cls, call: str, **values: Any) -> ScalerOptions:
+        """Check every value and the relations between them; raise :class:`AmpcoreError`."""
+        growth = check_number(call, "growth_factor", values["growth_factor"])
+        backoff = check_number(call, "backoff_factor", values["backoff_factor"])
+        init = check_number(call, "init_scale", values["init_scale"])
+        min_scale = check_number(call, "min_scale", values["min_scale"], allow_none=True)
+        max_scale = check_number(call, "max_scale", values["max_scale"], allow_none=True)
+        if growth is None or growth <= 1.0:
+            raise AmpcoreError(f"{call}(growth_factor={growth!r}): the growth factor must be > 1.0")
+        if backoff is None or not 0.0 < backoff < 1.0:
+            raise AmpcoreError(f"{call}(backoff_factor={backoff!r}): the backoff factor must be in (0, 1)")
+        for name, bound in (("min_scale", min_scale), ("max_scale", max_scale)):
+            if bound is not None and bound <= 0.0:
+                raise AmpcoreError(f"{call}({name}={bound!r}): expected a positive number or None")
+        if min_scale is not None and max_scale is not None and min_scale > max_scale:
+            raise AmpcoreError(
+                f"{call}(min_scale={min_scale!r}, max_scale={max_scale!r}): min_scale must not exceed max_scale"
+            )
+        if init is None or init <= 0.0:
+            raise AmpcoreError(f"{call}(init_scale={init!r}): the initial scale must be a positive number")
+        if (min_scale is not None and init < min_scale) or (max_scale is not None and init > max_scale):
+            raise AmpcoreError(
+                f"{call}(init_scale={init!r}): outside [min_scale, max_scale] = [{min_scale}, {max_scale}]; "
+                "pass an init_scale within the bounds"
+            )
+        raise_at_min = check_bool(call, "raise_at_min_scale", values["raise_at_min_scale"])
+        if raise_at_min and min_scale is None:
+            raise AmpcoreError(
+                f"{call}(raise_at_min_scale=True, min_scale=None): raising at the minimum scale needs a "
+                "minimum; pass min_scale (e.g. min_scale=1.0)"
+            )
+        return cls(
+            init_scale=init,
+            growth_factor=growth,
+            backoff_factor=backoff,
+            growth_interval=check_int(call, "growth_interval", values["growth_interval"], 1),
+            hysteresis=check_int(call, "hysteresis", values["hysteresis"], 1),
+            min_scale=min_scale,
+            max_scale=max_scale,
+            dynamic=check_bool(call, "dynamic", values["dynamic"]),
+            raise_at_min_scale=raise_at_min,
+        )
+
+    def with_values(self, call: str, **changes: Any) -> ScalerOptions:
+        """A copy with ``changes`` applied and checked again (``self`` is never changed)."""
+        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        values.update(changes)
+        return ScalerOptions.create(call, **values)
+
+    def in_bounds(self, scale: float) -> bool:
+        """Whether ``scale`` lies in ``[min_scale, max_scale]``."""
+        return (self.min_scale is None or scale >= self.min_scale) and (
+            self.max_scale is None or scale <= self.max_scale
+        )
