@@ -31,8 +31,8 @@ from typing import Any, Final
 
 import torch
 
-from .._errors import AmpcoreWarning
 from .._backends.memory import synchronize
+from .._errors import AmpcoreWarning
 from .._policy.thread_state import thread_state
 from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache

@@ -313,8 +313,8 @@ def load_plan(
 
 
 def _this_process(fp: Mapping[str, Any]) -> dict[str, Any]:
-    from .._dtypes import parse_dtype
     from .._backends.registry import resolve_device
+    from .._dtypes import parse_dtype
 
     try:
         resolved = resolve_device(fp.get("backend"))

@@ -12,6 +12,7 @@ from typing import Any, Final, TextIO
 
 import torch
 
+from .._errors import AmpcoreError
 from .experiment import (
     EXTRA_MODES,
     MODES,
@@ -21,7 +22,6 @@ from .experiment import (
     run_bench,
     unreliable_reasons,
 )
-from .._errors import AmpcoreError
 
 __all__ = ["add_parser", "check_output_path", "format_result", "plot_result"]
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from .._backends.registry import get_backend
 from .._dtypes import parse_declared_dtype
 from .._errors import AmpcoreError
-from .._backends.registry import get_backend
 
 __all__ = ["add_parser", "pytest_arguments"]
 

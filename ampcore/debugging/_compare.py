@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from .._policy.autocast import autocast
 from .._backends.backend import dtype_name
-from .._errors import AmpcoreError, AmpcoreWarning
 from .._backends.registry import DeviceLike
+from .._errors import AmpcoreError, AmpcoreWarning
+from .._policy.autocast import autocast
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
 

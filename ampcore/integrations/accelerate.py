@@ -21,8 +21,8 @@ from accelerate import Accelerator  # type: ignore[import-untyped]
 from accelerate.optimizer import AcceleratedOptimizer  # type: ignore[import-untyped]
 from torch import nn
 
-from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
+from .._o2.checkpoint import decorated_model_of
 from .._o2.master import master_weights_of
 from ._settings import AmpcoreSettings
 

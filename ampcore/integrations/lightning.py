@@ -25,8 +25,8 @@ from lightning.fabric.plugins.precision import Precision as FabricPrecision
 from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from torch import nn
 
-from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
+from .._o2.checkpoint import decorated_model_of
 from ._settings import AmpcoreSettings
 
 __all__ = ["AmpcoreFabricPrecision", "AmpcorePrecision"]

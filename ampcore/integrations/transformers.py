@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
+from .._o2.checkpoint import decorated_model_of
 from .._o2.master import master_weights_of
 from ._settings import AmpcoreSettings
 
