@@ -151,7 +151,9 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
     _measure(module, args, rest[0], key, plan, region)
 
 
-def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any) -> None:
+def _measure(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any
+) -> None:
     spec = region.spec
     if plan.decision(key) is not None:
         return

@@ -194,7 +194,7 @@ class _Recorder:
     def _compare(self, key: Key, refs: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         rel = err = 0.0
         note = "" if len(refs) == len(tensors) else f"{len(refs)} float32 outputs vs {len(tensors)} under AMP"
-        for ref, amp in zip(refs, tensors):
+        for ref, amp in zip(refs, tensors, strict=False):
             if ref.shape != amp.shape:
                 note, rel, err = f"shape {tuple(ref.shape)} vs {tuple(amp.shape)}", float("inf"), float("inf")
                 continue

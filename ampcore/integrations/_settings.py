@@ -71,7 +71,9 @@ class AmpcoreSettings:
                 "or None for no scaler"
             )
         if not isinstance(self.decorate, dict):
-            raise AmpcoreError(f"{call}(decorate={self.decorate!r}): expected a dict of ampcore.decorate keyword arguments")
+            raise AmpcoreError(
+                f"{call}(decorate={self.decorate!r}): expected a dict of ampcore.decorate keyword arguments"
+            )
         self.autocast()  # an invalid device, dtype or list raises here, not in the first step
 
     def autocast(self) -> autocast:
