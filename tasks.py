@@ -2,9 +2,9 @@
 """Set-up-complete project commands: each creates ``.venv`` and installs what it needs.
 
     python3 tasks.py demo     # the main job: `ampcore info` + `ampcore bench` (args go to bench)
-    python3 tasks.py test     # the whole test suite, then the conformance suite against
-                              # cpu (bfloat16, float16) and the example plugin (reports/);
-                              # ends with one summary of every stage
+    python3 tasks.py test     # lint (ruff, mypy --strict), the whole test suite, then the
+                              # conformance suite against cpu (bfloat16, float16) and the
+                              # example plugin (reports/); ends with one summary of every stage
     python3 tasks.py compat   # the same at the oldest supported torch (2.8.0), then again
                               # with Intel Extension for PyTorch 2.8.0 imported in every
                               # process (.venv-compat; wheels cached, ~3.6 GB; args go to pytest)
@@ -46,6 +46,9 @@ PLUGINS = (PLUGIN, ROOT / "plugins" / "ampcore-testdevice", ROOT / "plugins" / "
 REPORTS = Path(os.environ.get("AMPCORE_REPORTS", ROOT / "reports"))
 #: ``always``: ``test`` runs the conformance stages also when pytest gets arguments.
 CONFORMANCE_MODE = os.environ.get("AMPCORE_CONFORMANCE", "auto")
+#: ``always``/``never``: ``test`` runs the lint stage also when pytest gets arguments / not
+#: at all (``auto``: only without arguments, as CI runs it).
+LINT_MODE = os.environ.get("AMPCORE_LINT", "auto")
 #: A vendor manifest (skips/xfails with reasons) for the cpu conformance runs, or empty.
 CPU_MANIFEST = os.environ.get("AMPCORE_CPU_MANIFEST", "")
 STAMP = VENV / "ampcore-setup.json"
@@ -216,6 +219,40 @@ def run_pytest(args: list[str]) -> Stage:
     return Stage("pytest", code == 0, (last or "no summary line") + ("" if code == 0 else f" (exit {code})"))
 
 
+#: The lint stage's commands (venv tools; configured in pyproject.toml's [tool.ruff] and
+#: [tool.mypy]): any finding fails the stage.
+LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("ruff", "check", "ampcore", "backends"),
+    ("mypy", "--strict", "ampcore"),
+)
+#: Their closing lines: ruff's "All checks passed!" / "Found 3 errors.", mypy's
+#: "Success: no issues found ..." / "Found 2 errors in 1 file ...".
+_LINT_SUMMARY = re.compile(r"^(All checks passed|Found \d+ error|Success: )")
+
+
+def lint() -> Stage:
+    """Run LINT_COMMANDS with the venv's tools, streamed; the stage carries each tool's closing line."""
+    results, ok = [], True
+    for tool, *args in LINT_COMMANDS:
+        command = [str(BIN / tool), *args]
+        print("+", " ".join(command), flush=True)
+        last = ""
+        try:
+            with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
+                for line in process.stdout or ():
+                    print(line, end="", flush=True)
+                    if _LINT_SUMMARY.match(line) or not last:
+                        last = line.strip()
+        except FileNotFoundError:
+            results.append(f"{tool}: not installed in {VENV} (the test extra pins it)")
+            ok = False
+            continue
+        code = process.returncode
+        ok = ok and code == 0
+        results.append(f"{tool}: {last or 'no output'}" + ("" if code == 0 else f" (exit {code})"))
+    return Stage("lint", ok, "; ".join(results))
+
+
 def summarize(stages: list[Stage], started: float) -> bool:
     """Print one summary of every stage; True when all passed."""
     width = max(len(stage.name) for stage in stages)
@@ -230,10 +267,11 @@ def summarize(stages: list[Stage], started: float) -> bool:
 
 
 def test(args: list[str]) -> None:
-    """pytest on tests/ (with ``args``); without args, then the conformance runs (CI)."""
+    """Lint, pytest on tests/ (with ``args``); without args, lint and the conformance runs (CI)."""
     started = time.monotonic()
     setup()
-    stages = [run_pytest(args)]
+    stages = [lint()] if LINT_MODE == "always" or (LINT_MODE == "auto" and not args) else []
+    stages.append(run_pytest(args))
     if not args or CONFORMANCE_MODE == "always":
         stages += conformance()
     if not summarize(stages, started):
@@ -271,6 +309,9 @@ def compat_env(ipex_dir: Path | None) -> dict[str, str]:
         AMPCORE_TORCH=shlex.join([f"torch=={COMPAT_TORCH}", "--no-index", "--find-links", str(COMPAT_CACHE)]),
         AMPCORE_REPORTS=str(ROOT / "reports" / (f"compat-torch{COMPAT_TORCH}" + ("-ipex" if ipex_dir else ""))),
         AMPCORE_CONFORMANCE="always",
+        # lint checks the source once, against the pinned torch's annotations (`test`); older
+        # torch annotates differently, which is no finding in ampcore.
+        AMPCORE_LINT="never",
     )
     if ipex_dir is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ipex_dir), env.get("PYTHONPATH")]))

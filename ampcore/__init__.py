@@ -13,26 +13,26 @@ from ._cli.launch import quiet_torch_numpy_warning as _quiet
 _quiet()  # before torch is imported: the command line needs no NumPy
 # ruff: noqa: E402  (the imports below must follow that call)
 
+from . import debugging
 from ._auto import AutoPlan, auto_plan, load_plan
-from ._policy.autocast import autocast
 from ._backends.backend import Backend
 from ._backends.capability import CapabilityIssue
-from ._policy.custom_fwd import custom_bwd, custom_fwd
-from ._o2.decorate import decorate
-from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
-from ._o2.fp32_modules import register_fp32_module, unregister_fp32_module
-from ._policy.fused import FusedKernelWarning
-from ._policy.region import RegionInfo, active_region
-from ._policy.levels import LEVELS, Level
-from ._policy.lists import OpLists, oplists
 from ._backends.plugins import PluginInfo, PluginManager
 from ._backends.registry import get_backend, list_backends, list_plugins, register_plugin, unregister_plugin
+from ._backends.support import is_bfloat16_supported, is_float16_supported
+from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
+from ._o2.decorate import decorate
+from ._o2.fp32_modules import register_fp32_module, unregister_fp32_module
+from ._policy.autocast import autocast
+from ._policy.custom_fwd import custom_bwd, custom_fwd
+from ._policy.fused import FusedKernelWarning
+from ._policy.levels import LEVELS, Level
+from ._policy.lists import OpLists, oplists
+from ._policy.region import RegionInfo, active_region
 from ._scaler.grad_scaler import GradScaler, LossScaleAtMinimumError
 from ._scaler.watch import LossScaleCollapseWarning
-from ._backends.support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
 from .hookspec import hookimpl
-from . import debugging
 
 __all__ = [
     "LEVELS",

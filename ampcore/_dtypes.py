@@ -81,7 +81,7 @@ def parse_dtype(value: object, call: str, param: str = "dtype") -> torch.dtype:
         Traceback (most recent call last):
         ...
         ampcore._errors.AmpcoreError: ampcore.decorate(dtype='fp8'): unknown dtype name; valid: bfloat16 (bf16), float16 (fp16, half), float32 (fp32, float), float64 (fp64, double), or a floating torch.dtype
-    """
+    """  # noqa: E501 (a doctest's expected error message is one line)
     if isinstance(value, torch.dtype):
         if value.is_floating_point:
             return value
@@ -94,10 +94,14 @@ def parse_dtype(value: object, call: str, param: str = "dtype") -> torch.dtype:
         problem = "unknown dtype name" + (f" (did you mean {hint[0]!r}?)" if hint else "")
     else:
         problem = f"expected a torch.dtype or a dtype name, got {type(value).__name__}"
-    raise AmpcoreError(f"{_where(value, call, param)}: {problem}; valid: {valid_dtype_names()}, or a floating torch.dtype")
+    raise AmpcoreError(
+        f"{_where(value, call, param)}: {problem}; valid: {valid_dtype_names()}, or a floating torch.dtype"
+    )
 
 
-def parse_declared_dtype(value: object, declared: Sequence[torch.dtype], owner: str, call: str, param: str) -> torch.dtype:
+def parse_declared_dtype(
+    value: object, declared: Sequence[torch.dtype], owner: str, call: str, param: str
+) -> torch.dtype:
     """:func:`parse_dtype` for a choice among ``declared`` (e.g. a backend's dtypes): the error
     lists only those, so a dtype the owner does not declare is never shown as valid.
 
@@ -107,15 +111,16 @@ def parse_declared_dtype(value: object, declared: Sequence[torch.dtype], owner: 
         Traceback (most recent call last):
         ...
         ampcore._errors.AmpcoreError: ampcore conformance --dtype fp64: backend 'cpu' does not declare float64; it declares: bfloat16 (bf16)
-    """
+    """  # noqa: E501 (a doctest's expected error message is one line)
     where, valid = _where(value, call, param), valid_dtype_names(declared)
     try:
         dtype = parse_dtype(value, call, param)
     except AmpcoreError:
         hint = closest(str(value).strip().lower(), [n for n, d in DTYPE_NAMES.items() if d in declared], n=1)
-        raise AmpcoreError(
-            f"{where}: unknown dtype name" + (f" (did you mean {hint[0]!r}?)" if hint else "") + f"; {owner} declares: {valid}"
-        ) from None
+        suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise AmpcoreError(f"{where}: unknown dtype name{suggestion}; {owner} declares: {valid}") from None
     if dtype not in declared:
-        raise AmpcoreError(f"{where}: {owner} does not declare {str(dtype).removeprefix('torch.')}; it declares: {valid}")
+        raise AmpcoreError(
+            f"{where}: {owner} does not declare {str(dtype).removeprefix('torch.')}; it declares: {valid}"
+        )
     return dtype

@@ -153,7 +153,8 @@ def describe_ipex(
         'used'
     """
     if compatibility.kind == "absent":
-        return IpexState("absent", f"{ENV}=optimize is set, but {DISTRIBUTION} is not installed" if mode == "optimize" else "")
+        reason = f"{ENV}=optimize is set, but {DISTRIBUTION} is not installed" if mode == "optimize" else ""
+        return IpexState("absent", reason)
     if compatibility.kind == "incompatible":
         return IpexState("incompatible", f"{compatibility.message}; importing it fails (AttributeError, exit code 1)")
     loaded = "imported by this program; " if imported else ""
@@ -162,7 +163,8 @@ def describe_ipex(
     if import_error is not None:
         return IpexState("incompatible", f"{compatibility.message}, but importing it failed ({import_error})")
     return IpexState(
-        "used", f"{compatibility.message}; {ENV}=optimize: bfloat16 O2 calls ipex.optimize (outside decorate's contract)"
+        "used",
+        f"{compatibility.message}; {ENV}=optimize: bfloat16 O2 calls ipex.optimize (outside decorate's contract)",
     )
 
 

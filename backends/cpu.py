@@ -83,7 +83,8 @@ def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype
 
     Example::
 
-        >>> cpu_capability_issues({"cpu_name": "X", "avx512_bf16": False, "amx_bf16": False}, torch.bfloat16)[0].severity
+        >>> flags = {"cpu_name": "X", "avx512_bf16": False, "amx_bf16": False}
+        >>> cpu_capability_issues(flags, torch.bfloat16)[0].severity
         'warning'
         >>> cpu_capability_issues({}, torch.bfloat16)[0].message.startswith("cannot tell")
         True

@@ -83,7 +83,9 @@ def read_properties(device_index: int) -> CudaDeviceProperties:
     return CudaDeviceProperties(props.name, props.major, props.minor, bf16, torch.version.hip is not None)
 
 
-def unavailable_reason(torch_version: str, cuda_version: str | None, hip_version: str | None, is_available: bool) -> str | None:
+def unavailable_reason(
+    torch_version: str, cuda_version: str | None, hip_version: str | None, is_available: bool
+) -> str | None:
     """Why CUDA cannot run, from recorded facts (a pure function)."""
     if cuda_version is None and hip_version is None:
         return f"this torch build ({torch_version}) has no CUDA support"

@@ -155,7 +155,7 @@ def _torch_npu() -> ModuleType:
     return importlib.import_module("torch_npu")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def read_properties(device_index: int) -> NpuDeviceProperties:
     """Record the properties of NPU ``device_index`` (needs torch_npu and the device).
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def tasks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> ModuleType:
-    for name in ("AMPCORE_TORCH", "AMPCORE_VENV", "AMPCORE_REPORTS", "AMPCORE_CONFORMANCE", "AMPCORE_CPU_MANIFEST"):
+    names = ("AMPCORE_TORCH", "AMPCORE_VENV", "AMPCORE_REPORTS", "AMPCORE_CONFORMANCE", "AMPCORE_CPU_MANIFEST")
+    for name in (*names, "AMPCORE_LINT"):
         monkeypatch.delenv(name, raising=False)  # `tasks.py compat` runs these tests with its own
     spec = importlib.util.spec_from_file_location("ampcore_tasks", ROOT / "tasks.py")
     assert spec is not None and spec.loader is not None
@@ -108,3 +109,57 @@ def test_compat_runs_install_torch_from_the_cache_only(tasks: ModuleType, tmp_pa
     assert with_ipex["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "ipex")
     assert with_ipex["AMPCORE_IMPORT_IPEX"] == "1" and with_ipex["AMPCORE_REPORTS"].endswith("-ipex")
     assert Path(with_ipex["AMPCORE_CPU_MANIFEST"]).is_file() and "AMPCORE_CPU_MANIFEST" not in plain
+
+
+def _fake_tool(bin_dir: Path, name: str, output: str, code: int) -> None:
+    """An executable ``bin_dir/name`` that prints ``output`` and exits with ``code``."""
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!{sys.executable}\nimport sys\nprint({output!r})\nsys.exit({code})\n")
+    tool.chmod(0o755)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="the fake tools are scripts with a #! line")
+def test_lint_fails_on_any_finding_and_names_the_tool(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(tasks, "BIN", tmp_path / "bin")
+    _fake_tool(tmp_path / "bin", "ruff", "All checks passed!", 0)
+    _fake_tool(tmp_path / "bin", "mypy", "Success: no issues found in 72 source files", 0)
+    clean = tasks.lint()
+    assert clean.ok and clean.name == "lint"
+    assert clean.detail == "ruff: All checks passed!; mypy: Success: no issues found in 72 source files"
+    mypy_out = "x.py:1: error: bad  [misc]\nFound 1 error in 1 file (checked 72 source files)"
+    _fake_tool(tmp_path / "bin", "mypy", mypy_out, 1)
+    finding = tasks.lint()
+    assert not finding.ok and "mypy: Found 1 error in 1 file (checked 72 source files) (exit 1)" in finding.detail
+    (tmp_path / "bin" / "ruff").unlink()
+    missing = tasks.lint()
+    assert not missing.ok and "ruff: not installed" in missing.detail
+
+
+def test_lint_commands_cover_the_package_and_the_adapters(tasks: ModuleType) -> None:
+    assert ("ruff", "check", "ampcore", "backends") in tasks.LINT_COMMANDS
+    assert ("mypy", "--strict", "ampcore") in tasks.LINT_COMMANDS
+
+
+@pytest.mark.parametrize(
+    ("mode", "args", "linted"),
+    [("auto", [], True), ("auto", ["tests/test_tasks.py"], False), ("always", ["-x"], True), ("never", [], False)],
+)
+def test_test_runs_lint_as_a_stage_as_ci_runs_it(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, mode: str, args: list[str], linted: bool
+) -> None:
+    summarized: list[list[str]] = []
+    monkeypatch.setattr(tasks, "LINT_MODE", mode)
+    monkeypatch.setattr(tasks, "setup", lambda: None)
+    monkeypatch.setattr(tasks, "lint", lambda: tasks.Stage("lint", True, "clean"))
+    monkeypatch.setattr(tasks, "run_pytest", lambda args: tasks.Stage("pytest", True, "1 passed"))
+    monkeypatch.setattr(tasks, "conformance", lambda: [tasks.Stage("conformance cpu-bfloat16", True, "1 passed")])
+    monkeypatch.setattr(tasks, "summarize", lambda stages, started: summarized.append([s.name for s in stages]) or True)
+    tasks.test(args)
+    assert ("lint" in summarized[0]) is linted and "pytest" in summarized[0]
+
+
+def test_compat_runs_do_not_lint(tasks: ModuleType) -> None:
+    assert tasks.compat_env(None)["AMPCORE_LINT"] == "never"

@@ -40,5 +40,6 @@ def auto_plan(device: DeviceLike = None, dtype: torch.dtype | str | None = None)
 
     resolved = resolve_device(device)
     backend = resolved.backend
-    checked = backend.check_dtype(None if dtype is None else parse_dtype(dtype, "ampcore.auto_plan"), "ampcore.auto_plan")
+    wanted = None if dtype is None else parse_dtype(dtype, "ampcore.auto_plan")
+    checked = backend.check_dtype(wanted, "ampcore.auto_plan")
     return current_plan(fingerprint(backend.name, backend.device_name(resolved.index or 0), checked))

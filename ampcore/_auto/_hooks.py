@@ -31,8 +31,8 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
-from .._errors import AmpcoreWarning
 from .._backends.memory import synchronize
+from .._errors import AmpcoreWarning
 from .._policy.thread_state import thread_state
 from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
@@ -162,7 +162,9 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
     _measure(module, args, rest[0], key, plan, region)
 
 
-def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any) -> None:
+def _measure(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any
+) -> None:
     spec = region.spec
     if plan.decision(key) is not None:
         return

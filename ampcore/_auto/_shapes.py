@@ -25,7 +25,8 @@ def _linear(module: nn.Module) -> str:
 
 def _attention(module: nn.Module) -> str:
     m = module
-    return f"embed_dim={m.embed_dim}, num_heads={m.num_heads}, batch_first={m.batch_first}, bias={m.in_proj_bias is not None}"
+    bias = m.in_proj_bias is not None
+    return f"embed_dim={m.embed_dim}, num_heads={m.num_heads}, batch_first={m.batch_first}, bias={bias}"
 
 
 #: The module kinds ``level="auto"`` plans, with the ATen ops they run in low precision
@@ -34,11 +35,17 @@ PLANNED_OPS: Final[dict[type[nn.Module], tuple[Callable[[nn.Module], str], froze
     nn.Linear: (_linear, frozenset({"linear", "addmm", "mm", "matmul"})),
     nn.modules.conv._ConvNd: (
         _linear,
-        frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"}),
+        frozenset({
+            "conv1d", "conv2d", "conv3d", "convolution", "_convolution",
+            "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+        }),
     ),
     nn.MultiheadAttention: (
         _attention,
-        frozenset({"linear", "addmm", "mm", "matmul", "bmm", "baddbmm", "scaled_dot_product_attention", "_native_multi_head_attention"}),
+        frozenset({
+            "linear", "addmm", "mm", "matmul", "bmm", "baddbmm",
+            "scaled_dot_product_attention", "_native_multi_head_attention",
+        }),
     ),
 }
 

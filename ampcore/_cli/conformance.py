@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from .._backends.registry import get_backend
 from .._dtypes import parse_declared_dtype
 from .._errors import AmpcoreError
-from .._backends.registry import get_backend
 
 __all__ = ["add_parser", "pytest_arguments"]
 
@@ -26,7 +26,9 @@ _INSTALL_HINT: Final = "install pytest (pip install 'ampcore[conformance]', or p
 def _suite_dir() -> Path:
     spec = importlib.util.find_spec(SUITE_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise AmpcoreError(f"ampcore conformance: the suite package {SUITE_PACKAGE!r} is not installed; reinstall ampcore")
+        raise AmpcoreError(
+            f"ampcore conformance: the suite package {SUITE_PACKAGE!r} is not installed; reinstall ampcore"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -21,8 +21,6 @@ import torch
 from torch import nn
 
 from .._backends.backend import Backend, dtype_name
-from .._policy.registration import has_native_autocast
-from .._errors import AmpcoreError
 from .._backends.memory import (
     device_memory,
     memory_in_use,
@@ -31,8 +29,19 @@ from .._backends.memory import (
     synchronize,
 )
 from .._backends.registry import resolve_device
+from .._errors import AmpcoreError
+from .._policy.registration import has_native_autocast
 
-__all__ = ["EXTRA_MODES", "MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
+__all__ = [
+    "EXTRA_MODES",
+    "MODES",
+    "BenchResult",
+    "BenchSettings",
+    "ModeResult",
+    "default_sizes",
+    "run_bench",
+    "unreliable_reasons",
+]
 
 MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
 #: Modes run only when asked for (``--modes``): ``AMP-auto`` is ``level="auto"`` with a GradScaler.
@@ -134,7 +143,14 @@ def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
     return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
 
 
-def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: BenchSettings, dtype: torch.dtype, backend: Backend) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
+def _setup(
+    mode: str,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    settings: BenchSettings,
+    dtype: torch.dtype,
+    backend: Backend,
+) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
     import ampcore
 
     device = settings.device
@@ -162,7 +178,16 @@ def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: Be
     raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
 
 
-def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+def _run_mode(
+    mode: str,
+    settings: BenchSettings,
+    backend: Backend,
+    index: int,
+    dtype: torch.dtype,
+    size: int,
+    batch: int,
+    on_step: StepCallback | None,
+) -> ModeResult:
     device = torch.device(backend.device_type, index)
     torch.manual_seed(settings.seed)
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
@@ -210,7 +235,9 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     )
 
 
-def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int) -> None:
+def _worker(
+    queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int
+) -> None:
     """Entry point of an isolated mode's process: streams progress, then the result."""
     try:
         resolved = resolve_device(device)
@@ -223,7 +250,15 @@ def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: 
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _run_isolated(mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+def _run_isolated(
+    mode: str,
+    settings: BenchSettings,
+    device: str,
+    dtype: torch.dtype,
+    size: int,
+    batch: int,
+    on_step: StepCallback | None,
+) -> ModeResult:
     import multiprocessing
     import queue as queues
 
@@ -312,7 +347,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     for r in result.results:
         r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
         if reference and r is not reference and settings.repeats > 1:
-            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
+            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms, strict=False)]
             r.speedup_range = [min(ratios), max(ratios)]
     return result
 
@@ -358,7 +393,9 @@ def unreliable_reasons(result: BenchResult) -> list[str]:
     """
     reasons = []
     if result.load_average is not None and result.cpus and result.load_average > LOAD_LIMIT * result.cpus:
-        reasons.append(f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)")
+        reasons.append(
+            f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)"
+        )
     spread = []
     for r in result.results:
         if len(r.step_ms) >= 4:
@@ -366,7 +403,10 @@ def unreliable_reasons(result: BenchResult) -> list[str]:
             if q3 - q1 > SPREAD_LIMIT * r.ms_per_step:
                 spread.append(r.mode)
     if spread:
-        reasons.append(f"step times spread widely in {', '.join(spread)} (quartiles more than {SPREAD_LIMIT:.0%} of the median apart)")
+        reasons.append(
+            f"step times spread widely in {', '.join(spread)} "
+            f"(quartiles more than {SPREAD_LIMIT:.0%} of the median apart)"
+        )
     disagree = [
         f"{r.mode} {r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}x"
         for r in result.results

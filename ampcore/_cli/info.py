@@ -14,8 +14,8 @@ import pluggy
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .._policy.registration import has_native_autocast
 from .._backends.registry import get_manager
+from .._policy.registration import has_native_autocast
 from .._version import __version__
 
 __all__ = ["WIDTH", "add_parser", "collect_info", "format_info"]
@@ -164,7 +164,9 @@ def _wrapped(items: Sequence[str], width: int | None, hanging: int) -> list[str]
         first = textwrap.wrap(lines[0], width, initial_indent="  ", subsequent_indent=indent, break_on_hyphens=False)
         out += first
         for line in lines[1:]:
-            out += textwrap.wrap(line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+            out += textwrap.wrap(
+                line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+            )
     return out
 
 
@@ -176,7 +178,7 @@ def _table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[st
         if widths[-1] > room:
             widths[-1] = max(room, len(rows[0][-1]))
             rows = [(*row[:-1], _shorten(str(row[-1]), widths[-1])) for row in rows]
-    out = ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    out = ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     out.insert(1, "  " + "  ".join("-" * w for w in widths))
     return out
 

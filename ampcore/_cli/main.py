@@ -10,9 +10,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import bench as _cli_bench, conformance as _cli_conformance, info as _cli_info, oplists as _cli_oplists, plan as _cli_plan
 from .._errors import AmpcoreError
 from .._version import __version__
+from . import bench as _cli_bench
+from . import conformance as _cli_conformance
+from . import info as _cli_info
+from . import oplists as _cli_oplists
+from . import plan as _cli_plan
 
 __all__ = ["main"]
 

@@ -109,7 +109,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--device", default=None, help="backend name, e.g. cpu or cuda (default: best available)")
     parser.add_argument("--dtype", default=None, help="bfloat16/bf16 or float16/fp16 (default: the backend's)")
     parser.add_argument("--level", default="O1", help="O0, OD, O1, O2 or auto (auto: O1's lists) (default: O1)")
-    parser.add_argument("--custom-white", action="append", metavar="OPS", help="ops to run low (comma-separated, repeatable)")
+    parser.add_argument(
+        "--custom-white", action="append", metavar="OPS", help="ops to run low (comma-separated, repeatable)"
+    )
     parser.add_argument("--custom-black", action="append", metavar="OPS", help="ops to run in float32")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print machine-readable JSON")

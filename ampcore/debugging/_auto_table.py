@@ -10,7 +10,9 @@ from .._backends.registry import DeviceLike
 __all__ = ["auto_plan_table"]
 
 
-def auto_plan_table(device: DeviceLike = None, dtype: torch.dtype | str | None = None, plan: AutoPlan | None = None) -> str:
+def auto_plan_table(
+    device: DeviceLike = None, dtype: torch.dtype | str | None = None, plan: AutoPlan | None = None
+) -> str:
     """The decisions of ``level="auto"`` as a table: each shape class (module kind,
     hyper-parameters, bucketed input shapes), its measured float32 and low-precision costs
     (casts included), the casts' share, and the decision.

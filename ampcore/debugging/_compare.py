@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from .._policy.autocast import autocast
 from .._backends.backend import dtype_name
-from .._errors import AmpcoreError, AmpcoreWarning
 from .._backends.registry import DeviceLike
+from .._errors import AmpcoreError, AmpcoreWarning
+from .._policy.autocast import autocast
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
 
@@ -194,7 +194,7 @@ class _Recorder:
     def _compare(self, key: Key, refs: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         rel = err = 0.0
         note = "" if len(refs) == len(tensors) else f"{len(refs)} float32 outputs vs {len(tensors)} under AMP"
-        for ref, amp in zip(refs, tensors):
+        for ref, amp in zip(refs, tensors, strict=False):
             if ref.shape != amp.shape:
                 note, rel, err = f"shape {tuple(ref.shape)} vs {tuple(amp.shape)}", float("inf"), float("inf")
                 continue

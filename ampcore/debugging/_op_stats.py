@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 import torch
+
 from .._errors import AmpcoreError
 from ._ops import BUCKETS, Bucket, ObservingMode, op_name, result_bucket
 

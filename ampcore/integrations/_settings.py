@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from .._policy.autocast import autocast
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
+from .._policy.autocast import autocast
 from .._policy.levels import check_level
 from .._scaler.grad_scaler import GradScaler
 
@@ -71,7 +71,9 @@ class AmpcoreSettings:
                 "or None for no scaler"
             )
         if not isinstance(self.decorate, dict):
-            raise AmpcoreError(f"{call}(decorate={self.decorate!r}): expected a dict of ampcore.decorate keyword arguments")
+            raise AmpcoreError(
+                f"{call}(decorate={self.decorate!r}): expected a dict of ampcore.decorate keyword arguments"
+            )
         self.autocast()  # an invalid device, dtype or list raises here, not in the first step
 
     def autocast(self) -> autocast:

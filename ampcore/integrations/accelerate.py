@@ -21,8 +21,8 @@ from accelerate import Accelerator  # type: ignore[import-untyped]
 from accelerate.optimizer import AcceleratedOptimizer  # type: ignore[import-untyped]
 from torch import nn
 
-from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
+from .._o2.checkpoint import decorated_model_of
 from .._o2.master import master_weights_of
 from ._settings import AmpcoreSettings
 
@@ -96,7 +96,10 @@ class AmpcoreAccelerator(Accelerator):  # type: ignore[misc]
         return super().prepare(*args, device_placement=device_placement)
 
     def _inner_optimizers(self, optimizer: Any = None) -> list[torch.optim.Optimizer]:
-        chosen = self._optimizers if optimizer is None else optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        if optimizer is None:
+            chosen = self._optimizers
+        else:
+            chosen = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
         found = []
         for opt in chosen:
             while isinstance(opt, AcceleratedOptimizer):

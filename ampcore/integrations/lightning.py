@@ -25,8 +25,8 @@ from lightning.fabric.plugins.precision import Precision as FabricPrecision
 from lightning.pytorch.plugins.precision import Precision as TrainerPrecision
 from torch import nn
 
-from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
+from .._o2.checkpoint import decorated_model_of
 from ._settings import AmpcoreSettings
 
 __all__ = ["AmpcoreFabricPrecision", "AmpcorePrecision"]
@@ -34,7 +34,9 @@ __all__ = ["AmpcoreFabricPrecision", "AmpcorePrecision"]
 
 def _settings(settings: AmpcoreSettings | None, kwargs: dict[str, Any], call: str) -> AmpcoreSettings:
     if settings is not None and kwargs:
-        raise AmpcoreError(f"{call}: pass either settings=AmpcoreSettings(...) or its keywords ({', '.join(kwargs)}), not both")
+        raise AmpcoreError(
+            f"{call}: pass either settings=AmpcoreSettings(...) or its keywords ({', '.join(kwargs)}), not both"
+        )
     return settings if settings is not None else AmpcoreSettings(**kwargs)
 
 
@@ -170,7 +172,9 @@ class AmpcorePrecision(_Shared, TrainerPrecision):
         if self.scaler is None:
             return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
         if isinstance(optimizer, torch.optim.LBFGS):
-            raise AmpcoreError("AmpcorePrecision: ampcore.GradScaler does not support closures, so not LBFGS; pass scaler=None")
+            raise AmpcoreError(
+                "AmpcorePrecision: ampcore.GradScaler does not support closures, so not LBFGS; pass scaler=None"
+            )
         closure_result = closure()
         skip = closure_result is None and model.automatic_optimization  # backward was skipped
         if not skip and not getattr(optimizer, "_step_supports_amp_scaling", False):

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from transformers import Trainer
 
-from .._o2.checkpoint import decorated_model_of
 from .._errors import AmpcoreError
+from .._o2.checkpoint import decorated_model_of
 from .._o2.master import master_weights_of
 from ._settings import AmpcoreSettings
 
@@ -71,7 +71,9 @@ class AmpcoreTrainerMixin:
 
     def __init__(self, *args: Any, ampcore: AmpcoreSettings | None = None, **kwargs: Any) -> None:
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
-        if training_args is not None and (getattr(training_args, "fp16", False) or getattr(training_args, "bf16", False)):
+        if training_args is not None and (
+            getattr(training_args, "fp16", False) or getattr(training_args, "bf16", False)
+        ):
             raise AmpcoreError(
                 "AmpcoreTrainer: TrainingArguments(fp16=True/bf16=True) turns on the Trainer's own mixed "
                 "precision; leave both False and choose the dtype with ampcore=AmpcoreSettings(dtype=...)"
@@ -87,7 +89,9 @@ class AmpcoreTrainerMixin:
         super().create_accelerator_and_postprocess()  # type: ignore[misc]
         self.accelerator.scaler = self.ampcore.make_scaler()
 
-    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager[Any]:
+    def autocast_smart_context_manager(
+        self, cache_enabled: bool | None = True
+    ) -> contextlib.AbstractContextManager[Any]:
         return self.ampcore.autocast()
 
     def create_optimizer(self, *args: Any, **kwargs: Any) -> torch.optim.Optimizer:
