@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import sys
-import threading
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -13,16 +12,16 @@ from typing import Any, Final, TypeVar
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .compile import constant_result, guard_mode, opaque
-from .._dtypes import parse_dtype
-from .registration import OpPolicy, has_native_autocast, policy_for, route
-from .kernels import dispatch_key
-from .recompute import install as install_recompute
-from .._errors import AmpcoreError, closest
-from .levels import check_level
-from .op_names import canonical_ops
-from .lists import check_custom, compute_oplists, merge_custom
 from .._backends.registry import DeviceLike, resolve_device
+from .._dtypes import parse_dtype
+from .._errors import AmpcoreError, closest
+from .compile import constant_result, guard_mode, opaque
+from .kernels import dispatch_key
+from .levels import check_level
+from .lists import check_custom, compute_oplists, merge_custom
+from .op_names import canonical_ops
+from .recompute import install as install_recompute
+from .registration import OpPolicy, has_native_autocast, policy_for, route
 from .thread_state import ActiveRegion, RegionSpec, current_region, thread_state
 
 __all__ = ["autocast"]
@@ -154,7 +153,8 @@ class autocast:
         self.custom_black_list = black
         if self.enabled:
             backend.enforce_capability(self.dtype, self.device_index or 0, stacklevel=2)
-        self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, self._policy_of(white, black))
+        policy = self._policy_of(white, black)
+        self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, policy)
 
     def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> OpPolicy | None:
         """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
@@ -211,7 +211,9 @@ class autocast:
             found = route(device_type, _provider(self.backend))
             install_recompute()  # activation checkpointing keeps the policy (once per process)
         # Every change below is undone if a later step fails or is interrupted.
-        torch_region = torch.autocast(device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled)
+        torch_region = torch.autocast(
+            device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled
+        )
         torch_region.__enter__()
         mode = shadow = None
         previous = state.policies.get(device_type)
@@ -266,7 +268,15 @@ class autocast:
         _innermost.set(region.context_outer)
         if not stack and state.cast_cache:
             state.cast_cache.clear()
-        _restore(state, self.device_type, region.previous_policy, region.guard_mode, region.shadow, region.torch_region, (exc_type, exc, traceback))
+        _restore(
+            state,
+            self.device_type,
+            region.previous_policy,
+            region.guard_mode,
+            region.shadow,
+            region.torch_region,
+            (exc_type, exc, traceback),
+        )
 
     def __call__(self, func: F) -> F:
         """Use the region as a decorator: the function runs inside it on every call."""
@@ -314,7 +324,8 @@ _innermost: contextvars.ContextVar[ActiveRegion | None] = contextvars.ContextVar
 def _switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
     """Include shadow key ``key_name`` in this thread's dispatch; what to restore on exit."""
     key = dispatch_key(key_name)
-    saved = (key, torch._C._dispatch_tls_is_dispatch_key_included(key), torch._C._dispatch_tls_is_dispatch_key_excluded(key))
+    included = torch._C._dispatch_tls_is_dispatch_key_included(key)
+    saved = (key, included, torch._C._dispatch_tls_is_dispatch_key_excluded(key))
     torch._C._dispatch_tls_set_dispatch_key_included(key, True)
     torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
     return saved

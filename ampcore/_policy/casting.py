@@ -79,7 +79,7 @@ def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: CastCache | None) -> t
         key = (id(t), to)
         hit = cache.get(key)
         if hit is not None and hit[0]() is t:
-            return hit[1]  # type: ignore[no-any-return]
+            return hit[1]
         casted = t.to(dtype=to)  # by keyword: torch parses it faster
         cache[key] = (weakref.ref(t), casted)
         return casted
@@ -143,7 +143,9 @@ def widest(args: tuple[Any, ...], kwargs: dict[str, Any], eligible: Eligible) ->
     return widest
 
 
-def wrap_numbers(args: tuple[Any, ...], kwargs: dict[str, Any], slots: tuple[int, ...], names: frozenset[str]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def wrap_numbers(
+    args: tuple[Any, ...], kwargs: dict[str, Any], slots: tuple[int, ...], names: frozenset[str]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Python numbers in Tensor slots -> 0-dim tensors promoting as torch's wrapped numbers do."""
     in_args = any(i < len(args) and type(args[i]) in _NUMBERS for i in slots)
     in_kwargs = bool(kwargs) and any(type(kwargs.get(n)) in _NUMBERS for n in names)

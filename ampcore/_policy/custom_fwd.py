@@ -18,9 +18,9 @@ from typing import Any, TypeVar, overload
 import torch
 from torch.amp.autocast_mode import _cast
 
+from .._backends.registry import DeviceLike, _parse, resolve_device
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
-from .._backends.registry import DeviceLike, _parse, resolve_device
 from .thread_state import RegionSpec, current_region
 
 __all__ = ["custom_bwd", "custom_fwd"]
@@ -125,9 +125,9 @@ def custom_fwd(
     if cast_inputs is not None:
         cast_inputs = parse_dtype(cast_inputs, call, "cast_inputs")
     if fwd is None:
-        return functools.partial(custom_fwd, device=device, cast_inputs=cast_inputs)  # type: ignore[return-value]
+        return functools.partial(custom_fwd, device=device, cast_inputs=cast_inputs)
     _check_function(fwd, call, "fwd")
-    return _decorated_fwd(fwd, device, cast_inputs)  # type: ignore[arg-type]
+    return _decorated_fwd(fwd, device, cast_inputs)
 
 
 def _decorated_fwd(fwd: F, device: DeviceLike, cast_inputs: torch.dtype | None) -> F:
@@ -193,7 +193,7 @@ def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callab
     """
     _check_device(device, "ampcore.custom_bwd")
     if bwd is None:
-        return functools.partial(custom_bwd, device=device)  # type: ignore[return-value]
+        return functools.partial(custom_bwd, device=device)
     _check_function(bwd, "ampcore.custom_bwd", "bwd")
 
     @functools.wraps(bwd)
@@ -209,4 +209,4 @@ def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callab
         with torch.autocast(device_type, enabled=used, dtype=dtype):
             return bwd(*args, **kwargs)
 
-    return decorate_bwd  # type: ignore[return-value]
+    return decorate_bwd

@@ -39,8 +39,7 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreError
-from .casting import Eligible, cast_all, explicit_dtype, set_opt_dtype, widest
-from .casting import _NUMBERS, wrap_numbers
+from .casting import _NUMBERS, Eligible, cast_all, explicit_dtype, set_opt_dtype, widest, wrap_numbers
 from .fused import SWALLOWING, check_swallowed
 from .lists import Action
 from .op_names import generated_overloads, is_composite
@@ -52,13 +51,16 @@ __all__ = ["ACTION_TABLE", "Client", "KeyTable", "OverloadSpec", "Plan", "dispat
 _FLOAT32: Final = torch.float32
 
 
-class Plan(enum.StrEnum):
+class Plan(str, enum.Enum):
     """What a kernel does with a call under one policy: an :class:`~ampcore._policy.lists.Action`,
     or one of the kernel's own steps below."""
 
     PASS = "pass"  #: the device's own autocast kernel does exactly the policy's action
     CHOOSE = "choose"  #: on no list: KEEP when the call passes a dtype, else as without one
     KEEP = "keep"  #: run the op as called, with autocast off (an explicit dtype= at OD/O2)
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 def dispatch_key(name: str) -> torch._C.DispatchKey:
@@ -203,19 +205,42 @@ _autocast_dtype: Final = torch.get_autocast_dtype
 _cache_enabled: Final = torch.is_autocast_cache_enabled
 
 
-def _keep(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+def _keep(
+    k: _Kernel,
+    keyset: torch._C.DispatchKeySet,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    policy: Any,
+    client: Client,
+) -> Any:
     with _guard(k.exclude):
         return k.call_op(*args, **kwargs)
 
 
-def _banned(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+def _banned(
+    k: _Kernel,
+    keyset: torch._C.DispatchKeySet,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    policy: Any,
+    client: Client,
+) -> Any:
     raise RuntimeError(k.spec.banned)
 
 
-def _casting(cast: Callable[[_Kernel, tuple[Any, ...], dict[str, Any], Any, Client], tuple[tuple[Any, ...], dict[str, Any]]]) -> Step:
+def _casting(
+    cast: Callable[[_Kernel, tuple[Any, ...], dict[str, Any], Any, Client], tuple[tuple[Any, ...], dict[str, Any]]],
+) -> Step:
     """A step that casts the arguments with ``cast``, then runs the op (or decomposes it)."""
 
-    def step(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+    def step(
+        k: _Kernel,
+        keyset: torch._C.DispatchKeySet,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: Any,
+        client: Client,
+    ) -> Any:
         with _guard(k.exclude):
             args, kwargs = cast(k, args, kwargs, policy, client)
             if not (k.spec.composite and policy.reach):
@@ -225,7 +250,14 @@ def _casting(cast: Callable[[_Kernel, tuple[Any, ...], dict[str, Any], Any, Clie
     return step
 
 
-def _decompose(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+def _decompose(
+    k: _Kernel,
+    keyset: torch._C.DispatchKeySet,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    policy: Any,
+    client: Client,
+) -> Any:
     """Run a composite with autocast on and the inner policy, so custom-listed ops inside are reached."""
     if k.spec.swallows:
         check_swallowed(k.spec.name, policy, args, kwargs)
@@ -237,26 +269,41 @@ def _decompose(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...
         _state.policies[device_type] = policy
 
 
-def _to_low(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_low(
+    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     # torch's current autocast dtype: the region's, or a nested torch.autocast's
     cache = _state.cast_cache if policy.cache and _cache_enabled() else None
     return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.eligible, cache)
 
 
-def _to_fp32(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_fp32(
+    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return cast_all(args, kwargs, _FLOAT32, client.eligible, None)
 
 
-def _to_widest(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_widest(
+    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     dtype = widest(args, kwargs, client.eligible)
     return (args, kwargs) if dtype is None else cast_all(args, kwargs, dtype, client.eligible, None)
 
 
-def _set_fp32_dtype(k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _set_fp32_dtype(
+    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return set_opt_dtype(args, kwargs, k.spec.dtype_arg, client.eligible)
 
 
-def _append_fp32_dtype(k: _Kernel, keyset: torch._C.DispatchKeySet, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client) -> Any:
+def _append_fp32_dtype(
+    k: _Kernel,
+    keyset: torch._C.DispatchKeySet,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    policy: Any,
+    client: Client,
+) -> Any:
     if k.spec.append_to is None:  # not one of torch's fp32_append_dtype overloads: run as called
         return _as_called(k, keyset, args, kwargs, policy, client)
     first = args[0]

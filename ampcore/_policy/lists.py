@@ -25,12 +25,12 @@ from typing import Any, Final
 import torch
 
 from .._backends.backend import Backend, dtype_name
+from .._backends.registry import DeviceLike, get_backend
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
 from .levels import Level, check_level
-from .torch_tables import CastPolicy, dispatch_key_of, native_table, table_name_of
 from .op_names import canonical_ops, functional_overloads, lookup_op
-from .._backends.registry import DeviceLike, get_backend
+from .torch_tables import CastPolicy, dispatch_key_of, native_table, table_name_of
 
 __all__ = [
     "ACTIONS",
@@ -51,8 +51,11 @@ __all__ = [
     "oplists",
 ]
 
-class Action(enum.StrEnum):
+class Action(str, enum.Enum):
     """What a policy does to one op call (a ``str``: lists print and serialise as their values)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
 
     LOW = "low"  #: inputs cast to the low-precision dtype
     FP32 = "fp32"  #: inputs cast to float32

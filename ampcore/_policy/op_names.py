@@ -288,7 +288,9 @@ def canonical_op(name: object, call: str = "ampcore.autocast", param: str = "cus
     return base
 
 
-def canonical_ops(names: Iterable[str] | str | None, call: str = "ampcore.autocast", param: str = "custom_white_list") -> frozenset[str]:
+def canonical_ops(
+    names: Iterable[str] | str | None, call: str = "ampcore.autocast", param: str = "custom_white_list"
+) -> frozenset[str]:
     """Validate a list of op names (a single string counts as one name)."""
     if names is None:
         return frozenset()

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from .registration import routes
 from .._forklock import LOCK
 from .kernels import dispatch_key
+from .registration import routes
 from .thread_state import thread_state
 
 __all__ = ["install"]
@@ -48,7 +48,8 @@ def _restored(policies: dict[str, Any]) -> Iterator[None]:
     saved = []
     for name in keys:
         key = dispatch_key(name)
-        saved.append((key, torch._C._dispatch_tls_is_dispatch_key_included(key), torch._C._dispatch_tls_is_dispatch_key_excluded(key)))
+        included = torch._C._dispatch_tls_is_dispatch_key_included(key)
+        saved.append((key, included, torch._C._dispatch_tls_is_dispatch_key_excluded(key)))
         torch._C._dispatch_tls_set_dispatch_key_included(key, True)
         torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
     state.policies.update(policies)

@@ -58,6 +58,8 @@ from .._errors import AmpcoreError
 from .._forklock import LOCK
 from .casting import eligibility
 from .kernels import Client, KeyTable, dispatch_key, kernel
+from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
+from .op_names import castable_overloads
 from .torch_tables import (
     NATIVE_TABLES,
     TENSOR_DEVICE_CHECKS,
@@ -66,8 +68,6 @@ from .torch_tables import (
     native_table,
     table_name_of,
 )
-from .op_names import castable_overloads
-from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
 
 __all__ = [
     "SHADOW_KEYS",
@@ -118,7 +118,8 @@ def _policy(lists: OpLists, _identity: int, cache: bool) -> OpPolicy | None:
     # inside a decomposed composite: custom-listed ops act, the others only reconcile
     # mixed input dtypes their neighbours' custom casts may cause (torch's promote rule)
     inner = OpPolicy(lists, lists.dtype, explicit, PROMOTE, True, None, cache) if explicit else None
-    return OpPolicy(lists, lists.dtype, dict(lists.overloads), DEFAULT_ACTIONS[lists.level], bool(explicit), inner, cache)
+    default = DEFAULT_ACTIONS[lists.level]
+    return OpPolicy(lists, lists.dtype, dict(lists.overloads), default, bool(explicit), inner, cache)
 
 
 def policy_for(lists: OpLists, cache: bool = True) -> OpPolicy | None:
@@ -142,7 +143,9 @@ def _ranks_above(key: str, other: str) -> bool:
     return bool(torch._C._dispatch_keyset_full_after(dispatch_key(key)).has(dispatch_key(other)))
 
 
-def choose_key(device_key: str, in_use: Callable[[str], bool], ranks_above: Callable[[str, str], bool] = _ranks_above) -> str:
+def choose_key(
+    device_key: str, in_use: Callable[[str], bool], ranks_above: Callable[[str, str], bool] = _ranks_above
+) -> str:
     """The key for the kernels of a device type whose own autocast key is ``device_key``:
     the first :data:`SHADOW_KEYS` entry that ranks above it and is not ``in_use``, else
     ``device_key`` itself (resident).
@@ -204,7 +207,8 @@ class _Registry:
         self.tables[key] = table
         eligible = eligibility(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
         native = {} if resident else _torch_actions(device_type, own)
-        client = Client(device_type, dispatch_key(own), _backend_key(device_type), eligible, provider if resident else None, native)
+        own_key, backend_key = dispatch_key(own), _backend_key(device_type)
+        client = Client(device_type, own_key, backend_key, eligible, provider if resident else None, native)
         if resident:  # kernels behave as the backend's lists while they are being registered
             table.clients = (*table.clients, client)
         self._register(table)

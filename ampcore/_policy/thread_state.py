@@ -75,6 +75,7 @@ def thread_state() -> ThreadState:
 def current_region(device_type: str | None = None) -> RegionSpec | None:
     """The spec of this thread's innermost active region (of ``device_type`` if given), or None."""
     for region in reversed(_state.stack):
-        if device_type is None or region.spec.backend.device_type == device_type:
-            return region.spec
+        spec: RegionSpec = region.spec
+        if device_type is None or spec.backend.device_type == device_type:
+            return spec
     return None
