@@ -32,7 +32,7 @@ from ._scaler.watch import LossScaleCollapseWarning
 from ._backends.support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
 from .hookspec import hookimpl
-from . import debugging
+from . import debugging, toolkit
 
 __all__ = [
     "LEVELS",
@@ -71,6 +71,7 @@ __all__ = [
     "oplists",
     "register_fp32_module",
     "register_plugin",
+    "toolkit",
     "unregister_fp32_module",
     "unregister_plugin",
 ]

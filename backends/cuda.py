@@ -14,6 +14,9 @@ import torch
 
 from ampcore import CapabilityIssue, hookimpl
 
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
+
 
 @dataclass(frozen=True)
 class CudaDeviceProperties:

@@ -35,6 +35,9 @@ import torch
 
 from ampcore import CapabilityIssue, hookimpl
 
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
+
 #: ``c10_npu::SocVersion`` values (torch_npu/csrc/core/npu/NpuVariables.h) that set the rules.
 ASCEND_910B1: Final = 220
 ASCEND_310B1: Final = 240

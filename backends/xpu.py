@@ -19,6 +19,9 @@ import torch
 
 from ampcore import CapabilityIssue, hookimpl
 
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
+
 
 @dataclass(frozen=True)
 class XpuDeviceProperties:

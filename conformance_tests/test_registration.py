@@ -11,7 +11,7 @@ import torch
 
 import ampcore
 from ampcore import hookspec
-from ampcore._backends.plugins import ENTRY_POINT_GROUP
+from ampcore.hookspec import ENTRY_POINT_GROUP
 from ampcore_conformance._context import SuiteContext, dtype_name
 
 _SPECS = {name: fn for name, fn in vars(hookspec).items() if name.startswith("ampcore_") and callable(fn)}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 import ampcore
-from ampcore._backends import memory as memory
+from ampcore import toolkit as memory
 from ampcore_conformance._checks import make_mlp, region, require_white, timed
 from ampcore_conformance._context import SuiteContext, dtype_name
 from ampcore_conformance._reports import summarize_speed

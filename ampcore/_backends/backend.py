@@ -48,20 +48,23 @@ def _is_bool(value: object) -> bool:
 
 
 def _plugin_hook(pm: pluggy.PluginManager, plugin: object, hook: str) -> Callable[..., Any] | None:
-    """The implementation of ``hook`` that ``plugin`` itself provides, or None."""
+    """The implementation of ``hook`` that ``plugin`` itself provides, as a function taking
+    the hook's arguments by keyword, or None.
+
+    pluggy's ``pm.hook.<name>(...)`` broadcasts a call to every registered plugin; ampcore
+    asks one plugin about its own backend, so it calls that plugin's ``HookImpl`` directly.
+    pluggy has validated the implementation against the spec at ``register`` time and
+    recorded which of the spec's parameters it accepts (``HookImpl.argnames``); the call
+    passes exactly those, by name, as pluggy's own caller does.
+    """
     caller = getattr(pm.hook, hook, None)
     if caller is None:
         return None
-    for impl in caller.get_hookimpls():
-        if impl.plugin is plugin:
-            function = impl.function
-            argnames = impl.argnames
-
-            def call(**kwargs: Any) -> Any:
-                return function(*[kwargs[name] for name in argnames])
-
-            return call
-    return None
+    impl = next((i for i in caller.get_hookimpls() if i.plugin is plugin), None)
+    if impl is None:
+        return None
+    function, argnames = impl.function, impl.argnames
+    return lambda **kwargs: function(**{name: kwargs[name] for name in argnames})
 
 
 @final
@@ -101,7 +104,6 @@ class Backend:
         self._warned: set[tuple[int, torch.dtype, str]] = set()
         self._adjustments: dict[torch.dtype, dict[str, frozenset[str]]] = {}
         self._loss_scaling: dict[torch.dtype, bool] = {}
-        self._keep_norm: dict[torch.dtype, bool] = {}
         self._on_broken: Callable[[str], None] | None = None  # at load, errors fail the load
         #: why the plugin broke the adapter contract in a lazily called hook (None: it did not)
         self.contract_error: str | None = None
@@ -178,23 +180,15 @@ class Backend:
         self.supported_dtypes: tuple[torch.dtype, ...] = dtypes
         self.default_dtype: torch.dtype = default
         self.priority: int = priority
-        overrides = self._call("ampcore_backend_overrides", default=False)
-        if not _is_bool(overrides):
-            raise self._error(f"ampcore_backend_overrides() returned {overrides!r}; expected True or False")
-        self.overrides: bool = overrides
 
     def _validate_dtype_hooks(self) -> None:
         """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin
         returning the wrong type fails at load (and is skipped) instead of in a region."""
         for dtype in self.supported_dtypes:
-            for hook, default, cache in (
-                ("ampcore_needs_loss_scaling", dtype == torch.float16, self._loss_scaling),
-                ("ampcore_keep_norm_fp32", dtype == torch.float16, self._keep_norm),
-            ):
-                value = self._call(hook, default=default, dtype=dtype)
-                if not _is_bool(value):
-                    raise self._error(f"{hook}({dtype}) returned {value!r}; expected True or False")
-                cache[dtype] = value
+            value = self._call("ampcore_needs_loss_scaling", default=dtype == torch.float16, dtype=dtype)
+            if not _is_bool(value):
+                raise self._error(f"ampcore_needs_loss_scaling({dtype}) returned {value!r}; expected True or False")
+            self._loss_scaling[dtype] = value
             self._adjustments[dtype] = self._validated_adjustments(dtype)
 
     def _validated_adjustments(self, dtype: torch.dtype) -> dict[str, frozenset[str]]:
@@ -291,11 +285,6 @@ class Backend:
     def needs_loss_scaling(self, dtype: torch.dtype) -> bool:
         """Whether ``dtype`` gradients need loss scaling on this backend (read at load)."""
         cached = self._loss_scaling.get(dtype)
-        return dtype == torch.float16 if cached is None else cached
-
-    def keep_norm_fp32(self, dtype: torch.dtype) -> bool:
-        """Whether norm layers keep float32 parameters at O2 for ``dtype`` (read at load)."""
-        cached = self._keep_norm.get(dtype)
         return dtype == torch.float16 if cached is None else cached
 
     def check_dtype(self, dtype: torch.dtype | str | None, call: str = "ampcore.autocast") -> torch.dtype:

@@ -36,6 +36,9 @@ import torch
 
 from ampcore import hookimpl
 
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
+
 #: The device type (the name PrivateUse1 is renamed to) and the backend name users pass.
 BACKEND: Final = "acme"
 #: Which autocast kernels the test device registers (a real device has one answer).
