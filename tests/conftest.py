@@ -36,9 +36,10 @@ def make_adapter(
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
     **hooks: Any,
 ) -> object:
-    """A plugin object: the three required hooks plus any optional ``ampcore_*`` hooks
+    """A plugin object targeting the current contract: the three required hooks plus any optional ``ampcore_*`` hooks
     given as keyword arguments (functions taking the hook's parameters by name)."""
     namespace: dict[str, Any] = {
+        "AMPCORE_CONTRACT": ampcore.hookspec.CONTRACT_VERSION,
         "ampcore_backend_name": hookimpl(lambda self: name),
         "ampcore_device_type": hookimpl(lambda self: device_type),
         "ampcore_supported_dtypes": hookimpl(lambda self: list(dtypes)),

@@ -33,6 +33,8 @@ def test_invalid_declarations_raise_plugin_error(plugin: object, match: str) -> 
 
 def test_missing_required_hook() -> None:
     class NoDtypes:
+        AMPCORE_CONTRACT = 2
+
         @ampcore.hookimpl
         def ampcore_backend_name(self) -> str:
             return "x"
@@ -48,7 +50,7 @@ def test_missing_required_hook() -> None:
 def test_defaults_of_optional_hooks(register) -> None:
     backend = register(make_adapter("plain", dtypes=(torch.float16, torch.bfloat16)), name="plain")
     assert backend.default_dtype == torch.float16
-    assert backend.priority == 50 and backend.is_available and not backend.overrides
+    assert backend.priority == 50 and backend.is_available
     assert backend.needs_loss_scaling(torch.float16) and not backend.needs_loss_scaling(torch.bfloat16)
     assert backend.device_count() == 1 and backend.device_name(0) == "cpu"
     assert backend.capability_issues(torch.float16) == ()

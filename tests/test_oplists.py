@@ -155,6 +155,8 @@ def test_as_dict_is_json() -> None:
 class _AdjustingAdapter:
     """A CPU-driving backend whose adapter adjusts the lists for bf16 only."""
 
+    AMPCORE_CONTRACT = 2
+
     def __init__(self, adjustments: dict[str, list[str]]) -> None:
         self.adjustments = adjustments
 

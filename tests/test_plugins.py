@@ -20,6 +20,8 @@ GOOD = """
 import torch
 from ampcore import hookimpl
 
+AMPCORE_CONTRACT = 2
+
 @hookimpl
 def ampcore_backend_name():
     return "{backend}"

@@ -393,6 +393,6 @@ class PluginManager:
     def _conflict_error(self, name: str) -> AmpcoreError:
         who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in self._claims[name])
         return AmpcoreError(
-            f'backend "{name}" is claimed by more than one plugin: {who}. Uninstall one, block one '
-            f"with {ENV_BLOCK}=<plugin>"
+            f'backend "{name}" is claimed by more than one plugin: {who}. Uninstall one, or block '
+            f"one with {ENV_BLOCK}=<plugin>"
         )

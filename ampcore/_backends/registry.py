@@ -70,6 +70,7 @@ def register_plugin(plugin: object, name: str | None = None) -> Backend:
 
         >>> import torch, ampcore
         >>> class Demo:
+        ...     AMPCORE_CONTRACT = 2
         ...     @ampcore.hookimpl
         ...     def ampcore_backend_name(self): return "demo"
         ...     @ampcore.hookimpl

@@ -19,6 +19,8 @@ ADAPTER = '''
 import torch
 from ampcore import hookimpl
 
+AMPCORE_CONTRACT = 2
+
 @hookimpl
 def ampcore_backend_name():
     return "{name}"
