@@ -160,20 +160,19 @@ def test_same_backend_name_is_a_conflict_naming_both_distributions(site: FakeSit
     site.install("ampcore-two", "two", "two_plugin", _good("npu"))
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     pm = site.manager()
-    with pytest.raises(ampcore.AmpcoreError, match='backend "npu".*"ampcore-one".*"ampcore-two".*ampcore_backend_overrides'):
+    with pytest.raises(ampcore.AmpcoreError, match='backend "npu".*"ampcore-one".*"ampcore-two".*AMPCORE_BLOCK_PLUGINS=<plugin>'):
         pm.backend("npu")
     assert {p.name: p.status for p in pm.plugins()} == {"alpha": "loaded", "one": "conflict", "two": "conflict"}
     assert [b.name for b in pm.backends()] == ["alpha"]
 
 
-def test_a_plugin_that_declares_override_wins(site: FakeSite) -> None:
+def test_blocking_one_of_two_plugins_resolves_the_conflict(site: FakeSite) -> None:
+    """How a vendor's adapter replaces another of the same name (contract 2 has no override hook)."""
     site.install("ampcore-one", "one", "one_plugin", _good("npu"))
-    overriding = _good("npu", "\n@hookimpl\ndef ampcore_backend_overrides():\n    return True\n")
-    site.install("ampcore-two", "two", "two_plugin", overriding)
-    pm = site.manager()
+    site.install("ampcore-two", "two", "two_plugin", _good("npu"))
+    pm = site.manager(AMPCORE_BLOCK_PLUGINS="one")
     assert pm.backend("npu").distribution == "ampcore-two"
-    statuses = {p.name: (p.status, p.error) for p in pm.plugins()}
-    assert statuses["one"][0] == "overridden" and "ampcore-two" in statuses["one"][1]
+    assert {p.name: p.status for p in pm.plugins()} == {"one": "blocked", "two": "loaded"}
 
 
 def test_strict_mode_raises_on_conflict(site: FakeSite) -> None:

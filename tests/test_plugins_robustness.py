@@ -144,11 +144,9 @@ class _Interrupting:
         ({"ampcore_op_list_adjustments": lambda dtype: {"blak": ["mm"]}}, "valid keys: 'white', 'black', 'promote'"),
         ({"ampcore_op_list_adjustments": lambda dtype: {"white": ["mm"], "black": ["mm"]}}, "under both"),
         ({"ampcore_needs_loss_scaling": lambda dtype: "no"}, "ampcore_needs_loss_scaling(torch.bfloat16) returned 'no'; expected True or False"),
-        ({"ampcore_keep_norm_fp32": lambda dtype: 1}, "ampcore_keep_norm_fp32(torch.bfloat16) returned 1; expected True or False"),
-        ({"ampcore_backend_overrides": lambda: "yes"}, "ampcore_backend_overrides() returned 'yes'; expected True or False"),
         ({"ampcore_default_dtype": lambda: "bfloat16"}, "ampcore_default_dtype() returned 'bfloat16'"),
     ],
-    ids=["adjustments-int", "adjustments-list", "adjustments-unknown-op", "adjustments-key", "adjustments-both", "loss-scaling-str", "keep-norm-int", "overrides-str", "default-dtype-str"],
+    ids=["adjustments-int", "adjustments-list", "adjustments-unknown-op", "adjustments-key", "adjustments-both", "loss-scaling-str", "default-dtype-str"],
 )
 def test_hook_results_are_validated_at_load(hooks: dict[str, object], expected: str) -> None:
     with pytest.raises(ampcore.PluginError, match='Plugin "wrong"') as caught:
