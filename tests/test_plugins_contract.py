@@ -123,18 +123,18 @@ def test_a_plugin_declaring_no_contract_targets_contract_1_and_fails_at_load() -
         ampcore.register_plugin(_adapter(contract=None), name="unversioned")
     message = str(caught.value)
     assert message.startswith('Plugin "unversioned": declares no AMPCORE_CONTRACT, so it targets adapter contract 1')
-    assert "this ampcore supports contract 2" in message and "declare AMPCORE_CONTRACT = 2" in message
+    assert "supported contract versions: 2. Update" in message and "declare AMPCORE_CONTRACT = 2" in message
     assert "ampcore_memory" in message and "ampcore_backend_overrides" in message  # what changed
     assert "unversioned" not in {p.name for p in ampcore.list_plugins()}
 
 
 def test_a_plugin_targeting_an_older_contract_fails_with_what_changed() -> None:
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "old": targets adapter contract 1 \(AMPCORE_CONTRACT = 1\); this ampcore supports contract 2.*What changed: contract 2: .*ampcore_memory'):
+    with pytest.raises(ampcore.PluginError, match=r'Plugin "old": targets adapter contract 1 \(AMPCORE_CONTRACT = 1\); supported contract versions: 2\. Update.*What changed: contract 2: .*ampcore_memory'):
         ampcore.register_plugin(_adapter(contract=1), name="old")
 
 
 def test_a_plugin_targeting_a_newer_contract_fails_asking_to_upgrade_ampcore() -> None:
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "new": targets adapter contract 3 \(AMPCORE_CONTRACT = 3\), newer than this ampcore supports \(contract 2\); upgrade ampcore'):
+    with pytest.raises(ampcore.PluginError, match=r'Plugin "new": targets adapter contract 3 \(AMPCORE_CONTRACT = 3\), newer than this ampcore knows; supported contract versions: 2\. Upgrade ampcore'):
         ampcore.register_plugin(_adapter(contract=3), name="new")
 
 
@@ -149,7 +149,7 @@ def test_an_installed_plugin_of_an_older_contract_is_skipped_with_a_warning(site
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     site.install("ampcore-old", "old", "old_plugin", old, version="0.3")
     pm = site.manager()
-    with pytest.warns(PluginWarning, match=r'"old" \(distribution "ampcore-old".*targets adapter contract 1.*supports contract 2') as record:
+    with pytest.warns(PluginWarning, match=r'"old" \(distribution "ampcore-old".*targets adapter contract 1.*supported contract versions: 2') as record:
         infos = {info.name: info for info in pm.plugins()}
     assert len(record) == 1
     assert infos["old"].status == "failed" and "contract 1" in (infos["old"].error or "")

@@ -50,8 +50,8 @@ def check_contract(plugin: object, name: str, distribution: str | None) -> int:
     if declared is None:
         raise PluginError(
             name,
-            f"declares no {attribute}, so it targets adapter contract 1 (the unversioned one); this "
-            f"ampcore supports contract {supported}. Update the plugin and declare {attribute} = {current}. "
+            f"declares no {attribute}, so it targets adapter contract 1 (the unversioned one); "
+            f"supported contract versions: {supported}. Update the plugin and declare {attribute} = {current}. "
             f"What changed: {_changes_since(1)} (see docs/plugins.md)",
             distribution,
         )
@@ -65,14 +65,14 @@ def check_contract(plugin: object, name: str, distribution: str | None) -> int:
         raise PluginError(
             name,
             f"targets adapter contract {declared} ({attribute} = {declared}), newer than this ampcore "
-            f"supports (contract {supported}); upgrade ampcore, or use a release of the plugin that "
+            f"knows; supported contract versions: {supported}. Upgrade ampcore, or use a release of the plugin that "
             f"targets contract {current}",
             distribution,
         )
     raise PluginError(
         name,
-        f"targets adapter contract {declared} ({attribute} = {declared}); this ampcore supports "
-        f"contract {supported}. Update the plugin and declare {attribute} = {current}. What changed: "
+        f"targets adapter contract {declared} ({attribute} = {declared}); supported contract "
+        f"versions: {supported}. Update the plugin and declare {attribute} = {current}. What changed: "
         f"{_changes_since(declared)} (see docs/plugins.md)",
         distribution,
     )
