@@ -11,7 +11,7 @@ implementation never has to check which backend it is asked about, and no hook i
 **Contract version.**  A plugin declares the contract it targets with a module (or object)
 attribute ``AMPCORE_CONTRACT = 2`` (:data:`CONTRACT_VERSION` is the one this ampcore
 supports; :data:`SUPPORTED_CONTRACTS` all it accepts).  A plugin without the attribute
-targets contract 1 (the unversioned contract of ampcore <= 0.x before it); a plugin
+targets contract 1 (the unversioned contract of earlier 0.x releases); a plugin
 targeting a contract this ampcore does not support fails at load time with a
 :class:`ampcore.PluginError` naming the plugin, its contract, the supported ones and what
 changed (:data:`CONTRACT_CHANGES`).  A function named like a hook of an older contract
