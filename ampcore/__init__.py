@@ -31,7 +31,7 @@ from ._scaler.grad_scaler import GradScaler, LossScaleAtMinimumError
 from ._scaler.watch import LossScaleCollapseWarning
 from ._backends.support import is_bfloat16_supported, is_float16_supported
 from ._version import __version__
-from .hookspec import hookimpl
+from .hookspec import BackendSpec, hookimpl
 from . import debugging, toolkit
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "AmpcoreWarning",
     "AutoPlan",
     "Backend",
+    "BackendSpec",
     "BackendUnavailableError",
     "CapabilityIssue",
     "FusedKernelWarning",

@@ -17,8 +17,8 @@ targeting a contract this ampcore does not support fails at load time with a
 changed (:data:`CONTRACT_CHANGES`).  A function named like a hook of an older contract
 fails the load with the hook that replaces it.
 
-Three hooks are required: :func:`ampcore_backend_name`, :func:`ampcore_device_type` and
-:func:`ampcore_supported_dtypes`.  Every other hook is optional; the core default used when a
+One hook is required: :func:`ampcore_backend`, which says who the backend is (a
+:class:`BackendSpec`).  Every other hook is optional; the core default used when a
 plugin leaves it out is given in its docstring.  An implementation may accept any subset of
 the hook's parameters, by name.  A function in a plugin whose name starts with ``ampcore_``
 but matches no hook below is an error (it is almost always a misspelling).
@@ -26,26 +26,19 @@ but matches no hook below is an error (it is almost always a misspelling).
 Example plugin module::
 
     import torch
-    from ampcore import hookimpl
+    from ampcore import BackendSpec, hookimpl
 
     AMPCORE_CONTRACT = 2
 
     @hookimpl
-    def ampcore_backend_name() -> str:
-        return "example"
-
-    @hookimpl
-    def ampcore_device_type() -> str:
-        return "cpu"
-
-    @hookimpl
-    def ampcore_supported_dtypes() -> list[torch.dtype]:
-        return [torch.bfloat16]
+    def ampcore_backend() -> BackendSpec:
+        return BackendSpec(name="example", device_type="cpu", dtypes=[torch.bfloat16])
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pluggy
@@ -56,6 +49,7 @@ if TYPE_CHECKING:
     from ._backends.capability import CapabilityIssue
 
 __all__ = [
+    "BackendSpec",
     "CONTRACT_ATTRIBUTE",
     "CONTRACT_CHANGES",
     "CONTRACT_VERSION",
@@ -81,7 +75,9 @@ CONTRACT_ATTRIBUTE: Final = "AMPCORE_CONTRACT"
 #: What changed in each contract version, for the load-time error (docs/plugins.md has more).
 CONTRACT_CHANGES: Final = {
     2: (
-        "plugins declare AMPCORE_CONTRACT = 2; ampcore_memory_in_use, ampcore_peak_memory, "
+        "plugins declare AMPCORE_CONTRACT = 2; ampcore_backend_name, ampcore_device_type, "
+        "ampcore_supported_dtypes, ampcore_default_dtype and ampcore_backend_priority merged into "
+        "ampcore_backend (returning an ampcore.BackendSpec); ampcore_memory_in_use, ampcore_peak_memory, "
         "ampcore_reset_peak_memory and ampcore_device_memory merged into ampcore_memory; "
         "ampcore_backend_overrides, ampcore_unscale_grads_ and ampcore_keep_norm_fp32 removed; "
         "no hook is firstresult"
@@ -89,6 +85,11 @@ CONTRACT_CHANGES: Final = {
 }
 #: Hooks of older contracts -> what a plugin does instead (named in the load-time error).
 REMOVED_HOOKS: Final = {
+    "ampcore_backend_name": "merged into ampcore_backend (BackendSpec.name) in contract 2",
+    "ampcore_device_type": "merged into ampcore_backend (BackendSpec.device_type) in contract 2",
+    "ampcore_supported_dtypes": "merged into ampcore_backend (BackendSpec.dtypes) in contract 2",
+    "ampcore_default_dtype": "merged into ampcore_backend (BackendSpec.default_dtype) in contract 2",
+    "ampcore_backend_priority": "merged into ampcore_backend (BackendSpec.priority) in contract 2",
     "ampcore_memory_in_use": "merged into ampcore_memory (its 'in_use' key) in contract 2",
     "ampcore_peak_memory": "merged into ampcore_memory (its 'peak' key) in contract 2",
     "ampcore_reset_peak_memory": "merged into ampcore_memory (called with reset_peak=True) in contract 2",
@@ -113,11 +114,7 @@ hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl: Final = pluggy.HookimplMarker(PROJECT_NAME)
 
 #: Hooks every adapter must implement.
-REQUIRED_HOOKS: Final = (
-    "ampcore_backend_name",
-    "ampcore_device_type",
-    "ampcore_supported_dtypes",
-)
+REQUIRED_HOOKS: Final = ("ampcore_backend",)
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,50 +122,58 @@ REQUIRED_HOOKS: Final = (
 # ---------------------------------------------------------------------------------------
 
 
-@hookspec
-def ampcore_backend_name() -> str:  # type: ignore[empty-body]
-    """The backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``).
+@dataclass(frozen=True)
+class BackendSpec:
+    """Who a backend is: what :func:`ampcore_backend` returns (``ampcore.BackendSpec``).
 
-    Lower case letters, digits, ``_`` and ``-``; it must not contain ``:`` (``"cuda:1"``
-    selects device 1 of backend ``"cuda"``).  Two plugins claiming one name is an error
-    (the user blocks one with ``AMPCORE_BLOCK_PLUGINS``).
+    Attributes:
+        name: the backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``): lower
+            case letters, digits, ``_`` and ``-``, no ``:`` (``"cuda:1"`` selects device 1 of
+            backend ``"cuda"``).  Two plugins claiming one name conflict (the user blocks
+            one with ``AMPCORE_BLOCK_PLUGINS``).
+        device_type: the torch device type the backend drives (``torch.autocast(device_type)``);
+            usually the name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu renamed
+            PrivateUse1), but a template may drive ``"cpu"`` under its own name.
+        dtypes: the low-precision dtypes the backend can autocast to, best first: only those
+            the hardware (or a documented emulation) really runs, as the conformance suite
+            checks each one.  Non-empty, distinct, floating.
+        default_dtype: the dtype used for ``dtype=None``, one of ``dtypes``; ``None``: the
+            first of ``dtypes``.
+        priority: rank for ``device=None``: the available backend with the highest priority
+            wins (ties: alphabetical name).  First-party values: ``cpu`` 0, ``xpu`` 80,
+            ``cuda`` and ``npu`` 100; templates -10.
 
-    **Required.**
+    Example::
 
-    Use in plugins: return a constant string.
+        >>> import torch
+        >>> spec = BackendSpec("acme", "acme", [torch.float16, torch.bfloat16], priority=100)
+        >>> spec.default_dtype, spec.priority
+        (None, 100)
     """
 
-
-@hookspec
-def ampcore_device_type() -> str:  # type: ignore[empty-body]
-    """The torch device type this backend drives: ``torch.autocast(device_type)``.
-
-    Usually equal to the backend name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu
-    renamed PrivateUse1), but a backend may drive another type (a template driving
-    ``"cpu"`` under its own name).
-
-    **Required.**
-
-    Use in plugins: return a constant string.
-    """
+    name: str
+    device_type: str
+    dtypes: Sequence[torch.dtype]
+    default_dtype: torch.dtype | None = None
+    priority: int = 50
 
 
 @hookspec
-def ampcore_supported_dtypes() -> Sequence[torch.dtype]:  # type: ignore[empty-body]
-    """The low-precision dtypes this backend can autocast to, best first.
+def ampcore_backend() -> BackendSpec:  # type: ignore[empty-body]
+    """Who this backend is: its name, the torch device type it drives, its dtypes, default
+    dtype and priority, as a :class:`BackendSpec` (see its fields for the rules).
 
-    Only the dtypes the hardware (or a documented emulation) can really run: the
-    conformance suite checks each one.  Must be non-empty and contain floating dtypes
-    only.
+    Read once, when the plugin is loaded; a wrong field fails the load with the field and
+    what is valid.
 
     **Required.**
 
-    Use in plugins: return a constant list such as ``[torch.float16, torch.bfloat16]``.
+    Use in plugins: ``return BackendSpec("acme", "acme", [torch.float16, torch.bfloat16], priority=100)``.
     """
 
 
 # ---------------------------------------------------------------------------------------
-# Availability and selection (optional)
+# Availability (optional)
 # ---------------------------------------------------------------------------------------
 
 
@@ -183,27 +188,6 @@ def ampcore_unavailable_reason() -> str | None:
     Core default: ``None`` (available).
 
     Use in plugins: ``return None if my_ext.is_available() else "no device found"``.
-    """
-
-
-@hookspec
-def ampcore_default_dtype() -> torch.dtype:  # type: ignore[empty-body]
-    """The dtype used when the user passes ``dtype=None``.
-
-    Must be one of :func:`ampcore_supported_dtypes`.
-
-    Core default: the first supported dtype.
-    """
-
-
-@hookspec
-def ampcore_backend_priority() -> int:  # type: ignore[empty-body]
-    """Rank used to choose the backend when the user passes ``device=None``.
-
-    The available backend with the highest priority wins (ties: alphabetical name).
-    First-party values: ``cpu`` 0, ``xpu`` 80, ``cuda`` and ``npu`` 100.
-
-    Core default: 50.
     """
 
 

@@ -18,7 +18,7 @@ from typing import Final
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
 
 from ._ipex import ipex_prepare_o2, ipex_state
 
@@ -116,23 +116,8 @@ def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return "cpu"
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    return "cpu"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    return 0
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(name="cpu", device_type="cpu", dtypes=[torch.bfloat16, torch.float16], priority=0)
 
 
 @hookimpl

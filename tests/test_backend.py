@@ -19,9 +19,9 @@ from conftest import make_adapter
         (make_adapter("has:colon"), "no ':'"),
         (make_adapter("x", dtypes=()), "non-empty"),
         (make_adapter("x", dtypes=(torch.int8,)), "floating"),
-        (make_adapter("x", ampcore_default_dtype=lambda: torch.float16), "not among its supported dtypes"),
-        (make_adapter("x", ampcore_backend_priority=lambda: "high"), "expected an int"),
-        (make_adapter("x", device_type=""), "ampcore_device_type"),
+        (make_adapter("x", default_dtype=torch.float16), "not among its supported dtypes"),
+        (make_adapter("x", priority="high"), "expected an int"),  # type: ignore[arg-type]
+        (make_adapter("x", device_type=""), "device_type=''"),
     ],
     ids=["colon", "no-dtypes", "int-dtype", "bad-default", "bad-priority", "empty-device-type"],
 )
@@ -36,14 +36,10 @@ def test_missing_required_hook() -> None:
         AMPCORE_CONTRACT = 2
 
         @ampcore.hookimpl
-        def ampcore_backend_name(self) -> str:
+        def ampcore_device_name(self) -> str:
             return "x"
 
-        @ampcore.hookimpl
-        def ampcore_device_type(self) -> str:
-            return "cpu"
-
-    with pytest.raises(ampcore.PluginError, match="required hook ampcore_supported_dtypes"):
+    with pytest.raises(ampcore.PluginError, match=r"required hook ampcore_backend\(\); an adapter plugin must implement"):
         ampcore.register_plugin(NoDtypes(), name="nodtypes")
 
 

@@ -18,21 +18,14 @@ from conftest import make_adapter
 
 GOOD = """
 import torch
-from ampcore import hookimpl
+from ampcore import BackendSpec, hookimpl
 
 AMPCORE_CONTRACT = 2
 
 @hookimpl
-def ampcore_backend_name():
-    return "{backend}"
-
-@hookimpl
-def ampcore_device_type():
-    return "cpu"
-
-@hookimpl
-def ampcore_supported_dtypes():
-    return [torch.bfloat16]
+def ampcore_backend():
+    name = "{backend}"
+    return BackendSpec(name=name, device_type="cpu", dtypes=[torch.bfloat16])
 {extra}
 """
 
@@ -92,11 +85,11 @@ def test_good_plugins_load_with_distribution_and_version(site: FakeSite) -> None
     [
         ("raise ImportError('vendor runtime libfoo.so not found')", "libfoo.so not found"),
         ("1 / 0", "ZeroDivisionError"),
-        (_good("broken", "\n@hookimpl\ndef ampcore_suported_dtypes():\n    return []\n"), "ampcore_suported_dtypes (did you mean ampcore_supported_dtypes?)"),
+        (_good("broken", "\n@hookimpl\ndef ampcore_backnd_info():\n    return {}\n"), "ampcore_backnd_info (did you mean ampcore_backend_info?)"),
         (_good("broken", "\n@hookimpl\ndef ampcore_device_name(device_index, surprise):\n    return ''\n"), "surprise"),
-        (_good("broken").replace("return [torch.bfloat16]", "return []"), "non-empty"),
-        (_good("broken").replace("@hookimpl\ndef ampcore_device_type", "def ampcore_device_type"), "ampcore_device_type is not marked"),
-        (_good("broken").replace('return "broken"', "raise RuntimeError('probe failed')"), "probe failed"),
+        (_good("broken").replace("dtypes=[torch.bfloat16]", "dtypes=[]"), "non-empty"),
+        (_good("broken").replace("@hookimpl\ndef ampcore_backend", "def ampcore_backend"), "ampcore_backend is not marked"),
+        (_good("broken").replace('name = "broken"', "raise RuntimeError('probe failed')"), "probe failed"),
     ],
     ids=["import-error", "raises", "misspelled-hook", "bad-signature", "no-dtypes", "unmarked-hook", "hook-raises"],
 )

@@ -20,12 +20,8 @@ from test_plugins import FakeSite, _good, site  # noqa: F401  (the fixture)
 
 #: The hooks of contract 2, in the order of ampcore/hookspec.py.
 CONTRACT_2_HOOKS = (
-    "ampcore_backend_name",
-    "ampcore_device_type",
-    "ampcore_supported_dtypes",
+    "ampcore_backend",
     "ampcore_unavailable_reason",
-    "ampcore_default_dtype",
-    "ampcore_backend_priority",
     "ampcore_device_count",
     "ampcore_device_name",
     "ampcore_check_capability",
@@ -72,9 +68,9 @@ def _adapter(contract: object = hookspec.CONTRACT_VERSION, **hooks: object) -> o
 # -- hooks -------------------------------------------------------------------------------
 
 
-def test_contract_2_has_eighteen_hooks_three_required() -> None:
+def test_contract_2_has_fourteen_hooks_one_required() -> None:
     assert tuple(_hooks()) == CONTRACT_2_HOOKS
-    assert len(CONTRACT_2_HOOKS) == 18 and len(hookspec.REQUIRED_HOOKS) == 3
+    assert len(CONTRACT_2_HOOKS) == 14 and hookspec.REQUIRED_HOOKS == ("ampcore_backend",)
     assert hookspec.CONTRACT_VERSION == 2 and hookspec.SUPPORTED_CONTRACTS == (2,)
 
 
@@ -168,6 +164,11 @@ def test_strict_mode_raises_for_an_older_contract(site: FakeSite) -> None:
 @pytest.mark.parametrize(
     ("old_hook", "function", "new"),
     [
+        ("ampcore_backend_name", lambda: "x", r"merged into ampcore_backend \(BackendSpec.name\)"),
+        ("ampcore_device_type", lambda: "cpu", r"merged into ampcore_backend \(BackendSpec.device_type\)"),
+        ("ampcore_supported_dtypes", lambda: [], r"merged into ampcore_backend \(BackendSpec.dtypes\)"),
+        ("ampcore_default_dtype", lambda: None, r"merged into ampcore_backend \(BackendSpec.default_dtype\)"),
+        ("ampcore_backend_priority", lambda: 0, r"merged into ampcore_backend \(BackendSpec.priority\)"),
         ("ampcore_memory_in_use", lambda device_index: 0, r"merged into ampcore_memory \(its 'in_use' key\)"),
         ("ampcore_peak_memory", lambda device_index: 0, r"merged into ampcore_memory \(its 'peak' key\)"),
         ("ampcore_reset_peak_memory", lambda device_index: None, r"merged into ampcore_memory \(called with reset_peak=True\)"),
@@ -185,7 +186,20 @@ def test_a_hook_of_contract_1_names_what_replaced_it(old_hook: str, function: ob
     assert re.match(rf'Plugin "stale": unknown hook\(s\) {re.escape(old_hook)} \({new}', str(caught.value)), str(caught.value)
 
 
-# -- the merged memory hook --------------------------------------------------------------
+# -- the merged identity and memory hooks ----------------------------------------------
+
+
+def test_backend_spec_gives_name_device_type_dtypes_default_and_priority(register) -> None:
+    backend = register(make_adapter("spec", dtypes=(torch.float16, torch.bfloat16), default_dtype=torch.bfloat16, priority=7), name="spec")
+    assert (backend.name, backend.device_type, backend.supported_dtypes) == ("spec", "cpu", (torch.float16, torch.bfloat16))
+    assert (backend.default_dtype, backend.priority) == (torch.bfloat16, 7)
+
+
+def test_ampcore_backend_returning_no_backend_spec_is_a_plugin_error() -> None:
+    plugin = make_adapter("nospec")
+    type(plugin).ampcore_backend = ampcore.hookimpl(lambda self: {"name": "nospec"})
+    with pytest.raises(ampcore.PluginError, match=r"ampcore_backend\(\) returned \{'name': 'nospec'\}; expected an ampcore.BackendSpec"):
+        ampcore.register_plugin(plugin, name="nospec")
 
 
 def test_memory_hook_answers_in_use_peak_total_and_resets(register) -> None:

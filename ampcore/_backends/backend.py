@@ -11,6 +11,7 @@ import pluggy
 import torch
 
 from .capability import CapabilityIssue
+from ..hookspec import BackendSpec
 from .._dtypes import parse_dtype
 from .._forklock import LOCK
 from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError
@@ -23,7 +24,6 @@ ADJUSTMENT_KEYS: Final = ("white", "black", "promote")
 
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_\-]*$")
 _MISSING: Final = object()
-_DEFAULT_PRIORITY: Final = 50
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -125,7 +125,7 @@ class Backend:
             if default is _MISSING:
                 raise self._error(
                     f"does not implement the required hook {name}(); an adapter plugin must implement "
-                    "ampcore_backend_name, ampcore_device_type and ampcore_supported_dtypes with @ampcore.hookimpl"
+                    "ampcore_backend() with @ampcore.hookimpl, returning an ampcore.BackendSpec"
                 )
             return default
         try:
@@ -149,32 +149,36 @@ class Backend:
         return PluginError(self.plugin_name, message, self.distribution)
 
     def _validate_and_describe(self) -> None:
-        name = self._call("ampcore_backend_name")
+        spec = self._call("ampcore_backend")
+        if not isinstance(spec, BackendSpec):
+            raise self._error(
+                f"ampcore_backend() returned {spec!r}; expected an ampcore.BackendSpec such as "
+                "BackendSpec(name='acme', device_type='acme', dtypes=[torch.bfloat16])"
+            )
+        name, device_type, raw = spec.name, spec.device_type, spec.dtypes
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise self._error(
-                f"ampcore_backend_name() returned {name!r}; expected a lower-case name of "
+                f"ampcore_backend() gave name={name!r}; expected a lower-case name of "
                 "letters, digits, '_' or '-' (no ':'), e.g. 'cuda'"
             )
-        device_type = self._call("ampcore_device_type")
         if not isinstance(device_type, str) or not device_type:
-            raise self._error(f"ampcore_device_type() returned {device_type!r}; expected e.g. 'cuda'")
-        raw = self._call("ampcore_supported_dtypes")
+            raise self._error(f"ampcore_backend() gave device_type={device_type!r}; expected e.g. 'cuda'")
         dtypes = tuple(raw) if isinstance(raw, (list, tuple)) else ()
         bad = [d for d in dtypes if not isinstance(d, torch.dtype) or not d.is_floating_point]
         if not dtypes or bad or len(set(dtypes)) != len(dtypes):
             raise self._error(
-                f"ampcore_supported_dtypes() returned {raw!r}; expected a non-empty "
+                f"ampcore_backend() gave dtypes={raw!r}; expected a non-empty "
                 "list of distinct floating torch dtypes such as [torch.bfloat16]"
             )
-        default = self._call("ampcore_default_dtype", default=dtypes[0])
+        default = dtypes[0] if spec.default_dtype is None else spec.default_dtype
         if not isinstance(default, torch.dtype) or default not in dtypes:
             raise self._error(
-                f"ampcore_default_dtype() returned {default!r}, which is not among its "
+                f"ampcore_backend() gave default_dtype={default!r}, which is not among its "
                 f"supported dtypes {[dtype_name(d) for d in dtypes]}"
             )
-        priority = self._call("ampcore_backend_priority", default=_DEFAULT_PRIORITY)
+        priority = spec.priority
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise self._error(f"ampcore_backend_priority() returned {priority!r}; expected an int")
+            raise self._error(f"ampcore_backend() gave priority={priority!r}; expected an int")
         self.name: str = name
         self.device_type: str = device_type
         self.supported_dtypes: tuple[torch.dtype, ...] = dtypes

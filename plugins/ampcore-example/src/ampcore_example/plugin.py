@@ -3,7 +3,7 @@
 Copy this module to start the adapter of your accelerator.  It shows every hook of the
 contract (:mod:`ampcore.hookspec`):
 
-* the three **required** hooks, implemented;
+* the **required** hook (``ampcore_backend``: who the backend is), implemented;
 * the **optional** hooks this template needs, implemented with the reason for each value;
 * the optional hooks it does not need, at the bottom, as commented-out code with a note on
   when your device needs them.
@@ -32,7 +32,7 @@ from typing import Final
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
 
 #: The adapter contract this plugin targets (ampcore.hookspec).
 AMPCORE_CONTRACT = 2
@@ -96,25 +96,23 @@ def read_properties() -> ExampleDeviceProperties:
     return ExampleDeviceProperties(str(caps.get("cpu_name") or "the CPU"), native)
 
 
-# -- required hooks ------------------------------------------------------------------------
+# -- the required hook --------------------------------------------------------------------
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return BACKEND
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    # The torch device type whose autocast and kernels this backend uses.  A PrivateUse1
-    # vendor returns the name it renamed PrivateUse1 to (torch_npu: "npu").
-    return "cpu"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> Sequence[torch.dtype]:
-    # Only dtypes the hardware really runs; the conformance suite checks each one.
-    return [torch.bfloat16]
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(
+        name=BACKEND,
+        # The torch device type whose autocast and kernels this backend uses.  A PrivateUse1
+        # vendor gives the name it renamed PrivateUse1 to (torch_npu: "npu").
+        device_type="cpu",
+        # Only dtypes the hardware really runs, best first; the conformance suite checks each.
+        dtypes=[torch.bfloat16],
+        default_dtype=torch.bfloat16,  # dtype=None (default: the first of dtypes)
+        # cuda/npu 100, xpu 80, plugins 50 by default, cpu 0: a template must never be
+        # chosen by device=None.
+        priority=-10,
+    )
 
 
 # -- optional hooks this template needs ---------------------------------------------------
@@ -132,18 +130,6 @@ def ampcore_unavailable_reason() -> str | None:
     #         return "no MyVendor device or driver found"
     #     return None
     return None  # the CPU is always there
-
-
-@hookimpl
-def ampcore_default_dtype() -> torch.dtype:
-    return torch.bfloat16
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    # cuda/npu 100, xpu 80, plugins 50 by default, cpu 0: a template must never be chosen
-    # by device=None.
-    return -10
 
 
 @hookimpl
