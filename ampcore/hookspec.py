@@ -319,10 +319,12 @@ def ampcore_memory(  # type: ignore[empty-body]
 
     Use in plugins::
 
-        if reset_peak:
-            torch_myvendor.reset_peak_memory_stats(device_index)
-        return {"in_use": torch_myvendor.memory_allocated(device_index),
-                "peak": torch_myvendor.max_memory_allocated(device_index)}
+        @hookimpl
+        def ampcore_memory(device_index, reset_peak):
+            if reset_peak:
+                torch_myvendor.reset_peak_memory_stats(device_index)
+            return {"in_use": torch_myvendor.memory_allocated(device_index),
+                    "peak": torch_myvendor.max_memory_allocated(device_index)}
     """
 
 

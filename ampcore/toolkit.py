@@ -59,7 +59,7 @@ def parse_dtype(value: object, call: str = "ampcore", param: str = "dtype") -> t
         >>> parse_dtype("fp8", "mytool", "--dtype")
         Traceback (most recent call last):
         ...
-        ampcore._errors.AmpcoreError: mytool --dtype fp8: unknown dtype name; valid names: bfloat16 (bf16), float16 (fp16, half), float32 (fp32, float), float64 (fp64, double)
+        ampcore._errors.AmpcoreError: mytool --dtype fp8: unknown dtype name; valid: bfloat16 (bf16), float16 (fp16, half), float32 (fp32, float), float64 (fp64, double), or a floating torch.dtype
     """
     return _parse_dtype(value, call, param)
 
