@@ -49,18 +49,9 @@ if TYPE_CHECKING:
     from ._backends.capability import CapabilityIssue
 
 __all__ = [
-    "BackendSpec",
-    "CONTRACT_ATTRIBUTE",
-    "CONTRACT_CHANGES",
-    "CONTRACT_VERSION",
-    "ENTRY_POINT_GROUP",
-    "PROJECT_NAME",
-    "REMOVED_HOOKS",
-    "REQUIRED_HOOKS",
-    "SUPPORTED_CONTRACTS",
-    "hookimpl",
-    "hookspec",
-]
+    "BackendSpec", "CONTRACT_ATTRIBUTE", "CONTRACT_CHANGES", "CONTRACT_VERSION", "ENTRY_POINT_GROUP",
+    "PROJECT_NAME", "REMOVED_HOOKS", "REQUIRED_HOOKS", "SUPPORTED_CONTRACTS", "hookimpl", "hookspec",
+]  # fmt: skip
 
 PROJECT_NAME: Final = "ampcore"
 #: The entry-point group through which installed plugins are found.
@@ -74,14 +65,10 @@ SUPPORTED_CONTRACTS: Final = (2,)
 CONTRACT_ATTRIBUTE: Final = "AMPCORE_CONTRACT"
 #: What changed in each contract version, for the load-time error (docs/plugins.md has more).
 CONTRACT_CHANGES: Final = {
-    2: (
-        "plugins declare AMPCORE_CONTRACT = 2; ampcore_backend_name, ampcore_device_type, "
-        "ampcore_supported_dtypes, ampcore_default_dtype and ampcore_backend_priority merged into "
-        "ampcore_backend (returning an ampcore.BackendSpec); ampcore_memory_in_use, ampcore_peak_memory, "
-        "ampcore_reset_peak_memory and ampcore_device_memory merged into ampcore_memory; "
-        "ampcore_backend_overrides, ampcore_unscale_grads_ and ampcore_keep_norm_fp32 removed; "
-        "no hook is firstresult"
-    ),
+    2: "plugins declare AMPCORE_CONTRACT = 2; the five identity hooks (ampcore_backend_name, ...) merged "
+    "into ampcore_backend (returning an ampcore.BackendSpec); the four memory hooks merged into "
+    "ampcore_memory; ampcore_backend_overrides, ampcore_unscale_grads_ and ampcore_keep_norm_fp32 "
+    "removed; no hook is firstresult",
 }
 #: Hooks of older contracts -> what a plugin does instead (named in the load-time error).
 REMOVED_HOOKS: Final = {
@@ -94,18 +81,9 @@ REMOVED_HOOKS: Final = {
     "ampcore_peak_memory": "merged into ampcore_memory (its 'peak' key) in contract 2",
     "ampcore_reset_peak_memory": "merged into ampcore_memory (called with reset_peak=True) in contract 2",
     "ampcore_device_memory": "merged into ampcore_memory (its 'total' key) in contract 2",
-    "ampcore_backend_overrides": (
-        "removed in contract 2: when two plugins claim one backend name, the user blocks one "
-        "with AMPCORE_BLOCK_PLUGINS"
-    ),
-    "ampcore_unscale_grads_": (
-        "removed in contract 2: the scaler uses torch's _amp_foreach_non_finite_check_and_unscale_ "
-        "or its portable on-device fallback"
-    ),
-    "ampcore_keep_norm_fp32": (
-        "removed in contract 2: O2 keeps norm parameters in float32 for float16 only; users "
-        "choose with decorate(keep_norm_fp32=...)"
-    ),
+    "ampcore_backend_overrides": "removed in contract 2: of two plugins claiming one name, block one with AMPCORE_BLOCK_PLUGINS",
+    "ampcore_unscale_grads_": "removed in contract 2: the scaler uses torch's fused kernel or its portable one",
+    "ampcore_keep_norm_fp32": "removed in contract 2: O2 keeps norms float32 for float16 only; decorate(keep_norm_fp32=...)",
 }
 
 #: Marker for hook specifications (used by this module only).
