@@ -125,6 +125,5 @@ def ampcore_synchronize(device_index: int) -> None:
     torch.acme.synchronize(device_index)  # type: ignore[attr-defined]
 
 
-# Memory hooks (ampcore_device_memory, ampcore_memory_in_use, ampcore_reset_peak_memory,
-# ampcore_peak_memory) are left out: the test device cannot measure memory, so `ampcore
-# bench` prints "unavailable".  Implement them with your runtime's allocator statistics.
+# The memory hook (ampcore_memory) is left out: the test device cannot measure memory, so
+# `ampcore bench` prints "unavailable".  Implement it with your runtime's allocator statistics.
