@@ -13,7 +13,7 @@ from ._cli.launch import quiet_torch_numpy_warning as _quiet
 _quiet()  # before torch is imported: the command line needs no NumPy
 # ruff: noqa: E402  (the imports below must follow that call)
 
-from . import debugging
+from . import debugging, toolkit
 from ._auto import AutoPlan, auto_plan, load_plan
 from ._backends.backend import Backend
 from ._backends.capability import CapabilityIssue
@@ -32,7 +32,7 @@ from ._policy.region import RegionInfo, active_region
 from ._scaler.grad_scaler import GradScaler, LossScaleAtMinimumError
 from ._scaler.watch import LossScaleCollapseWarning
 from ._version import __version__
-from .hookspec import hookimpl
+from .hookspec import BackendSpec, hookimpl
 
 __all__ = [
     "LEVELS",
@@ -40,6 +40,7 @@ __all__ = [
     "AmpcoreWarning",
     "AutoPlan",
     "Backend",
+    "BackendSpec",
     "BackendUnavailableError",
     "CapabilityIssue",
     "FusedKernelWarning",
@@ -71,6 +72,7 @@ __all__ = [
     "oplists",
     "register_fp32_module",
     "register_plugin",
+    "toolkit",
     "unregister_fp32_module",
     "unregister_plugin",
 ]

@@ -2,12 +2,23 @@
 
 A plugin is a module (or any object) whose functions carry the :data:`ampcore.hookimpl`
 marker and are named like the hooks below.  It is found through the ``ampcore`` entry-point
-group (or registered in process with :func:`ampcore.register_plugin`) and describes exactly
-one backend.  The core calls each plugin's own implementations; hooks are never broadcast to
-other plugins, so an implementation never has to check which backend it is asked about.
+group (:data:`ENTRY_POINT_GROUP`; or registered in process with
+:func:`ampcore.register_plugin`) and describes exactly one backend.  The core calls each
+plugin's own implementations; hooks are never broadcast to other plugins, so an
+implementation never has to check which backend it is asked about, and no hook is
+"firstresult".
 
-Three hooks are required: :func:`ampcore_backend_name`, :func:`ampcore_device_type` and
-:func:`ampcore_supported_dtypes`.  Every other hook is optional; the core default used when a
+**Contract version.**  A plugin declares the contract it targets with a module (or object)
+attribute ``AMPCORE_CONTRACT = 2`` (:data:`CONTRACT_VERSION` is the one this ampcore
+supports; :data:`SUPPORTED_CONTRACTS` all it accepts).  A plugin without the attribute
+targets contract 1 (the unversioned contract of earlier 0.x releases); a plugin
+targeting a contract this ampcore does not support fails at load time with a
+:class:`ampcore.PluginError` naming the plugin, its contract, the supported ones and what
+changed (:data:`CONTRACT_CHANGES`).  A function named like a hook of an older contract
+fails the load with the hook that replaces it.
+
+One hook is required: :func:`ampcore_backend`, which says who the backend is (a
+:class:`BackendSpec`).  Every other hook is optional; the core default used when a
 plugin leaves it out is given in its docstring.  An implementation may accept any subset of
 the hook's parameters, by name.  A function in a plugin whose name starts with ``ampcore_``
 but matches no hook below is an error (it is almost always a misspelling).
@@ -15,24 +26,19 @@ but matches no hook below is an error (it is almost always a misspelling).
 Example plugin module::
 
     import torch
-    from ampcore import hookimpl
+    from ampcore import BackendSpec, hookimpl
+
+    AMPCORE_CONTRACT = 2
 
     @hookimpl
-    def ampcore_backend_name() -> str:
-        return "example"
-
-    @hookimpl
-    def ampcore_device_type() -> str:
-        return "cpu"
-
-    @hookimpl
-    def ampcore_supported_dtypes() -> list[torch.dtype]:
-        return [torch.bfloat16]
+    def ampcore_backend() -> BackendSpec:
+        return BackendSpec(name="example", device_type="cpu", dtypes=[torch.bfloat16])
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 import pluggy
@@ -42,9 +48,43 @@ if TYPE_CHECKING:
 
     from ._backends.capability import CapabilityIssue
 
-__all__ = ["PROJECT_NAME", "REQUIRED_HOOKS", "hookimpl", "hookspec"]
+__all__ = [
+    "BackendSpec", "CONTRACT_ATTRIBUTE", "CONTRACT_CHANGES", "CONTRACT_VERSION", "ENTRY_POINT_GROUP",
+    "PROJECT_NAME", "REMOVED_HOOKS", "REQUIRED_HOOKS", "SUPPORTED_CONTRACTS", "hookimpl", "hookspec",
+]  # fmt: skip
 
 PROJECT_NAME: Final = "ampcore"
+#: The entry-point group through which installed plugins are found.
+ENTRY_POINT_GROUP: Final = "ampcore"
+
+#: The contract version this ampcore implements (what ``AMPCORE_CONTRACT`` should say).
+CONTRACT_VERSION: Final = 2
+#: Every contract version this ampcore loads plugins of.
+SUPPORTED_CONTRACTS: Final = (2,)
+#: The plugin attribute that declares the contract version (missing: contract 1).
+CONTRACT_ATTRIBUTE: Final = "AMPCORE_CONTRACT"
+#: What changed in each contract version, for the load-time error (docs/plugins.md has more).
+CONTRACT_CHANGES: Final = {
+    2: "plugins declare AMPCORE_CONTRACT = 2; the five identity hooks (ampcore_backend_name, ...) merged "
+    "into ampcore_backend (returning an ampcore.BackendSpec); the four memory hooks merged into "
+    "ampcore_memory; ampcore_backend_overrides, ampcore_unscale_grads_ and ampcore_keep_norm_fp32 "
+    "removed; no hook is firstresult",
+}
+#: Hooks of older contracts -> what a plugin does instead (named in the load-time error).
+REMOVED_HOOKS: Final = {
+    "ampcore_backend_name": "merged into ampcore_backend (BackendSpec.name) in contract 2",
+    "ampcore_device_type": "merged into ampcore_backend (BackendSpec.device_type) in contract 2",
+    "ampcore_supported_dtypes": "merged into ampcore_backend (BackendSpec.dtypes) in contract 2",
+    "ampcore_default_dtype": "merged into ampcore_backend (BackendSpec.default_dtype) in contract 2",
+    "ampcore_backend_priority": "merged into ampcore_backend (BackendSpec.priority) in contract 2",
+    "ampcore_memory_in_use": "merged into ampcore_memory (its 'in_use' key) in contract 2",
+    "ampcore_peak_memory": "merged into ampcore_memory (its 'peak' key) in contract 2",
+    "ampcore_reset_peak_memory": "merged into ampcore_memory (called with reset_peak=True) in contract 2",
+    "ampcore_device_memory": "merged into ampcore_memory (its 'total' key) in contract 2",
+    "ampcore_backend_overrides": "removed in contract 2: of two plugins claiming one name, block one with AMPCORE_BLOCK_PLUGINS",
+    "ampcore_unscale_grads_": "removed in contract 2: the scaler uses torch's fused kernel or its portable one",
+    "ampcore_keep_norm_fp32": "removed in contract 2: O2 keeps norms float32 for float16 only; decorate(keep_norm_fp32=...)",
+}
 
 #: Marker for hook specifications (used by this module only).
 hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
@@ -52,11 +92,7 @@ hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl: Final = pluggy.HookimplMarker(PROJECT_NAME)
 
 #: Hooks every adapter must implement.
-REQUIRED_HOOKS: Final = (
-    "ampcore_backend_name",
-    "ampcore_device_type",
-    "ampcore_supported_dtypes",
-)
+REQUIRED_HOOKS: Final = ("ampcore_backend",)
 
 
 # ---------------------------------------------------------------------------------------
@@ -64,50 +100,58 @@ REQUIRED_HOOKS: Final = (
 # ---------------------------------------------------------------------------------------
 
 
-@hookspec
-def ampcore_backend_name() -> str:  # type: ignore[empty-body]
-    """The backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``).
+@dataclass(frozen=True)
+class BackendSpec:
+    """Who a backend is: what :func:`ampcore_backend` returns (``ampcore.BackendSpec``).
 
-    Lower case letters, digits, ``_`` and ``-``; it must not contain ``:`` (``"cuda:1"``
-    selects device 1 of backend ``"cuda"``).  Two plugins claiming one name is an error
-    unless one of them declares :func:`ampcore_backend_overrides`.
+    Attributes:
+        name: the backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``): lower
+            case letters, digits, ``_`` and ``-``, no ``:`` (``"cuda:1"`` selects device 1 of
+            backend ``"cuda"``).  Two plugins claiming one name conflict (the user blocks
+            one with ``AMPCORE_BLOCK_PLUGINS``).
+        device_type: the torch device type the backend drives (``torch.autocast(device_type)``);
+            usually the name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu renamed
+            PrivateUse1), but a template may drive ``"cpu"`` under its own name.
+        dtypes: the low-precision dtypes the backend can autocast to, best first: only those
+            the hardware (or a documented emulation) really runs, as the conformance suite
+            checks each one.  Non-empty, distinct, floating.
+        default_dtype: the dtype used for ``dtype=None``, one of ``dtypes``; ``None``: the
+            first of ``dtypes``.
+        priority: rank for ``device=None``: the available backend with the highest priority
+            wins (ties: alphabetical name).  First-party values: ``cpu`` 0, ``xpu`` 80,
+            ``cuda`` and ``npu`` 100; templates -10.
 
-    **Required.**
+    Example::
 
-    Use in plugins: return a constant string.
+        >>> import torch
+        >>> spec = BackendSpec("acme", "acme", [torch.float16, torch.bfloat16], priority=100)
+        >>> spec.default_dtype, spec.priority
+        (None, 100)
     """
 
-
-@hookspec
-def ampcore_device_type() -> str:  # type: ignore[empty-body]
-    """The torch device type this backend drives: ``torch.autocast(device_type)``.
-
-    Usually equal to the backend name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu
-    renamed PrivateUse1), but a backend may drive another type (a template driving
-    ``"cpu"`` under its own name).
-
-    **Required.**
-
-    Use in plugins: return a constant string.
-    """
+    name: str
+    device_type: str
+    dtypes: Sequence[torch.dtype]
+    default_dtype: torch.dtype | None = None
+    priority: int = 50
 
 
 @hookspec
-def ampcore_supported_dtypes() -> Sequence[torch.dtype]:  # type: ignore[empty-body]
-    """The low-precision dtypes this backend can autocast to, best first.
+def ampcore_backend() -> BackendSpec:  # type: ignore[empty-body]
+    """Who this backend is: its name, the torch device type it drives, its dtypes, default
+    dtype and priority, as a :class:`BackendSpec` (see its fields for the rules).
 
-    Only the dtypes the hardware (or a documented emulation) can really run: the
-    conformance suite checks each one.  Must be non-empty and contain floating dtypes
-    only.
+    Read once, when the plugin is loaded; a wrong field fails the load with the field and
+    what is valid.
 
     **Required.**
 
-    Use in plugins: return a constant list such as ``[torch.float16, torch.bfloat16]``.
+    Use in plugins: ``return BackendSpec("acme", "acme", [torch.float16, torch.bfloat16], priority=100)``.
     """
 
 
 # ---------------------------------------------------------------------------------------
-# Availability and selection (optional)
+# Availability (optional)
 # ---------------------------------------------------------------------------------------
 
 
@@ -122,39 +166,6 @@ def ampcore_unavailable_reason() -> str | None:
     Core default: ``None`` (available).
 
     Use in plugins: ``return None if my_ext.is_available() else "no device found"``.
-    """
-
-
-@hookspec
-def ampcore_default_dtype() -> torch.dtype:  # type: ignore[empty-body]
-    """The dtype used when the user passes ``dtype=None``.
-
-    Must be one of :func:`ampcore_supported_dtypes`.
-
-    Core default: the first supported dtype.
-    """
-
-
-@hookspec
-def ampcore_backend_priority() -> int:  # type: ignore[empty-body]
-    """Rank used to choose the backend when the user passes ``device=None``.
-
-    The available backend with the highest priority wins (ties: alphabetical name).
-    First-party values: ``cpu`` 0, ``xpu`` 80, ``cuda`` and ``npu`` 100.
-
-    Core default: 50.
-    """
-
-
-@hookspec
-def ampcore_backend_overrides() -> bool:  # type: ignore[empty-body]
-    """Whether this plugin replaces another plugin of the same backend name.
-
-    Lets a vendor ship an improved adapter for a first-party backend name.  If both or
-    neither of two same-named plugins override, resolving that name raises an error that
-    names both distributions.
-
-    Core default: ``False``.
     """
 
 
@@ -239,22 +250,6 @@ def ampcore_op_list_adjustments(  # type: ignore[empty-body]
 # ---------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
-def ampcore_unscale_grads_(
-    grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
-) -> bool | None:
-    """Multiply ``grads`` in place by ``inv_scale`` and set ``found_inf`` to 1.0 when any of
-    them holds an inf or a nan.
-
-    All tensors are on one device of this backend; ``found_inf`` and ``inv_scale`` are
-    one-element float32 tensors.  Must not synchronise with the host.  Return ``True`` when
-    handled, ``None`` to let the core use ``torch._amp_foreach_non_finite_check_and_unscale_``
-    (or its portable on-device fallback).
-
-    Core default: the torch kernel where the device has one, else the portable fallback.
-    """
-
-
 @hookspec
 def ampcore_device_overflow_flag(device: torch.device) -> torch.Tensor | None:
     """The device's own overflow status (for chips whose arithmetic saturates instead of
@@ -284,41 +279,30 @@ def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
 
 
 @hookspec
-def ampcore_device_memory(device_index: int) -> int | None:
-    """Total memory of device ``device_index`` in bytes, or ``None`` when the backend
-    computes in host memory (then ``ampcore bench`` picks the scaled-down sizes).
+def ampcore_memory(  # type: ignore[empty-body]
+    device_index: int, reset_peak: bool
+) -> Mapping[str, int | None] | None:
+    """Memory of device ``device_index`` in bytes: ``{"in_use": ..., "peak": ..., "total": ...}``
+    (any key may be left out or ``None`` when the backend cannot tell), or ``None``.
 
-    Core default: ``torch.accelerator.get_memory_info`` when the backend's device type is
-    torch's current accelerator, else ``None``.
-    """
+    ``in_use`` is what is allocated now (host backends: the process's resident memory),
+    ``peak`` the most in use since the last reset, ``total`` the device's capacity (``None``
+    for backends computing in host memory; then ``ampcore bench`` picks the scaled-down
+    sizes).  With ``reset_peak=True`` the call also starts a new peak measurement (the core
+    ignores what it returns then).
 
+    Core default: ``torch.accelerator`` (``memory_allocated``, ``max_memory_allocated``,
+    ``reset_peak_memory_stats``, ``get_memory_info``) when the backend's device type is
+    torch's current accelerator, else unknown.
 
-@hookspec
-def ampcore_reset_peak_memory(device_index: int) -> None:
-    """Start a new peak-memory measurement on device ``device_index``.
+    Use in plugins::
 
-    Core default: ``torch.accelerator.reset_peak_memory_stats`` when the backend's device
-    type is torch's current accelerator, else nothing.
-    """
-
-
-@hookspec
-def ampcore_memory_in_use(device_index: int) -> int | None:
-    """Bytes in use on device ``device_index`` now (host backends: the process's resident
-    memory), or ``None`` when the backend cannot tell.
-
-    Core default: ``torch.accelerator.memory_allocated`` when the backend's device type is
-    torch's current accelerator, else ``None``.
-    """
-
-
-@hookspec
-def ampcore_peak_memory(device_index: int) -> int | None:
-    """Bytes in use at the peak since :func:`ampcore_reset_peak_memory`, or ``None`` when
-    the backend cannot measure it.
-
-    Core default: ``torch.accelerator.max_memory_allocated`` when the backend's device type
-    is torch's current accelerator, else ``None``.
+        @hookimpl
+        def ampcore_memory(device_index, reset_peak):
+            if reset_peak:
+                torch_myvendor.reset_peak_memory_stats(device_index)
+            return {"in_use": torch_myvendor.memory_allocated(device_index),
+                    "peak": torch_myvendor.max_memory_allocated(device_index)}
     """
 
 
@@ -327,7 +311,7 @@ def ampcore_peak_memory(device_index: int) -> int | None:
 # ---------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def ampcore_prepare_o2(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, dtype: torch.dtype
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer | None] | None:
@@ -342,28 +326,10 @@ def ampcore_prepare_o2(
     master weights for this model.  Return ``None`` to let the core do it (also when the
     vendor's tool is absent or unusable: warn, then return ``None``).
 
-    **firstresult**: the first non-``None`` result is used.
-
     Core default: ``None`` (the core casts parameters and keeps fp32 master weights).
 
     Use in plugins: import the vendor tool lazily here; return ``None`` for dtypes it does
     not handle.
-    """
-
-
-@hookspec
-def ampcore_keep_norm_fp32(dtype: torch.dtype) -> bool:  # type: ignore[empty-body]
-    """Whether LayerNorm, GroupNorm, InstanceNorm and RMSNorm keep float32 parameters when
-    :func:`ampcore.decorate` converts a model to ``dtype`` at level O2.
-
-    BatchNorm always stays float32 whatever this returns; the user's ``keep_norm_fp32``
-    argument overrides it.  Return ``False`` where the backend's norm kernels are accurate
-    in ``dtype`` with low-precision weights.
-
-    Core default: ``True`` for ``torch.float16`` only, as Paddle does (float16's narrow range
-    makes the variance and the scale/shift parameters lose accuracy).
-
-    Use in plugins: ``return dtype == torch.float16``.
     """
 
 
@@ -412,7 +378,7 @@ def ampcore_backend_info() -> Mapping[str, str]:  # type: ignore[empty-body]
 # ---------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def ampcore_auto_costs(shape_class: str, dtype: torch.dtype) -> Mapping[str, float] | None:
     """The costs of one shape class for ``level="auto"``, instead of measuring them.
 
@@ -421,8 +387,6 @@ def ampcore_auto_costs(shape_class: str, dtype: torch.dtype) -> Mapping[str, flo
     (see docs/auto.md).  Return a mapping with ``fp32_ms`` and ``low_ms`` (forward and
     backward of one call; ``low_ms`` including the casts) and optionally ``cast_ms``; the
     core decides from them as from measured costs.  Return ``None`` to let the core measure.
-
-    **firstresult**: the first non-``None`` result is used.
 
     Core default: ``None`` (the core measures with micro-benchmarks).
 

@@ -18,9 +18,12 @@ from typing import Final
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
 
 from ._ipex import ipex_prepare_o2, ipex_state
+
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
 
 #: CPU feature flags (as ``torch.cpu.get_capabilities()`` names them) that run a dtype natively.
 NATIVE_FEATURES: Final[Mapping[torch.dtype, tuple[str, ...]]] = {
@@ -114,23 +117,8 @@ def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return "cpu"
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    return "cpu"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> list[torch.dtype]:
-    return [torch.bfloat16, torch.float16]
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    return 0
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(name="cpu", device_type="cpu", dtypes=[torch.bfloat16, torch.float16], priority=0)
 
 
 @hookimpl
@@ -186,14 +174,9 @@ def _status_field(field: str) -> int | None:
         return None
 
 
-@hookimpl
-def ampcore_memory_in_use() -> int | None:
-    return _status_field("VmRSS")
-
-
-@hookimpl
-def ampcore_reset_peak_memory() -> None:
-    # Writing "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0).
+def reset_peak_rss() -> None:
+    """Reset the peak resident set size (VmHWM) to the current one: writing "5" to
+    ``/proc/self/clear_refs`` (Linux >= 4.0); nothing elsewhere."""
     try:
         with open(_CLEAR_REFS, "w") as handle:
             handle.write("5")
@@ -202,5 +185,8 @@ def ampcore_reset_peak_memory() -> None:
 
 
 @hookimpl
-def ampcore_peak_memory() -> int | None:
-    return _status_field("VmHWM")
+def ampcore_memory(reset_peak: bool) -> dict[str, int | None]:
+    # The CPU computes in host memory: no "total", so `ampcore bench` picks scaled-down sizes.
+    if reset_peak:
+        reset_peak_rss()
+    return {"in_use": _status_field("VmRSS"), "peak": _status_field("VmHWM")}

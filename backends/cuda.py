@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
+
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
 
 
 @dataclass(frozen=True)
@@ -95,23 +98,8 @@ def unavailable_reason(
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return "cuda"
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    return "cuda"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> list[torch.dtype]:
-    return [torch.float16, torch.bfloat16]
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    return 100
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(name="cuda", device_type="cuda", dtypes=[torch.float16, torch.bfloat16], priority=100)
 
 
 @hookimpl

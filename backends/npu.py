@@ -33,7 +33,10 @@ from typing import Final, Literal
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
+
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
 
 #: ``c10_npu::SocVersion`` values (torch_npu/csrc/core/npu/NpuVariables.h) that set the rules.
 ASCEND_910B1: Final = 220
@@ -182,23 +185,8 @@ def _uses_float_status(device: torch.device) -> bool:
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return "npu"
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    return "npu"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> list[torch.dtype]:
-    return [torch.float16, torch.bfloat16]
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    return 100
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(name="npu", device_type="npu", dtypes=[torch.float16, torch.bfloat16], priority=100)
 
 
 @hookimpl

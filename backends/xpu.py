@@ -17,7 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
+
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
 
 
 @dataclass(frozen=True)
@@ -118,23 +121,8 @@ def _compiled() -> bool:
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return "xpu"
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    return "xpu"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> list[torch.dtype]:
-    return [torch.float16, torch.bfloat16]
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    return 80
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(name="xpu", device_type="xpu", dtypes=[torch.float16, torch.bfloat16], priority=80)
 
 
 @hookimpl

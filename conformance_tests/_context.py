@@ -15,7 +15,7 @@ from typing import Any, Final
 import torch
 
 import ampcore
-from ampcore import _dtypes
+from ampcore import toolkit
 from ampcore_conformance._lists import effective_lists
 from ampcore_conformance._manifest import Manifest, Tolerances
 
@@ -38,7 +38,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 def parse_dtype(text: str, option: str = OPTION) -> torch.dtype:
     """``"bf16"``, ``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16`` (ampcore's parser)."""
     try:
-        return _dtypes.parse_dtype(text, CALL, option)
+        return toolkit.parse_dtype(text, CALL, option)
     except ampcore.AmpcoreError as exc:
         raise UsageProblem(str(exc)) from None
 
@@ -51,7 +51,7 @@ def check_dtypes(backend: ampcore.Backend, names: Sequence[str], option: str = O
     """
     owner = f"backend {backend.name!r}"
     try:
-        chosen = [_dtypes.parse_declared_dtype(n, backend.supported_dtypes, owner, CALL, option) for n in names]
+        chosen = [toolkit.parse_declared_dtype(n, backend.supported_dtypes, owner, CALL, option) for n in names]
     except ampcore.AmpcoreError as exc:
         raise UsageProblem(str(exc)) from None
     return tuple(dict.fromkeys(chosen)) or tuple(backend.supported_dtypes)

@@ -69,7 +69,7 @@ def native_category(device_type: str, op: str) -> str:
         >>> native_category("cpu", "cross_entropy_loss"), native_category("cuda", "cross_entropy_loss")
         ('black', 'other')
     """
-    from ampcore._policy.torch_tables import native_table
+    from ampcore.toolkit import native_table
 
     for overload, policy in native_table(device_type).items():
         if overload.partition(".")[0] == op:

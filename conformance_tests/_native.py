@@ -41,8 +41,7 @@ def _run(sample: OpSample, where: str, dtype: torch.dtype, device: torch.device)
 
 def measure(backend_name: str, dtype: torch.dtype) -> dict[str, Any]:
     """``{"native": bool, "key": str, "adjusted": bool, "ops": {op: {"list", "kernel", "got"}}}``."""
-    from ampcore._policy.registration import has_native_autocast
-    from ampcore._policy.torch_tables import dispatch_key_of
+    from ampcore.toolkit import dispatch_key_of, has_native_autocast
 
     backend = ampcore.get_backend(backend_name)
     backend.require_available()

@@ -11,7 +11,7 @@ import torch
 
 import ampcore
 from ampcore import hookspec
-from ampcore._backends.plugins import ENTRY_POINT_GROUP
+from ampcore.hookspec import ENTRY_POINT_GROUP
 from ampcore_conformance._context import SuiteContext, dtype_name
 
 _SPECS = {name: fn for name, fn in vars(hookspec).items() if name.startswith("ampcore_") and callable(fn)}
@@ -74,7 +74,7 @@ def test_identity_hooks_are_well_formed(amp_context: SuiteContext, amp_backend: 
     dtypes = amp_backend.supported_dtypes
     assert dtypes and len(set(dtypes)) == len(dtypes), f"duplicate or no dtypes: {dtypes}"
     assert all(d.is_floating_point and d != torch.float32 and torch.finfo(d).bits < 32 for d in dtypes), (
-        f"ampcore_supported_dtypes() must list low-precision floating dtypes, got {[dtype_name(d) for d in dtypes]}"
+        f"ampcore_backend() dtypes must list low-precision floating dtypes, got {[dtype_name(d) for d in dtypes]}"
     )
     assert amp_backend.default_dtype in dtypes
     assert isinstance(amp_backend.priority, int)

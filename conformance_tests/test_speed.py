@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 import ampcore
-from ampcore._backends import memory as memory
+from ampcore import toolkit as memory
 from ampcore_conformance._checks import make_mlp, region, require_white, timed
 from ampcore_conformance._context import SuiteContext, dtype_name
 from ampcore_conformance._reports import summarize_speed
@@ -38,7 +38,7 @@ def _peak_growth_mib(backend: ampcore.Backend, step: Callable[[], None]) -> floa
         base = memory.memory_in_use(backend, 0)
         step()
         peak = memory.peak_memory(backend, 0)
-    except Exception:  # memory hooks are optional and informative only
+    except Exception:  # ampcore_memory is optional and informative only
         return None
     return None if base is None or peak is None else round(max(peak - base, 0) / 2**20, 2)
 

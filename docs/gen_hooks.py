@@ -88,10 +88,7 @@ def render() -> str:
     for title, members in _groups(hooks):
         lines += ["", f"### {title}"]
         for name, function in members:
-            spec = getattr(function, f"{hookspec.PROJECT_NAME}_spec", {}) or {}
             lines += ["", f"#### `{name}`", "", "```python", _signature(name, function), "```", ""]
-            if spec.get("firstresult"):
-                lines += ["*firstresult hook: the first non-`None` answer is used.*", ""]
             lines.append(_markdown(inspect.getdoc(function) or "(undocumented)"))
     lines += ["", END]
     return "\n".join(lines)

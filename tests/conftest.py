@@ -34,14 +34,17 @@ def make_adapter(
     name: str,
     device_type: str = "cpu",
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,),
+    default_dtype: torch.dtype | None = None,
+    priority: int = 50,
     **hooks: Any,
 ) -> object:
-    """A plugin object: the three required hooks plus any optional ``ampcore_*`` hooks
-    given as keyword arguments (functions taking the hook's parameters by name)."""
+    """A plugin object targeting the current contract: ``ampcore_backend`` (a BackendSpec of
+    the arguments) plus any optional ``ampcore_*`` hooks given as keyword arguments
+    (functions taking the hook's parameters by name)."""
+    spec = ampcore.BackendSpec(name, device_type, list(dtypes) if isinstance(dtypes, tuple) else dtypes, default_dtype, priority)
     namespace: dict[str, Any] = {
-        "ampcore_backend_name": hookimpl(lambda self: name),
-        "ampcore_device_type": hookimpl(lambda self: device_type),
-        "ampcore_supported_dtypes": hookimpl(lambda self: list(dtypes)),
+        "AMPCORE_CONTRACT": ampcore.hookspec.CONTRACT_VERSION,
+        "ampcore_backend": hookimpl(lambda self: spec),
     }
     for hook, function in hooks.items():
         namespace[hook] = hookimpl(_method(function))

@@ -19,9 +19,9 @@ from conftest import make_adapter
         (make_adapter("has:colon"), "no ':'"),
         (make_adapter("x", dtypes=()), "non-empty"),
         (make_adapter("x", dtypes=(torch.int8,)), "floating"),
-        (make_adapter("x", ampcore_default_dtype=lambda: torch.float16), "not among its supported dtypes"),
-        (make_adapter("x", ampcore_backend_priority=lambda: "high"), "expected an int"),
-        (make_adapter("x", device_type=""), "ampcore_device_type"),
+        (make_adapter("x", default_dtype=torch.float16), "not among its supported dtypes"),
+        (make_adapter("x", priority="high"), "expected an int"),  # type: ignore[arg-type]
+        (make_adapter("x", device_type=""), "device_type=''"),
     ],
     ids=["colon", "no-dtypes", "int-dtype", "bad-default", "bad-priority", "empty-device-type"],
 )
@@ -33,22 +33,20 @@ def test_invalid_declarations_raise_plugin_error(plugin: object, match: str) -> 
 
 def test_missing_required_hook() -> None:
     class NoDtypes:
+        AMPCORE_CONTRACT = 2
+
         @ampcore.hookimpl
-        def ampcore_backend_name(self) -> str:
+        def ampcore_device_name(self) -> str:
             return "x"
 
-        @ampcore.hookimpl
-        def ampcore_device_type(self) -> str:
-            return "cpu"
-
-    with pytest.raises(ampcore.PluginError, match="required hook ampcore_supported_dtypes"):
+    with pytest.raises(ampcore.PluginError, match=r"required hook ampcore_backend\(\); an adapter plugin must implement"):
         ampcore.register_plugin(NoDtypes(), name="nodtypes")
 
 
 def test_defaults_of_optional_hooks(register) -> None:
     backend = register(make_adapter("plain", dtypes=(torch.float16, torch.bfloat16)), name="plain")
     assert backend.default_dtype == torch.float16
-    assert backend.priority == 50 and backend.is_available and not backend.overrides
+    assert backend.priority == 50 and backend.is_available
     assert backend.needs_loss_scaling(torch.float16) and not backend.needs_loss_scaling(torch.bfloat16)
     assert backend.device_count() == 1 and backend.device_name(0) == "cpu"
     assert backend.capability_issues(torch.float16) == ()

@@ -88,8 +88,8 @@ def test_plot_without_matplotlib_fails_before_training(monkeypatch: pytest.Monke
 
 def test_default_sizes_follow_device_memory(register) -> None:
     assert default_sizes(ampcore.get_backend("cpu")) == HOST_SIZES
-    big = register(make_adapter("big", ampcore_device_memory=lambda: 80 * 2**30), name="big")
-    small = register(make_adapter("small", ampcore_device_memory=lambda: 8 * 2**30), name="small")
+    big = register(make_adapter("big", ampcore_memory=lambda: {"total": 80 * 2**30}), name="big")
+    small = register(make_adapter("small", ampcore_memory=lambda: {"total": 8 * 2**30}), name="small")
     assert default_sizes(big) == GUIDE_SIZES and default_sizes(small) == HOST_SIZES
 
 

@@ -117,23 +117,6 @@ def test_keep_norm_fp32_overrides_the_dtype_rule_but_batchnorm_stays_fp32(
     assert model.linear.weight.dtype == dtype
 
 
-def test_the_backend_decides_the_norm_rule(register: Callable[..., ampcore.Backend]) -> None:
-    register(make_adapter("normkeeper", ampcore_keep_norm_fp32=lambda dtype: True))
-    model = ampcore.decorate(Zoo(), device="normkeeper")
-    assert model.layer_norm.weight.dtype == FP32 and model.linear.weight.dtype == BF16
-
-
-def test_a_backend_hook_returning_junk_is_a_plugin_error(register: Callable[..., ampcore.Backend]) -> None:
-    # validated when the plugin is registered (issue 12), so no decorate call ever meets it
-    with pytest.raises(ampcore.PluginError, match="ampcore_keep_norm_fp32"):
-        register(make_adapter("badnorms", ampcore_keep_norm_fp32=lambda dtype: "yes"))
-    model = Zoo()
-    before = snapshot(model)
-    with pytest.raises(ampcore.AmpcoreError, match="unknown backend 'badnorms'"):
-        ampcore.decorate(model, device="badnorms")
-    assert same(before, snapshot(model))
-
-
 def test_excluded_layers_by_instance_and_type_stay_fp32_with_their_subtree() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), nn.Embedding(3, 4))
     ampcore.decorate(model, device="cpu", excluded_layers=[model[1], nn.Embedding])

@@ -19,10 +19,11 @@ def test_adapter_hooks_are_used(register) -> None:
     backend = register(
         make_adapter(
             "mem",
-            ampcore_device_memory=lambda device_index: 16 * 2**30 + device_index,
-            ampcore_memory_in_use=lambda: 100,
-            ampcore_reset_peak_memory=lambda device_index: calls.append(f"reset{device_index}"),
-            ampcore_peak_memory=lambda: 300,
+            ampcore_memory=lambda device_index, reset_peak: (
+                calls.append(f"reset{device_index}")
+                if reset_peak
+                else {"total": 16 * 2**30 + device_index, "in_use": 100, "peak": 300}
+            ),
         ),
         name="mem",
     )

@@ -155,20 +155,14 @@ def test_as_dict_is_json() -> None:
 class _AdjustingAdapter:
     """A CPU-driving backend whose adapter adjusts the lists for bf16 only."""
 
+    AMPCORE_CONTRACT = 2
+
     def __init__(self, adjustments: dict[str, list[str]]) -> None:
         self.adjustments = adjustments
 
     @ampcore.hookimpl
-    def ampcore_backend_name(self) -> str:
-        return "adjcpu"
-
-    @ampcore.hookimpl
-    def ampcore_device_type(self) -> str:
-        return "cpu"
-
-    @ampcore.hookimpl
-    def ampcore_supported_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
+    def ampcore_backend(self) -> ampcore.BackendSpec:
+        return ampcore.BackendSpec(name="adjcpu", device_type="cpu", dtypes=[torch.bfloat16, torch.float16])
 
     @ampcore.hookimpl
     def ampcore_op_list_adjustments(self, dtype: torch.dtype) -> dict[str, list[str]] | None:

@@ -18,19 +18,14 @@ from conftest import make_adapter
 
 GOOD = """
 import torch
-from ampcore import hookimpl
+from ampcore import BackendSpec, hookimpl
+
+AMPCORE_CONTRACT = 2
 
 @hookimpl
-def ampcore_backend_name():
-    return "{backend}"
-
-@hookimpl
-def ampcore_device_type():
-    return "cpu"
-
-@hookimpl
-def ampcore_supported_dtypes():
-    return [torch.bfloat16]
+def ampcore_backend():
+    name = "{backend}"
+    return BackendSpec(name=name, device_type="cpu", dtypes=[torch.bfloat16])
 {extra}
 """
 
@@ -90,11 +85,11 @@ def test_good_plugins_load_with_distribution_and_version(site: FakeSite) -> None
     [
         ("raise ImportError('vendor runtime libfoo.so not found')", "libfoo.so not found"),
         ("1 / 0", "ZeroDivisionError"),
-        (_good("broken", "\n@hookimpl\ndef ampcore_suported_dtypes():\n    return []\n"), "ampcore_suported_dtypes (did you mean ampcore_supported_dtypes?)"),
+        (_good("broken", "\n@hookimpl\ndef ampcore_backnd_info():\n    return {}\n"), "ampcore_backnd_info (did you mean ampcore_backend_info?)"),
         (_good("broken", "\n@hookimpl\ndef ampcore_device_name(device_index, surprise):\n    return ''\n"), "surprise"),
-        (_good("broken").replace("return [torch.bfloat16]", "return []"), "non-empty"),
-        (_good("broken").replace("@hookimpl\ndef ampcore_device_type", "def ampcore_device_type"), "ampcore_device_type is not marked"),
-        (_good("broken").replace('return "broken"', "raise RuntimeError('probe failed')"), "probe failed"),
+        (_good("broken").replace("dtypes=[torch.bfloat16]", "dtypes=[]"), "non-empty"),
+        (_good("broken").replace("@hookimpl\ndef ampcore_backend", "def ampcore_backend"), "ampcore_backend is not marked"),
+        (_good("broken").replace('name = "broken"', "raise RuntimeError('probe failed')"), "probe failed"),
     ],
     ids=["import-error", "raises", "misspelled-hook", "bad-signature", "no-dtypes", "unmarked-hook", "hook-raises"],
 )
@@ -158,20 +153,19 @@ def test_same_backend_name_is_a_conflict_naming_both_distributions(site: FakeSit
     site.install("ampcore-two", "two", "two_plugin", _good("npu"))
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     pm = site.manager()
-    with pytest.raises(ampcore.AmpcoreError, match='backend "npu".*"ampcore-one".*"ampcore-two".*ampcore_backend_overrides'):
+    with pytest.raises(ampcore.AmpcoreError, match='backend "npu".*"ampcore-one".*"ampcore-two".*AMPCORE_BLOCK_PLUGINS=<plugin>'):
         pm.backend("npu")
     assert {p.name: p.status for p in pm.plugins()} == {"alpha": "loaded", "one": "conflict", "two": "conflict"}
     assert [b.name for b in pm.backends()] == ["alpha"]
 
 
-def test_a_plugin_that_declares_override_wins(site: FakeSite) -> None:
+def test_blocking_one_of_two_plugins_resolves_the_conflict(site: FakeSite) -> None:
+    """How a vendor's adapter replaces another of the same name (contract 2 has no override hook)."""
     site.install("ampcore-one", "one", "one_plugin", _good("npu"))
-    overriding = _good("npu", "\n@hookimpl\ndef ampcore_backend_overrides():\n    return True\n")
-    site.install("ampcore-two", "two", "two_plugin", overriding)
-    pm = site.manager()
+    site.install("ampcore-two", "two", "two_plugin", _good("npu"))
+    pm = site.manager(AMPCORE_BLOCK_PLUGINS="one")
     assert pm.backend("npu").distribution == "ampcore-two"
-    statuses = {p.name: (p.status, p.error) for p in pm.plugins()}
-    assert statuses["one"][0] == "overridden" and "ampcore-two" in statuses["one"][1]
+    assert {p.name: p.status for p in pm.plugins()} == {"one": "blocked", "two": "loaded"}
 
 
 def test_strict_mode_raises_on_conflict(site: FakeSite) -> None:

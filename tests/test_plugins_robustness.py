@@ -45,10 +45,10 @@ def test_plugin_calling_exit_at_import_is_a_failed_plugin(site: FakeSite, statem
 
 
 def test_plugin_calling_exit_in_a_hook_is_a_failed_plugin(site: FakeSite) -> None:
-    source = _good("quitter").replace('return "quitter"', "raise SystemExit(2)")
+    source = _good("quitter").replace('name = "quitter"', "raise SystemExit(2)")
     site.install("ampcore-quitter", "quitter", "quitter_plugin", source)
     pm = site.manager()
-    with pytest.warns(PluginWarning, match=r"ampcore_backend_name\(\) called sys.exit\(2\)") as record:
+    with pytest.warns(PluginWarning, match=r"ampcore_backend\(\) called sys.exit\(2\)") as record:
         assert _infos(pm)["quitter"].status == "failed"
     assert len(record) == 1
 
@@ -144,11 +144,8 @@ class _Interrupting:
         ({"ampcore_op_list_adjustments": lambda dtype: {"blak": ["mm"]}}, "valid keys: 'white', 'black', 'promote'"),
         ({"ampcore_op_list_adjustments": lambda dtype: {"white": ["mm"], "black": ["mm"]}}, "under both"),
         ({"ampcore_needs_loss_scaling": lambda dtype: "no"}, "ampcore_needs_loss_scaling(torch.bfloat16) returned 'no'; expected True or False"),
-        ({"ampcore_keep_norm_fp32": lambda dtype: 1}, "ampcore_keep_norm_fp32(torch.bfloat16) returned 1; expected True or False"),
-        ({"ampcore_backend_overrides": lambda: "yes"}, "ampcore_backend_overrides() returned 'yes'; expected True or False"),
-        ({"ampcore_default_dtype": lambda: "bfloat16"}, "ampcore_default_dtype() returned 'bfloat16'"),
     ],
-    ids=["adjustments-int", "adjustments-list", "adjustments-unknown-op", "adjustments-key", "adjustments-both", "loss-scaling-str", "keep-norm-int", "overrides-str", "default-dtype-str"],
+    ids=["adjustments-int", "adjustments-list", "adjustments-unknown-op", "adjustments-key", "adjustments-both", "loss-scaling-str"],
 )
 def test_hook_results_are_validated_at_load(hooks: dict[str, object], expected: str) -> None:
     with pytest.raises(ampcore.PluginError, match='Plugin "wrong"') as caught:
@@ -158,9 +155,8 @@ def test_hook_results_are_validated_at_load(hooks: dict[str, object], expected: 
 
 
 def test_supported_dtypes_as_a_string_is_quoted_as_returned() -> None:
-    plugin = make_adapter("wrong")
-    type(plugin).ampcore_supported_dtypes = ampcore.hookimpl(lambda self: "bfloat16")
-    with pytest.raises(ampcore.PluginError, match=r"ampcore_supported_dtypes\(\) returned 'bfloat16'; expected a non-empty list"):
+    plugin = make_adapter("wrong", dtypes="bfloat16")  # type: ignore[arg-type]
+    with pytest.raises(ampcore.PluginError, match=r"ampcore_backend\(\) gave dtypes='bfloat16'; expected a non-empty list"):
         ampcore.register_plugin(plugin, name="wrong")
 
 

@@ -22,9 +22,9 @@ def test_resolve_names_indices_and_torch_devices(device: object, name: str, inde
 
 def test_none_picks_the_best_available_backend(register) -> None:
     assert resolve_device(None).backend.name == "cpu"  # cuda (priority 100) is unavailable here
-    register(make_adapter("fast", ampcore_backend_priority=lambda: 70), name="fast")
+    register(make_adapter("fast", priority=70), name="fast")
     assert resolve_device(None).backend.name == "fast"
-    register(make_adapter("faster", ampcore_backend_priority=lambda: 90, ampcore_unavailable_reason=lambda: "no chip"), name="faster")
+    register(make_adapter("faster", priority=90, ampcore_unavailable_reason=lambda: "no chip"), name="faster")
     assert resolve_device(None).backend.name == "fast"
 
 

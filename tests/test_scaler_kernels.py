@@ -26,38 +26,6 @@ def one_param_step(scaler: ampcore.GradScaler, grad: torch.Tensor) -> tuple[bool
     return bool(p.detach().ne(0).any()), p.grad
 
 
-def test_adapter_unscale_hook_is_used_when_it_returns_true(register: Callable[..., Any]) -> None:
-    calls = []
-
-    def unscale(grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> bool:
-        calls.append(len(grads))
-        torch._foreach_mul_(grads, inv_scale)
-        found_inf.fill_(1.0)  # this adapter says: overflow
-        return True
-
-    register(make_adapter("vendor", dtypes=(torch.float16,), ampcore_unscale_grads_=unscale), name="vendor")
-    scaler = ampcore.GradScaler("vendor", init_scale=4.0)
-    stepped, grad = one_param_step(scaler, torch.ones(3))
-    assert calls == [1] and not stepped and torch.equal(grad, torch.ones(3))
-    assert scaler.get_scale() == 2.0
-
-
-def test_adapter_unscale_hook_returning_none_falls_back_to_torch(register: Callable[..., Any]) -> None:
-    calls = []
-    register(
-        make_adapter("vendor", dtypes=(torch.float16,), ampcore_unscale_grads_=lambda grads: calls.append(1)),
-        name="vendor",
-    )
-    stepped, grad = one_param_step(ampcore.GradScaler("vendor", init_scale=4.0), torch.ones(3))
-    assert calls == [1] and stepped and torch.equal(grad, torch.ones(3))
-
-
-def test_adapter_unscale_hook_returning_garbage_is_a_plugin_error(register: Callable[..., Any]) -> None:
-    register(make_adapter("vendor", dtypes=(torch.float16,), ampcore_unscale_grads_=lambda: "done"), name="vendor")
-    with pytest.raises(ampcore.PluginError, match=r"ampcore_unscale_grads_\(\) returned 'done'"):
-        one_param_step(ampcore.GradScaler("vendor"), torch.ones(3))
-
-
 def test_device_overflow_flag_skips_finite_steps_and_is_cleared_once_per_iteration(
     register: Callable[..., Any],
 ) -> None:

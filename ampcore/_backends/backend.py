@@ -11,6 +11,7 @@ import pluggy
 import torch
 
 from .capability import CapabilityIssue
+from ..hookspec import BackendSpec
 from .._dtypes import parse_dtype
 from .._forklock import LOCK
 from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError
@@ -23,7 +24,6 @@ ADJUSTMENT_KEYS: Final = ("white", "black", "promote")
 
 _NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_\-]*$")
 _MISSING: Final = object()
-_DEFAULT_PRIORITY: Final = 50
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -48,20 +48,23 @@ def _is_bool(value: object) -> bool:
 
 
 def _plugin_hook(pm: pluggy.PluginManager, plugin: object, hook: str) -> Callable[..., Any] | None:
-    """The implementation of ``hook`` that ``plugin`` itself provides, or None."""
+    """The implementation of ``hook`` that ``plugin`` itself provides, as a function taking
+    the hook's arguments by keyword, or None.
+
+    pluggy's ``pm.hook.<name>(...)`` broadcasts a call to every registered plugin; ampcore
+    asks one plugin about its own backend, so it calls that plugin's ``HookImpl`` directly.
+    pluggy has validated the implementation against the spec at ``register`` time and
+    recorded which of the spec's parameters it accepts (``HookImpl.argnames``); the call
+    passes exactly those, by name, as pluggy's own caller does.
+    """
     caller = getattr(pm.hook, hook, None)
     if caller is None:
         return None
-    for impl in caller.get_hookimpls():
-        if impl.plugin is plugin:
-            function = impl.function
-            argnames = impl.argnames
-
-            def call(**kwargs: Any) -> Any:
-                return function(*[kwargs[name] for name in argnames])
-
-            return call
-    return None
+    impl = next((i for i in caller.get_hookimpls() if i.plugin is plugin), None)
+    if impl is None:
+        return None
+    function, argnames = impl.function, impl.argnames
+    return lambda **kwargs: function(**{name: kwargs[name] for name in argnames})
 
 
 @final
@@ -101,7 +104,6 @@ class Backend:
         self._warned: set[tuple[int, torch.dtype, str]] = set()
         self._adjustments: dict[torch.dtype, dict[str, frozenset[str]]] = {}
         self._loss_scaling: dict[torch.dtype, bool] = {}
-        self._keep_norm: dict[torch.dtype, bool] = {}
         self._on_broken: Callable[[str], None] | None = None  # at load, errors fail the load
         #: why the plugin broke the adapter contract in a lazily called hook (None: it did not)
         self.contract_error: str | None = None
@@ -123,7 +125,7 @@ class Backend:
             if default is _MISSING:
                 raise self._error(
                     f"does not implement the required hook {name}(); an adapter plugin must implement "
-                    "ampcore_backend_name, ampcore_device_type and ampcore_supported_dtypes with @ampcore.hookimpl"
+                    "ampcore_backend() with @ampcore.hookimpl, returning an ampcore.BackendSpec"
                 )
             return default
         try:
@@ -147,54 +149,50 @@ class Backend:
         return PluginError(self.plugin_name, message, self.distribution)
 
     def _validate_and_describe(self) -> None:
-        name = self._call("ampcore_backend_name")
+        spec = self._call("ampcore_backend")
+        if not isinstance(spec, BackendSpec):
+            raise self._error(
+                f"ampcore_backend() returned {spec!r}; expected an ampcore.BackendSpec such as "
+                "BackendSpec(name='acme', device_type='acme', dtypes=[torch.bfloat16])"
+            )
+        name, device_type, raw = spec.name, spec.device_type, spec.dtypes
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise self._error(
-                f"ampcore_backend_name() returned {name!r}; expected a lower-case name of "
+                f"ampcore_backend() gave name={name!r}; expected a lower-case name of "
                 "letters, digits, '_' or '-' (no ':'), e.g. 'cuda'"
             )
-        device_type = self._call("ampcore_device_type")
         if not isinstance(device_type, str) or not device_type:
-            raise self._error(f"ampcore_device_type() returned {device_type!r}; expected e.g. 'cuda'")
-        raw = self._call("ampcore_supported_dtypes")
+            raise self._error(f"ampcore_backend() gave device_type={device_type!r}; expected e.g. 'cuda'")
         dtypes = tuple(raw) if isinstance(raw, (list, tuple)) else ()
         bad = [d for d in dtypes if not isinstance(d, torch.dtype) or not d.is_floating_point]
         if not dtypes or bad or len(set(dtypes)) != len(dtypes):
             raise self._error(
-                f"ampcore_supported_dtypes() returned {raw!r}; expected a non-empty "
+                f"ampcore_backend() gave dtypes={raw!r}; expected a non-empty "
                 "list of distinct floating torch dtypes such as [torch.bfloat16]"
             )
-        default = self._call("ampcore_default_dtype", default=dtypes[0])
+        default = dtypes[0] if spec.default_dtype is None else spec.default_dtype
         if not isinstance(default, torch.dtype) or default not in dtypes:
             raise self._error(
-                f"ampcore_default_dtype() returned {default!r}, which is not among its "
+                f"ampcore_backend() gave default_dtype={default!r}, which is not among its "
                 f"supported dtypes {[dtype_name(d) for d in dtypes]}"
             )
-        priority = self._call("ampcore_backend_priority", default=_DEFAULT_PRIORITY)
+        priority = spec.priority
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise self._error(f"ampcore_backend_priority() returned {priority!r}; expected an int")
+            raise self._error(f"ampcore_backend() gave priority={priority!r}; expected an int")
         self.name: str = name
         self.device_type: str = device_type
         self.supported_dtypes: tuple[torch.dtype, ...] = dtypes
         self.default_dtype: torch.dtype = default
         self.priority: int = priority
-        overrides = self._call("ampcore_backend_overrides", default=False)
-        if not _is_bool(overrides):
-            raise self._error(f"ampcore_backend_overrides() returned {overrides!r}; expected True or False")
-        self.overrides: bool = overrides
 
     def _validate_dtype_hooks(self) -> None:
         """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin
         returning the wrong type fails at load (and is skipped) instead of in a region."""
         for dtype in self.supported_dtypes:
-            for hook, default, cache in (
-                ("ampcore_needs_loss_scaling", dtype == torch.float16, self._loss_scaling),
-                ("ampcore_keep_norm_fp32", dtype == torch.float16, self._keep_norm),
-            ):
-                value = self._call(hook, default=default, dtype=dtype)
-                if not _is_bool(value):
-                    raise self._error(f"{hook}({dtype}) returned {value!r}; expected True or False")
-                cache[dtype] = value
+            value = self._call("ampcore_needs_loss_scaling", default=dtype == torch.float16, dtype=dtype)
+            if not _is_bool(value):
+                raise self._error(f"ampcore_needs_loss_scaling({dtype}) returned {value!r}; expected True or False")
+            self._loss_scaling[dtype] = value
             self._adjustments[dtype] = self._validated_adjustments(dtype)
 
     def _validated_adjustments(self, dtype: torch.dtype) -> dict[str, frozenset[str]]:
@@ -291,11 +289,6 @@ class Backend:
     def needs_loss_scaling(self, dtype: torch.dtype) -> bool:
         """Whether ``dtype`` gradients need loss scaling on this backend (read at load)."""
         cached = self._loss_scaling.get(dtype)
-        return dtype == torch.float16 if cached is None else cached
-
-    def keep_norm_fp32(self, dtype: torch.dtype) -> bool:
-        """Whether norm layers keep float32 parameters at O2 for ``dtype`` (read at load)."""
-        cached = self._keep_norm.get(dtype)
         return dtype == torch.float16 if cached is None else cached
 
     def check_dtype(self, dtype: torch.dtype | str | None, call: str = "ampcore.autocast") -> torch.dtype:

@@ -9,21 +9,25 @@ crash; an adapter's own hooks are called as they are (their errors are the adapt
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import torch
 
 from .backend import Backend
+from .._errors import PluginError
 
 __all__ = ["device_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "synchronize"]
 
-#: hook -> what ``torch.accelerator`` answers when the backend drives the current accelerator
+#: the ``ampcore_memory`` keys
+MEMORY_KEYS: Final = ("in_use", "peak", "total")
+
+#: key -> what ``torch.accelerator`` answers when the backend drives the current accelerator
 _ACCELERATOR_FALLBACKS: Final[dict[str, Callable[[int], Any]]] = {
-    "ampcore_device_memory": lambda index: torch.accelerator.get_memory_info(index)[1],
-    "ampcore_memory_in_use": lambda index: torch.accelerator.memory_allocated(index),
-    "ampcore_reset_peak_memory": lambda index: torch.accelerator.reset_peak_memory_stats(index),
-    "ampcore_peak_memory": lambda index: torch.accelerator.max_memory_allocated(index),
+    "total": lambda index: torch.accelerator.get_memory_info(index)[1],
+    "in_use": lambda index: torch.accelerator.memory_allocated(index),
+    "reset_peak": lambda index: torch.accelerator.reset_peak_memory_stats(index),
+    "peak": lambda index: torch.accelerator.max_memory_allocated(index),
 }
 
 
@@ -35,40 +39,55 @@ def _drives_current_accelerator(backend: Backend) -> bool:
     return current is not None and current.type == backend.device_type
 
 
-def _ask(backend: Backend, hook: str, device_index: int) -> Any:
-    function = backend.hook(hook)
-    if function is not None:
-        return function(device_index=device_index)
+def _accelerator(backend: Backend, key: str, device_index: int) -> Any:
     if _drives_current_accelerator(backend):
         try:
-            return _ACCELERATOR_FALLBACKS[hook](device_index)
+            return _ACCELERATOR_FALLBACKS[key](device_index)
         except (RuntimeError, NotImplementedError, AttributeError):
             return None  # torch cannot tell for this device type: unavailable
     return None
 
 
-def _bytes(value: Any) -> int | None:
+def _ask(backend: Backend, key: str, device_index: int) -> int | None:
+    """One value of the adapter's ``ampcore_memory`` answer (else ``torch.accelerator``'s)."""
+    function = backend.hook("ampcore_memory")
+    if function is None:
+        value = _accelerator(backend, key, device_index)
+        return None if value is None else int(value)
+    stats = function(device_index=device_index, reset_peak=False)
+    if stats is not None and not isinstance(stats, Mapping):
+        raise PluginError(
+            backend.plugin_name,
+            f"ampcore_memory({device_index}, reset_peak=False) returned {stats!r}; expected None or a dict "
+            f"with keys {', '.join(MEMORY_KEYS)} (bytes or None)",
+            backend.distribution,
+        )
+    value = (stats or {}).get(key)
     return None if value is None else int(value)
 
 
 def device_memory(backend: Backend, device_index: int = 0) -> int | None:
     """Total device memory in bytes, or None for host-memory backends."""
-    return _bytes(_ask(backend, "ampcore_device_memory", device_index))
+    return _ask(backend, "total", device_index)
 
 
 def memory_in_use(backend: Backend, device_index: int = 0) -> int | None:
     """Bytes in use now, or None when the backend cannot tell."""
-    return _bytes(_ask(backend, "ampcore_memory_in_use", device_index))
+    return _ask(backend, "in_use", device_index)
 
 
 def reset_peak_memory(backend: Backend, device_index: int = 0) -> None:
     """Start a new peak-memory measurement."""
-    _ask(backend, "ampcore_reset_peak_memory", device_index)
+    function = backend.hook("ampcore_memory")
+    if function is None:
+        _accelerator(backend, "reset_peak", device_index)
+    else:
+        function(device_index=device_index, reset_peak=True)
 
 
 def peak_memory(backend: Backend, device_index: int = 0) -> int | None:
     """Peak bytes in use since :func:`reset_peak_memory`, or None when it cannot be measured."""
-    return _bytes(_ask(backend, "ampcore_peak_memory", device_index))
+    return _ask(backend, "peak", device_index)
 
 
 def synchronize(backend: Backend, device_index: int = 0) -> None:

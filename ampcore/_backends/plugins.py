@@ -21,8 +21,9 @@ import pluggy
 
 from .. import hookspec as _hookspec
 from .backend import Backend, origin
+from .contract import SPEC_NAMES, check_contract, unknown_hooks
 from .._forklock import LOCK
-from .._errors import AmpcoreError, PluginError, PluginWarning, closest, warn_at
+from .._errors import AmpcoreError, PluginError, PluginWarning, warn_at
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -35,19 +36,16 @@ __all__ = [
     "PluginStatus",
 ]
 
-ENTRY_POINT_GROUP: Final = "ampcore"
+ENTRY_POINT_GROUP: Final = _hookspec.ENTRY_POINT_GROUP
 ENV_DISABLE_AUTOLOAD: Final = "AMPCORE_DISABLE_PLUGIN_AUTOLOAD"
 ENV_PLUGINS: Final = "AMPCORE_PLUGINS"
 ENV_BLOCK: Final = "AMPCORE_BLOCK_PLUGINS"
 ENV_STRICT: Final = "AMPCORE_STRICT_PLUGINS"
 
-PluginStatus = Literal["loaded", "failed", "blocked", "not-allowed", "disabled", "overridden", "conflict"]
+PluginStatus = Literal["loaded", "failed", "blocked", "not-allowed", "disabled", "conflict"]
 PluginSource = Literal["entry-point", "in-process"]
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
-_SPEC_NAMES: Final = frozenset(
-    name for name, obj in vars(_hookspec).items() if name.startswith("ampcore_") and callable(obj)
-)
 
 
 @dataclass
@@ -56,8 +54,8 @@ class PluginInfo:
 
     ``status`` is one of ``loaded``, ``failed`` (see ``error``), ``blocked``
     (``AMPCORE_BLOCK_PLUGINS``), ``not-allowed`` (not in ``AMPCORE_PLUGINS``), ``disabled``
-    (``AMPCORE_DISABLE_PLUGIN_AUTOLOAD``), ``overridden`` (another plugin replaces its
-    backend) or ``conflict`` (two plugins claim its backend name).
+    (``AMPCORE_DISABLE_PLUGIN_AUTOLOAD``) or ``conflict`` (two plugins claim its backend
+    name).
     """
 
     name: str
@@ -86,18 +84,6 @@ def _module_file(module: str) -> str | None:
     except Exception:  # the module itself may be what fails to import
         return None
     return spec.origin if spec is not None else None
-
-
-def _unknown_hooks(plugin: object) -> list[str]:
-    """Names that look like hooks (``ampcore_*`` callables) but match no hook spec."""
-    problems = []
-    for attr in dir(plugin):
-        if not attr.startswith("ampcore_") or attr in _SPEC_NAMES:
-            continue
-        if callable(getattr(plugin, attr, None)):
-            hint = closest(attr, _SPEC_NAMES, n=1)
-            problems.append(f"{attr}" + (f" (did you mean {hint[0]}?)" if hint else ""))
-    return problems
 
 
 #: Values that cannot be plugins (``register_plugin(None)`` and the like).
@@ -269,11 +255,12 @@ class PluginManager:
                 f"({', '.join(_hookspec.REQUIRED_HOOKS)}), got {type(plugin).__name__} {plugin!r}",
                 distribution,
             )
-        unknown = _unknown_hooks(plugin)
+        check_contract(plugin, name, distribution)
+        unknown = unknown_hooks(plugin)
         if unknown:
             raise PluginError(
                 name,
-                f"unknown hook(s) {', '.join(unknown)}; valid hooks: {', '.join(sorted(_SPEC_NAMES))}",
+                f"unknown hook(s) {', '.join(unknown)}; valid hooks: {', '.join(sorted(SPEC_NAMES))}",
                 distribution,
             )
         for required in _hookspec.REQUIRED_HOOKS:
@@ -390,10 +377,7 @@ class PluginManager:
 
     def _winner(self, name: str) -> Backend | None:
         claims = self._claims[name]
-        if len(claims) == 1:
-            return claims[0]
-        overriding = [b for b in claims if b.overrides]
-        return overriding[0] if len(overriding) == 1 else None
+        return claims[0] if len(claims) == 1 else None
 
     def _refresh_statuses(self, name: str) -> None:
         winner = self._winner(name)
@@ -403,15 +387,12 @@ class PluginManager:
                 continue
             if winner is None:
                 info.status, info.error = "conflict", f'another plugin also claims backend "{name}"'
-            elif claim is winner:
-                info.status, info.error = "loaded", None
             else:
-                info.status = "overridden"
-                info.error = f'overridden by plugin "{winner.plugin_name}" ({origin(winner.distribution)})'
+                info.status, info.error = "loaded", None
 
     def _conflict_error(self, name: str) -> AmpcoreError:
         who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in self._claims[name])
         return AmpcoreError(
-            f'backend "{name}" is claimed by more than one plugin: {who}. Uninstall one, block one '
-            f"with {ENV_BLOCK}=<plugin>, or have exactly one declare ampcore_backend_overrides() -> True"
+            f'backend "{name}" is claimed by more than one plugin: {who}. Uninstall one, or block '
+            f"one with {ENV_BLOCK}=<plugin>"
         )

@@ -70,12 +70,10 @@ def register_plugin(plugin: object, name: str | None = None) -> Backend:
 
         >>> import torch, ampcore
         >>> class Demo:
+        ...     AMPCORE_CONTRACT = 2
         ...     @ampcore.hookimpl
-        ...     def ampcore_backend_name(self): return "demo"
-        ...     @ampcore.hookimpl
-        ...     def ampcore_device_type(self): return "cpu"
-        ...     @ampcore.hookimpl
-        ...     def ampcore_supported_dtypes(self): return [torch.bfloat16]
+        ...     def ampcore_backend(self):
+        ...         return ampcore.BackendSpec(name="demo", device_type="cpu", dtypes=[torch.bfloat16])
         >>> ampcore.register_plugin(Demo(), name="demo").name
         'demo'
         >>> ampcore.unregister_plugin("demo")

@@ -45,8 +45,8 @@ __all__ = [
 
 def default_keep_norm_fp32(backend: Backend, dtype: torch.dtype) -> bool:
     """Whether LayerNorm/GroupNorm/InstanceNorm/RMSNorm stay float32 for ``dtype`` on
-    ``backend`` (adapter hook ``ampcore_keep_norm_fp32``; core default: float16 only)."""
-    return backend.keep_norm_fp32(dtype)
+    ``backend``: float16 only, as Paddle does (the user's ``keep_norm_fp32`` overrides it)."""
+    return dtype == torch.float16
 
 
 @dataclass(eq=False)

@@ -2,11 +2,10 @@
 
 Nothing here reads a tensor on the host.  Each operation picks, in order:
 
-1. the backend adapter's own kernel (``ampcore_unscale_grads_``), when it handles the call;
-2. torch's fused kernel (``torch._amp_foreach_non_finite_check_and_unscale_``,
+1. torch's fused kernel (``torch._amp_foreach_non_finite_check_and_unscale_``,
    ``torch._amp_update_scale_``) where the device has one for the dtype (probed once per
    device type and dtype, then cached on the :class:`ScalerKernels` instance);
-3. a portable version written with foreach and tensor ops, which runs on any device.
+2. a portable version written with foreach and tensor ops, which runs on any device.
 
 ``torch._amp_update_scale_`` has neither hysteresis nor bounds: one ``clamp_`` after it
 applies the bounds, and for ``hysteresis > 1`` a few tensor ops before it count overflows and
@@ -100,7 +99,6 @@ class ScalerKernels:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self._unscale_hook = backend.hook("ampcore_unscale_grads_")
         self._flag_hook = backend.hook("ampcore_device_overflow_flag")
         self._clear_hook = backend.hook("ampcore_clear_device_overflow_flag")
         self._native_unscale: dict[tuple[str, torch.dtype], bool] = {}
@@ -200,16 +198,6 @@ class ScalerKernels:
     def unscale_(self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
         """Unscale ``grads`` (one device, one dtype) in place and OR non-finiteness into ``found_inf``."""
         device = grads[0].device
-        if self._unscale_hook is not None and device.type == self.backend.device_type:
-            handled = self._unscale_hook(grads=grads, found_inf=found_inf, inv_scale=inv_scale)
-            if handled is True:
-                return
-            if handled is not None and handled is not False:
-                raise PluginError(
-                    self.backend.plugin_name,
-                    f"ampcore_unscale_grads_() returned {handled!r}; expected True (handled) or None",
-                    self.backend.distribution,
-                )
         if self.has_native_unscale(device, grads[0].dtype):
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         else:

@@ -28,7 +28,7 @@ def test_reference_documents_every_hook_with_its_docstring() -> None:
     rendered = _generator()["render"]()
     hooks = [name for name in vars(hookspec) if name.startswith("ampcore_")]
     assert hooks and all(f"#### `{name}`" in rendered for name in hooks)
-    assert "*firstresult hook" in rendered  # ampcore_unscale_grads_ is firstresult
-    assert "`ampcore_backend_name`](#ampcore_backend_name) | **yes**" in rendered
+    assert "firstresult" not in rendered  # hooks are never broadcast: no hook is firstresult
+    assert "`ampcore_backend`](#ampcore_backend) | **yes**" in rendered
     first_line = inspect.getdoc(hookspec.ampcore_op_list_adjustments) or ""
     assert first_line.splitlines()[0].replace("``", "`") in rendered

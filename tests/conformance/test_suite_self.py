@@ -17,19 +17,13 @@ import pytest
 
 ADAPTER = '''
 import torch
-from ampcore import hookimpl
+from ampcore import BackendSpec, hookimpl
+
+AMPCORE_CONTRACT = 2
 
 @hookimpl
-def ampcore_backend_name():
-    return "{name}"
-
-@hookimpl
-def ampcore_device_type():
-    return "cpu"
-
-@hookimpl
-def ampcore_supported_dtypes():
-    return [torch.float16]
+def ampcore_backend():
+    return BackendSpec(name="{name}", device_type="cpu", dtypes=[torch.float16])
 {extra}
 '''
 

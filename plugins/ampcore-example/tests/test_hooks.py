@@ -78,3 +78,8 @@ def test_every_hook_of_the_contract_is_shown() -> None:
     assert not missing, f"hooks neither implemented nor documented in the template: {missing}"
     for required in ampcore.hookspec.REQUIRED_HOOKS:
         assert callable(getattr(plugin, required))
+
+
+def test_the_template_targets_a_contract_this_ampcore_supports() -> None:
+    """``AMPCORE_CONTRACT``: an ampcore that does not support it refuses the plugin at load."""
+    assert plugin.AMPCORE_CONTRACT in ampcore.hookspec.SUPPORTED_CONTRACTS

@@ -3,7 +3,7 @@
 Copy this module to start the adapter of your accelerator.  It shows every hook of the
 contract (:mod:`ampcore.hookspec`):
 
-* the three **required** hooks, implemented;
+* the **required** hook (``ampcore_backend``: who the backend is), implemented;
 * the **optional** hooks this template needs, implemented with the reason for each value;
 * the optional hooks it does not need, at the bottom, as commented-out code with a note on
   when your device needs them.
@@ -32,7 +32,10 @@ from typing import Final
 
 import torch
 
-from ampcore import CapabilityIssue, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
+
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
 
 #: The backend name users pass as ``device="example"``.  Rename it (see README.md).
 BACKEND: Final = "example"
@@ -93,25 +96,23 @@ def read_properties() -> ExampleDeviceProperties:
     return ExampleDeviceProperties(str(caps.get("cpu_name") or "the CPU"), native)
 
 
-# -- required hooks ------------------------------------------------------------------------
+# -- the required hook --------------------------------------------------------------------
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return BACKEND
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    # The torch device type whose autocast and kernels this backend uses.  A PrivateUse1
-    # vendor returns the name it renamed PrivateUse1 to (torch_npu: "npu").
-    return "cpu"
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> Sequence[torch.dtype]:
-    # Only dtypes the hardware really runs; the conformance suite checks each one.
-    return [torch.bfloat16]
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(
+        name=BACKEND,
+        # The torch device type whose autocast and kernels this backend uses.  A PrivateUse1
+        # vendor gives the name it renamed PrivateUse1 to (torch_npu: "npu").
+        device_type="cpu",
+        # Only dtypes the hardware really runs, best first; the conformance suite checks each.
+        dtypes=[torch.bfloat16],
+        default_dtype=torch.bfloat16,  # dtype=None (default: the first of dtypes)
+        # cuda/npu 100, xpu 80, plugins 50 by default, cpu 0: a template must never be
+        # chosen by device=None.
+        priority=-10,
+    )
 
 
 # -- optional hooks this template needs ---------------------------------------------------
@@ -129,18 +130,6 @@ def ampcore_unavailable_reason() -> str | None:
     #         return "no MyVendor device or driver found"
     #     return None
     return None  # the CPU is always there
-
-
-@hookimpl
-def ampcore_default_dtype() -> torch.dtype:
-    return torch.bfloat16
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    # cuda/npu 100, xpu 80, plugins 50 by default, cpu 0: a template must never be chosen
-    # by device=None.
-    return -10
 
 
 @hookimpl
@@ -173,20 +162,6 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 
 # -- optional hooks this template leaves to the core (uncomment what your device needs) ----
 #
-# Replace a first-party adapter of the same backend name (e.g. ship a better "npu"):
-#
-#     @hookimpl
-#     def ampcore_backend_overrides() -> bool:
-#         return True
-#
-# Your own fused unscale + non-finite check, when torch has no
-# _amp_foreach_non_finite_check_and_unscale_ kernel for your device (no host sync!):
-#
-#     @hookimpl
-#     def ampcore_unscale_grads_(grads, found_inf, inv_scale) -> bool | None:
-#         torch_myvendor.fused_unscale_(grads, found_inf, inv_scale)
-#         return True          # None: let the core use torch's kernel or its portable one
-#
 # A chip that saturates instead of producing inf (Ascend NPUs outside INF_NAN mode): hand
 # the scaler the chip's overflow register, and clear it before backward:
 #
@@ -198,24 +173,16 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 #     def ampcore_clear_device_overflow_flag(device) -> None:
 #         torch_myvendor.clear_overflow_register(device)
 #
-# Device memory, for `ampcore bench` and the conformance speed report (core defaults use
+# Device memory, for `ampcore bench` and the conformance speed report (core default uses
 # torch.accelerator when your device type is torch's current accelerator):
 #
 #     @hookimpl
-#     def ampcore_device_memory(device_index) -> int | None: ...   # total bytes
-#     @hookimpl
-#     def ampcore_reset_peak_memory(device_index) -> None: ...
-#     @hookimpl
-#     def ampcore_memory_in_use(device_index) -> int | None: ...
-#     @hookimpl
-#     def ampcore_peak_memory(device_index) -> int | None: ...
-#
-# Whether O2 keeps LayerNorm/GroupNorm/InstanceNorm/RMSNorm parameters in float32 for a
-# dtype (core default: float16 only, as Paddle; BatchNorm always stays float32):
-#
-#     @hookimpl
-#     def ampcore_keep_norm_fp32(dtype) -> bool:
-#         return dtype == torch.float16
+#     def ampcore_memory(device_index, reset_peak) -> dict[str, int | None] | None:
+#         if reset_peak:
+#             torch_myvendor.reset_peak_memory_stats(device_index)
+#         return {"in_use": torch_myvendor.memory_allocated(device_index),
+#                 "peak": torch_myvendor.max_memory_allocated(device_index),
+#                 "total": torch_myvendor.get_device_properties(device_index).total_memory}
 #
 # Your vendor's own O2 preparation (as the cpu adapter can use ipex.optimize, when the user
 # opts in with AMPCORE_CPU_IPEX=optimize):

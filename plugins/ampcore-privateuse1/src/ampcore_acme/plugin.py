@@ -7,7 +7,7 @@ the device module and its kernels when imported.  See README.md for the walk-thr
 What a PrivateUse1 adapter must get right, and where this template does it:
 
 * **the device type** is the name your extension renamed PrivateUse1 to
-  (:func:`ampcore_device_type`);
+  (``device_type`` of :func:`ampcore_backend`);
 * **import the extension lazily** and turn every failure into a reason
   (:func:`ampcore_unavailable_reason`): a machine without it lists the backend as
   unavailable instead of breaking;
@@ -18,8 +18,8 @@ What a PrivateUse1 adapter must get right, and where this template does it:
   (about 3 us per op); ``ampcore conformance`` proves the declaration against your kernels
   (``test_device_autocast_kernels_match_the_lists``);
 * **synchronisation and memory**: ``torch.accelerator`` knows neither for a Python-registered
-  device; :func:`ampcore_synchronize` waits for the device, and the memory hooks are left
-  out, so ``ampcore bench`` prints memory as unavailable.
+  device; :func:`ampcore_synchronize` waits for the device, and :func:`ampcore_memory` is
+  left out, so ``ampcore bench`` prints memory as unavailable.
 
 ``AMPCORE_ACME_AUTOCAST`` (``none``, ``fallthrough``, ``partial``, ``generic``; default
 ``none``) chooses which autocast kernels the test device registers, so that CI can prove
@@ -34,7 +34,10 @@ from typing import Final
 
 import torch
 
-from ampcore import hookimpl
+from ampcore import BackendSpec, hookimpl
+
+#: The adapter contract this plugin targets (ampcore.hookspec).
+AMPCORE_CONTRACT = 2
 
 #: The device type (the name PrivateUse1 is renamed to) and the backend name users pass.
 BACKEND: Final = "acme"
@@ -66,24 +69,17 @@ def adjustments_for(mode: str, dtype: torch.dtype) -> dict[str, list[str]] | Non
     return None
 
 
-# -- required hooks ------------------------------------------------------------------------
+# -- the required hook --------------------------------------------------------------------
 
 
 @hookimpl
-def ampcore_backend_name() -> str:
-    return BACKEND
-
-
-@hookimpl
-def ampcore_device_type() -> str:
-    # The name your extension renamed PrivateUse1 to (torch_npu: "npu").
-    return BACKEND
-
-
-@hookimpl
-def ampcore_supported_dtypes() -> Sequence[torch.dtype]:
-    # What torch.acme.get_amp_supported_dtype() returns, default first.
-    return [torch.bfloat16, torch.float16]
+def ampcore_backend() -> BackendSpec:
+    return BackendSpec(
+        name=BACKEND,
+        device_type=BACKEND,  # the name your extension renamed PrivateUse1 to (torch_npu: "npu")
+        dtypes=[torch.bfloat16, torch.float16],  # torch.acme.get_amp_supported_dtype(), default first
+        priority=-20,  # a test device must never be chosen by device=None over a real one (cpu is 0)
+    )
 
 
 # -- optional hooks ------------------------------------------------------------------------
@@ -99,12 +95,6 @@ def ampcore_unavailable_reason() -> str | None:
     except Exception as exc:
         return f"installing the acme test device failed ({type(exc).__name__}: {exc})"
     return None
-
-
-@hookimpl
-def ampcore_backend_priority() -> int:
-    # A test device must never be chosen by device=None over a real one (cpu is 0).
-    return -20
 
 
 @hookimpl
@@ -135,6 +125,5 @@ def ampcore_synchronize(device_index: int) -> None:
     torch.acme.synchronize(device_index)  # type: ignore[attr-defined]
 
 
-# Memory hooks (ampcore_device_memory, ampcore_memory_in_use, ampcore_reset_peak_memory,
-# ampcore_peak_memory) are left out: the test device cannot measure memory, so `ampcore
-# bench` prints "unavailable".  Implement them with your runtime's allocator statistics.
+# The memory hook (ampcore_memory) is left out: the test device cannot measure memory, so
+# `ampcore bench` prints "unavailable".  Implement it with your runtime's allocator statistics.

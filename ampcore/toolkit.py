@@ -1,0 +1,116 @@
+"""Public helpers for tools built on ampcore: the conformance suite, vendor test suites, benchmarks.
+
+Everything here is a stable, documented entry to something the core already uses:
+
+* dtypes: :func:`parse_dtype`, :func:`parse_declared_dtype` (the spellings every ampcore
+  call accepts, and its errors);
+* torch's own autocast: :func:`native_table`, :func:`dispatch_key_of`,
+  :func:`has_native_autocast`;
+* a backend's device: :func:`memory_in_use`, :func:`peak_memory`, :func:`reset_peak_memory`,
+  :func:`device_memory`, :func:`synchronize` (the adapter's ``ampcore_memory`` /
+  ``ampcore_synchronize`` hooks, else ``torch.accelerator``).
+
+Example::
+
+    >>> import torch
+    >>> from ampcore import toolkit
+    >>> toolkit.parse_dtype("bf16"), toolkit.dispatch_key_of("cpu"), toolkit.native_table("cpu")["mm"]
+    (torch.bfloat16, 'AutocastCPU', 'lower_precision_fp')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ._backends.memory import device_memory, memory_in_use, peak_memory, reset_peak_memory, synchronize
+from ._dtypes import parse_declared_dtype as _parse_declared_dtype
+from ._dtypes import parse_dtype as _parse_dtype
+from ._policy import registration as _registration
+from ._policy import torch_tables as _torch_tables
+
+__all__ = [
+    "device_memory",
+    "dispatch_key_of",
+    "has_native_autocast",
+    "memory_in_use",
+    "native_table",
+    "parse_declared_dtype",
+    "parse_dtype",
+    "peak_memory",
+    "reset_peak_memory",
+    "synchronize",
+]
+
+
+def parse_dtype(value: object, call: str = "ampcore", param: str = "dtype") -> torch.dtype:
+    """``value`` (a floating ``torch.dtype`` or a name: ``"bfloat16"``, ``"bf16"``, ``"half"``,
+    ``"torch.float16"``...) as a ``torch.dtype``.
+
+    Raises:
+        AmpcoreError: anything else; the message names ``call`` and ``param`` (an option such
+            as ``"--dtype"`` reads ``call --dtype value``) and lists the valid names.
+
+    Example::
+
+        >>> parse_dtype("fp16")
+        torch.float16
+        >>> parse_dtype("fp8", "mytool", "--dtype")
+        Traceback (most recent call last):
+        ...
+        ampcore._errors.AmpcoreError: mytool --dtype fp8: unknown dtype name; valid: bfloat16 (bf16), float16 (fp16, half), float32 (fp32, float), float64 (fp64, double), or a floating torch.dtype
+    """
+    return _parse_dtype(value, call, param)
+
+
+def parse_declared_dtype(
+    value: object, declared: Sequence[torch.dtype], owner: str, call: str = "ampcore", param: str = "dtype"
+) -> torch.dtype:
+    """:func:`parse_dtype` for a choice among ``declared`` (e.g. a backend's dtypes); the
+    error names ``owner`` and lists only the declared dtypes.
+
+    Example::
+
+        >>> parse_declared_dtype("bf16", [torch.bfloat16], "backend 'cpu'")
+        torch.bfloat16
+    """
+    return _parse_declared_dtype(value, declared, owner, call, param)
+
+
+def native_table(device_type: str) -> Mapping[str, str]:
+    """``{overload: cast policy}`` of torch's own autocast lists for ``device_type`` (the
+    generic table when torch has none of its own), before any adapter adjustment.
+
+    Policies are torch's names: ``"lower_precision_fp"``, ``"fp32"``, ``"promote"``,
+    ``"fp32_set_opt_dtype"``, ``"fp32_append_dtype"``.
+
+    Example::
+
+        >>> native_table("cpu")["mm"], native_table("cuda")["softmax.int"]
+        ('lower_precision_fp', 'fp32_set_opt_dtype')
+    """
+    return _torch_tables.native_table(device_type)
+
+
+def dispatch_key_of(device_type: str) -> str:
+    """The autocast dispatch key torch uses for ``device_type``.
+
+    Example::
+
+        >>> dispatch_key_of("cpu"), dispatch_key_of("npu")
+        ('AutocastCPU', 'AutocastPrivateUse1')
+    """
+    return _torch_tables.dispatch_key_of(device_type)
+
+
+def has_native_autocast(device_type: str) -> bool:
+    """Whether ``device_type``'s autocast key has kernels of its own (not ampcore's);
+    ``False`` means ampcore provides its autocast.
+
+    Example::
+
+        >>> has_native_autocast("cpu")
+        True
+    """
+    return _registration.has_native_autocast(device_type)
