@@ -81,9 +81,13 @@ REMOVED_HOOKS: Final = {
     "ampcore_peak_memory": "merged into ampcore_memory (its 'peak' key) in contract 2",
     "ampcore_reset_peak_memory": "merged into ampcore_memory (called with reset_peak=True) in contract 2",
     "ampcore_device_memory": "merged into ampcore_memory (its 'total' key) in contract 2",
-    "ampcore_backend_overrides": "removed in contract 2: of two plugins claiming one name, block one with AMPCORE_BLOCK_PLUGINS",
+    "ampcore_backend_overrides": (
+        "removed in contract 2: of two plugins claiming one name, block one with AMPCORE_BLOCK_PLUGINS"
+    ),
     "ampcore_unscale_grads_": "removed in contract 2: the scaler uses torch's fused kernel or its portable one",
-    "ampcore_keep_norm_fp32": "removed in contract 2: O2 keeps norms float32 for float16 only; decorate(keep_norm_fp32=...)",
+    "ampcore_keep_norm_fp32": (
+        "removed in contract 2: O2 keeps norms float32 for float16 only; decorate(keep_norm_fp32=...)"
+    ),
 }
 
 #: Marker for hook specifications (used by this module only).
@@ -229,7 +233,7 @@ def ampcore_needs_loss_scaling(dtype: torch.dtype) -> bool:  # type: ignore[empt
 
 
 @hookspec
-def ampcore_op_list_adjustments(  # type: ignore[empty-body]
+def ampcore_op_list_adjustments(
     dtype: torch.dtype,
 ) -> Mapping[str, Iterable[str]] | None:
     """Changes to the default op lists of this backend for ``dtype``.
@@ -279,7 +283,7 @@ def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
 
 
 @hookspec
-def ampcore_memory(  # type: ignore[empty-body]
+def ampcore_memory(
     device_index: int, reset_peak: bool
 ) -> Mapping[str, int | None] | None:
     """Memory of device ``device_index`` in bytes: ``{"in_use": ..., "peak": ..., "total": ...}``

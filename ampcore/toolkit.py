@@ -60,7 +60,7 @@ def parse_dtype(value: object, call: str = "ampcore", param: str = "dtype") -> t
         Traceback (most recent call last):
         ...
         ampcore._errors.AmpcoreError: mytool --dtype fp8: unknown dtype name; valid: bfloat16 (bf16), float16 (fp16, half), float32 (fp32, float), float64 (fp64, double), or a floating torch.dtype
-    """
+    """  # noqa: E501 - a doctest shows the whole one-line message
     return _parse_dtype(value, call, param)
 
 

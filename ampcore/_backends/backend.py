@@ -10,12 +10,12 @@ from typing import Any, Final, final
 import pluggy
 import torch
 
-from .capability import CapabilityIssue
-from ..hookspec import BackendSpec
 from .._dtypes import parse_dtype
-from .._forklock import LOCK
 from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError
+from .._forklock import LOCK
 from .._policy.op_names import canonical_ops
+from ..hookspec import BackendSpec
+from .capability import CapabilityIssue
 
 __all__ = ["Backend", "ADJUSTMENT_KEYS", "dtype_name", "origin"]
 
@@ -267,7 +267,8 @@ class Backend:
         """Raise :class:`BackendUnavailableError` with the adapter's reason if unavailable."""
         reason = self.unavailable_reason
         if reason is not None:
-            raise BackendUnavailableError(f'backend "{self.name}" ({origin(self.distribution)}) is unavailable: {reason}')
+            where = origin(self.distribution)
+            raise BackendUnavailableError(f'backend "{self.name}" ({where}) is unavailable: {reason}')
 
     def device_count(self) -> int:
         """Number of visible devices (adapter hook; 1 by default)."""

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 import torch
 
-from .backend import Backend
 from .._errors import PluginError
+from .backend import Backend
 
 __all__ = ["device_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "synchronize"]
 

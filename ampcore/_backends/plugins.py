@@ -20,10 +20,10 @@ from typing import Final, Literal, final
 import pluggy
 
 from .. import hookspec as _hookspec
+from .._errors import AmpcoreError, PluginError, PluginWarning, warn_at
+from .._forklock import LOCK
 from .backend import Backend, origin
 from .contract import SPEC_NAMES, check_contract, unknown_hooks
-from .._forklock import LOCK
-from .._errors import AmpcoreError, PluginError, PluginWarning, warn_at
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -277,7 +277,12 @@ class PluginManager:
             raise PluginError(name, str(exc), distribution) from exc
         try:
             return Backend(
-                self._pm, plugin, name, distribution, version, on_broken=lambda message: self._mark_broken(name, message)
+                self._pm,
+                plugin,
+                name,
+                distribution,
+                version,
+                on_broken=lambda message: self._mark_broken(name, message),
             )
         except BaseException:
             self._pm.unregister(plugin)
@@ -294,7 +299,9 @@ class PluginManager:
         """Register an adapter object or module in process; raise :class:`PluginError` if it
         breaks the contract.  Returns the backend it describes."""
         if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise AmpcoreError(f"register_plugin(name={name!r}): expected a non-empty str, or None for the plugin's __name__")
+            raise AmpcoreError(
+                f"register_plugin(name={name!r}): expected a non-empty str, or None for the plugin's __name__"
+            )
         if isinstance(plugin, _NOT_PLUGINS):
             raise PluginError(
                 repr(plugin),
@@ -369,7 +376,8 @@ class PluginManager:
         self.load_entry_points()
         if name not in self._claims:
             plugins = ", ".join(f"{i.name} -> {i.backend or i.status}" for i in self._infos.values()) or "none loaded"
-            raise KeyError(f"unknown backend {name!r}; known backends: {', '.join(sorted(self._claims)) or 'none'} (plugins: {plugins})")
+            known = ", ".join(sorted(self._claims)) or "none"
+            raise KeyError(f"unknown backend {name!r}; known backends: {known} (plugins: {plugins})")
         winner = self._winner(name)
         if winner is None:
             raise self._conflict_error(name)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 
+from .._errors import AmpcoreError, BackendUnavailableError, closest
 from .._forklock import LOCK
 from .backend import Backend
-from .._errors import AmpcoreError, BackendUnavailableError, closest
 from .plugins import PluginInfo, PluginManager
 
 __all__ = [
@@ -24,7 +23,7 @@ __all__ = [
     "unregister_plugin",
 ]
 
-DeviceLike = Union[str, torch.device, None]
+DeviceLike = str | torch.device | None
 
 
 @dataclass(frozen=True)
@@ -171,7 +170,10 @@ def _not_loaded(manager: PluginManager, name: str) -> str:
     parts = []
     for plugin in same or idle:
         remedy = _REMEDY.get(plugin.status)
-        why = f"it failed to load: {plugin.error}" if remedy is None else remedy.format(env_disable=ENV_DISABLE_AUTOLOAD, name=plugin.name)
+        if remedy is None:
+            why = f"it failed to load: {plugin.error}"
+        else:
+            why = remedy.format(env_disable=ENV_DISABLE_AUTOLOAD, name=plugin.name)
         parts.append(f"plugin {plugin.name!r} is not loaded: {why}")
     return ("; " + "; ".join(parts)) if parts else ""
 
