@@ -17,7 +17,7 @@ from .._errors import AmpcoreError
 from .._backends.registry import DeviceLike, get_backend, resolve_device
 from .base import CALL as _CALL
 from .base import map_tensors
-from .options import ScalerOptions, accepts_paddle_aliases, check_bool, check_number
+from .options import ScalerOptions, accepts_paddle_option_names, check_bool, check_number
 from .paddle import PaddleScalerMethods
 from .watch import CollapseWatch
 
@@ -137,7 +137,7 @@ class GradScaler(PaddleScalerMethods):
         1024.0
     """
 
-    @accepts_paddle_aliases
+    @accepts_paddle_option_names
     def __init__(
         self,
         device: DeviceLike = None,

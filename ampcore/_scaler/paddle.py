@@ -1,7 +1,7 @@
 """The methods of ``paddle.amp.GradScaler`` that torch's GradScaler lacks, on ampcore's scaler.
 
 Paddle's getters and setters use Paddle's parameter names (``incr_ratio`` is ampcore's
-``growth_factor``, and so on: :data:`ampcore._scaler.options.PADDLE_ALIASES`); each one
+``growth_factor``, and so on: :data:`ampcore._scaler.options.PADDLE_OPTION_NAMES`); each one
 reads or writes the same setting as its torch-style twin, with the same validation.
 ``minimize`` is Paddle's ``step()`` + ``update()``.
 """
