@@ -9,14 +9,13 @@ come from ``settings_api.py`` and Paddle's names from ``paddle.py``.
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Final, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from .._backends.backend import dtype_name
-from .._backends.registry import DeviceLike, get_backend, resolve_device
+from .._backends.registry import DeviceLike
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
 from .iteration import OptimizerRecord, Stage, check_optimizer
@@ -26,12 +25,11 @@ from .new_scale import LossScaleAtMinimumError, raise_if_stuck, set_scale_
 from .options import ScalerOptions, accepts_paddle_option_names, check_bool
 from .paddle import PaddleScalerMethods
 from .store import CALL as _CALL
-from .store import ScaleStore
+from .store import make_store
 from .watch import CollapseWatch
 
 __all__ = ["GradScaler", "LossScaleAtMinimumError"]
 
-_logger: Final = logging.getLogger("ampcore")
 _SCALE_FIRST: Final = (
     "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 )
@@ -146,25 +144,8 @@ class GradScaler(PaddleScalerMethods):
             dynamic=dynamic,
             raise_at_min_scale=raise_at_min_scale,
         )
-        if enabled is False:  # a disabled scaler must not need the device
-            backend, index = get_backend(device), None
-        else:
-            resolved = resolve_device(device)
-            backend, index = resolved.backend, resolved.index
-        checked = backend.check_dtype(dtype, call=_CALL)
-        scaling = enabled is True or (enabled is None and backend.needs_loss_scaling(checked))
-        self._store = ScaleStore(backend, index, checked, options, active=enabled is not False, scaling=scaling)
-        self._kernels = ScalerKernels(backend)
-        if self._store.active and not scaling:
-            _logger.info(
-                "%s(device=%r, dtype=torch.%s): backend %r says this dtype needs no loss scaling, so the "
-                "scaler does not scale (scale 1) but still skips steps with non-finite gradients; "
-                "pass enabled=True to scale anyway",
-                _CALL,
-                backend.name,
-                dtype_name(checked),
-                backend.name,
-            )
+        self._store = make_store(device, dtype, enabled, options)
+        self._kernels = ScalerKernels(self._store.backend)
         self._collapse = CollapseWatch(_CALL, collapse_patience, on_collapse)
         self._process_group = process_group
         self._sync_found_inf = sync_found_inf

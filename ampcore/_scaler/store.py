@@ -8,19 +8,21 @@ public getters and setters in ``settings_api.py``; the class itself in ``grad_sc
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .._backends.registry import get_backend
+from .._backends.registry import DeviceLike, get_backend, resolve_device
 from .options import ScalerOptions
 from .state import ScalerState
 
-__all__ = ["CALL", "ScaleStore", "ScaleTensors"]
+__all__ = ["CALL", "ScaleStore", "ScaleTensors", "make_store"]
 
 CALL: Final = "ampcore.GradScaler"
+_logger: Final = logging.getLogger("ampcore")
 
 
 @dataclass(frozen=True)
@@ -156,3 +158,27 @@ class ScaleStore:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.backend = get_backend(state["backend"])
+
+
+def make_store(
+    device: DeviceLike, dtype: torch.dtype | None, enabled: bool | None, options: ScalerOptions
+) -> ScaleStore:
+    """The scaler's record: its backend and device, its dtype and whether it scales."""
+    if enabled is False:  # a disabled scaler must not need the device
+        backend, index = get_backend(device), None
+    else:
+        resolved = resolve_device(device)
+        backend, index = resolved.backend, resolved.index
+    checked = backend.check_dtype(dtype, call=CALL)
+    scaling = enabled is True or (enabled is None and backend.needs_loss_scaling(checked))
+    if enabled is not False and not scaling:
+        _logger.info(
+            "%s(device=%r, dtype=torch.%s): backend %r says this dtype needs no loss scaling, so the "
+            "scaler does not scale (scale 1) but still skips steps with non-finite gradients; "
+            "pass enabled=True to scale anyway",
+            CALL,
+            backend.name,
+            dtype_name(checked),
+            backend.name,
+        )
+    return ScaleStore(backend, index, checked, options, active=enabled is not False, scaling=scaling)
