@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, overload
 
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 from .checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpointHooks, decorated_model_of
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
+from .._validate import check_bool, check_flags
 from .fsdp import RefuseSharded, check_not_sharded
 from .._policy.levels import check_level
 from .master import MasterPair, MasterWeights, master_of, master_weights_of
@@ -133,74 +135,156 @@ def decorate(
         ...     loss = model(torch.randn(2, 4)).float().pow(2).mean()
         >>> loss.backward(); opt.step(); opt.zero_grad()
     """
+    request = _validate(
+        models, optimizers, level, dtype, device, master_weight, keep_norm_fp32, excluded_layers, save_dtype,
+        master_grad, cast_buffers,
+    )  # fmt: skip
+    if request.level != "O2":
+        return models if optimizers is None else (models, optimizers)
+    _check_o2(request)
+    plans = _plan(request)
+    out_models, out_opts = list(request.models), list(request.optimizers)
+    model_list, opt_list = request.models, request.optimizers
+    if request.vendor_may_prepare:
+        plans, model_list, opt_list = _offer_to_vendor(request, plans, out_models, out_opts)
+    # -- nothing has changed up to here; from here on, only conversion --------------------
+    records = _convert_models(request, plans, opt_list)
+    _install_masters(request, records, opt_list)
+    for model, record in zip(model_list, records):
+        record.attach(model)
+    models = _reshaped(models, out_models)
+    return models if optimizers is None else (models, _reshaped(optimizers, out_opts))
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The checked arguments of one decorate call."""
+
+    level: str
+    models: list[nn.Module]
+    optimizers: list[torch.optim.Optimizer]
+    resolved: ResolvedDevice
+    low: torch.dtype
+    master_weight: bool
+    keep_norm_fp32: bool | None
+    excluded_types: tuple[type, ...]
+    excluded_instances: list[nn.Module]
+    save_dtype: torch.dtype | None
+    master_grad: bool
+    cast_buffers: bool
+    #: only the default options: the backend's own O2 tool (e.g. IPEX) may take the models
+    vendor_may_prepare: bool
+
+
+def _validate(
+    models: Any,
+    optimizers: Any,
+    level: str,
+    dtype: torch.dtype | str | None,
+    device: DeviceLike,
+    master_weight: bool,
+    keep_norm_fp32: bool | None,
+    excluded_layers: Any,
+    save_dtype: torch.dtype | str | None,
+    master_grad: bool,
+    cast_buffers: bool,
+) -> _Request:
+    """Step 1: check every argument (at every level) and resolve the backend and dtype."""
     checked_level = check_level(level, call=_CALL)
     model_list = _as_list(models, nn.Module, "models")
     opt_list = [] if optimizers is None else _as_list(optimizers, torch.optim.Optimizer, "optimizers")
-    _check_flags(master_weight=master_weight, master_grad=master_grad, cast_buffers=cast_buffers)
-    if keep_norm_fp32 is not None and not isinstance(keep_norm_fp32, bool):
-        raise AmpcoreError(f"{_CALL}(keep_norm_fp32={keep_norm_fp32!r}): expected None, True or False")
-    dtype = None if dtype is None else parse_dtype(dtype, _CALL)
-    save_dtype = None if save_dtype is None else parse_dtype(save_dtype, _CALL, "save_dtype")
-    if save_dtype is not None and save_dtype not in _SAVE_DTYPES:
+    check_flags(_CALL, master_weight=master_weight, master_grad=master_grad, cast_buffers=cast_buffers)
+    if keep_norm_fp32 is not None:
+        check_bool(_CALL, "keep_norm_fp32", keep_norm_fp32, expected="None, True or False")
+    low_given = None if dtype is None else parse_dtype(dtype, _CALL)
+    save = None if save_dtype is None else parse_dtype(save_dtype, _CALL, "save_dtype")
+    if save is not None and save not in _SAVE_DTYPES:
         raise AmpcoreError(
-            f"{_CALL}(save_dtype={save_dtype!r}): expected None or one of "
+            f"{_CALL}(save_dtype={save!r}): expected None or one of "
             f"{', '.join(str(d) for d in _SAVE_DTYPES)}"
         )
     excluded_types, excluded_instances = excluded_spec(excluded_layers, _CALL)
     resolved = _resolve(device, model_list)
-    low = resolved.backend.check_dtype(dtype, call=_CALL)
-    if checked_level != "O2":
-        return models if optimizers is None else (models, optimizers)
+    low = resolved.backend.check_dtype(low_given, call=_CALL)
+    defaults = (master_weight, keep_norm_fp32, excluded_layers, save, master_grad, cast_buffers)
+    return _Request(
+        checked_level, model_list, opt_list, resolved, low, master_weight, keep_norm_fp32, excluded_types,
+        excluded_instances, save, master_grad, cast_buffers,
+        vendor_may_prepare=defaults == (True, None, None, None, False, False),
+    )  # fmt: skip
 
-    resolved.backend.enforce_capability(low, resolved.index or 0, stacklevel=2)
-    _check_models(model_list, excluded_instances)
-    check_not_sharded(model_list, _CALL)
-    _check_optimizers(model_list, opt_list)
-    if master_grad and not (master_weight and opt_list):
+
+def _check_o2(request: _Request) -> None:
+    """Step 1 (O2 only): the device can run the dtype, and models and optimizers can be
+    decorated (not wrapped, sharded or decorated already; no foreign parameters)."""
+    request.resolved.backend.enforce_capability(request.low, request.resolved.index or 0, stacklevel=3)
+    _check_models(request.models, request.excluded_instances)
+    check_not_sharded(request.models, _CALL)
+    _check_optimizers(request.models, request.optimizers)
+    if request.master_grad and not (request.master_weight and request.optimizers):
         raise AmpcoreError(
             f"{_CALL}(master_grad=True): float32 master gradients need master_weight=True and the "
             "optimizers the gradients are for"
         )
-    if master_grad and not hasattr(torch.Tensor, "grad_dtype"):
+    if request.master_grad and not hasattr(torch.Tensor, "grad_dtype"):
         raise AmpcoreError(
             f"{_CALL}(master_grad=True) needs Tensor.grad_dtype, which torch {torch.__version__} "
             "lacks; upgrade torch or use master_grad=False"
         )
-    keep_norm = default_keep_norm_fp32(resolved.backend, low) if keep_norm_fp32 is None else keep_norm_fp32
-    ids = {id(m) for m in excluded_instances}
-    plans = [plan_model(m, keep_norm, excluded_types, ids, cast_buffers) for m in model_list]
-    out_models, out_opts = list(model_list), list(opt_list)
-    if (master_weight, keep_norm_fp32, excluded_layers, save_dtype, master_grad, cast_buffers) == (
-        True, None, None, None, False, False
-    ):  # fmt: skip
-        # the backend's own O2 tool (e.g. IPEX) serves the default options only
-        done_models, done_opts = _vendor_prepare(resolved, low, out_models, out_opts)
-        plans = [plan for index, plan in enumerate(plans) if index not in done_models]
-        model_list = [m for index, m in enumerate(model_list) if index not in done_models]
-        opt_list = [opt for index, opt in enumerate(opt_list) if index not in done_opts]
 
-    # -- nothing has changed up to here; from here on, only conversion --------------------
-    optimized = {id(p) for opt in opt_list for g in opt.param_groups for p in g["params"]}
-    records = [DecoratedModel(low, save_dtype, master_grad) for _ in model_list]
-    islands = _Islands(resolved, low)
+
+def _plan(request: _Request) -> list[ModelPlan]:
+    """Step 2: what to convert in each model (parameters, buffers, kept and excluded layers)."""
+    keep_norm = request.keep_norm_fp32
+    if keep_norm is None:
+        keep_norm = default_keep_norm_fp32(request.resolved.backend, request.low)
+    ids = {id(m) for m in request.excluded_instances}
+    return [plan_model(m, keep_norm, request.excluded_types, ids, request.cast_buffers) for m in request.models]
+
+
+def _offer_to_vendor(
+    request: _Request, plans: list[ModelPlan], out_models: list[nn.Module], out_opts: list[torch.optim.Optimizer]
+) -> tuple[list[ModelPlan], list[nn.Module], list[torch.optim.Optimizer]]:
+    """Step 3: the backend's own O2 tool takes what it can (replaced in ``out_models`` and
+    ``out_opts``); returns the plans, models and optimizers left to the core."""
+    done_models, done_opts = _vendor_prepare(request.resolved, request.low, out_models, out_opts)
+    return (
+        [plan for index, plan in enumerate(plans) if index not in done_models],
+        [m for index, m in enumerate(request.models) if index not in done_models],
+        [opt for index, opt in enumerate(request.optimizers) if index not in done_opts],
+    )
+
+
+def _convert_models(
+    request: _Request, plans: list[ModelPlan], optimizers: list[torch.optim.Optimizer]
+) -> list[DecoratedModel]:
+    """Step 4: convert each model in place (masters for the optimized parameters) and
+    install its hooks (checkpoints, input casting, float32 islands)."""
+    optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    records = [DecoratedModel(request.low, request.save_dtype, request.master_grad) for _ in plans]
+    islands = _Islands(request.resolved, request.low)
     for plan, record in zip(plans, records):
-        _convert(plan, record, low, master_weight, optimized)
-        _install_hooks(plan, record, low, islands)
+        _convert(plan, record, request.low, request.master_weight, optimized)
+        _install_hooks(plan, record, request.low, islands)
+    return records
+
+
+def _install_masters(
+    request: _Request, records: list[DecoratedModel], optimizers: list[torch.optim.Optimizer]
+) -> None:
+    """Step 5: give each optimizer its master weights (and their checkpoint hooks)."""
     pairs = {pair.model: pair for record in records for pair in record.pairs.values()}
-    for opt in opt_list:
+    may_share = not request.resolved.backend.needs_loss_scaling(request.low)
+    for opt in optimizers:
         own = [pairs[p] for g in opt.param_groups for p in g["params"] if p in pairs]
         if not own:  # master_weight=False, or only float32 parameters: nothing to do
             continue
-        weights = MasterWeights(opt, own, master_grad, may_share=not resolved.backend.needs_loss_scaling(low))
+        weights = MasterWeights(opt, own, request.master_grad, may_share=may_share)
         weights.install()
         OptimizerCheckpointHooks(weights).register(opt)
         for record in records:
             if any(pair.model in record.pairs for pair in own):
                 record.master_weights.append(weights)
-    for model, record in zip(model_list, records):
-        record.attach(model)
-    models = _reshaped(models, out_models)
-    return models if optimizers is None else (models, _reshaped(optimizers, out_opts))
 
 
 def _vendor_prepare(
@@ -255,12 +339,6 @@ def _as_list(value: Any, kind: type, name: str) -> list[Any]:
     if len({id(item) for item in items}) != len(items):
         raise AmpcoreError(f"{_CALL}({name}=...): the same object is passed twice")
     return items
-
-
-def _check_flags(**flags: object) -> None:
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise AmpcoreError(f"{_CALL}({name}={value!r}): expected True or False")
 
 
 def _resolve(device: DeviceLike, models: list[nn.Module]) -> ResolvedDevice:

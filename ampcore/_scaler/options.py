@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from .._errors import AmpcoreError, closest
+from .._validate import check_bool
 
 __all__ = [
     "PADDLE_OPTION_NAMES",
@@ -93,13 +94,6 @@ def check_int(call: str, name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise AmpcoreError(f"{call}({name}={value!r}): expected an int >= {minimum}")
     return int(value)
-
-
-def check_bool(call: str, name: str, value: object) -> bool:
-    """``value`` if it is a bool; raise otherwise."""
-    if not isinstance(value, bool):
-        raise AmpcoreError(f"{call}({name}={value!r}): expected True or False")
-    return value
 
 
 @dataclass(frozen=True)

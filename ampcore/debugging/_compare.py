@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_map_only
 from .._policy.autocast import autocast
 from .._backends.backend import dtype_name
 from .._errors import AmpcoreError, AmpcoreWarning
+from .._validate import check_bool
 from .._backends.registry import DeviceLike
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
@@ -313,8 +314,7 @@ def compare_accuracy(
     for name, value in (("model", model), ("amp_model", amp_model)):
         if value is not None and not isinstance(value, nn.Module):
             raise AmpcoreError(f"{call}({name}={type(value).__name__}): expected a torch.nn.Module")
-    if not isinstance(per_op, bool):
-        raise AmpcoreError(f"{call}(per_op={per_op!r}): expected True or False")
+    check_bool(call, "per_op", per_op)
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
         raise AmpcoreError(f"{call}(threshold={threshold!r}): expected a non-negative number such as 0.1")
     if device is None:

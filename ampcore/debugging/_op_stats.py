@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import torch
 from .._errors import AmpcoreError
+from .._validate import check_bool
 from ._ops import BUCKETS, Bucket, ObservingMode, op_name, result_bucket
 
 __all__ = [
@@ -149,8 +150,7 @@ def disable_operator_stats_collection(print_table: bool = True, file: TextIO | N
     Raises:
         AmpcoreError: no collection is enabled in this thread.
     """
-    if not isinstance(print_table, bool):
-        raise AmpcoreError(f"disable_operator_stats_collection(print_table={print_table!r}): expected True or False")
+    check_bool("disable_operator_stats_collection", "print_table", print_table)
     if not _enabled.stack:
         raise AmpcoreError(
             "disable_operator_stats_collection(): no collection is enabled in this thread; call "
