@@ -24,6 +24,7 @@ from typing import Any, Final
 
 import torch
 
+from .._table import format_table
 from .._backends.backend import dtype_name
 from .._errors import AmpcoreError
 from .._version import __version__
@@ -165,8 +166,7 @@ class AutoPlan:
             low = f"{c.low_ms:.3f}" + ("~" if c.estimated else "")
             ratio = f"{c.low_ms / c.fp32_ms:.2f}" if c.fp32_ms > 0 else "-"
             rows.append((key, f"{c.fp32_ms:.3f}", low, f"{c.cast_ms:.3f}", ratio, e.decision, e.source))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths))) for r in rows]
+        lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None)
         fp = self.fingerprint
         head = f"ampcore auto plan: {fp.get('backend')} ({fp.get('device')}), {fp.get('dtype')}, torch {fp.get('torch')}, ampcore {fp.get('ampcore')}"
         foot = "low ms includes the casts (cast ms); ~: estimated from a probe on part of the batch"

@@ -21,6 +21,7 @@ from .experiment import (
     run_bench,
     unreliable_reasons,
 )
+from .._table import format_table
 from .._errors import AmpcoreError
 
 __all__ = ["add_parser", "check_output_path", "format_result", "plot_result"]
@@ -103,9 +104,7 @@ def format_result(result: BenchResult) -> str:
                 "-" if r.loss_scale is None else f"{r.loss_scale:g}",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1))
     notes = [
         "ms/step: median step time over the measured steps" + (" of all repeats" if result.repeats > 1 else "")
         + "; min-max: the fastest and slowest step"

@@ -267,20 +267,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
 
     from .._version import __version__
 
-    bad = [m for m in settings.modes if m not in MODES + EXTRA_MODES]
-    if bad:
-        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
-    if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
-        raise AmpcoreError(
-            f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
-            f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
-        )
-    if settings.repeats < 1:
-        raise AmpcoreError(f"ampcore bench: --repeats must be a positive integer (got {settings.repeats})")
-    for name in ("size", "batch"):
-        value = getattr(settings, name)
-        if value is not None and value < 1:
-            raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
+    _check_settings(settings)
     resolved = resolve_device(settings.device)
     backend, index = resolved.backend, resolved.index or 0
     dtype = backend.check_dtype(settings.dtype, call="ampcore bench")
@@ -308,13 +295,35 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
             else:
                 runs[mode].append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
     result.results = [_merge(runs[mode]) for mode in settings.modes]
-    reference = next((r for r in result.results if r.mode == "fp32"), None)
-    for r in result.results:
+    _add_speedups(result.results, settings.repeats)
+    return result
+
+
+def _check_settings(settings: BenchSettings) -> None:
+    bad = [m for m in settings.modes if m not in MODES + EXTRA_MODES]
+    if bad:
+        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
+    if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
+        raise AmpcoreError(
+            f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
+            f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
+        )
+    if settings.repeats < 1:
+        raise AmpcoreError(f"ampcore bench: --repeats must be a positive integer (got {settings.repeats})")
+    for name in ("size", "batch"):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
+
+
+def _add_speedups(results: list[ModeResult], repeats: int) -> None:
+    """Each mode's speed-up over fp32 (and its range over the repeats)."""
+    reference = next((r for r in results if r.mode == "fp32"), None)
+    for r in results:
         r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
-        if reference and r is not reference and settings.repeats > 1:
+        if reference and r is not reference and repeats > 1:
             ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
             r.speedup_range = [min(ratios), max(ratios)]
-    return result
 
 
 def _load_average() -> float | None:
