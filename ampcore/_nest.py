@@ -46,12 +46,13 @@ def map_tensors(
 
 
 def iter_tensors(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``value``, depth first, walking lists, tuples and mappings' values."""
+    """Every tensor in ``value``, depth first, walking lists, tuples and dicts' values (model
+    outputs, op arguments and results)."""
     if isinstance(value, torch.Tensor):
         yield value
-    elif isinstance(value, (list, tuple)):
+    elif isinstance(value, (tuple, list)):
         for item in value:
             yield from iter_tensors(item)
-    elif isinstance(value, Mapping):
+    elif isinstance(value, dict):
         for item in value.values():
             yield from iter_tensors(item)
