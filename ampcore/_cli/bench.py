@@ -10,8 +10,6 @@ import textwrap
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-import torch
-
 from .experiment import (
     EXTRA_MODES,
     MODES,
@@ -21,6 +19,7 @@ from .experiment import (
     run_bench,
     unreliable_reasons,
 )
+from .._dtypes import parse_dtype
 from .._table import format_table
 from .._errors import AmpcoreError
 
@@ -187,7 +186,7 @@ def check_output_path(option: str, path: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         device=args.device,
-        dtype=getattr(torch, args.dtype) if args.dtype else None,
+        dtype=parse_dtype(args.dtype, "ampcore bench", "--dtype") if args.dtype else None,
         size=args.size,
         batch=args.batch,
         steps=args.steps,
