@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import weakref
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Final
 
 import torch
@@ -28,15 +29,15 @@ if TYPE_CHECKING:
 __all__ = ["CopiedGrads", "GradientMode", "LowGradsWhenExact", "SharedFp32Grads", "choose_gradient_mode"]
 
 
-class GradientMode:
+class GradientMode(ABC):
     """The gradient strategy of one :class:`~ampcore._o2.master.MasterWeights`."""
 
     def install(self, pairs: list[MasterPair]) -> None:
         """Prepare the parameters when decorate installs the masters (default: nothing)."""
 
+    @abstractmethod
     def sync(self, weights: MasterWeights, copy_missing: bool) -> None:
         """Give each master the current gradient of its model parameter."""
-        raise NotImplementedError
 
     def shares_low_grads(self, weights: MasterWeights) -> bool:
         """Whether the optimizer reads the low-precision gradients directly (default: no)."""
