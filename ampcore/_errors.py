@@ -25,9 +25,9 @@ from collections.abc import Iterable
 __all__ = [
     "AmpcoreError",
     "AmpcoreWarning",
+    "BackendUnavailableError",
     "PluginError",
     "PluginWarning",
-    "BackendUnavailableError",
     "closest",
     "warn_at",
 ]

@@ -14,7 +14,7 @@ def format_table(
     *,
     sep: str = "  ",
     indent: str = "",
-    rule: Literal["columns", "line", None] = "columns",
+    rule: Literal["columns", "line"] | None = "columns",
     min_widths: Sequence[int] | None = None,
     strip: bool = False,
 ) -> list[str]:

@@ -24,9 +24,9 @@ from typing import Any, Final
 
 import torch
 
-from .._table import format_table
 from .._backends.backend import dtype_name
 from .._errors import AmpcoreError
+from .._table import format_table
 from .._version import __version__
 from ._costs import MARGIN, Costs, Decision, decide
 
@@ -313,8 +313,8 @@ def load_plan(
 
 
 def _this_process(fp: Mapping[str, Any]) -> dict[str, Any]:
-    from .._dtypes import parse_dtype
     from .._backends.registry import resolve_device
+    from .._dtypes import parse_dtype
 
     try:
         resolved = resolve_device(fp.get("backend"))

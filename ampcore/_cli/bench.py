@@ -10,6 +10,9 @@ import textwrap
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from .._dtypes import parse_dtype
+from .._errors import AmpcoreError
+from .._table import format_table
 from .experiment import (
     EXTRA_MODES,
     MODES,
@@ -19,9 +22,6 @@ from .experiment import (
     run_bench,
     unreliable_reasons,
 )
-from .._dtypes import parse_dtype
-from .._table import format_table
-from .._errors import AmpcoreError
 
 __all__ = ["add_parser", "check_output_path", "format_result", "plot_result"]
 

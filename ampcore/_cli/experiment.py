@@ -21,8 +21,6 @@ import torch
 from torch import nn
 
 from .._backends.backend import Backend, dtype_name
-from .._policy.registration import has_native_autocast
-from .._errors import AmpcoreError
 from .._backends.memory import (
     device_memory,
     memory_in_use,
@@ -31,6 +29,8 @@ from .._backends.memory import (
     synchronize,
 )
 from .._backends.registry import resolve_device
+from .._errors import AmpcoreError
+from .._policy.registration import has_native_autocast
 
 __all__ = ["EXTRA_MODES", "MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
 

@@ -13,10 +13,10 @@ from typing import Any, Final
 import pluggy
 import torch
 
-from .._table import format_table
 from .._backends.backend import Backend, dtype_name
-from .._policy.registration import has_native_autocast
 from .._backends.registry import get_manager
+from .._policy.registration import has_native_autocast
+from .._table import format_table
 from .._version import __version__
 
 __all__ = ["WIDTH", "add_parser", "collect_info", "format_info"]

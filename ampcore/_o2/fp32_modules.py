@@ -27,7 +27,7 @@ from torch import nn
 from .._errors import AmpcoreError
 from .._validate import check_bool
 
-__all__ = ["ALWAYS", "NORM", "NAME_PATTERNS", "fp32_group", "register_fp32_module", "unregister_fp32_module"]
+__all__ = ["ALWAYS", "NAME_PATTERNS", "NORM", "fp32_group", "register_fp32_module", "unregister_fp32_module"]
 
 Group = Literal["always", "norm"]
 ALWAYS: Final = "always"

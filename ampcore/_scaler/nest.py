@@ -3,6 +3,7 @@ other iterables (a lazy ``map``) and an error for anything else."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,7 +21,7 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
     def other(leaf: Any) -> Any:
         if isinstance(leaf, Iterable) and not isinstance(leaf, (str, bytes)):
-            return map(lambda item: map_tensors(item, fn), leaf)
+            return map(functools.partial(map_tensors, fn=fn), leaf)
         raise AmpcoreError(
             f"{CALL}.scale(): outputs must be a Tensor or lists, tuples or dicts of Tensors; got {type(leaf).__name__}"
         )

@@ -33,12 +33,12 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map_only
 
-from .._table import format_table
-from .._policy.autocast import autocast
 from .._backends.backend import dtype_name
-from .._errors import AmpcoreError, AmpcoreWarning
-from .._validate import check_bool
 from .._backends.registry import DeviceLike
+from .._errors import AmpcoreError, AmpcoreWarning
+from .._policy.autocast import autocast
+from .._table import format_table
+from .._validate import check_bool
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
 
@@ -122,11 +122,11 @@ class AccuracyReport:
             for rank, row in enumerate(rows, 1)
         ]
         table = format_table(cells, "rlrrrrr", rule=None, min_widths=(4, 0, 10, 10, 9, 9, 5))
-        lines = [
+        title = (
             f"compare_accuracy: float32 vs {self.level} {self.dtype} on {self.device} "
-            f"(max relative error, threshold {self.threshold:g})",
-            table[0],
-        ]
+            f"(max relative error, threshold {self.threshold:g})"
+        )
+        lines = [title, table[0]]
         for line, row in zip(table[1:], rows):
             mark = "  <- first over threshold" if row is first else ""
             note = f"  ({row.note})" if row.note else ""

@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 import torch
+
 from .._errors import AmpcoreError, AmpcoreWarning
 from .._validate import check_bool
 from ._module_path import ModuleTracker, autograd_node_name

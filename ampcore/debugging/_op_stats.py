@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 import torch
-from .._table import format_table
+
 from .._errors import AmpcoreError
+from .._table import format_table
 from .._validate import check_bool
 from ._ops import BUCKETS, Bucket, ObservingMode, op_name, result_bucket
 

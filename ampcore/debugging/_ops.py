@@ -13,8 +13,8 @@ from typing import Any, Final, Literal
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from .._nest import iter_tensors
 from .._errors import AmpcoreError, closest
+from .._nest import iter_tensors
 
 __all__ = [
     "BUCKETS",

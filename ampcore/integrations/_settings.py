@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from .._policy.autocast import autocast
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
+from .._policy.autocast import autocast
 from .._policy.levels import check_level
 from .._scaler.grad_scaler import GradScaler
 
