@@ -21,7 +21,7 @@ and over its share is not repeated (``estimated``: float32 is the safe side to e
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
@@ -105,7 +105,7 @@ def _one_call(
     module: nn.Module,
     call_args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    params: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
     grad: bool,
     device_type: str,
     low: torch.dtype | None,
@@ -115,7 +115,7 @@ def _one_call(
     seen: dict[int, torch.Tensor] = {}
     inputs = tuple(_leaf(a, grad, seen) for a in call_args)
     kw = {k: _leaf(v, False, {}) for k, v in kwargs.items()}
-    leaves = list({id(t): t for t in seen.values() if t.requires_grad}.values()) + params
+    leaves = [*{id(t): t for t in seen.values() if t.requires_grad}.values(), *params]
 
     def run() -> None:
         # autocast off around the whole run: backward runs outside the region, as in training
@@ -133,7 +133,7 @@ def _one_call(
     return run
 
 
-def _cast_work(args: tuple[Any, ...], params: list[torch.Tensor], dtype: torch.dtype) -> Callable[[], None]:
+def _cast_work(args: tuple[Any, ...], params: Sequence[torch.Tensor], dtype: torch.dtype) -> Callable[[], None]:
     """The casts a low-precision call adds: inputs and parameters to ``dtype``, and about as
     much again for the output's cast and, in backward, the gradients'."""
 

@@ -54,7 +54,7 @@ class SharedFp32Grads(GradientMode):
 
     def install(self, pairs: list[MasterPair]) -> None:
         for pair in pairs:
-            pair.model.grad_dtype = pair.master.dtype  # type: ignore[attr-defined]
+            pair.model.grad_dtype = pair.master.dtype  # type: ignore[attr-defined,unused-ignore]  # older torch lacks it
 
     def sync(self, weights: MasterWeights, copy_missing: bool) -> None:
         _share(weights.pairs)
@@ -76,7 +76,7 @@ class LowGradsWhenExact(CopiedGrads):
 
     def install(self, pairs: list[MasterPair]) -> None:
         for pair in pairs:
-            pair.master.grad_dtype = None  # type: ignore[attr-defined]
+            pair.master.grad_dtype = None  # type: ignore[attr-defined,unused-ignore]  # older torch lacks it
 
     def sync(self, weights: MasterWeights, copy_missing: bool) -> None:
         if self.shares_low_grads(weights):
