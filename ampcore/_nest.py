@@ -20,12 +20,15 @@ def _keep(value: Any) -> Any:
 
 
 def map_tensors(
-    value: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] = _keep
+    value: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] = _keep, *, keep_types: bool = True
 ) -> Any:
     """``value`` with ``fn`` applied to every tensor in it; ``other`` to every other leaf.
 
-    Lists, tuples, named tuples and mappings are rebuilt with their own type (a plain
-    ``dict`` for a ``dict``); anything else is a leaf.
+    Named tuples are rebuilt with their own type.  With ``keep_types`` (the default) lists,
+    tuples and mappings are rebuilt with their own type too (a plain ``dict`` for a
+    ``dict``); without it they become a plain ``list``, ``tuple`` or ``dict`` and only
+    ``dict`` instances count as mappings (a model's forward arguments, as O2 casts them).
+    Anything else is a leaf.
 
     Example::
 
@@ -35,13 +38,25 @@ def map_tensors(
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
-    if isinstance(value, Mapping):
-        items = [(key, map_tensors(item, fn, other)) for key, item in value.items()]
-        return dict(items) if type(value) is dict else type(value)(items)  # type: ignore[call-arg]
+
+    def walk(item: Any) -> Any:
+        return map_tensors(item, fn, other, keep_types=keep_types)
+
     if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(map_tensors(item, fn, other) for item in value))
+        return type(value)(*(walk(item) for item in value))
+    if not keep_types:
+        if isinstance(value, tuple):
+            return tuple(walk(item) for item in value)
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        return other(value)
+    if isinstance(value, Mapping):
+        items = [(key, walk(item)) for key, item in value.items()]
+        return dict(items) if type(value) is dict else type(value)(items)  # type: ignore[call-arg]
     if isinstance(value, (list, tuple)):
-        return type(value)(map_tensors(item, fn, other) for item in value)
+        return type(value)(walk(item) for item in value)
     return other(value)
 
 
