@@ -1,8 +1,19 @@
 """The one exception base and the one warning base of ampcore.
 
-Every error ampcore raises derives from :class:`AmpcoreError`; every warning from
+The errors ampcore reports about its callers' arguments, plugins and state derive from
+:class:`AmpcoreError` (a :class:`RuntimeError`); every warning derives from
 :class:`AmpcoreWarning`.  Messages name the call or plugin, say what is wrong and list the
 valid choices.
+
+Not every exception that leaves ampcore is an :class:`AmpcoreError`:
+
+* torch's own errors pass through unchanged (an op failing inside a region, a bad tensor);
+* where ampcore runs a step or an op in torch's place it raises what torch raises, with
+  torch's message: the fused master-weight Adam step (``RuntimeError`` for sparse gradients,
+  a tensor ``lr`` with ``foreach``) and an op autocast bans (``RuntimeError``);
+* the plugin manager's lookup of an unknown backend name raises ``KeyError`` (the public
+  entry points turn it into an :class:`AmpcoreError`), and ``CapabilityIssue`` refuses an
+  invalid severity with ``ValueError`` (a programming error in an adapter).
 """
 
 from __future__ import annotations
@@ -14,16 +25,17 @@ from collections.abc import Iterable
 __all__ = [
     "AmpcoreError",
     "AmpcoreWarning",
+    "BackendUnavailableError",
     "PluginError",
     "PluginWarning",
-    "BackendUnavailableError",
     "closest",
     "warn_at",
 ]
 
 
 class AmpcoreError(RuntimeError):
-    """Base class of every error raised by ampcore.
+    """Base class of the errors ampcore reports itself (see the module docstring for the
+    exceptions that keep torch's types).
 
     It derives from :class:`RuntimeError` so that code catching torch's AMP errors keeps
     working when it switches to ampcore.

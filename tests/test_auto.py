@@ -283,6 +283,7 @@ def _child(mode: str, path: Path, cache: str) -> dict[str, Any]:
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.slow
 def test_plan_round_trip_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     first = _child("measure", path, str(tmp_path / "cache"))

@@ -100,6 +100,7 @@ def test_bad_settings() -> None:
         run_bench(BenchSettings(device="cpu", steps=0))
 
 
+@pytest.mark.slow
 def test_isolated_modes_match_in_process_losses() -> None:
     """A fresh process per mode (the default) trains exactly as in process."""
     settings = BenchSettings(device="cpu", size=32, batch=8, steps=2, modes=("fp32", "AMP-O1"))
@@ -110,6 +111,7 @@ def test_isolated_modes_match_in_process_losses() -> None:
     assert all(r.peak_memory is not None for r in isolated.results)
 
 
+@pytest.mark.slow
 def test_an_error_in_the_isolated_process_is_raised_here() -> None:
     from ampcore._cli.experiment import _run_isolated
 

@@ -24,6 +24,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 def test_info_json_lists_cpu_and_cuda_with_distribution() -> None:
     result = _run("info", "--json")
     assert result.returncode == 0, result.stderr
@@ -44,6 +45,7 @@ def test_info_text_shows_tables(capsys: pytest.CaptureFixture[str]) -> None:
     assert any(line.split()[:1] == ["cpu"] and "yes" in line for line in out.splitlines())
 
 
+@pytest.mark.slow
 def test_broken_distribution_beside_ampcore(tmp_path: Path) -> None:
     """A distribution whose entry point raises on import leaves ampcore and every other
     backend working, and ``ampcore info`` shows its error."""

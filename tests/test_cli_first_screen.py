@@ -71,6 +71,7 @@ def test_the_filter_hides_only_torchs_numpy_message() -> None:
     assert [str(w.message) for w in caught] == ["Failed to initialize NumPy: mine", "something else"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["script", "module"])
 def test_no_numpy_warning_before_a_command(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "numpy").mkdir()

@@ -21,7 +21,7 @@ and over its share is not repeated (``estimated``: float32 is the safe side to e
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
@@ -101,6 +101,51 @@ def _leaf(value: Any, grad: bool, seen: dict[int, torch.Tensor]) -> Any:
     return value
 
 
+def _one_call(
+    module: nn.Module,
+    call_args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    params: Sequence[torch.Tensor],
+    grad: bool,
+    device_type: str,
+    low: torch.dtype | None,
+) -> Callable[[], None]:
+    """One timed call of ``module`` (forward, and backward with ``grad``) on fresh leaves of
+    the arguments: in float32, or under torch's autocast in ``low``."""
+    seen: dict[int, torch.Tensor] = {}
+    inputs = tuple(_leaf(a, grad, seen) for a in call_args)
+    kw = {k: _leaf(v, False, {}) for k, v in kwargs.items()}
+    leaves = [*{id(t): t for t in seen.values() if t.requires_grad}.values(), *params]
+
+    def run() -> None:
+        # autocast off around the whole run: backward runs outside the region, as in training
+        with torch.autocast(device_type, enabled=False):
+            if low is not None:
+                with torch.autocast(device_type, dtype=low, cache_enabled=False):
+                    out = _first_tensor(module.forward(*inputs, **kw))
+                if out is not None and out.is_floating_point():
+                    out = out.float()  # a float32 consumer's cast
+            else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
+                out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
+            if grad and out is not None and out.requires_grad and leaves:
+                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+
+    return run
+
+
+def _cast_work(args: tuple[Any, ...], params: Sequence[torch.Tensor], dtype: torch.dtype) -> Callable[[], None]:
+    """The casts a low-precision call adds: inputs and parameters to ``dtype``, and about as
+    much again for the output's cast and, in backward, the gradients'."""
+
+    def casts() -> None:
+        for t in (*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params):
+            t.detach().to(dtype)
+        for t in (*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params):
+            t.detach().to(dtype).float()
+
+    return casts
+
+
 def _to_float32(values: Any) -> Any:
     if isinstance(values, dict):
         return {k: _to_float32(v) for k, v in values.items()}
@@ -155,32 +200,9 @@ def measure(
     params = [p for p in module.parameters() if p.requires_grad] if grad else []
 
     def path(low: bool, call_args: tuple[Any, ...]) -> Callable[[], None]:
-        seen: dict[int, torch.Tensor] = {}
-        inputs = tuple(_leaf(a, grad, seen) for a in call_args)
-        kw = {k: _leaf(v, False, {}) for k, v in kwargs.items()}
-        leaves = list({id(t): t for t in seen.values() if t.requires_grad}.values()) + params
+        return _one_call(module, call_args, kwargs, params, grad, device_type, dtype if low else None)
 
-        def run() -> None:
-            # autocast off around the whole run: backward runs outside the region, as in training
-            with torch.autocast(device_type, enabled=False):
-                if low:
-                    with torch.autocast(device_type, dtype=dtype, cache_enabled=False):
-                        out = _first_tensor(module.forward(*inputs, **kw))
-                    if out is not None and out.is_floating_point():
-                        out = out.float()  # a float32 consumer's cast
-                else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
-                    out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
-                if grad and out is not None and out.requires_grad and leaves:
-                    torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
-
-        return run
-
-    def casts() -> None:
-        for t in (*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params):
-            t.detach().to(dtype)
-        # the output's cast and, in backward, the gradients' casts: about as much again
-        for t in (*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params):
-            t.detach().to(dtype).float()
+    casts = _cast_work(args, params, dtype)
 
     with _fork_rng(device_type), torch.enable_grad() if grad else torch.no_grad():
         share = budget_ms / 3

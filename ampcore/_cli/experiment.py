@@ -32,16 +32,7 @@ from .._backends.registry import resolve_device
 from .._errors import AmpcoreError
 from .._policy.registration import has_native_autocast
 
-__all__ = [
-    "EXTRA_MODES",
-    "MODES",
-    "BenchResult",
-    "BenchSettings",
-    "ModeResult",
-    "default_sizes",
-    "run_bench",
-    "unreliable_reasons",
-]
+__all__ = ["EXTRA_MODES", "MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
 
 MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
 #: Modes run only when asked for (``--modes``): ``AMP-auto`` is ``level="auto"`` with a GradScaler.
@@ -143,14 +134,7 @@ def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
     return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
 
 
-def _setup(
-    mode: str,
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    settings: BenchSettings,
-    dtype: torch.dtype,
-    backend: Backend,
-) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
+def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: BenchSettings, dtype: torch.dtype, backend: Backend) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
     import ampcore
 
     device = settings.device
@@ -178,16 +162,7 @@ def _setup(
     raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
 
 
-def _run_mode(
-    mode: str,
-    settings: BenchSettings,
-    backend: Backend,
-    index: int,
-    dtype: torch.dtype,
-    size: int,
-    batch: int,
-    on_step: StepCallback | None,
-) -> ModeResult:
+def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
     device = torch.device(backend.device_type, index)
     torch.manual_seed(settings.seed)
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
@@ -235,9 +210,7 @@ def _run_mode(
     )
 
 
-def _worker(
-    queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int
-) -> None:
+def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int) -> None:
     """Entry point of an isolated mode's process: streams progress, then the result."""
     try:
         resolved = resolve_device(device)
@@ -250,15 +223,7 @@ def _worker(
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _run_isolated(
-    mode: str,
-    settings: BenchSettings,
-    device: str,
-    dtype: torch.dtype,
-    size: int,
-    batch: int,
-    on_step: StepCallback | None,
-) -> ModeResult:
+def _run_isolated(mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
     import multiprocessing
     import queue as queues
 
@@ -302,20 +267,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
 
     from .._version import __version__
 
-    bad = [m for m in settings.modes if m not in MODES + EXTRA_MODES]
-    if bad:
-        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
-    if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
-        raise AmpcoreError(
-            f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
-            f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
-        )
-    if settings.repeats < 1:
-        raise AmpcoreError(f"ampcore bench: --repeats must be a positive integer (got {settings.repeats})")
-    for name in ("size", "batch"):
-        value = getattr(settings, name)
-        if value is not None and value < 1:
-            raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
+    _check_settings(settings)
     resolved = resolve_device(settings.device)
     backend, index = resolved.backend, resolved.index or 0
     dtype = backend.check_dtype(settings.dtype, call="ampcore bench")
@@ -343,13 +295,35 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
             else:
                 runs[mode].append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
     result.results = [_merge(runs[mode]) for mode in settings.modes]
-    reference = next((r for r in result.results if r.mode == "fp32"), None)
-    for r in result.results:
-        r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
-        if reference and r is not reference and settings.repeats > 1:
-            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms, strict=False)]
-            r.speedup_range = [min(ratios), max(ratios)]
+    _add_speedups(result.results, settings.repeats)
     return result
+
+
+def _check_settings(settings: BenchSettings) -> None:
+    bad = [m for m in settings.modes if m not in MODES + EXTRA_MODES]
+    if bad:
+        raise AmpcoreError(f"ampcore bench: unknown mode(s) {bad}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
+    if settings.steps < 1 or settings.warmup < 0 or settings.batches < 1:
+        raise AmpcoreError(
+            f"ampcore bench: steps and batches must be >= 1 and warmup >= 0 "
+            f"(got steps={settings.steps}, batches={settings.batches}, warmup={settings.warmup})"
+        )
+    if settings.repeats < 1:
+        raise AmpcoreError(f"ampcore bench: --repeats must be a positive integer (got {settings.repeats})")
+    for name in ("size", "batch"):
+        value = getattr(settings, name)
+        if value is not None and value < 1:
+            raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
+
+
+def _add_speedups(results: list[ModeResult], repeats: int) -> None:
+    """Each mode's speed-up over fp32 (and its range over the repeats)."""
+    reference = next((r for r in results if r.mode == "fp32"), None)
+    for r in results:
+        r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
+        if reference and r is not reference and repeats > 1:
+            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
+            r.speedup_range = [min(ratios), max(ratios)]
 
 
 def _load_average() -> float | None:
@@ -393,9 +367,7 @@ def unreliable_reasons(result: BenchResult) -> list[str]:
     """
     reasons = []
     if result.load_average is not None and result.cpus and result.load_average > LOAD_LIMIT * result.cpus:
-        reasons.append(
-            f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)"
-        )
+        reasons.append(f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)")
     spread = []
     for r in result.results:
         if len(r.step_ms) >= 4:
@@ -403,10 +375,7 @@ def unreliable_reasons(result: BenchResult) -> list[str]:
             if q3 - q1 > SPREAD_LIMIT * r.ms_per_step:
                 spread.append(r.mode)
     if spread:
-        reasons.append(
-            f"step times spread widely in {', '.join(spread)} "
-            f"(quartiles more than {SPREAD_LIMIT:.0%} of the median apart)"
-        )
+        reasons.append(f"step times spread widely in {', '.join(spread)} (quartiles more than {SPREAD_LIMIT:.0%} of the median apart)")
     disagree = [
         f"{r.mode} {r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}x"
         for r in result.results

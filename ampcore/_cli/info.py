@@ -7,7 +7,7 @@ import json
 import platform
 import textwrap
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import pluggy
@@ -16,6 +16,7 @@ import torch
 from .._backends.backend import Backend, dtype_name
 from .._backends.registry import get_manager
 from .._policy.registration import has_native_autocast
+from .._table import format_table
 from .._version import __version__
 
 __all__ = ["WIDTH", "add_parser", "collect_info", "format_info"]
@@ -108,16 +109,40 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         notes.append(f"[{len(notes) + 1}] {text}")
         return f"[{len(notes)}]"
 
+    lines += _table(_plugin_rows(info["plugins"], note), width)
+    lines += ["", "Backends:"]
+    rows, capability, extras = _backend_rows(info["backends"], note)
+    lines += [
+        *_table(rows, width),
+        "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
+        "   device's own kernels, ampcore's only in customised regions; 'ampcore' = ampcore's",
+        "   kernels provide it, ~3-8 us per op)",
+    ]
+    if notes:
+        lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
+    if capability:
+        lines += ["", "Capability notes:", *_wrapped(capability, width, hanging=4)]
+    if extras:
+        lines += ["", "Backend notes:", *_wrapped(extras, width, hanging=4)]
+    return "\n".join(lines)
+
+
+def _plugin_rows(plugins: list[dict[str, Any]], note: Callable[[str], str]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = [("name", "distribution", "version", "source", "status")]
-    for p in info["plugins"]:
+    for p in plugins:
         status = p["status"] + (" " + note(f"plugin {p['name']}: {p['error']}") if p["error"] else "")
         rows.append((p["name"], p["distribution"] or "-", p["version"] or "-", p["source"], status))
-    lines += _table(rows, width)
-    lines += ["", "Backends:"]
-    rows = [("backend", "type", "avail", "from", "dtypes", "autocast", "device")]
+    return rows
+
+
+def _backend_rows(
+    backends: list[dict[str, Any]], note: Callable[[str], str]
+) -> tuple[list[tuple[str, ...]], list[str], list[str]]:
+    """The backends table, the capability notes and the backends' own notes."""
+    rows: list[tuple[str, ...]] = [("backend", "type", "avail", "from", "dtypes", "autocast", "device")]
     capability: list[str] = []
     extras: list[str] = []
-    for b in info["backends"]:
+    for b in backends:
         available = "yes" if b["available"] else "no " + note(f"{b['name']}: {b['reason']}")
         if b.get("error"):
             available += " " + note(f"{b['name']}: adapter error: {b['error']}")
@@ -136,19 +161,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         for dtype, issues in b["capability"].items():
             capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
         extras += [f"{b['name']} {name}: {text}" for name, text in b.get("info", {}).items()]
-    lines += [
-        *_table(rows, width),
-        "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
-        "   device's own kernels, ampcore's only in customised regions; 'ampcore' = ampcore's",
-        "   kernels provide it, ~3-8 us per op)",
-    ]
-    if notes:
-        lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
-    if capability:
-        lines += ["", "Capability notes:", *_wrapped(capability, width, hanging=4)]
-    if extras:
-        lines += ["", "Backend notes:", *_wrapped(extras, width, hanging=4)]
-    return "\n".join(lines)
+    return rows, capability, extras
 
 
 def _wrapped(items: Sequence[str], width: int | None, hanging: int) -> list[str]:
@@ -164,9 +177,7 @@ def _wrapped(items: Sequence[str], width: int | None, hanging: int) -> list[str]
         first = textwrap.wrap(lines[0], width, initial_indent="  ", subsequent_indent=indent, break_on_hyphens=False)
         out += first
         for line in lines[1:]:
-            out += textwrap.wrap(
-                line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
-            )
+            out += textwrap.wrap(line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
     return out
 
 
@@ -178,9 +189,8 @@ def _table(rows: Sequence[tuple[str, ...]], width: int | None = None) -> list[st
         if widths[-1] > room:
             widths[-1] = max(room, len(rows[0][-1]))
             rows = [(*row[:-1], _shorten(str(row[-1]), widths[-1])) for row in rows]
-    out = ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    out.insert(1, "  " + "  ".join("-" * w for w in widths))
-    return out
+    cells = [[str(c) for c in row] for row in rows]
+    return format_table(cells, "l" * len(widths), indent="  ", min_widths=widths, strip=True)
 
 
 def _shorten(text: str, width: int) -> str:

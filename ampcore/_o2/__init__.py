@@ -1,9 +1,12 @@
 """Level O2: ``ampcore.decorate`` — a low-precision model with fp32 master weights.
 
-* ``decorate``: validate -> plan -> convert -> install.
+* ``decorate``: validate -> plan -> vendor offer -> convert -> install, one small function
+  per step; ``decorate_checks``: the validation step; ``convert``: conversion and the
+  installation of the master weights.
 * ``model_plan``: which modules O2 converts and which stay in float32 (``fp32_modules``).
-* ``master``: the fp32 master weights an optimizer steps; ``master_sgd`` and
-  ``master_adam``: fused one-pass updates for SGD and Adam/AdamW.
+* ``master``: the fp32 master weights an optimizer steps; ``grad_modes``: how the masters
+  get their gradients (a strategy chosen once); ``master_sgd`` and ``master_adam``: fused
+  one-pass updates for SGD and Adam/AdamW.
 * ``checkpoint``: state dicts that resume exactly; ``fsdp``: FSDP2's refusal.
 """
 

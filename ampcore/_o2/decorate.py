@@ -1,26 +1,30 @@
-"""``ampcore.decorate``: prepare models and optimizers for level O2 (Paddle's ``decorate``)."""
+"""``ampcore.decorate``: prepare models and optimizers for level O2 (Paddle's ``decorate``).
+
+One call runs five steps, each a small function:
+
+1. validate (``decorate_checks.py``): every argument, the backend and dtype; at O2 the
+   models and optimizers (nothing is changed up to step 3);
+2. plan (``model_plan.py``): what each model converts and what stays float32;
+3. vendor offer: the backend adapter's ``ampcore_prepare_o2`` hook may take a model (and
+   its optimizer) with the default options;
+4. convert (``convert.py``): parameters and buffers in place, with the model's hooks;
+5. install (``convert.py``): the optimizers' fp32 master weights (``master.py``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import torch
 from torch import nn
 
-from .checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpointHooks, decorated_model_of
-from .._dtypes import parse_dtype
-from .._errors import AmpcoreError
-from .fsdp import RefuseSharded, check_not_sharded
-from .._policy.levels import check_level
-from .master import MasterPair, MasterWeights, master_of, master_weights_of
-from .model_plan import CastInputs, Float32Island, ModelPlan, default_keep_norm_fp32, excluded_spec, plan_model
-from .._backends.registry import DeviceLike, ResolvedDevice, resolve_device
+from .._backends.registry import DeviceLike, ResolvedDevice
+from .convert import convert_models, install_masters
+from .decorate_checks import DecorateRequest, check_o2, validate
+from .model_plan import ModelPlan, default_keep_norm_fp32, plan_model
 
 __all__ = ["decorate"]
-
-_CALL: Final = "ampcore.decorate"
-_SAVE_DTYPES: Final = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 ModelsT = TypeVar("ModelsT", bound="nn.Module | Sequence[nn.Module]")
 OptimizersT = TypeVar("OptimizersT", bound="torch.optim.Optimizer | Sequence[torch.optim.Optimizer]")
@@ -133,74 +137,47 @@ def decorate(
         ...     loss = model(torch.randn(2, 4)).float().pow(2).mean()
         >>> loss.backward(); opt.step(); opt.zero_grad()
     """
-    checked_level = check_level(level, call=_CALL)
-    model_list = _as_list(models, nn.Module, "models")
-    opt_list = [] if optimizers is None else _as_list(optimizers, torch.optim.Optimizer, "optimizers")
-    _check_flags(master_weight=master_weight, master_grad=master_grad, cast_buffers=cast_buffers)
-    if keep_norm_fp32 is not None and not isinstance(keep_norm_fp32, bool):
-        raise AmpcoreError(f"{_CALL}(keep_norm_fp32={keep_norm_fp32!r}): expected None, True or False")
-    dtype = None if dtype is None else parse_dtype(dtype, _CALL)
-    save_dtype = None if save_dtype is None else parse_dtype(save_dtype, _CALL, "save_dtype")
-    if save_dtype is not None and save_dtype not in _SAVE_DTYPES:
-        raise AmpcoreError(
-            f"{_CALL}(save_dtype={save_dtype!r}): expected None or one of "
-            f"{', '.join(str(d) for d in _SAVE_DTYPES)}"
-        )
-    excluded_types, excluded_instances = excluded_spec(excluded_layers, _CALL)
-    resolved = _resolve(device, model_list)
-    low = resolved.backend.check_dtype(dtype, call=_CALL)
-    if checked_level != "O2":
+    request = validate(
+        models, optimizers, level, dtype, device, master_weight, keep_norm_fp32, excluded_layers, save_dtype,
+        master_grad, cast_buffers,
+    )  # fmt: skip
+    if request.level != "O2":
         return models if optimizers is None else (models, optimizers)
-
-    resolved.backend.enforce_capability(low, resolved.index or 0, stacklevel=2)
-    _check_models(model_list, excluded_instances)
-    check_not_sharded(model_list, _CALL)
-    _check_optimizers(model_list, opt_list)
-    if master_grad and not (master_weight and opt_list):
-        raise AmpcoreError(
-            f"{_CALL}(master_grad=True): float32 master gradients need master_weight=True and the "
-            "optimizers the gradients are for"
-        )
-    if master_grad and not hasattr(torch.Tensor, "grad_dtype"):
-        raise AmpcoreError(
-            f"{_CALL}(master_grad=True) needs Tensor.grad_dtype, which torch {torch.__version__} "
-            "lacks; upgrade torch or use master_grad=False"
-        )
-    keep_norm = default_keep_norm_fp32(resolved.backend, low) if keep_norm_fp32 is None else keep_norm_fp32
-    ids = {id(m) for m in excluded_instances}
-    plans = [plan_model(m, keep_norm, excluded_types, ids, cast_buffers) for m in model_list]
-    out_models, out_opts = list(model_list), list(opt_list)
-    if (master_weight, keep_norm_fp32, excluded_layers, save_dtype, master_grad, cast_buffers) == (
-        True, None, None, None, False, False
-    ):  # fmt: skip
-        # the backend's own O2 tool (e.g. IPEX) serves the default options only
-        done_models, done_opts = _vendor_prepare(resolved, low, out_models, out_opts)
-        plans = [plan for index, plan in enumerate(plans) if index not in done_models]
-        model_list = [m for index, m in enumerate(model_list) if index not in done_models]
-        opt_list = [opt for index, opt in enumerate(opt_list) if index not in done_opts]
-
+    check_o2(request)
+    plans = _plan(request)
+    out_models, out_opts = list(request.models), list(request.optimizers)
+    model_list, opt_list = request.models, request.optimizers
+    if request.vendor_may_prepare:
+        plans, model_list, opt_list = _offer_to_vendor(request, plans, out_models, out_opts)
     # -- nothing has changed up to here; from here on, only conversion --------------------
-    optimized = {id(p) for opt in opt_list for g in opt.param_groups for p in g["params"]}
-    records = [DecoratedModel(low, save_dtype, master_grad) for _ in model_list]
-    islands = _Islands(resolved, low)
-    for plan, record in zip(plans, records):
-        _convert(plan, record, low, master_weight, optimized)
-        _install_hooks(plan, record, low, islands)
-    pairs = {pair.model: pair for record in records for pair in record.pairs.values()}
-    for opt in opt_list:
-        own = [pairs[p] for g in opt.param_groups for p in g["params"] if p in pairs]
-        if not own:  # master_weight=False, or only float32 parameters: nothing to do
-            continue
-        weights = MasterWeights(opt, own, master_grad, may_share=not resolved.backend.needs_loss_scaling(low))
-        weights.install()
-        OptimizerCheckpointHooks(weights).register(opt)
-        for record in records:
-            if any(pair.model in record.pairs for pair in own):
-                record.master_weights.append(weights)
+    records = convert_models(request, plans, opt_list)
+    install_masters(request, records, opt_list)
     for model, record in zip(model_list, records):
         record.attach(model)
     models = _reshaped(models, out_models)
     return models if optimizers is None else (models, _reshaped(optimizers, out_opts))
+
+
+def _plan(request: DecorateRequest) -> list[ModelPlan]:
+    """Step 2: what to convert in each model (parameters, buffers, kept and excluded layers)."""
+    keep_norm = request.keep_norm_fp32
+    if keep_norm is None:
+        keep_norm = default_keep_norm_fp32(request.resolved.backend, request.low)
+    ids = {id(m) for m in request.excluded_instances}
+    return [plan_model(m, keep_norm, request.excluded_types, ids, request.cast_buffers) for m in request.models]
+
+
+def _offer_to_vendor(
+    request: DecorateRequest, plans: list[ModelPlan], out_models: list[nn.Module], out_opts: list[torch.optim.Optimizer]
+) -> tuple[list[ModelPlan], list[nn.Module], list[torch.optim.Optimizer]]:
+    """Step 3: the backend's own O2 tool takes what it can (replaced in ``out_models`` and
+    ``out_opts``); returns the plans, models and optimizers left to the core."""
+    done_models, done_opts = _vendor_prepare(request.resolved, request.low, out_models, out_opts)
+    return (
+        [plan for index, plan in enumerate(plans) if index not in done_models],
+        [m for index, m in enumerate(request.models) if index not in done_models],
+        [opt for index, opt in enumerate(request.optimizers) if index not in done_opts],
+    )
 
 
 def _vendor_prepare(
@@ -241,158 +218,3 @@ def _reshaped(given: Any, items: list[Any]) -> Any:
     return items[0]
 
 
-def _as_list(value: Any, kind: type, name: str) -> list[Any]:
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    if not items:
-        raise AmpcoreError(f"{_CALL}({name}=[]): expected at least one {kind.__name__}")
-    for index, item in enumerate(items):
-        if not isinstance(item, kind):
-            where = f"{name}[{index}]" if isinstance(value, (list, tuple)) else name
-            raise AmpcoreError(
-                f"{_CALL}({where}={type(item).__name__}): expected a {kind.__module__}.{kind.__qualname__}"
-                f"{' or a list of them' if where == name else ''}"
-            )
-    if len({id(item) for item in items}) != len(items):
-        raise AmpcoreError(f"{_CALL}({name}=...): the same object is passed twice")
-    return items
-
-
-def _check_flags(**flags: object) -> None:
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise AmpcoreError(f"{_CALL}({name}={value!r}): expected True or False")
-
-
-def _resolve(device: DeviceLike, models: list[nn.Module]) -> ResolvedDevice:
-    """The backend for ``device``, or for the device the models' tensors are on."""
-    devices = {t.device for m in models for t in (*m.parameters(), *m.buffers())}
-    if len(devices) > 1:
-        raise AmpcoreError(
-            f"{_CALL}: the models' parameters and buffers are on several devices "
-            f"({', '.join(sorted(str(d) for d in devices))}); move them to one device first"
-        )
-    resolved = resolve_device(device if device is not None or not devices else next(iter(devices)))
-    if devices:
-        on = next(iter(devices)).type
-        if on != resolved.backend.device_type:
-            raise AmpcoreError(
-                f"{_CALL}(device={device!r}): backend {resolved.backend.name!r} drives "
-                f"{resolved.backend.device_type!r} tensors, but the models are on {on!r}; move "
-                "the models first or pass the backend of their device"
-            )
-    return resolved
-
-
-def _check_models(models: list[nn.Module], excluded_instances: list[nn.Module]) -> None:
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    for index, model in enumerate(models):
-        for module in model.modules():
-            if isinstance(module, (DistributedDataParallel, DataParallel)):
-                kind = type(module).__name__
-                raise AmpcoreError(
-                    f"{_CALL}(models[{index}]): the model is already wrapped in {kind}. Decorate "
-                    f"first, then wrap: `model, opt = ampcore.decorate(model, opt, level='O2')`, "
-                    f"then `model = {kind}(model)`. {kind} sets up gradient buckets for the "
-                    "parameters' dtype when it is built; converting them afterwards breaks "
-                    "gradient synchronisation."
-                )
-        if decorated_model_of(model) is not None or any(decorated_model_of(m) for m in model.modules()):
-            raise AmpcoreError(
-                f"{_CALL}(models[{index}]): the model (or a submodule) was already decorated at "
-                "level O2; decorate each model once, with all of its optimizers"
-            )
-    inside = {id(m) for model in models for m in model.modules()}
-    for layer in excluded_instances:
-        if id(layer) not in inside:
-            raise AmpcoreError(
-                f"{_CALL}(excluded_layers=...): {type(layer).__name__} instance is not a submodule "
-                "of the given models; pass layers of the models (e.g. model.head) or layer types"
-            )
-
-
-def _check_optimizers(models: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> None:
-    owned = {id(p) for m in models for p in m.parameters()}
-    holder: dict[int, int] = {}
-    for index, opt in enumerate(optimizers):
-        name = f"optimizers[{index}] ({type(opt).__name__})"
-        if master_weights_of(opt) is not None:
-            raise AmpcoreError(f"{_CALL}({name}): the optimizer was already decorated; decorate it once")
-        params = [p for g in opt.param_groups for p in g["params"]]
-        foreign = [p for p in params if id(p) not in owned]
-        if foreign:
-            shapes = ", ".join(str(tuple(p.shape)) for p in foreign[:3])
-            raise AmpcoreError(
-                f"{_CALL}({name}): {len(foreign)} of its {len(params)} parameters (shapes {shapes}"
-                f"{', ...' if len(foreign) > 3 else ''}) are not parameters of the given models; "
-                "pass every model whose parameters the optimizer updates"
-            )
-        for p in params:
-            earlier = master_of(p)
-            if earlier is not None:
-                raise AmpcoreError(
-                    f"{_CALL}({name}): a parameter of shape {tuple(p.shape)} already has an fp32 master "
-                    f"weight, in the {type(earlier.optimizer).__name__} of an earlier decorate call (the "
-                    "models share it); a parameter can have one master, in one optimizer: decorate the "
-                    "models sharing parameters in one decorate call, with every parameter in one optimizer"
-                )
-            other = holder.setdefault(id(p), index)
-            if other != index:
-                raise AmpcoreError(
-                    f"{_CALL}({name}): a parameter of shape {tuple(p.shape)} is also in "
-                    f"optimizers[{other}]; each parameter can have one master weight, in one optimizer"
-                )
-
-
-def _convert(
-    plan: ModelPlan, record: DecoratedModel, low: torch.dtype, master_weight: bool, optimized: set[int]
-) -> None:
-    """Make masters (aliasing the original fp32 storage) and convert, in place."""
-    with torch.no_grad():
-        for param in plan.params:
-            original = param.data
-            if master_weight and id(param) in optimized:
-                wide = torch.promote_types(original.dtype, torch.float32)
-                master = nn.Parameter(original if original.dtype == wide else original.to(wide), param.requires_grad)
-                record.pairs[param] = MasterPair(param, master)
-            grad = param.grad
-            param.grad = None
-            param.data = original.to(low)
-            if grad is not None:
-                param.grad = grad.to(low)
-        converted: dict[int, torch.Tensor] = {}
-        for module, name in plan.buffers:
-            buf = module._buffers[name]
-            if buf is not None:
-                new = converted.get(id(buf))
-                if new is None:
-                    new = converted[id(buf)] = buf.to(low)
-                module._buffers[name] = new
-    for pair in record.pairs.values():
-        pair.version = pair.model._version
-
-
-def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, islands: _Islands) -> None:
-    for module in plan.model.modules():
-        if module._parameters or module._buffers:
-            ModuleCheckpointHooks(record, plan.original.get(module, {})).register(module)
-    owners = [
-        (m, name, param) for m, names in plan.original.items() for name in names if (param := m._parameters.get(name)) is not None
-    ]
-    plan.model.register_forward_pre_hook(RefuseSharded(owners))
-    if not plan.root_kept:
-        plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
-    for module in plan.norm_modules:
-        islands.norm.register(module)
-    for module in plan.excluded_roots:
-        islands.excluded.register(module)
-
-
-class _Islands:
-    """The float32 islands of one decorate call."""
-
-    def __init__(self, resolved: ResolvedDevice, low: torch.dtype) -> None:
-        name, index = resolved.backend.name, resolved.index
-        device = name if index is None else f"{name}:{index}"
-        self.norm = Float32Island(device, output_dtype=low)
-        self.excluded = Float32Island(device)

@@ -25,8 +25,9 @@ from typing import Final, Literal
 from torch import nn
 
 from .._errors import AmpcoreError
+from .._validate import check_bool
 
-__all__ = ["ALWAYS", "NORM", "NAME_PATTERNS", "fp32_group", "register_fp32_module", "unregister_fp32_module"]
+__all__ = ["ALWAYS", "NAME_PATTERNS", "NORM", "fp32_group", "register_fp32_module", "unregister_fp32_module"]
 
 Group = Literal["always", "norm"]
 ALWAYS: Final = "always"
@@ -93,8 +94,7 @@ def register_fp32_module(module_type: type[nn.Module], *, norm: bool = False) ->
             f"ampcore.register_fp32_module({module_type!r}): expected an nn.Module subclass (a class, "
             "not an instance; for single layers use decorate(excluded_layers=[...]))"
         )
-    if not isinstance(norm, bool):
-        raise AmpcoreError(f"ampcore.register_fp32_module(norm={norm!r}): expected True or False")
+    check_bool("ampcore.register_fp32_module", "norm", norm)
     group = NORM if norm else ALWAYS
     with _lock:
         other = _registered.get(module_type)

@@ -22,6 +22,8 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   groups between backward and the step (GradScaler, clipping the optimizer's parameters).
 * ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
   accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
+
+Each way is a strategy (``grad_modes.py``) that decorate's options choose once per optimizer.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._errors import AmpcoreError
+from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
 from .master_sgd import fused_sgd_applies, fused_sgd_update
 
@@ -133,9 +136,8 @@ class MasterWeights:
         self.optimizer = optimizer
         self.pairs = pairs
         self.master_grad = master_grad
-        #: whether the low-precision gradients may be handed to the optimizer as they are
-        #: (decorate says no where the dtype needs loss scaling: GradScaler refuses float16)
-        self.may_share = may_share and not master_grad and hasattr(torch.Tensor, "grad_dtype")
+        #: how the masters get their gradients, chosen once (``grad_modes.py``)
+        self.grad_mode: GradientMode = choose_gradient_mode(master_grad, may_share)
         self.models: list[torch.Tensor] = [pair.model for pair in pairs]
         self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
         self._suspended = False
@@ -157,12 +159,7 @@ class MasterWeights:
         for pair in self.pairs:
             if pair.model in state:
                 state[pair.master] = _cast_state(state.pop(pair.model), pair.master.dtype)
-        if self.master_grad:
-            for pair in self.pairs:
-                pair.model.grad_dtype = pair.master.dtype  # type: ignore[attr-defined]
-        if self.may_share:
-            for pair in self.pairs:
-                pair.master.grad_dtype = None  # type: ignore[attr-defined]
+        self.grad_mode.install(self.pairs)
         optimizer.__dict__[_ATTR] = self
         for pair in self.pairs:
             _MASTER_HOLDERS[pair.model] = self
@@ -185,77 +182,14 @@ class MasterWeights:
 
     # -- gradients --------------------------------------------------------------------
     def sync_grads(self, copy_missing: bool = True) -> None:
-        """Give each master the current gradient of its model parameter.
-
-        With ``copy_missing=False`` only masters that already hold a copy are brought up to
-        date (or dropped, if the model's gradient is gone); the others keep no gradient.
-        """
-        if self._suspended:
-            return
-        if self.master_grad or self._shares_low_grads():
-            for pair in self.pairs:
-                grad = pair.model.grad
-                if pair.master.grad is not grad:
-                    pair.master.grad = grad
-                pair.seen_grad = None
-            return
-        stale: list[tuple[MasterPair, torch.Tensor]] = []
-        conflicts: list[MasterPair] = []
-        for pair in self.pairs:
-            grad = pair.model.grad
-            seen = pair.seen_grad
-            if grad is None:
-                if seen is not None:  # the model's gradients were cleared since the copy
-                    pair.master.grad = None
-                    pair.seen_grad = None
-                continue
-            same_object = seen is not None and seen() is grad
-            if same_object and pair.seen_grad_version == grad._version:
-                continue
-            if seen is None and not copy_missing:
-                continue
-            if same_object and pair.master.grad is not None:
-                # changed in place while the master still holds the copy (that GradScaler
-                # may have unscaled: torch's unscale kernel does not bump versions)
-                conflicts.append(pair)
-            stale.append((pair, grad))
-        if conflicts and all(_finite(pair.master.grad) for pair in conflicts):
-            raise AmpcoreError(_CONFLICT.format(optimizer=type(self.optimizer).__name__, count=len(conflicts)))
-        # (non-finite master gradients belong to a step GradScaler skipped: replace them)
-        with torch.no_grad():
-            for pair, grad in stale:
-                pair.master.grad = grad.to(pair.master.dtype, copy=True)
-                pair.seen_grad = weakref.ref(grad)
-                pair.seen_grad_version = grad._version
-
-    def _shares_low_grads(self) -> bool:
-        """Whether the optimizer can read the low-precision gradients directly: torch's
-        single-tensor SGD without momentum computes ``master.add_(grad, alpha=-lr)`` in
-        float32 from a bfloat16 ``grad`` exactly as from its float32 copy, in one pass and
-        without the copy.  (Momentum would start its buffer as a low-precision clone.)"""
-        optimizer = self.optimizer
-        if not self.may_share or type(optimizer) is not torch.optim.SGD:
-            return False
-        groups = optimizer.param_groups  # .get() does not trigger a sync
-        if any(g.get("momentum", 0) != 0 or g.get("fused") or g.get("differentiable") for g in groups):
-            return False
-        if any(g.get("foreach") for g in groups) or hasattr(optimizer, "grad_scale"):
-            return False
-        if any(pair.model.grad is not None and pair.model.grad.is_sparse for pair in self.pairs):
-            return False
-        try:
-            from torch.optim.optimizer import _default_to_fused_or_foreach
-
-            _, foreach = _default_to_fused_or_foreach(self.masters, False, False)
-        except (ImportError, TypeError):  # another torch: do not guess
-            return False
-        return not foreach or all(g.get("foreach") is False for g in groups)
+        """Give each master the current gradient of its model parameter (by the gradient
+        mode; with ``copy_missing=False`` no new fp32 copies are made)."""
+        if not self._suspended:
+            self.grad_mode.sync(self, copy_missing)
 
     def release_grads(self) -> None:
         """Drop the masters' fp32 gradient copies (after the step consumed them)."""
-        if not self.master_grad:
-            for pair in self.pairs:
-                pair.master.grad = None
+        self.grad_mode.release(self.pairs)
 
     def zero_grad(self, set_to_none: bool) -> None:
         """``optimizer.zero_grad``: clears the model's gradients and the masters'."""
@@ -314,7 +248,7 @@ class MasterWeights:
             args = (self._wrap_closure(args[0]), *args[1:])
         elif callable(kwargs.get("closure")):
             kwargs = {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
-        if not args and not kwargs and self._shares_low_grads() and fused_sgd_applies(self.optimizer):
+        if not args and not kwargs and self.grad_mode.shares_low_grads(self) and fused_sgd_applies(self.optimizer):
             return self._fused_sgd_step()
         try:
             return self._call_inner_step(args, kwargs)
@@ -368,24 +302,8 @@ class MasterWeights:
 
         return evaluate
 
-_CONFLICT: Final = (
-    "{optimizer}: the gradients of {count} low-precision model parameter(s) were changed in "
-    "place after ampcore copied them to the fp32 master gradients that the optimizer and "
-    "GradScaler use (the copy is made when optimizer.param_groups is read, e.g. by "
-    "scaler.unscale_(optimizer)); the copy may be unscaled already, so neither can be trusted. "
-    "Typically this is clip_grad_norm_(model.parameters()) after scaler.unscale_(optimizer), "
-    "which clips still-scaled low-precision gradients. Clip the optimizer's parameters instead: "
-    "clip_grad_norm_([p for g in optimizer.param_groups for p in g['params']], max_norm), "
-    "or decorate with master_grad=True so that model and optimizer share one fp32 gradient."
-)
-
-
 def _low_precision(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() and torch.promote_types(tensor.dtype, torch.float32) != tensor.dtype
-
-
-def _finite(tensor: torch.Tensor | None) -> bool:
-    return tensor is None or bool(torch.isfinite(tensor).all())
 
 
 def _cast_state(state: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .._errors import AmpcoreError
+from .._nest import map_tensors
 from .fp32_modules import ALWAYS, fp32_group
 
 if TYPE_CHECKING:
@@ -115,16 +116,11 @@ def plan_model(
 
 def cast_floating(value: Any, dtype: torch.dtype) -> Any:
     """``value`` with every floating tensor in it (through tuples, lists, dicts) in ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
-    if isinstance(value, tuple):
-        items = [cast_floating(v, dtype) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-    if isinstance(value, list):
-        return [cast_floating(v, dtype) for v in value]
-    if isinstance(value, dict):
-        return {k: cast_floating(v, dtype) for k, v in value.items()}
-    return value
+
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(dtype) if tensor.is_floating_point() and tensor.dtype != dtype else tensor
+
+    return map_tensors(value, cast, keep_types=False)
 
 
 class CastInputs:

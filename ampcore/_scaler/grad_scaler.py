@@ -1,69 +1,39 @@
-"""``ampcore.GradScaler``: dynamic loss scaling with hysteresis and bounds, on any backend."""
+"""``ampcore.GradScaler``: dynamic loss scaling with hysteresis and bounds, on any backend.
+
+The class holds three things: ``_store`` (settings, scale, counters: ``store.py``),
+``_kernels`` (the device work: ``kernels.py``) and ``_records`` (the per-optimizer state
+machine of the current iteration: ``iteration.py``).  Its getters, setters and checkpoints
+come from ``settings_api.py`` and Paddle's names from ``paddle.py``.
+"""
 
 from __future__ import annotations
 
 import inspect
-import logging
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any, Final, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from .._backends.backend import dtype_name
+from .._backends.registry import DeviceLike
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
-from .._backends.registry import DeviceLike, get_backend, resolve_device
-from .base import CALL as _CALL
-from .base import map_tensors
-from .options import ScalerOptions, accepts_paddle_aliases, check_bool, check_number
+from .iteration import OptimizerRecord, Stage, check_optimizer
+from .kernels import ScalerKernels
+from .nest import map_tensors
+from .new_scale import LossScaleAtMinimumError, raise_if_stuck, set_scale_
+from .options import ScalerOptions, accepts_paddle_option_names, check_bool
 from .paddle import PaddleScalerMethods
+from .store import CALL as _CALL
+from .store import make_store
 from .watch import CollapseWatch
 
 __all__ = ["GradScaler", "LossScaleAtMinimumError"]
 
-_logger: Final = logging.getLogger("ampcore")
 _SCALE_FIRST: Final = (
     "This may indicate your script did not use scaler.scale(loss or outputs) earlier in the iteration."
 )
 T = TypeVar("T")
-
-
-class LossScaleAtMinimumError(AmpcoreError):
-    """Gradients keep overflowing whatever the loss scale: training on would skip every step.
-
-    Raised by :meth:`GradScaler.update` when the scaler was built with
-    ``raise_at_min_scale=True`` and the scale is already at ``min_scale``, or with
-    ``on_collapse="raise"`` after ``collapse_patience`` skipped steps in a row.
-    """
-
-
-def _check_optimizer(call: str, optimizer: object) -> None:
-    """Refuse what is no optimizer (a model, None) before anything is recorded."""
-    groups = getattr(optimizer, "param_groups", None)
-    if not isinstance(groups, (list, tuple)) or not callable(getattr(optimizer, "step", None)):
-        hint = "; pass the optimizer, not the model" if isinstance(optimizer, torch.nn.Module) else ""
-        raise AmpcoreError(
-            f"{_CALL}.{call}(optimizer={type(optimizer).__name__}): expected a torch.optim.Optimizer "
-            f"(an object with param_groups and step()){hint}"
-        )
-
-
-class _Stage(Enum):
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
-
-
-@dataclass
-class _OptimizerRecord:
-    """What the scaler knows about one optimizer during the current iteration."""
-
-    stage: _Stage = _Stage.READY
-    found_inf: torch.Tensor | None = None
-    #: whether step() skipped the update (None: not read on the host, fused optimizers)
-    skipped: bool | None = None
 
 
 class GradScaler(PaddleScalerMethods):
@@ -137,7 +107,7 @@ class GradScaler(PaddleScalerMethods):
         1024.0
     """
 
-    @accepts_paddle_aliases
+    @accepts_paddle_option_names
     def __init__(
         self,
         device: DeviceLike = None,
@@ -174,49 +144,46 @@ class GradScaler(PaddleScalerMethods):
             dynamic=dynamic,
             raise_at_min_scale=raise_at_min_scale,
         )
-        if enabled is False:  # a disabled scaler must not need the device
-            backend, index = get_backend(device), None
-        else:
-            resolved = resolve_device(device)
-            backend, index = resolved.backend, resolved.index
-        checked = backend.check_dtype(dtype, call=_CALL)
-        scaling = enabled is True or (enabled is None and backend.needs_loss_scaling(checked))
-        super().__init__(backend, index, checked, options, active=enabled is not False, scaling=scaling)
-        if self._active and not scaling:
-            _logger.info(
-                "%s(device=%r, dtype=torch.%s): backend %r says this dtype needs no loss scaling, so the "
-                "scaler does not scale (scale 1) but still skips steps with non-finite gradients; "
-                "pass enabled=True to scale anyway",
-                _CALL,
-                backend.name,
-                dtype_name(checked),
-                backend.name,
-            )
+        self._store = make_store(device, dtype, enabled, options)
+        self._kernels = ScalerKernels(self._store.backend)
         self._collapse = CollapseWatch(_CALL, collapse_patience, on_collapse)
         self._process_group = process_group
         self._sync_found_inf = sync_found_inf
         #: per optimizer (by id), only once a call on it succeeded: a refused call leaves none
-        self._records: dict[int, _OptimizerRecord] = {}
+        self._records: dict[int, OptimizerRecord] = {}
         self._iteration_started = False
 
+    def __repr__(self) -> str:
+        return self._store.describe()
+
     def __getstate__(self) -> dict[str, Any]:
+        """Pickling (and ``copy.deepcopy``): only between iterations; the store travels as
+        Python values, the kernels are chosen again for the copy."""
         if self._records:
             raise AmpcoreError(
                 f"{_CALL} may only be pickled or copied at the beginning of an iteration, or at the end after scaler.update()."
             )
         if self._process_group is not None:
             raise AmpcoreError(f"{_CALL}(process_group=...) cannot be pickled or copied: a process group cannot be")
-        return super().__getstate__()
+        state = self.__dict__.copy()
+        state["_kernels"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._kernels = ScalerKernels(self._store.backend)
 
     def _require_scale(self, call: str) -> torch.Tensor:
-        if self._tensors is None and self._scaling:
+        store = self._store
+        if store.tensors is None and store.scaling:
             raise AmpcoreError(f"{_CALL}.{call}(): attempted {call} but the scale is not set yet. {_SCALE_FIRST}")
-        return self._state_tensors().scale
+        return store.ensure_tensors().scale
 
     def _start_iteration(self) -> None:
         if not self._iteration_started:
             self._iteration_started = True
-            self._kernels.clear_device_overflow(self._home() if self._tensors is None else self._tensors.scale.device)
+            store = self._store
+            self._kernels.clear_device_overflow(store.home() if store.tensors is None else store.tensors.scale.device)
 
     # -- the training-loop API -----------------------------------------------------------
     def scale(self, outputs: T) -> T:
@@ -234,20 +201,20 @@ class GradScaler(PaddleScalerMethods):
             >>> scaler.scale({"a": torch.tensor(1.0), "b": [torch.tensor(2.0)]})
             {'a': tensor(8.), 'b': [tensor(16.)]}
         """
-        if not self._active:
+        if not self._store.active:
             return outputs
         self._start_iteration()
-        if not self._scaling:
+        if not self._store.scaling:
             return outputs
         if isinstance(outputs, torch.Tensor):
-            scale = self._state_tensors(outputs.device).scale
+            scale = self._store.ensure_tensors(outputs.device).scale
             return outputs * scale.to(device=outputs.device, non_blocking=True)  # type: ignore[return-value]
         copies: dict[torch.device, torch.Tensor] = {}
 
         def by_scale(tensor: torch.Tensor) -> torch.Tensor:
             copy = copies.get(tensor.device)
             if copy is None:
-                scale = self._state_tensors(tensor.device).scale
+                scale = self._store.ensure_tensors(tensor.device).scale
                 copy = copies[tensor.device] = scale.to(device=tensor.device, non_blocking=True)
             return tensor * copy
 
@@ -276,18 +243,16 @@ class GradScaler(PaddleScalerMethods):
             AmpcoreError (a RuntimeError): unscale_ twice for an optimizer, or after
             :meth:`step`, before the iteration's update; float16 gradients.
         """
-        _check_optimizer("unscale_", optimizer)
-        if not self._active:
+        check_optimizer("unscale_", optimizer)
+        if not self._store.active:
             return
-        record = self._records.get(id(optimizer)) or _OptimizerRecord()
-        if record.stage is _Stage.UNSCALED:
-            raise AmpcoreError("unscale_() has already been called on this optimizer since the last update().")
-        if record.stage is _Stage.STEPPED:
-            raise AmpcoreError("unscale_() is being called after step().")
+        record = self._records.get(id(optimizer)) or OptimizerRecord()
+        record.check_can_unscale()
         scale = self._require_scale("unscale_")
-        inv_scale = self._kernels.inv_scale(scale) if self._scaling else torch.ones_like(scale)
-        record.found_inf = self._unscale_grads_(optimizer, inv_scale, allow_fp16=not self._scaling)
-        record.stage = _Stage.UNSCALED
+        scaling = self._store.scaling
+        inv_scale = self._kernels.inv_scale(scale) if scaling else torch.ones_like(scale)
+        record.found_inf = self._unscale_grads_(optimizer, inv_scale, allow_fp16=not scaling)
+        record.stage = Stage.UNSCALED
         self._records[id(optimizer)] = record
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -303,30 +268,29 @@ class GradScaler(PaddleScalerMethods):
             ``optimizer`` that is no optimizer (e.g. the model).  A refused call records
             nothing.
         """
-        _check_optimizer("step", optimizer)
-        if not self._active:
+        check_optimizer("step", optimizer)
+        if not self._store.active:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise AmpcoreError("Closure use is not currently supported if GradScaler is enabled.")
-        record = self._records.get(id(optimizer)) or _OptimizerRecord()
-        if record.stage is _Stage.STEPPED:
-            raise AmpcoreError("step() has already been called since the last update().")
+        record = self._records.get(id(optimizer)) or OptimizerRecord()
+        record.check_can_step()
         scale = self._require_scale("step")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             return self._fused_step(optimizer, record, scale, args, kwargs)
-        if record.stage is _Stage.READY:
+        if record.stage is Stage.READY:
             self.unscale_(optimizer)
             record = self._records[id(optimizer)]
         found_inf = record.found_inf
         record.skipped = found_inf is None or bool(found_inf.item())
         result = None if record.skipped else optimizer.step(*args, **kwargs)
-        record.stage = _Stage.STEPPED
+        record.stage = Stage.STEPPED
         return result
 
     def _fused_step(
         self,
         optimizer: torch.optim.Optimizer,
-        record: _OptimizerRecord,
+        record: OptimizerRecord,
         scale: torch.Tensor,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -337,9 +301,9 @@ class GradScaler(PaddleScalerMethods):
                 "deprecated protocol, which ampcore does not support; read the 'grad_scale' and "
                 "'found_inf' attributes the scaler sets on the optimizer instead"
             )
-        if record.stage is _Stage.READY:
+        if record.stage is Stage.READY:
             record.found_inf = self._unscale_grads_(optimizer, torch.ones_like(scale), allow_fp16=True)
-            grad_scale = scale * getattr(optimizer, "grad_scale", 1) if self._scaling else None
+            grad_scale = scale * getattr(optimizer, "grad_scale", 1) if self._store.scaling else None
         else:
             grad_scale = getattr(optimizer, "grad_scale", None)
         optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
@@ -349,7 +313,7 @@ class GradScaler(PaddleScalerMethods):
         finally:
             del optimizer.grad_scale  # type: ignore[attr-defined]
             del optimizer.found_inf  # type: ignore[attr-defined]
-        record.stage = _Stage.STEPPED
+        record.stage = Stage.STEPPED
         self._records[id(optimizer)] = record
         return result
 
@@ -367,81 +331,49 @@ class GradScaler(PaddleScalerMethods):
             an invalid ``new_scale``.
             LossScaleAtMinimumError: see ``raise_at_min_scale``.
         """
-        if not self._active:
+        store = self._store
+        if not store.active:
             return
         if new_scale is not None:
-            self._set_scale(new_scale)
-        else:
-            found = [r.found_inf for r in self._records.values() if r.found_inf is not None]
-            if not found:
+            if not store.scaling:
                 raise AmpcoreError(
-                    "No inf checks were recorded prior to update(): call scaler.step(optimizer) "
-                    "(or unscale_) for each optimizer of this iteration before scaler.update()."
+                    f"{_CALL}.update(new_scale=...): this scaler does not scale (torch.{dtype_name(store.dtype)} "
+                    "needs no loss scaling on this backend); construct it with enabled=True to set a scale"
                 )
-            if self._scaling and self._options.dynamic:
-                tensors = self._state_tensors()
-                found_inf = found[0]
-                for other in found[1:]:
-                    found_inf = found_inf + other.to(tensors.scale.device, non_blocking=True)
-                if self._options.raise_at_min_scale:
-                    self._raise_if_stuck(found_inf)
-                self._kernels.update_scale_(
-                    tensors.scale, tensors.growth_tracker, tensors.overflow_tracker, found_inf, self._options
-                )
+            set_scale_(self._require_scale("update"), new_scale, store.options)
+        else:
+            self._update_dynamic_scale()
         skipped = [r.skipped for r in self._records.values() if r.skipped is not None]
         self._records.clear()
         self._iteration_started = False
         self._collapse.record(skipped, self._describe_scale, LossScaleAtMinimumError)
 
+    def _update_dynamic_scale(self) -> None:
+        """Back off or grow the scale from the iteration's found-inf flags (on the device)."""
+        found = [r.found_inf for r in self._records.values() if r.found_inf is not None]
+        if not found:
+            raise AmpcoreError(
+                "No inf checks were recorded prior to update(): call scaler.step(optimizer) "
+                "(or unscale_) for each optimizer of this iteration before scaler.update()."
+            )
+        store = self._store
+        options = store.options
+        if not (store.scaling and options.dynamic):
+            return
+        tensors = store.ensure_tensors()
+        found_inf = found[0]
+        for other in found[1:]:
+            found_inf = found_inf + other.to(tensors.scale.device, non_blocking=True)
+        if options.raise_at_min_scale:
+            raise_if_stuck(tensors, found_inf, options)
+        self._kernels.update_scale_(tensors.scale, tensors.growth_tracker, tensors.overflow_tracker, found_inf, options)
+
     def _describe_scale(self) -> str:
         """', and the loss scale fell to 0.0625' (read, one host sync, only when reporting)."""
-        if not self._scaling or not self._options.dynamic:
+        options = self._store.options
+        if not self._store.scaling or not options.dynamic:
             return ""
-        return f", and the loss scale fell to {self.get_scale():g} (init_scale {self._options.init_scale:g})"
-
-    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
-        if not self._scaling:
-            raise AmpcoreError(
-                f"{_CALL}.update(new_scale=...): this scaler does not scale (torch.{dtype_name(self._dtype)} "
-                "needs no loss scaling on this backend); construct it with enabled=True to set a scale"
-            )
-        scale = self._require_scale("update")
-        if isinstance(new_scale, torch.Tensor):
-            if new_scale.numel() != 1 or new_scale.requires_grad or not new_scale.is_floating_point():
-                raise AmpcoreError(
-                    f"{_CALL}.update(new_scale=...): expected a float or a one-element floating tensor "
-                    f"with requires_grad=False, got shape {tuple(new_scale.shape)}, dtype {new_scale.dtype}"
-                )
-            # No host sync to check it: on the device, a nan, zero or negative value (or +inf
-            # without max_scale) is ignored, anything else clamped into the bounds.
-            candidate = new_scale.detach().reshape(()).to(scale.device, torch.float32, non_blocking=True)
-            clamped = candidate
-            if self._options.min_scale is not None or self._options.max_scale is not None:
-                clamped = candidate.clamp(min=self._options.min_scale, max=self._options.max_scale)
-            scale.copy_(torch.where((candidate > 0) & torch.isfinite(clamped), clamped, scale))
-            return
-        value = check_number(f"{_CALL}.update", "new_scale", new_scale)
-        if value is None or value <= 0.0 or not self._options.in_bounds(value):
-            raise AmpcoreError(
-                f"{_CALL}.update(new_scale={new_scale!r}): expected a positive number within "
-                f"[min_scale, max_scale] = [{self._options.min_scale}, {self._options.max_scale}]"
-            )
-        scale.fill_(value)
-
-    def _raise_if_stuck(self, found_inf: torch.Tensor) -> None:
-        """The one host read of ``raise_at_min_scale``: raise before changing anything."""
-        options, tensors = self._options, self._state_tensors()
-        minimum = options.min_scale
-        if minimum is None:  # ScalerOptions refuses raise_at_min_scale without min_scale
-            return
-        due = (found_inf > 0) & (tensors.overflow_tracker + 1 >= options.hysteresis)
-        if bool((due & (tensors.scale <= minimum)).item()):
-            raise LossScaleAtMinimumError(
-                f"{_CALL}.update(): gradients overflowed {options.hysteresis} step(s) in a row while the "
-                f"loss scale is already at min_scale={options.min_scale}; training on would skip every "
-                "step (raise_at_min_scale=True). Look for the op that overflows (e.g. run it in float32), "
-                "lower the learning rate, or lower min_scale."
-            )
+        return f", and the loss scale fell to {self.get_scale():g} (init_scale {options.init_scale:g})"
 
     def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool) -> torch.Tensor:
         return self._kernels.unscale_optimizer_(optimizer, inv_scale, allow_fp16, self._process_group, self._sync_found_inf)

@@ -1,11 +1,15 @@
 """The on-device work of :class:`ampcore.GradScaler`: unscale + non-finite check, scale update.
 
-Nothing here reads a tensor on the host.  Each operation picks, in order:
+Nothing here reads a tensor on the host.  The kernels are chosen once, not on every call:
 
-1. torch's fused kernel (``torch._amp_foreach_non_finite_check_and_unscale_``,
-   ``torch._amp_update_scale_``) where the device has one for the dtype (probed once per
-   device type and dtype, then cached on the :class:`ScalerKernels` instance);
-2. a portable version written with foreach and tensor ops, which runs on any device.
+1. at construction, from the backend adapter: its own unscale kernel
+   (``ampcore_unscale_grads_``, tried first for the backend's device type) and its device
+   overflow flag (``ampcore_device_overflow_flag`` and its clearing hook), or nothing;
+2. the first time a device type (and gradient dtype) is met: torch's fused kernel
+   (``torch._amp_foreach_non_finite_check_and_unscale_``, ``torch._amp_update_scale_``)
+   where a one-element probe call runs, else a portable version written with foreach and
+   tensor ops, which runs on any device.  The probe's answer is cached on the
+   :class:`ScalerKernels` instance (no module state).
 
 ``torch._amp_update_scale_`` has neither hysteresis nor bounds: one ``clamp_`` after it
 applies the bounds, and for ``hysteresis > 1`` a few tensor ops before it count overflows and
@@ -16,6 +20,7 @@ and rounds to float32, so both paths give bit-identical scales.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -91,16 +96,26 @@ def _runs(probe: Callable[[], Any]) -> bool:
 
 
 class ScalerKernels:
-    """Chooses and runs the kernels of one scaler for the devices it meets.
-
-    Probe results live on this instance (no module state): one tiny kernel call per device
-    type and dtype, the first time that pair is seen.
+    """The kernels of one scaler: the adapter's hooks (chosen at construction) and torch's
+    fused kernels or the portable ones (chosen per device type and dtype, once).
     """
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self._flag_hook = backend.hook("ampcore_device_overflow_flag")
-        self._clear_hook = backend.hook("ampcore_clear_device_overflow_flag")
+        unscale_hook = backend.hook("ampcore_unscale_grads_")
+        flag_hook = backend.hook("ampcore_device_overflow_flag")
+        clear_hook = backend.hook("ampcore_clear_device_overflow_flag")
+        #: ``unscale_`` for gradients on the backend's device type: the adapter's kernel
+        #: first where it has one, else torch's (or the portable one)
+        self._unscale_on_backend: Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor], None] = (
+            self._torch_unscale_ if unscale_hook is None else functools.partial(self._adapter_unscale_, unscale_hook)
+        )
+        self.or_device_overflow_: Callable[[torch.Tensor], None] = (
+            _no_flag if flag_hook is None else functools.partial(self._or_adapter_flag_, flag_hook)
+        )
+        self.clear_device_overflow: Callable[[torch.device], None] = (
+            _no_clear if clear_hook is None else functools.partial(_clear_adapter_flag, clear_hook)
+        )
         self._native_unscale: dict[tuple[str, torch.dtype], bool] = {}
         self._native_update: dict[str, bool] = {}
         self._wide: dict[str, torch.dtype] = {}
@@ -197,17 +212,36 @@ class ScalerKernels:
 
     def unscale_(self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
         """Unscale ``grads`` (one device, one dtype) in place and OR non-finiteness into ``found_inf``."""
-        device = grads[0].device
-        if self.has_native_unscale(device, grads[0].dtype):
+        if grads[0].device.type == self.backend.device_type:
+            self._unscale_on_backend(grads, found_inf, inv_scale)
+        else:
+            self._torch_unscale_(grads, found_inf, inv_scale)
+
+    def _adapter_unscale_(
+        self, hook: Callable[..., Any], grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
+    ) -> None:
+        """The adapter's kernel; torch's where it declines (returns None)."""
+        handled = hook(grads=grads, found_inf=found_inf, inv_scale=inv_scale)
+        if handled is True:
+            return
+        if handled is not None and handled is not False:
+            raise PluginError(
+                self.backend.plugin_name,
+                f"ampcore_unscale_grads_() returned {handled!r}; expected True (handled) or None",
+                self.backend.distribution,
+            )
+        self._torch_unscale_(grads, found_inf, inv_scale)
+
+    def _torch_unscale_(self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+        """torch's fused kernel where the device has one for the dtype, else the portable one."""
+        if self.has_native_unscale(grads[0].device, grads[0].dtype):
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         else:
             portable_unscale_(grads, found_inf, inv_scale)
 
-    def or_device_overflow_(self, found_inf: torch.Tensor) -> None:
-        """OR the adapter's device overflow flag (if it has one) into ``found_inf``."""
-        if self._flag_hook is None:
-            return
-        flag = self._flag_hook(device=found_inf.device)
+    def _or_adapter_flag_(self, hook: Callable[..., Any], found_inf: torch.Tensor) -> None:
+        """OR the adapter's device overflow flag into ``found_inf``."""
+        flag = hook(device=found_inf.device)
         if flag is None:
             return
         if not isinstance(flag, torch.Tensor) or flag.numel() != 1:
@@ -218,11 +252,6 @@ class ScalerKernels:
             )
         raised = flag.reshape(()).to(found_inf.device, non_blocking=True) > 0
         found_inf.copy_(torch.maximum(found_inf, raised.to(found_inf.dtype)))
-
-    def clear_device_overflow(self, device: torch.device) -> None:
-        """Reset the adapter's device overflow flag (if it has one)."""
-        if self._clear_hook is not None:
-            self._clear_hook(device=device)
 
     def update_scale_(
         self,
@@ -245,6 +274,19 @@ class ScalerKernels:
         )
         if options.min_scale is not None or options.max_scale is not None:
             scale.clamp_(min=options.min_scale, max=options.max_scale)
+
+
+def _no_flag(found_inf: torch.Tensor) -> None:
+    """No adapter overflow flag: nothing to OR in."""
+
+
+def _no_clear(device: torch.device) -> None:
+    """No adapter overflow flag: nothing to clear."""
+
+
+def _clear_adapter_flag(hook: Callable[..., Any], device: torch.device) -> None:
+    """Reset the adapter's device overflow flag."""
+    hook(device=device)
 
 
 def _absorb_by_hysteresis_(

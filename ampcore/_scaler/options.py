@@ -11,18 +11,19 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from .._errors import AmpcoreError, closest
+from .._validate import check_bool
 
 __all__ = [
-    "PADDLE_ALIASES",
+    "PADDLE_OPTION_NAMES",
     "ScalerOptions",
-    "accepts_paddle_aliases",
+    "accepts_paddle_option_names",
     "check_bool",
     "check_int",
     "check_number",
 ]
 
 #: Paddle's ``paddle.amp.GradScaler`` parameter names and the ampcore names they stand for.
-PADDLE_ALIASES: Final[Mapping[str, str]] = {
+PADDLE_OPTION_NAMES: Final[Mapping[str, str]] = {
     "init_loss_scaling": "init_scale",
     "incr_ratio": "growth_factor",
     "decr_ratio": "backoff_factor",
@@ -36,7 +37,7 @@ P = ParamSpec("P")
 S = TypeVar("S")
 
 
-def accepts_paddle_aliases(init: Callable[Concatenate[S, P], None]) -> Callable[Concatenate[S, P], None]:
+def accepts_paddle_option_names(init: Callable[Concatenate[S, P], None]) -> Callable[Concatenate[S, P], None]:
     """Let ``init`` (a constructor) also take Paddle's names for its keyword parameters.
 
     The wrapper sees exactly the keywords the caller wrote, so a parameter given under both
@@ -50,25 +51,25 @@ def accepts_paddle_aliases(init: Callable[Concatenate[S, P], None]) -> Callable[
         call = f"ampcore.{type(self).__name__}"
         translated: dict[str, Any] = {}
         for name, value in kwargs.items():
-            canonical = PADDLE_ALIASES.get(name, name)
+            canonical = PADDLE_OPTION_NAMES.get(name, name)
             if canonical not in known:
-                hint = closest(name, [*known, *PADDLE_ALIASES], n=1)
+                hint = closest(name, [*known, *PADDLE_OPTION_NAMES], n=1)
                 raise AmpcoreError(
                     f"{call}({name}=...): unknown parameter"
                     + (f" (did you mean {hint[0]!r}?)" if hint else "")
                     + f"; parameters: {', '.join(sorted(known))}; Paddle aliases: "
-                    + ", ".join(f"{alias} -> {target}" for alias, target in PADDLE_ALIASES.items())
+                    + ", ".join(f"{alias} -> {target}" for alias, target in PADDLE_OPTION_NAMES.items())
                 )
             if canonical in translated:
                 raise AmpcoreError(
                     f"{call}(): {canonical!r} was given twice, once under its Paddle name "
-                    f"{[a for a, c in PADDLE_ALIASES.items() if c == canonical][0]!r}; pass only one of them"
+                    f"{[a for a, c in PADDLE_OPTION_NAMES.items() if c == canonical][0]!r}; pass only one of them"
                 )
             translated[canonical] = value
         try:
             init(self, *args, **translated)  # type: ignore[arg-type]
         except AmpcoreError as exc:
-            aliases = [(name, PADDLE_ALIASES[name]) for name in kwargs if name in PADDLE_ALIASES]
+            aliases = [(name, PADDLE_OPTION_NAMES[name]) for name in kwargs if name in PADDLE_OPTION_NAMES]
             named = [(alias, target) for alias, target in aliases if f"{target}=" in str(exc)]
             if type(exc) is not AmpcoreError or not named:
                 raise
@@ -93,13 +94,6 @@ def check_int(call: str, name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise AmpcoreError(f"{call}({name}={value!r}): expected an int >= {minimum}")
     return int(value)
-
-
-def check_bool(call: str, name: str, value: object) -> bool:
-    """``value`` if it is a bool; raise otherwise."""
-    if not isinstance(value, bool):
-        raise AmpcoreError(f"{call}({name}={value!r}): expected True or False")
-    return value
 
 
 @dataclass(frozen=True)

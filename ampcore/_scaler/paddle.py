@@ -1,7 +1,7 @@
 """The methods of ``paddle.amp.GradScaler`` that torch's GradScaler lacks, on ampcore's scaler.
 
 Paddle's getters and setters use Paddle's parameter names (``incr_ratio`` is ampcore's
-``growth_factor``, and so on: :data:`ampcore._scaler.options.PADDLE_ALIASES`); each one
+``growth_factor``, and so on: :data:`ampcore._scaler.options.PADDLE_OPTION_NAMES`); each one
 reads or writes the same setting as its torch-style twin, with the same validation.
 ``minimize`` is Paddle's ``step()`` + ``update()``.
 """
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._errors import AmpcoreError
-from .base import CALL, ScalerBase
-from .state import ScalerState
+from .settings_api import ScalerSettingsMethods
+from .store import CALL
 
 __all__ = ["PaddleScalerMethods"]
 
 
-class PaddleScalerMethods(ScalerBase):
+class PaddleScalerMethods(ScalerSettingsMethods):
     """Paddle's spelling of the scaler API (mixed into :class:`ampcore.GradScaler`).
 
     Example::
@@ -72,27 +72,21 @@ class PaddleScalerMethods(ScalerBase):
 
     def is_use_dynamic_loss_scaling(self) -> bool:
         """Whether the scale changes with overflows (``dynamic``, Paddle's ``use_dynamic_loss_scaling``)."""
-        return self._options.dynamic
+        return self._store.options.dynamic
 
     def get_use_dynamic_loss_scaling(self) -> bool:
         """Paddle 2.2's name of :meth:`is_use_dynamic_loss_scaling`."""
-        return self._options.dynamic
+        return self._store.options.dynamic
 
     def get_init_loss_scaling(self) -> float:
         """The initial scale (``init_scale``)."""
-        return self._options.init_scale
+        return self._store.options.init_scale
 
     def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
         """Set the initial scale and, as Paddle does, the current scale to it (a scaler that
         does not scale keeps scale 1).  Must lie within ``[min_scale, max_scale]``."""
-        options = self._options.with_values(f"{CALL}.set_init_loss_scaling", init_scale=new_init_loss_scaling)
-        self._options = options
-        if not self._scaling:
-            return
-        pending = self._pending
-        self._pending = ScalerState(options, options.init_scale, pending.growth_tracker, pending.overflow_tracker)
-        if self._tensors is not None:
-            self._tensors.scale.fill_(options.init_scale)
+        store = self._store
+        store.reset_scale(store.options.with_values(f"{CALL}.set_init_loss_scaling", init_scale=new_init_loss_scaling))
 
     def get_incr_ratio(self) -> float:
         """Paddle's name of :meth:`get_growth_factor`."""

@@ -9,6 +9,16 @@ the maxima over all floating-point tensors of the output, and equal non-finite v
 (``inf == inf``, ``nan`` and ``nan``) counted as equal.  An AMP output that is inf or nan
 where float32 was finite has an infinite error.  Unlike an elementwise ratio it does not
 explode on outputs close to zero.
+
+The two runs of :func:`compare_accuracy`: each run gets its own copy of the inputs (a
+forward that changes its input in place changes neither the other run's nor the
+caller's).  Both runs use ``torch.no_grad()`` and the model as given: its train/eval mode
+is not changed (a model in train mode draws other dropout masks in each run and updates
+batch-norm statistics twice: a warning says so; call ``model.eval()`` first).  The float32
+outputs of every module are kept (cloned) until the AMP run has compared them, so memory
+grows with the activations.  Module rows come from global module hooks held only during
+the call; ``per_op=True`` adds a row per ATen op call (views and casts excluded), which
+reaches ops inside composite modules such as ``nn.MultiheadAttention``.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ from .._backends.backend import dtype_name
 from .._backends.registry import DeviceLike
 from .._errors import AmpcoreError, AmpcoreWarning
 from .._policy.autocast import autocast
+from .._table import format_table
+from .._validate import check_bool
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
 
@@ -104,20 +116,21 @@ class AccuracyReport:
         """The ``limit`` worst rows as a text table (all rows when None)."""
         rows = self.rows if limit is None else self.rows[:limit]
         first = self.first_bad
-        width = max([len("module"), *(len(r.name) for r in rows)])
-        lines = [
-            f"compare_accuracy: float32 vs {self.level} {self.dtype} on {self.device} "
-            f"(max relative error, threshold {self.threshold:g})",
-            f"{'rank':>4}  {'module':<{width}}  {'rel error':>10}  {'abs error':>10}  {'fp32 run':>9}  "
-            f"{'AMP run':>9}  {'calls':>5}",
+        header = ("rank", "module", "rel error", "abs error", "fp32 run", "AMP run", "calls")
+        cells = [header] + [
+            (str(rank), row.name, f"{row.max_rel_error:.3g}", f"{row.max_abs_error:.3g}", row.ref_dtype, row.amp_dtype, str(row.calls))
+            for rank, row in enumerate(rows, 1)
         ]
-        for rank, row in enumerate(rows, 1):
+        table = format_table(cells, "rlrrrrr", rule=None, min_widths=(4, 0, 10, 10, 9, 9, 5))
+        title = (
+            f"compare_accuracy: float32 vs {self.level} {self.dtype} on {self.device} "
+            f"(max relative error, threshold {self.threshold:g})"
+        )
+        lines = [title, table[0]]
+        for line, row in zip(table[1:], rows):
             mark = "  <- first over threshold" if row is first else ""
             note = f"  ({row.note})" if row.note else ""
-            lines.append(
-                f"{rank:>4}  {row.name:<{width}}  {row.max_rel_error:>10.3g}  {row.max_abs_error:>10.3g}  "
-                f"{row.ref_dtype:>9}  {row.amp_dtype:>9}  {row.calls:>5}{mark}{note}"
-            )
+            lines.append(f"{line}{mark}{note}")
         if limit is not None and len(self.rows) > limit:
             lines.append(f"... {len(self.rows) - limit} more rows (table(limit=None) shows all)")
         return "\n".join(lines)
@@ -194,7 +207,7 @@ class _Recorder:
     def _compare(self, key: Key, refs: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         rel = err = 0.0
         note = "" if len(refs) == len(tensors) else f"{len(refs)} float32 outputs vs {len(tensors)} under AMP"
-        for ref, amp in zip(refs, tensors, strict=False):
+        for ref, amp in zip(refs, tensors):
             if ref.shape != amp.shape:
                 note, rel, err = f"shape {tuple(ref.shape)} vs {tuple(amp.shape)}", float("inf"), float("inf")
                 continue
@@ -276,15 +289,8 @@ def compare_accuracy(
 ) -> AccuracyReport:
     """Run one batch in float32 and under AMP and rank the modules by relative error.
 
-    Each run gets its own copy of ``inputs`` (a forward that changes its input in place
-    changes neither the other run's nor the caller's).
-    Both runs use ``torch.no_grad()`` and the model as given: its train/eval mode is not
-    changed (a model in train mode draws other dropout masks in each run and updates
-    batch-norm statistics twice: a warning says so; call ``model.eval()`` first).  The
-    float32 outputs of every module are kept (cloned) until the AMP run has compared
-    them, so memory grows with the activations.  Module rows come from global module hooks
-    held only during the call; ``per_op=True`` adds a row per ATen op call (views and casts
-    excluded), which reaches ops inside composite modules such as ``nn.MultiheadAttention``.
+    How the two runs see the model and the inputs (copies, train mode, memory, hooks) is in
+    this module's docstring.
 
     Args:
         model: the float32 model; also the AMP model unless ``amp_model`` is given.
@@ -310,37 +316,11 @@ def compare_accuracy(
         ['Sequential.0', 'Sequential.1', 'Sequential']
     """
     call = "compare_accuracy"
-    for name, value in (("model", model), ("amp_model", amp_model)):
-        if value is not None and not isinstance(value, nn.Module):
-            raise AmpcoreError(f"{call}({name}={type(value).__name__}): expected a torch.nn.Module")
-    if not isinstance(per_op, bool):
-        raise AmpcoreError(f"{call}(per_op={per_op!r}): expected True or False")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise AmpcoreError(f"{call}(threshold={threshold!r}): expected a non-negative number such as 0.1")
-    if device is None:
-        device = _infer_device(inputs, model)
-    reference = autocast(device=device, level="O0")
-    amp = autocast(device=device, dtype=dtype, level=level, **autocast_kwargs)
-    if not amp.enabled:
-        raise AmpcoreError(
-            f"{call}(level={amp.level!r}): this region runs in float32, so there is nothing to compare; "
-            "use a mixed-precision level such as 'O1' with enabled=True"
-        )
+    _check_arguments(call, model, amp_model, per_op, threshold)
+    reference, amp = _regions(call, _infer_device(inputs, model) if device is None else device, dtype, level, autocast_kwargs)
     amp_model = model if amp_model is None else amp_model
-    if model.training or amp_model.training:
-        warnings.warn(
-            f"{call}(): the model is in train mode: dropout differs between the two runs and "
-            "batch-norm statistics are updated by both; call model.eval() first",
-            AmpcoreWarning,
-            stacklevel=2,
-        )
-    label = type(model).__name__
-    recorder = _Recorder()
-    with torch.no_grad():
-        with reference:
-            _run(model, label, inputs, recorder, per_op, comparing=False)
-        with amp:
-            _run(amp_model, label, inputs, recorder, per_op, comparing=True)
+    _warn_if_training(call, model, amp_model)
+    recorder = _run_both(model, amp_model, inputs, per_op, reference, amp)
     if recorder.results and amp.dtype not in recorder.amp_dtypes:
         warnings.warn(
             f"{call}(): no output of the AMP run was {amp.dtype}: is the model on the {amp.backend.name!r} "
@@ -348,11 +328,63 @@ def compare_accuracy(
             AmpcoreWarning,
             stacklevel=2,
         )
+    return _report(recorder, amp, float(threshold))
+
+
+def _regions(
+    call: str, device: DeviceLike, dtype: torch.dtype | None, level: str, autocast_kwargs: dict[str, Any]
+) -> tuple[autocast, autocast]:
+    """The float32 region and the AMP region (which must lower precision)."""
+    reference = autocast(device=device, level="O0")
+    amp = autocast(device=device, dtype=dtype, level=level, **autocast_kwargs)
+    if not amp.enabled:
+        raise AmpcoreError(
+            f"{call}(level={amp.level!r}): this region runs in float32, so there is nothing to compare; "
+            "use a mixed-precision level such as 'O1' with enabled=True"
+        )
+    return reference, amp
+
+
+def _warn_if_training(call: str, model: nn.Module, amp_model: nn.Module) -> None:
+    if model.training or amp_model.training:
+        warnings.warn(
+            f"{call}(): the model is in train mode: dropout differs between the two runs and "
+            "batch-norm statistics are updated by both; call model.eval() first",
+            AmpcoreWarning,
+            stacklevel=3,  # compare_accuracy's caller
+        )
+
+
+def _run_both(
+    model: nn.Module, amp_model: nn.Module, inputs: Any, per_op: bool, reference: autocast, amp: autocast
+) -> _Recorder:
+    """The float32 run (recording), then the AMP run (comparing), without gradients."""
+    label = type(model).__name__
+    recorder = _Recorder()
+    with torch.no_grad():
+        with reference:
+            _run(model, label, inputs, recorder, per_op, comparing=False)
+        with amp:
+            _run(amp_model, label, inputs, recorder, per_op, comparing=True)
+    return recorder
+
+
+def _check_arguments(call: str, model: object, amp_model: object, per_op: object, threshold: object) -> None:
+    for name, value in (("model", model), ("amp_model", amp_model)):
+        if value is not None and not isinstance(value, nn.Module):
+            raise AmpcoreError(f"{call}({name}={type(value).__name__}): expected a torch.nn.Module")
+    check_bool(call, "per_op", per_op)
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise AmpcoreError(f"{call}(threshold={threshold!r}): expected a non-negative number such as 0.1")
+
+
+def _report(recorder: _Recorder, amp: autocast, threshold: float) -> AccuracyReport:
+    """The rows, worst first (execution order among equals)."""
     rows = [
         AccuracyRow(path, op, index, a.rel, a.abs, a.ref_dtype, a.amp_dtype, a.calls, a.order, a.note)
         for (path, op, index), a in recorder.results.items()
     ]
     rows.sort(key=lambda r: (-r.max_rel_error, r.order))
     return AccuracyReport(
-        tuple(rows), amp.level, dtype_name(amp.dtype), amp.backend.name, float(threshold), tuple(recorder.unmatched)
+        tuple(rows), amp.level, dtype_name(amp.dtype), amp.backend.name, threshold, tuple(recorder.unmatched)
     )

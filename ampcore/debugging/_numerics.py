@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning
+from .._validate import check_bool
 from ._module_path import ModuleTracker, autograd_node_name
 from ._ops import ObservingMode, OpFilter, leaf_tensors, op_name, quiet
 from ._summary import FP16_MAX, TensorSummary, summarise
@@ -226,8 +227,7 @@ class check_numerics:
         skip_ops: Iterable[str] | None = None,
     ) -> None:
         for name, value in (("raise_on_error", raise_on_error), ("check_fp16_range", check_fp16_range)):
-            if not isinstance(value, bool):
-                raise AmpcoreError(f"check_numerics({name}={value!r}): expected True or False")
+            check_bool("check_numerics", name, value)
         self.raise_on_error = raise_on_error
         self.check_fp16_range = check_fp16_range
         self._filter = OpFilter(ops, skip_ops, call="check_numerics")

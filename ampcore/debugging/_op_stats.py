@@ -16,6 +16,8 @@ from typing import Any, TextIO
 import torch
 
 from .._errors import AmpcoreError
+from .._table import format_table
+from .._validate import check_bool
 from ._ops import BUCKETS, Bucket, ObservingMode, op_name, result_bucket
 
 __all__ = [
@@ -64,14 +66,10 @@ class OperatorStats:
     def table(self) -> str:
         """The counts as a text table, one row per op sorted by name, with a total row."""
         ops = sorted(self.counts)
-        width = max([len("op"), len("total"), *map(len, ops)])
-        cells = [f"{_HEADERS[b]:>12}" for b in BUCKETS]
-        header = f"{'op':<{width}} | " + " | ".join(cells)
-        lines = [header, "-" * len(header)]
-        for op in ops:
-            row = self.counts[op]
-            lines.append(f"{op:<{width}} | " + " | ".join(f"{row[b]:>12}" for b in BUCKETS))
-        lines.append(f"{'total':<{width}} | " + " | ".join(f"{self.total(b):>12}" for b in BUCKETS))
+        rows = [("op", *(_HEADERS[b] for b in BUCKETS))]
+        rows += [(op, *(str(self.counts[op][b]) for b in BUCKETS)) for op in ops]
+        rows.append(("total", *(str(self.total(b)) for b in BUCKETS)))
+        lines = format_table(rows, "l" + "r" * len(BUCKETS), sep=" | ", rule="line", min_widths=[0, *[12] * len(BUCKETS)])
         return "\n".join(lines)
 
     def print(self, file: TextIO | None = None) -> None:
@@ -150,8 +148,7 @@ def disable_operator_stats_collection(print_table: bool = True, file: TextIO | N
     Raises:
         AmpcoreError: no collection is enabled in this thread.
     """
-    if not isinstance(print_table, bool):
-        raise AmpcoreError(f"disable_operator_stats_collection(print_table={print_table!r}): expected True or False")
+    check_bool("disable_operator_stats_collection", "print_table", print_table)
     if not _enabled.stack:
         raise AmpcoreError(
             "disable_operator_stats_collection(): no collection is enabled in this thread; call "

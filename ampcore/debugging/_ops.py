@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from .._errors import AmpcoreError, closest
+from .._nest import iter_tensors
 
 __all__ = [
     "BUCKETS",
@@ -55,14 +56,7 @@ def dtype_bucket(dtype: torch.dtype | None) -> Bucket:
 
 def leaf_tensors(value: Any) -> Iterator[torch.Tensor]:
     """Every tensor in ``value``, walking tuples, lists and dicts (model outputs, op args)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from leaf_tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from leaf_tensors(item)
+    return iter_tensors(value)
 
 
 def result_bucket(result: Any) -> Bucket:

@@ -17,9 +17,24 @@ from .._scaler.grad_scaler import GradScaler
 
 __all__ = ["AmpcoreSettings"]
 
+_DEFAULT: Any = object()  # an argument not given
+_CALL = "ampcore.integrations.AmpcoreSettings"
+
 
 @dataclass(frozen=True)
-class AmpcoreSettings:
+class _SettingsRecord:
+    """The checked values of :class:`AmpcoreSettings` (immutable once built)."""
+
+    device: str = "cpu"
+    level: str = "O1"
+    dtype: torch.dtype | None = None
+    custom_white_list: frozenset[str] | None = None
+    custom_black_list: frozenset[str] | None = None
+    scaler: dict[str, Any] | None = field(default_factory=dict)
+    decorate: dict[str, Any] = field(default_factory=dict)
+
+
+class AmpcoreSettings(_SettingsRecord):
     """What a framework integration needs to run ampcore: one place, checked once.
 
     Args:
@@ -48,32 +63,37 @@ class AmpcoreSettings:
         False
     """
 
-    device: str = "cpu"
-    level: str = "O1"
-    dtype: torch.dtype | str | None = None
-    custom_white_list: Iterable[str] | None = None
-    custom_black_list: Iterable[str] | None = None
-    scaler: dict[str, Any] | None = field(default_factory=dict)
-    decorate: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        call = "ampcore.integrations.AmpcoreSettings"
-        object.__setattr__(self, "level", check_level(self.level, call=call))
-        if self.dtype is not None:
-            object.__setattr__(self, "dtype", parse_dtype(self.dtype, call))
-        for name in ("custom_white_list", "custom_black_list"):
-            value = getattr(self, name)
-            if value is not None:
-                object.__setattr__(self, name, frozenset(value))
-        if self.scaler is not None and not isinstance(self.scaler, dict):
+    def __init__(
+        self,
+        device: str = "cpu",
+        level: str = "O1",
+        dtype: torch.dtype | str | None = None,
+        custom_white_list: Iterable[str] | None = None,
+        custom_black_list: Iterable[str] | None = None,
+        scaler: dict[str, Any] | None = _DEFAULT,
+        decorate: dict[str, Any] = _DEFAULT,
+    ) -> None:
+        # checked and normalised first, then stored once: the record is never changed
+        checked_level = check_level(level, call=_CALL)
+        checked_dtype = None if dtype is None else parse_dtype(dtype, _CALL)
+        scaler = {} if scaler is _DEFAULT else scaler
+        decorate = {} if decorate is _DEFAULT else decorate
+        if scaler is not None and not isinstance(scaler, dict):
             raise AmpcoreError(
-                f"{call}(scaler={self.scaler!r}): expected a dict of ampcore.GradScaler keyword arguments, "
+                f"{_CALL}(scaler={scaler!r}): expected a dict of ampcore.GradScaler keyword arguments, "
                 "or None for no scaler"
             )
-        if not isinstance(self.decorate, dict):
-            raise AmpcoreError(
-                f"{call}(decorate={self.decorate!r}): expected a dict of ampcore.decorate keyword arguments"
-            )
+        if not isinstance(decorate, dict):
+            raise AmpcoreError(f"{_CALL}(decorate={decorate!r}): expected a dict of ampcore.decorate keyword arguments")
+        super().__init__(
+            device=device,
+            level=checked_level,
+            dtype=checked_dtype,
+            custom_white_list=None if custom_white_list is None else frozenset(custom_white_list),
+            custom_black_list=None if custom_black_list is None else frozenset(custom_black_list),
+            scaler=scaler,
+            decorate=decorate,
+        )
         self.autocast()  # an invalid device, dtype or list raises here, not in the first step
 
     def autocast(self) -> autocast:
