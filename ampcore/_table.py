@@ -35,10 +35,10 @@ def format_table(
     count = len(rows[0])
     widths = [max(len(row[i]) for row in rows) for i in range(count)]
     if min_widths is not None:
-        widths = [max(w, m) for w, m in zip(widths, min_widths)]
+        widths = [max(w, m) for w, m in zip(widths, min_widths, strict=False)]
 
     def line(row: Sequence[str]) -> str:
-        cells = (c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align))
+        cells = (c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, align, strict=False))
         text = indent + sep.join(cells)
         return text.rstrip() if strip else text
 

@@ -59,7 +59,11 @@ class PlanEntry:
     source: str = "measured"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"decision": self.decision, "costs": None if self.costs is None else self.costs.as_dict(), "source": self.source}
+        return {
+            "decision": self.decision,
+            "costs": None if self.costs is None else self.costs.as_dict(),
+            "source": self.source,
+        }
 
 
 def fingerprint(backend_name: str, device_name: str, dtype: torch.dtype) -> dict[str, Any]:
@@ -143,7 +147,9 @@ class AutoPlan:
                 costs = None if raw.get("costs") is None else Costs(**raw["costs"])
                 plan.entries[key] = PlanEntry(key, raw["decision"], costs, source)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise AmpcoreError(f"ampcore.load_plan: {where} is not an ampcore auto plan: {type(exc).__name__}: {exc}") from None
+            raise AmpcoreError(
+                f"ampcore.load_plan: {where} is not an ampcore auto plan: {type(exc).__name__}: {exc}"
+            ) from None
         return plan
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -168,7 +174,10 @@ class AutoPlan:
             rows.append((key, f"{c.fp32_ms:.3f}", low, f"{c.cast_ms:.3f}", ratio, e.decision, e.source))
         lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None)
         fp = self.fingerprint
-        head = f"ampcore auto plan: {fp.get('backend')} ({fp.get('device')}), {fp.get('dtype')}, torch {fp.get('torch')}, ampcore {fp.get('ampcore')}"
+        head = (
+            f"ampcore auto plan: {fp.get('backend')} ({fp.get('device')}), {fp.get('dtype')}, "
+            f"torch {fp.get('torch')}, ampcore {fp.get('ampcore')}"
+        )
         foot = "low ms includes the casts (cast ms); ~: estimated from a probe on part of the batch"
         return "\n".join([head, *lines, foot])
 
@@ -319,6 +328,8 @@ def _this_process(fp: Mapping[str, Any]) -> dict[str, Any]:
     try:
         resolved = resolve_device(fp.get("backend"))
     except AmpcoreError as exc:
-        raise AmpcoreError(f"ampcore.load_plan: the plan's backend {fp.get('backend')!r} is not usable here: {exc}") from None
+        raise AmpcoreError(
+            f"ampcore.load_plan: the plan's backend {fp.get('backend')!r} is not usable here: {exc}"
+        ) from None
     dtype = parse_dtype(fp.get("dtype"), "ampcore.load_plan")
     return fingerprint(resolved.backend.name, resolved.backend.device_name(resolved.index or 0), dtype)

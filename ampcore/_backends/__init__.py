@@ -1,6 +1,9 @@
 """Backends: the plugin manager and what the core asks a backend.
 
-* ``plugins``: :class:`PluginManager`, loading ``ampcore`` entry points through pluggy.
+* ``plugins``: :class:`PluginManager`, loading ``ampcore`` entry points through pluggy;
+  ``sources``: where a plugin comes from and why it failed.
+* ``contract``: the load-time checks of a plugin against ``ampcore.hookspec`` (its contract
+  version, hooks that do not exist or were replaced).
 * ``backend``: :class:`Backend`, one adapter's answers to the hooks of ``ampcore.hookspec``.
 * ``registry``: the process's backends, ``get_backend``/``list_backends``/``register_plugin``.
 * ``capability``, ``support``, ``memory``: device questions (dtype support, memory).

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from .._errors import AmpcoreError, PluginError, PluginWarning, warn_at
 from .._forklock import LOCK
 from .backend import Backend, origin
 from .contract import SPEC_NAMES, check_contract, unknown_hooks
+from .sources import NOT_PLUGINS, describe_failure, env_list, module_file, origin_of_entry_point
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -65,42 +65,6 @@ class PluginInfo:
     status: PluginStatus
     error: str | None = None
     backend: str | None = None
-
-
-def _env_list(environ: Mapping[str, str], key: str) -> list[str]:
-    return [item.strip() for item in environ.get(key, "").split(",") if item.strip()]
-
-
-def _plugin_file(plugin: object) -> str | None:
-    try:
-        return inspect.getsourcefile(plugin if inspect.ismodule(plugin) else type(plugin))
-    except TypeError:
-        return None
-
-
-def _module_file(module: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(module.split(":")[0])
-    except Exception:  # the module itself may be what fails to import
-        return None
-    return spec.origin if spec is not None else None
-
-
-#: Values that cannot be plugins (``register_plugin(None)`` and the like).
-_NOT_PLUGINS: Final = (type(None), str, bytes, int, float, complex, list, tuple, dict, set, frozenset)
-
-
-def _describe_failure(exc: BaseException) -> str:
-    """One line saying why a plugin failed to load."""
-    if isinstance(exc, SystemExit):
-        return f"SystemExit({exc.code!r}): the plugin called sys.exit() or exit() while loading"
-    if isinstance(exc, PluginError):
-        return str(exc).split(": ", 1)[-1]
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _origin_of_entry_point(distribution: str | None) -> str:
-    return f'distribution "{distribution}"' if distribution else "no distribution"
 
 
 @final
@@ -184,8 +148,8 @@ class PluginManager:
 
     def _load_all(self) -> None:
         disabled = self._environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in _TRUE
-        allow = _env_list(self._environ, ENV_PLUGINS)
-        block = set(_env_list(self._environ, ENV_BLOCK))
+        allow = env_list(self._environ, ENV_PLUGINS)
+        block = set(env_list(self._environ, ENV_BLOCK))
         seen: set[tuple[str, str]] = set()
         names: set[str] = set()
         known: set[str | None] = set()
@@ -223,18 +187,18 @@ class PluginManager:
             plugin = ep.load()
             backend = self._register(plugin, ep.name, info.distribution, info.version)
         except (Exception, SystemExit) as exc:  # a plugin calling exit() must not end the program
-            message = _describe_failure(exc)
+            message = describe_failure(exc)
             info.status, info.error = "failed", message
             if self._pm.get_plugin(ep.name) is not None:
                 self._pm.unregister(name=ep.name)
             self._pm.set_blocked(ep.name)
             text = (
-                f'Error loading ampcore plugin "{ep.name}" ({_origin_of_entry_point(info.distribution)}, '
+                f'Error loading ampcore plugin "{ep.name}" ({origin_of_entry_point(info.distribution)}, '
                 f'entry point "{ep.value}"): {message}; the plugin was skipped'
             )
             if self.strict:
                 raise PluginError(ep.name, message, info.distribution) from exc
-            warn_at(text, PluginWarning, _module_file(ep.value))
+            warn_at(text, PluginWarning, module_file(ep.value))
             return
         info.backend = backend.name
         self._add_claim(backend)
@@ -248,7 +212,7 @@ class PluginManager:
         warn_at(f'ampcore plugin "{name}" broke the adapter contract: {message}', PluginWarning, None)
 
     def _register(self, plugin: object, name: str, distribution: str | None, version: str | None) -> Backend:
-        if isinstance(plugin, _NOT_PLUGINS):
+        if isinstance(plugin, NOT_PLUGINS):
             raise PluginError(
                 name,
                 f"expected a module or an object with @ampcore.hookimpl functions "
@@ -302,7 +266,7 @@ class PluginManager:
             raise AmpcoreError(
                 f"register_plugin(name={name!r}): expected a non-empty str, or None for the plugin's __name__"
             )
-        if isinstance(plugin, _NOT_PLUGINS):
+        if isinstance(plugin, NOT_PLUGINS):
             raise PluginError(
                 repr(plugin),
                 f"register_plugin({plugin!r}): expected a module or an object with @ampcore.hookimpl "

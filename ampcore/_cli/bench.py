@@ -41,7 +41,9 @@ class ProgressBar:
             return
         fraction = (self.done + step / total) / self.modes
         filled = int(fraction * self.width)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {fraction:4.0%} {mode:<15} step {step}/{total}")
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (self.width - filled)}] {fraction:4.0%} {mode:<15} step {step}/{total}"
+        )
         self.stream.flush()
         if step == total:
             self.done += 1
@@ -105,9 +107,11 @@ def format_result(result: BenchResult) -> str:
         )
     lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1))
     notes = [
-        "ms/step: median step time over the measured steps" + (" of all repeats" if result.repeats > 1 else "")
+        "ms/step: median step time over the measured steps"
+        + (" of all repeats" if result.repeats > 1 else "")
         + "; min-max: the fastest and slowest step"
-        + "; speed-up: fp32's ms/step over the mode's" + (" (in brackets: its range over the repeats)" if result.repeats > 1 else "")
+        + "; speed-up: fp32's ms/step over the mode's"
+        + (" (in brackets: its range over the repeats)" if result.repeats > 1 else "")
         + ". peak memory: growth of the device's peak use (host backends: resident set) during training "
         "('-': unavailable, the backend cannot measure it). "
         "loss scale: '-' where no loss scaling runs.",
@@ -121,7 +125,8 @@ def format_result(result: BenchResult) -> str:
     reasons = unreliable_reasons(result)
     if reasons:
         notes.append(
-            "WARNING: these speed-ups are unreliable: " + "; ".join(reasons)
+            "WARNING: these speed-ups are unreliable: "
+            + "; ".join(reasons)
             + ". Re-run on a quiet machine, or with --repeats 3 to see the spread."
         )
     wrapped = [textwrap.fill(note, WIDTH, break_on_hyphens=False) for note in notes]
@@ -144,12 +149,13 @@ def plot_result(result: BenchResult, path: str) -> None:
         ) from exc
     fig, (times, losses, deltas) = plt.subplots(1, 3, figsize=(15, 4.2))
     fp32 = next((r for r in result.results if r.mode == "fp32"), None)
-    for r, (style, marker) in zip(result.results, _STYLES):
+    for r, (style, marker) in zip(result.results, _STYLES, strict=False):
         kwargs = {"linestyle": style, "marker": marker, "markersize": 4, "label": r.mode}
         times.plot(range(result.warmup + 1, result.warmup + 1 + result.steps), r.step_ms[: result.steps], **kwargs)
         losses.plot(range(1, len(r.losses) + 1), r.losses, **kwargs)
         if fp32 is not None:
-            deltas.plot(range(1, len(r.losses) + 1), [a - b for a, b in zip(r.losses, fp32.losses)], **kwargs)
+            delta = [a - b for a, b in zip(r.losses, fp32.losses, strict=False)]
+            deltas.plot(range(1, len(r.losses) + 1), delta, **kwargs)
     times.set(title="step time" + (" (first repeat)" if result.repeats > 1 else ""), xlabel="step", ylabel="ms")
     losses.set(title="loss", xlabel="step", ylabel="MSE")
     deltas.set(title="loss minus fp32's loss", xlabel="step", ylabel="difference")
@@ -157,7 +163,10 @@ def plot_result(result: BenchResult, path: str) -> None:
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.legend()
         axis.grid(alpha=0.3)
-    fig.suptitle(f"ampcore bench: {result.backend} ({result.device_name}), {result.dtype}, 9 x Linear({result.size}), batch {result.batch}")
+    fig.suptitle(
+        f"ampcore bench: {result.backend} ({result.device_name}), {result.dtype}, "
+        f"9 x Linear({result.size}), batch {result.batch}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -176,7 +185,9 @@ def check_output_path(option: str, path: str) -> None:
         raise AmpcoreError(f"{where}: is a directory; give a file name, e.g. {target / 'bench.json'}")
     parent = target.parent
     if not parent.exists():
-        raise AmpcoreError(f"{where}: the directory {str(parent)!r} does not exist; create it first or choose another path")
+        raise AmpcoreError(
+            f"{where}: the directory {str(parent)!r} does not exist; create it first or choose another path"
+        )
     if not parent.is_dir():
         raise AmpcoreError(f"{where}: {str(parent)!r} is not a directory")
     if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
@@ -202,7 +213,9 @@ def _run(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError as exc:
-            raise AmpcoreError("ampcore bench --plot needs matplotlib, which is not installed: pip install 'ampcore[plot]'") from exc
+            raise AmpcoreError(
+                "ampcore bench --plot needs matplotlib, which is not installed: pip install 'ampcore[plot]'"
+            ) from exc
     progress = None if args.no_progress else ProgressBar(sys.stderr, len(settings.modes))
     result = run_bench(settings, on_step=progress)
     print(format_result(result))
@@ -230,18 +243,35 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--dtype", choices=["bfloat16", "float16"], default=None, help="default: the backend's")
     parser.add_argument("--size", type=int, default=None, help="input and output size of each Linear")
     parser.add_argument("--batch", type=int, default=None, help="batch size")
-    parser.add_argument("--steps", type=int, default=20, help="measured training steps per mode (default 20: the guide's 2 epochs of 10 batches)")
-    parser.add_argument("--warmup", type=int, default=0, help="unmeasured warm-up steps before the measured ones (default 0, as the guide)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="measured training steps per mode (default 20: the guide's 2 epochs of 10 batches)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="unmeasured warm-up steps before the measured ones (default 0, as the guide)",
+    )
     parser.add_argument(
         "--repeats", type=int, default=1,
         help="run all modes this many times, interleaved, and report the spread of the speed-ups (default 1)",
     )  # fmt: skip
     parser.add_argument(
-        "--modes", nargs="+", choices=MODES + EXTRA_MODES, default=list(MODES),
+        "--modes",
+        nargs="+",
+        choices=MODES + EXTRA_MODES,
+        default=list(MODES),
         help="modes to run (default: all but AMP-auto, level='auto', which runs when named)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write all measurements as JSON")
-    parser.add_argument("--plot", metavar="FILE.png", help="also draw step times, loss curves and their difference to fp32 (needs matplotlib)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw step times, loss curves and their difference to fp32 (needs matplotlib)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--in-process",

@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import torch
@@ -31,8 +31,18 @@ from .._backends.memory import (
 from .._backends.registry import resolve_device
 from .._errors import AmpcoreError
 from .._policy.registration import has_native_autocast
+from .results import BenchResult, ModeResult, add_speedups, load_average, merge_repeats, unreliable_reasons
 
-__all__ = ["EXTRA_MODES", "MODES", "BenchResult", "BenchSettings", "ModeResult", "default_sizes", "run_bench", "unreliable_reasons"]
+__all__ = [
+    "EXTRA_MODES",
+    "MODES",
+    "BenchResult",
+    "BenchSettings",
+    "ModeResult",
+    "default_sizes",
+    "run_bench",
+    "unreliable_reasons",
+]
 
 MODES: Final = ("fp32", "torch.autocast", "AMP-O1", "AMP-O2")
 #: Modes run only when asked for (``--modes``): ``AMP-auto`` is ``level="auto"`` with a GradScaler.
@@ -42,11 +52,6 @@ GUIDE_SIZES: Final = (8192, 2048)
 #: Scaled-down sizes for host-memory backends (CPU): a few minutes for all modes.
 HOST_SIZES: Final = (2048, 512)
 _GUIDE_NEEDS: Final = 16 * 2**30
-
-#: Load average per CPU above which the machine counts as busy.
-LOAD_LIMIT: Final = 0.5
-#: Relative spread (step-time interquartile range / median; repeat speed-ups) that counts as wide.
-SPREAD_LIMIT: Final = 0.25
 
 StepCallback = Callable[[str, int, int], None]
 
@@ -71,50 +76,6 @@ class BenchSettings:
     repeats: int = 1
 
 
-@dataclass
-class ModeResult:
-    """One mode's measurements (times in milliseconds, memory in bytes)."""
-
-    mode: str
-    ms_per_step: float
-    step_ms: list[float]
-    losses: list[float]
-    final_loss: float
-    peak_memory: int | None
-    loss_scale: float | None
-    #: fp32's ms/step over this mode's (None when fp32 was not run)
-    speedup: float | None = 1.0
-    #: median step time of each repeat (one entry per repeat)
-    repeat_ms: list[float] = field(default_factory=list)
-    #: the fastest and slowest per-repeat speed-up (None with one repeat)
-    speedup_range: list[float] | None = None
-
-
-@dataclass
-class BenchResult:
-    """Everything ``ampcore bench`` prints or writes as JSON."""
-
-    backend: str
-    device_name: str
-    dtype: str
-    size: int
-    batch: int
-    steps: int
-    warmup: int
-    lr: float
-    versions: dict[str, str]
-    results: list[ModeResult] = field(default_factory=list)
-    repeats: int = 1
-    #: the 1-minute load average when the run started and the CPUs it is shared by (None: unknown)
-    load_average: float | None = None
-    cpus: int | None = None
-    #: who provides the device's autocast: "native" (its own kernels) or "ampcore"
-    autocast_provider: str = "native"
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 class SeedNet(nn.Module):
     """The guide's network: 9 ``Linear(size, size)`` layers in a row."""
 
@@ -134,7 +95,14 @@ def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
     return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
 
 
-def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: BenchSettings, dtype: torch.dtype, backend: Backend) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
+def _setup(
+    mode: str,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    settings: BenchSettings,
+    dtype: torch.dtype,
+    backend: Backend,
+) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
     import ampcore
 
     device = settings.device
@@ -162,7 +130,16 @@ def _setup(mode: str, model: nn.Module, opt: torch.optim.Optimizer, settings: Be
     raise AmpcoreError(f"ampcore bench: unknown mode {mode!r}; valid modes: {', '.join(MODES + EXTRA_MODES)}")
 
 
-def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+def _run_mode(
+    mode: str,
+    settings: BenchSettings,
+    backend: Backend,
+    index: int,
+    dtype: torch.dtype,
+    size: int,
+    batch: int,
+    on_step: StepCallback | None,
+) -> ModeResult:
     device = torch.device(backend.device_type, index)
     torch.manual_seed(settings.seed)
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
@@ -210,12 +187,20 @@ def _run_mode(mode: str, settings: BenchSettings, backend: Backend, index: int, 
     )
 
 
-def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int) -> None:
+def _worker(
+    queue: Any, mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int
+) -> None:
     """Entry point of an isolated mode's process: streams progress, then the result."""
     try:
         resolved = resolve_device(device)
         result = _run_mode(
-            mode, settings, resolved.backend, resolved.index or 0, dtype, size, batch,
+            mode,
+            settings,
+            resolved.backend,
+            resolved.index or 0,
+            dtype,
+            size,
+            batch,
             lambda m, step, total: queue.put(("step", m, step, total)),
         )
         queue.put(("result", asdict(result)))
@@ -223,7 +208,15 @@ def _worker(queue: Any, mode: str, settings: BenchSettings, device: str, dtype: 
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _run_isolated(mode: str, settings: BenchSettings, device: str, dtype: torch.dtype, size: int, batch: int, on_step: StepCallback | None) -> ModeResult:
+def _run_isolated(
+    mode: str,
+    settings: BenchSettings,
+    device: str,
+    dtype: torch.dtype,
+    size: int,
+    batch: int,
+    on_step: StepCallback | None,
+) -> ModeResult:
     import multiprocessing
     import queue as queues
 
@@ -284,7 +277,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
         lr=settings.lr,
         versions={"ampcore": __version__, "torch": torch.__version__, "python": platform.python_version()},
     )
-    result.repeats, result.load_average, result.cpus = settings.repeats, _load_average(), os.cpu_count()
+    result.repeats, result.load_average, result.cpus = settings.repeats, load_average(), os.cpu_count()
     result.autocast_provider = "native" if has_native_autocast(backend.device_type) else "ampcore"
     runs: dict[str, list[ModeResult]] = {mode: [] for mode in settings.modes}
     for _ in range(settings.repeats):  # interleaved: a slow spell of the machine hits every mode
@@ -294,8 +287,8 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
                 runs[mode].append(_run_isolated(mode, settings, device, dtype, size, batch, on_step))
             else:
                 runs[mode].append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
-    result.results = [_merge(runs[mode]) for mode in settings.modes]
-    _add_speedups(result.results, settings.repeats)
+    result.results = [merge_repeats(runs[mode]) for mode in settings.modes]
+    add_speedups(result.results, settings.repeats)
     return result
 
 
@@ -314,73 +307,3 @@ def _check_settings(settings: BenchSettings) -> None:
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise AmpcoreError(f"ampcore bench: --{name} must be a positive integer (got {value})")
-
-
-def _add_speedups(results: list[ModeResult], repeats: int) -> None:
-    """Each mode's speed-up over fp32 (and its range over the repeats)."""
-    reference = next((r for r in results if r.mode == "fp32"), None)
-    for r in results:
-        r.speedup = reference.ms_per_step / r.ms_per_step if reference else None
-        if reference and r is not reference and repeats > 1:
-            ratios = [f / m for f, m in zip(reference.repeat_ms, r.repeat_ms)]
-            r.speedup_range = [min(ratios), max(ratios)]
-
-
-def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not available on this platform
-        return None
-
-
-def _merge(runs: list[ModeResult]) -> ModeResult:
-    """One mode's repeats as one result: all measured steps pooled, each repeat's median kept."""
-    first = runs[0]
-    if len(runs) == 1:
-        return first
-    steps = [ms for run in runs for ms in run.step_ms]
-    peaks = [run.peak_memory for run in runs if run.peak_memory is not None]
-    return ModeResult(
-        mode=first.mode,
-        ms_per_step=statistics.median(steps),
-        step_ms=steps,
-        losses=first.losses,
-        final_loss=first.final_loss,
-        peak_memory=max(peaks) if peaks else None,
-        loss_scale=first.loss_scale,
-        repeat_ms=[run.ms_per_step for run in runs],
-    )
-
-
-def unreliable_reasons(result: BenchResult) -> list[str]:
-    """Why the speed-ups of ``result`` should not be trusted (empty when nothing speaks against them).
-
-    A busy machine (load average above half the CPUs when the run started), step times that
-    spread widely within a mode (interquartile range above a quarter of the median), or
-    repeats whose speed-ups disagree by more than 25%.
-
-    Example::
-
-        >>> r = BenchResult("cpu", "cpu", "bfloat16", 8, 2, 3, 0, 1e-4, {}, load_average=7.5, cpus=2)
-        >>> unreliable_reasons(r)
-        ['the machine was busy (load average 7.50 on 2 CPUs at the start)']
-    """
-    reasons = []
-    if result.load_average is not None and result.cpus and result.load_average > LOAD_LIMIT * result.cpus:
-        reasons.append(f"the machine was busy (load average {result.load_average:.2f} on {result.cpus} CPUs at the start)")
-    spread = []
-    for r in result.results:
-        if len(r.step_ms) >= 4:
-            q1, _, q3 = statistics.quantiles(r.step_ms, n=4)
-            if q3 - q1 > SPREAD_LIMIT * r.ms_per_step:
-                spread.append(r.mode)
-    if spread:
-        reasons.append(f"step times spread widely in {', '.join(spread)} (quartiles more than {SPREAD_LIMIT:.0%} of the median apart)")
-    disagree = [
-        f"{r.mode} {r.speedup_range[0]:.2f}-{r.speedup_range[1]:.2f}x"
-        for r in result.results
-        if r.speedup_range and r.speedup_range[1] > (1 + SPREAD_LIMIT) * r.speedup_range[0]
-    ]
-    if disagree:
-        reasons.append(f"the repeats disagree ({', '.join(disagree)})")
-    return reasons

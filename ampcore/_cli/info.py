@@ -177,7 +177,9 @@ def _wrapped(items: Sequence[str], width: int | None, hanging: int) -> list[str]
         first = textwrap.wrap(lines[0], width, initial_indent="  ", subsequent_indent=indent, break_on_hyphens=False)
         out += first
         for line in lines[1:]:
-            out += textwrap.wrap(line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+            out += textwrap.wrap(
+                line.strip(), width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False
+            )
     return out
 
 

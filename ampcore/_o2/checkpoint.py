@@ -163,9 +163,9 @@ class OptimizerCheckpointHooks:
     def _indexed(self, packed_groups: Iterable[Mapping[str, Any]]) -> Iterator[tuple[int, torch.Tensor]]:
         """(index in the packed state dict, weight), in group order."""
         groups = self.weights.optimizer.param_groups
-        for group, packed in zip(groups, packed_groups):
+        for group, packed in zip(groups, packed_groups, strict=False):
             params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
-            for param, index in zip(params, packed["params"]):
+            for param, index in zip(params, packed["params"], strict=False):
                 if param.is_floating_point():
                     yield index, param
 
@@ -237,7 +237,9 @@ def _checked_load(inner: Callable[..., Any] | None) -> Callable[..., Any]:
 
 def _check_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: object) -> None:
     where = f"{type(optimizer).__name__}.load_state_dict()"
-    expected = "expected the dict of the optimizer's state_dict() ({'state': ..., 'param_groups': [...]}); nothing was loaded"
+    expected = (
+        "expected the dict of the optimizer's state_dict() ({'state': ..., 'param_groups': [...]}); nothing was loaded"
+    )
     if not isinstance(state_dict, Mapping):
         raise AmpcoreError(f"{where}: got {_short(state_dict)}; {expected}")
     missing = [key for key in ("state", "param_groups") if key not in state_dict]
@@ -247,7 +249,10 @@ def _check_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: object)
     if not isinstance(state_dict["state"], Mapping) or not isinstance(groups, (list, tuple)):
         raise AmpcoreError(f"{where}: 'state' must be a dict and 'param_groups' a list; {expected}")
     ours = optimizer.param_groups
-    sizes = [len(g["params"]) if isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) else None for g in groups]
+    sizes = [
+        len(g["params"]) if isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) else None
+        for g in groups
+    ]
     own = [len(dict.__getitem__(g, "params")) for g in ours]
     if sizes != own:
         raise AmpcoreError(

@@ -25,7 +25,7 @@ def convert_models(
     optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     records = [DecoratedModel(request.low, request.save_dtype, request.master_grad) for _ in plans]
     islands = _Islands(request.resolved, request.low)
-    for plan, record in zip(plans, records):
+    for plan, record in zip(plans, records, strict=True):
         _convert(plan, record, request.low, request.master_weight, optimized)
         _install_hooks(plan, record, request.low, islands)
     return records
@@ -82,7 +82,10 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
         if module._parameters or module._buffers:
             ModuleCheckpointHooks(record, plan.original.get(module, {})).register(module)
     owners = [
-        (m, name, param) for m, names in plan.original.items() for name in names if (param := m._parameters.get(name)) is not None
+        (m, name, param)
+        for m, names in plan.original.items()
+        for name in names
+        if (param := m._parameters.get(name)) is not None
     ]
     plan.model.register_forward_pre_hook(RefuseSharded(owners))
     if not plan.root_kept:

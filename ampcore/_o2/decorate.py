@@ -75,55 +75,35 @@ def decorate(
     master_grad: bool = False,
     cast_buffers: bool = False,
 ) -> Any:
-    """Prepare models (and their optimizers) for mixed precision at ``level``.
+    """Prepare models (and their optimizers) for mixed precision at ``level`` (docs/o2.md).
 
-    Levels O0, OD and O1 change nothing (the op side is :class:`ampcore.autocast`) and return
-    the arguments as given.  At ``"O2"`` the parameters go to ``dtype`` except in norm
-    layers (torch's, norm-like classes of other libraries such as ``LlamaRMSNorm``, and
-    types given to :func:`ampcore.register_fp32_module`) and ``excluded_layers`` (see
-    docs/o2.md); floating buffers keep their dtype unless ``cast_buffers``; the models' floating
-    inputs are cast to ``dtype`` at forward, and with ``master_weight=True`` each optimizer
-    updates fp32 master copies from which the low-precision parameters are refreshed after
-    every step.  The objects are changed in place and keep their types.
-
-    Decorate *before* wrapping a model in DistributedDataParallel, and run the forward pass
-    under ``ampcore.autocast(level="O2")``.
+    O0, OD and O1 return the arguments unchanged.  O2 casts parameters to ``dtype`` except
+    norm layers, :func:`ampcore.register_fp32_module` types and ``excluded_layers``, casts
+    floating inputs at forward, and (``master_weight``) steps fp32 master copies.  In place;
+    decorate before DistributedDataParallel; run forward under ``ampcore.autocast(level="O2")``.
 
     Args:
         models: a module, or a list/tuple of modules.
-        optimizers: ``None``, an optimizer, or a list/tuple of optimizers; every parameter
-            they hold must belong to ``models``.
+        optimizers: ``None``, an optimizer or a list/tuple of them, holding only ``models``' parameters.
         level: ``"O0"``, ``"OD"``, ``"O1"`` or ``"O2"`` (Paddle's lower-case spelling works).
-        dtype: the low-precision dtype (``torch.bfloat16`` or a name such as ``"bfloat16"``,
-            ``"bf16"``, ``"float16"``); ``None`` takes the backend's default.
-        device: the backend (``"cuda"``, ``"cpu"``, ...); ``None`` takes the backend of the
-            device the models' parameters are on.
-        master_weight: keep fp32 master weights for the optimizers (O2).
-        keep_norm_fp32: keep LayerNorm-, GroupNorm-, InstanceNorm- and RMSNorm-like layers
-            in float32; ``None`` asks the backend (default: for float16 only).
-            BatchNorm-like layers always stay float32.
-        excluded_layers: modules (instances or types) that stay float32 and run as float32
-            islands (autocast off inside).
-        save_dtype: dtype of every floating entry of ``model.state_dict()``; ``None`` saves
-            the fp32 masters and other entries in their dtype before decorate.
-        master_grad: backward produces float32 gradients, shared by model and optimizer
-            (accumulation, unscaling, clipping and the update all in float32).  Not with
-            DistributedDataParallel.
-        cast_buffers: also cast floating buffers (outside kept and excluded layers) to
-            ``dtype``.  ``False`` (default) leaves them as they are: rotary frequencies,
-            running statistics and position tables are constants that low precision makes
-            wrong.
+        dtype: the low-precision dtype or its name (``"bf16"``...); ``None``: the backend's default.
+        device: the backend; ``None``: the backend of the device the parameters are on.
+        master_weight: keep fp32 master weights for the optimizers.
+        keep_norm_fp32: keep LayerNorm/GroupNorm/InstanceNorm/RMSNorm-like layers float32
+            (``None``: for float16 only); BatchNorm-like layers always stay float32.
+        excluded_layers: modules or module types kept float32, run as float32 islands.
+        save_dtype: dtype of floating ``state_dict()`` entries; ``None``: the fp32 masters and
+            the other entries in their dtype before decorate.
+        master_grad: float32 gradients shared by model and optimizer (not with DDP).
+        cast_buffers: also cast floating buffers (default: left as they are: rotary tables and
+            running statistics are constants that low precision makes wrong).
 
     Returns:
-        ``models`` when ``optimizers`` is None, else ``(models, optimizers)``, in the shapes
-        they were given.
+        ``models`` when ``optimizers`` is None, else ``(models, optimizers)``, shaped as given.
 
     Raises:
-        AmpcoreError: invalid arguments, a model already decorated, already wrapped in
-            DistributedDataParallel or already sharded by FSDP2's ``fully_shard`` (sharding
-            a decorated model raises at its first forward: with FSDP2 use its
-            ``MixedPrecisionPolicy`` and ``ampcore.autocast``), an optimizer holding foreign
-            parameters, a dtype the backend cannot run.  Nothing is changed when it raises.
+        AmpcoreError: invalid arguments; a model already decorated, wrapped in DDP or sharded
+            by FSDP2; foreign parameters; a dtype the backend cannot run.  Nothing changes then.
 
     Example::
 
@@ -131,11 +111,8 @@ def decorate(
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
-        >>> model[0].weight.dtype, model[1].weight.dtype, opt.param_groups[0]["params"][0].dtype
-        (torch.bfloat16, torch.bfloat16, torch.float32)
-        >>> with ampcore.autocast(device="cpu", level="O2"):
-        ...     loss = model(torch.randn(2, 4)).float().pow(2).mean()
-        >>> loss.backward(); opt.step(); opt.zero_grad()
+        >>> model[0].weight.dtype, opt.param_groups[0]["params"][0].dtype
+        (torch.bfloat16, torch.float32)
     """
     request = validate(
         models, optimizers, level, dtype, device, master_weight, keep_norm_fp32, excluded_layers, save_dtype,
@@ -143,6 +120,11 @@ def decorate(
     )  # fmt: skip
     if request.level != "O2":
         return models if optimizers is None else (models, optimizers)
+    return _decorate_o2(request, models, optimizers)
+
+
+def _decorate_o2(request: DecorateRequest, models: Any, optimizers: Any) -> Any:
+    """Level O2: plan -> vendor offer -> convert -> install, on a validated request."""
     check_o2(request)
     plans = _plan(request)
     out_models, out_opts = list(request.models), list(request.optimizers)
@@ -152,7 +134,7 @@ def decorate(
     # -- nothing has changed up to here; from here on, only conversion --------------------
     records = convert_models(request, plans, opt_list)
     install_masters(request, records, opt_list)
-    for model, record in zip(model_list, records):
+    for model, record in zip(model_list, records, strict=True):
         record.attach(model)
     models = _reshaped(models, out_models)
     return models if optimizers is None else (models, _reshaped(optimizers, out_opts))

@@ -32,7 +32,7 @@ __all__ = ["CopiedGrads", "GradientMode", "LowGradsWhenExact", "SharedFp32Grads"
 class GradientMode(ABC):
     """The gradient strategy of one :class:`~ampcore._o2.master.MasterWeights`."""
 
-    def install(self, pairs: list[MasterPair]) -> None:
+    def install(self, pairs: list[MasterPair]) -> None:  # noqa: B027 - a do-nothing default, not abstract
         """Prepare the parameters when decorate installs the masters (default: nothing)."""
 
     @abstractmethod

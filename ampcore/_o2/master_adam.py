@@ -135,7 +135,7 @@ def _adam_function() -> Any:
 
 def _state(optimizer: torch.optim.Optimizer, group: Mapping[str, Any], param: torch.Tensor) -> dict[str, Any]:
     """``optimizer.state[param]``, created on first use exactly as ``Adam._init_group`` does."""
-    state = optimizer.state[param]
+    state: dict[str, Any] = optimizer.state[param]
     if len(state) == 0:
         from torch.optim.optimizer import _get_scalar_dtype
 

@@ -161,7 +161,8 @@ class GradScaler(PaddleScalerMethods):
         Python values, the kernels are chosen again for the copy."""
         if self._records:
             raise AmpcoreError(
-                f"{_CALL} may only be pickled or copied at the beginning of an iteration, or at the end after scaler.update()."
+                f"{_CALL} may only be pickled or copied at the beginning of an iteration, "
+                "or at the end after scaler.update()."
             )
         if self._process_group is not None:
             raise AmpcoreError(f"{_CALL}(process_group=...) cannot be pickled or copied: a process group cannot be")
@@ -375,5 +376,9 @@ class GradScaler(PaddleScalerMethods):
             return ""
         return f", and the loss scale fell to {self.get_scale():g} (init_scale {options.init_scale:g})"
 
-    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool) -> torch.Tensor:
-        return self._kernels.unscale_optimizer_(optimizer, inv_scale, allow_fp16, self._process_group, self._sync_found_inf)
+    def _unscale_grads_(
+        self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool
+    ) -> torch.Tensor:
+        return self._kernels.unscale_optimizer_(
+            optimizer, inv_scale, allow_fp16, self._process_group, self._sync_found_inf
+        )

@@ -8,7 +8,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from .._errors import AmpcoreError, closest
 from .._validate import check_bool
@@ -67,7 +67,7 @@ def accepts_paddle_option_names(init: Callable[Concatenate[S, P], None]) -> Call
                 )
             translated[canonical] = value
         try:
-            init(self, *args, **translated)  # type: ignore[arg-type]
+            init(self, *args, **translated)
         except AmpcoreError as exc:
             aliases = [(name, PADDLE_OPTION_NAMES[name]) for name in kwargs if name in PADDLE_OPTION_NAMES]
             named = [(alias, target) for alias, target in aliases if f"{target}=" in str(exc)]
@@ -76,7 +76,7 @@ def accepts_paddle_option_names(init: Callable[Concatenate[S, P], None]) -> Call
             note = "; ".join(f"{alias} is Paddle's name for {target}" for alias, target in named)
             raise AmpcoreError(f"{exc} ({note})") from None
 
-    return wrapper
+    return cast("Callable[Concatenate[S, P], None]", wrapper)  # functools.wraps types it as _Wrapped
 
 
 def check_number(call: str, name: str, value: object, *, allow_none: bool = False) -> float | None:

@@ -131,7 +131,9 @@ class ScaleStore:
         """The settings, scale and counters as Python values (reads the device)."""
         tensors = self.tensors
         if tensors is None:
-            return ScalerState(self.options, self.pending.scale, self.pending.growth_tracker, self.pending.overflow_tracker)
+            return ScalerState(
+                self.options, self.pending.scale, self.pending.growth_tracker, self.pending.overflow_tracker
+            )
         return ScalerState(
             self.options,
             float(tensors.scale.item()),

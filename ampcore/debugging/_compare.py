@@ -118,7 +118,15 @@ class AccuracyReport:
         first = self.first_bad
         header = ("rank", "module", "rel error", "abs error", "fp32 run", "AMP run", "calls")
         cells = [header] + [
-            (str(rank), row.name, f"{row.max_rel_error:.3g}", f"{row.max_abs_error:.3g}", row.ref_dtype, row.amp_dtype, str(row.calls))
+            (
+                str(rank),
+                row.name,
+                f"{row.max_rel_error:.3g}",
+                f"{row.max_abs_error:.3g}",
+                row.ref_dtype,
+                row.amp_dtype,
+                str(row.calls),
+            )
             for rank, row in enumerate(rows, 1)
         ]
         table = format_table(cells, "rlrrrrr", rule=None, min_widths=(4, 0, 10, 10, 9, 9, 5))
@@ -127,7 +135,7 @@ class AccuracyReport:
             f"(max relative error, threshold {self.threshold:g})"
         )
         lines = [title, table[0]]
-        for line, row in zip(table[1:], rows):
+        for line, row in zip(table[1:], rows, strict=True):
             mark = "  <- first over threshold" if row is first else ""
             note = f"  ({row.note})" if row.note else ""
             lines.append(f"{line}{mark}{note}")
@@ -207,7 +215,7 @@ class _Recorder:
     def _compare(self, key: Key, refs: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         rel = err = 0.0
         note = "" if len(refs) == len(tensors) else f"{len(refs)} float32 outputs vs {len(tensors)} under AMP"
-        for ref, amp in zip(refs, tensors):
+        for ref, amp in zip(refs, tensors, strict=False):
             if ref.shape != amp.shape:
                 note, rel, err = f"shape {tuple(ref.shape)} vs {tuple(amp.shape)}", float("inf"), float("inf")
                 continue
@@ -317,7 +325,9 @@ def compare_accuracy(
     """
     call = "compare_accuracy"
     _check_arguments(call, model, amp_model, per_op, threshold)
-    reference, amp = _regions(call, _infer_device(inputs, model) if device is None else device, dtype, level, autocast_kwargs)
+    reference, amp = _regions(
+        call, _infer_device(inputs, model) if device is None else device, dtype, level, autocast_kwargs
+    )
     amp_model = model if amp_model is None else amp_model
     _warn_if_training(call, model, amp_model)
     recorder = _run_both(model, amp_model, inputs, per_op, reference, amp)

@@ -69,7 +69,9 @@ class OperatorStats:
         rows = [("op", *(_HEADERS[b] for b in BUCKETS))]
         rows += [(op, *(str(self.counts[op][b]) for b in BUCKETS)) for op in ops]
         rows.append(("total", *(str(self.total(b)) for b in BUCKETS)))
-        lines = format_table(rows, "l" + "r" * len(BUCKETS), sep=" | ", rule="line", min_widths=[0, *[12] * len(BUCKETS)])
+        lines = format_table(
+            rows, "l" + "r" * len(BUCKETS), sep=" | ", rule="line", min_widths=[0, *[12] * len(BUCKETS)]
+        )
         return "\n".join(lines)
 
     def print(self, file: TextIO | None = None) -> None:

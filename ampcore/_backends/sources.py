@@ -1,0 +1,48 @@
+"""Where a plugin comes from and why it failed: small helpers of the plugin manager."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from collections.abc import Mapping
+from typing import Final
+
+from .._errors import PluginError
+
+__all__ = ["NOT_PLUGINS", "describe_failure", "env_list", "module_file", "origin_of_entry_point", "plugin_file"]
+
+
+def env_list(environ: Mapping[str, str], key: str) -> list[str]:
+    return [item.strip() for item in environ.get(key, "").split(",") if item.strip()]
+
+
+def plugin_file(plugin: object) -> str | None:
+    try:
+        return inspect.getsourcefile(plugin if inspect.ismodule(plugin) else type(plugin))
+    except TypeError:
+        return None
+
+
+def module_file(module: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(module.split(":")[0])
+    except Exception:  # the module itself may be what fails to import
+        return None
+    return spec.origin if spec is not None else None
+
+
+#: Values that cannot be plugins (``register_plugin(None)`` and the like).
+NOT_PLUGINS: Final = (type(None), str, bytes, int, float, complex, list, tuple, dict, set, frozenset)
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line saying why a plugin failed to load."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit({exc.code!r}): the plugin called sys.exit() or exit() while loading"
+    if isinstance(exc, PluginError):
+        return str(exc).split(": ", 1)[-1]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def origin_of_entry_point(distribution: str | None) -> str:
+    return f'distribution "{distribution}"' if distribution else "no distribution"
