@@ -5,7 +5,7 @@
     python docs/gen_oplists.py --check   # exit 1 when the section is out of date
 
 The section lies between the two ``GENERATED OP LISTS`` markers; the prose around it is
-written by hand.  ``tests/test_oplists.py`` fails when it is stale.
+written by hand.  ``tests/policy/test_oplists.py`` fails when it is stale.
 """
 
 from __future__ import annotations

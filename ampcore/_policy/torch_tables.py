@@ -15,7 +15,7 @@ registered operator overload (``"mm"``, ``"softmax.int"``) with its cast policy:
 * ``banned``: raises (``binary_cross_entropy`` on CUDA and XPU).
 
 Membership is checked against the dispatcher of the installed torch by
-``tests/test_oplists.py`` (``torch._C._dispatch_get_registrations_for_dispatch_key``), so a
+``tests/policy/test_oplists.py`` (``torch._C._dispatch_get_registrations_for_dispatch_key``), so a
 torch upgrade that changes the lists fails that test instead of drifting silently.
 Policies were read from the torch sources of the 2.x series matching torch 2.13's
 registrations.

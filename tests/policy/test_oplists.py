@@ -213,7 +213,7 @@ def test_generated_tables_in_docs_are_up_to_date() -> None:
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "docs" / "gen_oplists.py"
+    script = Path(__file__).resolve().parents[2] / "docs" / "gen_oplists.py"
     spec = importlib.util.spec_from_file_location("gen_oplists", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

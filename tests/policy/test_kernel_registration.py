@@ -22,7 +22,7 @@ except ImportError:  # before issue 10
     registered_keys = lambda: True  # noqa: E731
 
 BF16, FP32 = torch.bfloat16, torch.float32
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
