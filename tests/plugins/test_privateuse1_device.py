@@ -136,3 +136,35 @@ def test_plain_torch_autocast_does_not_depend_on_earlier_ampcore_regions() -> No
     assert done.returncode == 0, done.stderr
     before, after = done.stdout.split()
     assert before == after, f"plain torch.autocast mm: {before} before an ampcore region, {after} after it"
+
+
+# -- level="auto": the template's cost model -------------------------------------------------
+
+
+def _linear(features: int, rows: int, grad: bool = True) -> str:
+    return f"Linear(in_features={features}, out_features={features}, bias=True) in=[{rows}x{features}] {'grad' if grad else 'no-grad'}"
+
+
+def test_acme_cost_model_chooses_low_precision_only_where_it_pays() -> None:
+    import torch
+
+    from ampcore._auto._costs import decide
+    from ampcore._auto._hooks import adapter_costs
+    from ampcore_acme import plugin
+
+    class Backend:  # what ampcore's auto planner asks: the plugin's own hook
+        plugin_name, distribution = "acme", "ampcore-acme"
+
+        @staticmethod
+        def hook(name: str) -> Any:
+            return getattr(plugin, name)
+
+    big = adapter_costs(Backend, _linear(4096, 4096), torch.float16)
+    tiny = adapter_costs(Backend, _linear(16, 16), torch.float16)
+    assert big is not None and tiny is not None
+    assert decide(big) == "low" and decide(tiny) == "fp32"  # launches of the casts dominate tiny layers
+    forward = plugin.linear_costs(_linear(1024, 512, grad=False), torch.float16)
+    training = plugin.linear_costs(_linear(1024, 512), torch.float16)
+    assert forward is not None and training is not None and forward["fp32_ms"] < training["fp32_ms"]
+    assert plugin.linear_costs(_linear(64, 64), torch.float32) is None  # not on the sheet: measure
+    assert plugin.linear_costs("Conv2d(3, 8, kernel_size=(3, 3)) in=[8x3x32x32] grad", torch.float16) is None

@@ -47,9 +47,7 @@ FIRST_PARTY = (
 )
 
 #: Hooks no first-party backend or template implements yet, with the reason.
-NOT_IMPLEMENTED_YET = {
-    "ampcore_auto_costs": "level='auto' cost tables: no first-party backend has a cost model (documented in the template)",
-}
+NOT_IMPLEMENTED_YET: dict[str, str] = {}
 
 
 def _hooks() -> list[str]:

@@ -28,7 +28,9 @@ every situation a vendor can be in.  A real adapter has no such switch.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -123,6 +125,67 @@ def ampcore_synchronize(device_index: int) -> None:
     # torch.accelerator.synchronize() is unsupported for a device registered from Python;
     # ask your own runtime (torch.acme.synchronize() here: nothing to wait for).
     torch.acme.synchronize(device_index)  # type: ignore[attr-defined]
+
+
+# -- level="auto": costs from a cost model instead of ampcore's micro-benchmarks --------------
+
+#: The sustained figures of the (fictional) acme chip that the cost model below reads.  In
+#: your copy: your chip's datasheet or profiler numbers.  (The test device itself runs the
+#: host CPU's kernels, so these describe the chip a vendor would ship, not this machine.)
+DATASHEET: Final[Mapping[str, object]] = {
+    "fp32_tflops": 20.0,
+    "low_tflops": {torch.float16: 80.0, torch.bfloat16: 80.0},
+    "bandwidth_gbs": 400.0,
+    "launch_us": 5.0,  # fixed cost of one kernel launch
+}
+
+_LINEAR: Final = re.compile(
+    r"Linear\(in_features=(\d+), out_features=(\d+), bias=(?:True|False)\) in=\[(\d+(?:x\d+)*)(?::\w+)?\] (grad|no-grad)"
+)
+
+
+def linear_costs(shape_class: str, dtype: torch.dtype, sheet: Mapping[str, object] = DATASHEET) -> dict[str, float] | None:
+    """Roofline costs (ms) of one ``nn.Linear`` shape class on the chip of ``sheet``.
+
+    Each of forward, and with ``grad`` the two backward matmuls, takes the longer of its
+    compute (2 flops per multiply-add at the dtype's throughput) and its memory traffic
+    (input, weight and output at the dtype's width), plus one kernel launch; the
+    low-precision path also pays two cast kernels, of input and weight (read float32, write
+    low precision), which small layers do not earn back.  ``None`` (let ampcore
+    measure) for other module kinds, several inputs, or a dtype the sheet does not list.
+
+    Example::
+
+        >>> big = linear_costs("Linear(in_features=4096, out_features=4096, bias=True) in=[4096x4096] grad", torch.float16)
+        >>> big["low_ms"] < big["fp32_ms"]
+        True
+        >>> tiny = linear_costs("Linear(in_features=16, out_features=16, bias=True) in=[16x16] grad", torch.float16)
+        >>> tiny["low_ms"] > tiny["fp32_ms"]
+        True
+        >>> linear_costs("Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1)) in=[8x4x32x32] grad", torch.float16) is None
+        True
+    """
+    match = _LINEAR.fullmatch(shape_class)
+    low_tflops = dict(sheet["low_tflops"]).get(dtype)  # type: ignore[call-overload]
+    if match is None or low_tflops is None:
+        return None
+    features_in, features_out = int(match[1]), int(match[2])
+    rows = math.prod(int(d) for d in match[3].split("x")[:-1])
+    passes = 3 if match[4] == "grad" else 1
+    flops = 2.0 * rows * features_in * features_out * passes
+    elements = (rows * features_in + features_in * features_out + rows * features_out) * passes
+    bandwidth = float(sheet["bandwidth_gbs"]) * 1e9  # type: ignore[arg-type]
+    launch_ms = float(sheet["launch_us"]) * 1e-3  # type: ignore[arg-type]
+    fp32_tflops = float(sheet["fp32_tflops"])  # type: ignore[arg-type]
+    fp32_ms = max(flops / (fp32_tflops * 1e12), elements * 4 / bandwidth) * 1e3 + passes * launch_ms
+    cast_ms = (rows * features_in + features_in * features_out) * (4 + 2) / bandwidth * 1e3 + 2 * launch_ms
+    low_ms = max(flops / (low_tflops * 1e12), elements * 2 / bandwidth) * 1e3 + passes * launch_ms + cast_ms
+    return {"fp32_ms": fp32_ms, "low_ms": low_ms, "cast_ms": cast_ms}
+
+
+@hookimpl
+def ampcore_auto_costs(shape_class: str, dtype: torch.dtype) -> Mapping[str, float] | None:
+    return linear_costs(shape_class, dtype)
 
 
 # The memory hook (ampcore_memory) is left out: the test device cannot measure memory, so
