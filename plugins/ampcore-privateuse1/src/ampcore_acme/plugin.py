@@ -140,11 +140,14 @@ DATASHEET: Final[Mapping[str, object]] = {
 }
 
 _LINEAR: Final = re.compile(
-    r"Linear\(in_features=(\d+), out_features=(\d+), bias=(?:True|False)\) in=\[(\d+(?:x\d+)*)(?::\w+)?\] (grad|no-grad)"
+    r"Linear\(in_features=(\d+), out_features=(\d+), bias=(?:True|False)\) "
+    r"in=\[(\d+(?:x\d+)*)(?::\w+)?\] (grad|no-grad)"
 )
 
 
-def linear_costs(shape_class: str, dtype: torch.dtype, sheet: Mapping[str, object] = DATASHEET) -> dict[str, float] | None:
+def linear_costs(
+    shape_class: str, dtype: torch.dtype, sheet: Mapping[str, object] = DATASHEET
+) -> dict[str, float] | None:
     """Roofline costs (ms) of one ``nn.Linear`` shape class on the chip of ``sheet``.
 
     Each of forward, and with ``grad`` the two backward matmuls, takes the longer of its
@@ -156,7 +159,8 @@ def linear_costs(shape_class: str, dtype: torch.dtype, sheet: Mapping[str, objec
 
     Example::
 
-        >>> big = linear_costs("Linear(in_features=4096, out_features=4096, bias=True) in=[4096x4096] grad", torch.float16)
+        >>> layer = "Linear(in_features=4096, out_features=4096, bias=True)"
+        >>> big = linear_costs(f"{layer} in=[4096x4096] grad", torch.float16)
         >>> big["low_ms"] < big["fp32_ms"]
         True
         >>> tiny = linear_costs("Linear(in_features=16, out_features=16, bias=True) in=[16x16] grad", torch.float16)
