@@ -222,7 +222,7 @@ def run_pytest(args: list[str]) -> Stage:
 #: The lint stage's commands (venv tools; configured in pyproject.toml's [tool.ruff] and
 #: [tool.mypy]): any finding fails the stage.
 LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
-    ("ruff", "check", "ampcore", "backends"),
+    ("ruff", "check", "ampcore", "backends", "conformance_tests", "plugins"),
     ("mypy", "--strict", "ampcore"),
 )
 #: Their closing lines: ruff's "All checks passed!" / "Found 3 errors.", mypy's

@@ -11,13 +11,13 @@ from typing import Any, Final
 
 import pytest
 import torch
-from ampcore_conformance._context import SuiteContext, dtype_name
-from ampcore_conformance._lists import REQUIRED_WHITE, category
-from ampcore_conformance._op_samples import SAMPLES, OpSample
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import ampcore
+from ampcore_conformance._context import SuiteContext, dtype_name
+from ampcore_conformance._lists import REQUIRED_WHITE, category
+from ampcore_conformance._op_samples import SAMPLES, OpSample
 
 __all__ = [
     "UNLISTED",
@@ -111,7 +111,9 @@ def _run(sample: OpSample, inputs: Sequence[torch.Tensor], device: torch.device,
 def _describe(sample: OpSample, inputs: Sequence[torch.Tensor], dtype: torch.dtype, **kw: Any) -> str:
     """``"mm(float32, float32) under ampcore.autocast(dtype=torch.float16, level='O2')"``."""
     args = "".join(f", {key}={value!r}" for key, value in kw.items())
-    return f"{sample.name}({', '.join(dtype_name(x.dtype) for x in inputs)}) under ampcore.autocast(dtype={dtype}{args})"
+    return (
+        f"{sample.name}({', '.join(dtype_name(x.dtype) for x in inputs)}) under ampcore.autocast(dtype={dtype}{args})"
+    )
 
 
 def check_runs_low(
@@ -134,20 +136,22 @@ def _check_float32(
     inputs: list[torch.Tensor], why: str, **kw: Any,
 ) -> None:  # fmt: skip
     out = _run(sample, inputs, device, region(backend, dtype, **kw))
-    assert _real(out) == torch.float32, (
-        f"{_describe(sample, inputs, dtype, **kw)} returned {out.dtype}: {why}"
-    )
+    assert _real(out) == torch.float32, f"{_describe(sample, inputs, dtype, **kw)} returned {out.dtype}: {why}"
     error = rel_error(out, sample.run([x.float() for x in inputs], device))
     assert error <= 1e-4, f"{sample.name} returned float32 but was not computed in float32 (error {error:.3g})"
 
 
-def check_runs_fp32(sample: OpSample, backend: ampcore.Backend, device: torch.device, dtype: torch.dtype, **kw: Any) -> None:
+def check_runs_fp32(
+    sample: OpSample, backend: ampcore.Backend, device: torch.device, dtype: torch.dtype, **kw: Any
+) -> None:
     """``dtype`` inputs -> a float32 result equal to float32 computed on the upcast inputs."""
     why = f"the lists put {sample.name} on the black list, so it must run in float32"
     _check_float32(sample, backend, device, dtype, sample.inputs(dtype, device), why, **kw)
 
 
-def check_runs_widest(sample: OpSample, backend: ampcore.Backend, device: torch.device, dtype: torch.dtype, **kw: Any) -> None:
+def check_runs_widest(
+    sample: OpSample, backend: ampcore.Backend, device: torch.device, dtype: torch.dtype, **kw: Any
+) -> None:
     """Inputs alternating ``dtype``/float32 -> a float32 result."""
     why = f"{sample.name} is on the promote list, so it must run in the widest input dtype (float32)"
     _check_float32(sample, backend, device, dtype, sample.inputs([dtype, torch.float32], device), why, **kw)
@@ -172,7 +176,12 @@ def _is_composite(op: str) -> bool:
 
 
 def check_unlisted(
-    sample: OpSample, backend: ampcore.Backend, device: torch.device, dtype: torch.dtype, listed: frozenset[str], level: str = "O1"
+    sample: OpSample,
+    backend: ampcore.Backend,
+    device: torch.device,
+    dtype: torch.dtype,
+    listed: frozenset[str],
+    level: str = "O1",
 ) -> None:
     """An op on no list does what :data:`UNLISTED` says for ``level``.
 
@@ -201,12 +210,18 @@ def check_unlisted(
             )
         assert _real(out) == kinds[wanted], (
             f"{_describe(sample, inputs, dtype, level=level)} returned "
-            f"{out.dtype}: {sample.name} is on none of the backend's lists, so at {level} it must return {kinds[wanted]}"
+            f"{out.dtype}: {sample.name} is on none of the backend's lists, "
+            f"so at {level} it must return {kinds[wanted]}"
         )
 
 
 def check_op(
-    sample: OpSample, lists: ampcore.OpLists, backend: ampcore.Backend, device: torch.device, dtype: torch.dtype, eps_tol: float
+    sample: OpSample,
+    lists: ampcore.OpLists,
+    backend: ampcore.Backend,
+    device: torch.device,
+    dtype: torch.dtype,
+    eps_tol: float,
 ) -> None:
     """Check ``sample`` against the list it is on in ``lists`` (at ``lists.level``)."""
     level = lists.level
@@ -248,7 +263,9 @@ class OpRecorder(TorchDispatchMode):
         return {name for name, _ in self.calls}
 
 
-def make_mlp(device: torch.device, width: int = 32, depth: int = 2, seed: int = 0, n_in: int = 16, n_out: int = 4) -> torch.nn.Sequential:
+def make_mlp(
+    device: torch.device, width: int = 32, depth: int = 2, seed: int = 0, n_in: int = 16, n_out: int = 4
+) -> torch.nn.Sequential:
     """A small tanh MLP with deterministic weights, on ``device``."""
     torch.manual_seed(seed)
     layers: list[torch.nn.Module] = [torch.nn.Linear(n_in, width), torch.nn.Tanh()]
@@ -258,7 +275,9 @@ def make_mlp(device: torch.device, width: int = 32, depth: int = 2, seed: int = 
     return torch.nn.Sequential(*layers).to(device)
 
 
-def regression_data(device: torch.device, n: int = 256, n_in: int = 16, n_out: int = 4, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def regression_data(
+    device: torch.device, n: int = 256, n_in: int = 16, n_out: int = 4, seed: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of a smooth regression task a small MLP learns in ~100 steps."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, n_in, generator=gen)

@@ -19,7 +19,16 @@ from ampcore import toolkit
 from ampcore_conformance._lists import effective_lists
 from ampcore_conformance._manifest import Manifest, Tolerances
 
-__all__ = ["CALL", "OPTION", "SuiteContext", "UsageProblem", "build_context", "check_dtypes", "dtype_name", "parse_dtype"]
+__all__ = [
+    "CALL",
+    "OPTION",
+    "SuiteContext",
+    "UsageProblem",
+    "build_context",
+    "check_dtypes",
+    "dtype_name",
+    "parse_dtype",
+]
 
 #: How dtype errors name the call and the option (``ampcore conformance`` passes ``--dtype``).
 CALL: Final = "ampcore conformance"

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final, Literal
+
+import tomllib
 
 __all__ = ["Manifest", "ManifestEntry", "ManifestError", "Tolerances", "load_manifest"]
 

@@ -17,11 +17,11 @@ import sys
 from typing import Any
 
 import torch
+
+import ampcore
 from ampcore_conformance._context import parse_dtype
 from ampcore_conformance._lists import category
 from ampcore_conformance._op_samples import SAMPLES, OpSample
-
-import ampcore
 
 __all__ = ["disagreements", "measure"]
 
@@ -80,7 +80,7 @@ def disagreements(found: dict[str, Any], dtype: torch.dtype) -> list[str]:
         ...     "softmax": {"list": "black", "kernel": False, "got": "float16"}}}
         >>> print(*disagreements(found, torch.float16))
         softmax: no AutocastPrivateUse1 kernel, so torch.autocast returns float16; the lists put it on the black list (float32)
-    """
+    """  # noqa: E501 - a doctest shows the whole one-line message
     wanted = {"white": str(dtype).removeprefix("torch."), "black": "float32", "promote": "float32"}
     wrong = []
     for op, seen in found["ops"].items():
@@ -88,10 +88,13 @@ def disagreements(found: dict[str, Any], dtype: torch.dtype) -> list[str]:
         if got.startswith("error") or got == want:
             continue
         if seen["kernel"]:
-            wrong.append(f"{op}: the {found['key']} kernel returns {got}; the lists put it on the {seen['list']} list ({want})")
+            wrong.append(
+                f"{op}: the {found['key']} kernel returns {got}; the lists put it on the {seen['list']} list ({want})"
+            )
         elif not found["adjusted"]:
             wrong.append(
-                f"{op}: no {found['key']} kernel, so torch.autocast returns {got}; the lists put it on the {seen['list']} list ({want})"
+                f"{op}: no {found['key']} kernel, so torch.autocast returns {got}; "
+                f"the lists put it on the {seen['list']} list ({want})"
             )
     return wrong
 

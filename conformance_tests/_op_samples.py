@@ -200,7 +200,12 @@ _add("atan2", torch.atan2, (ROWS, ROWS))
 _add("cross", lambda a, b: aten.cross.default(a, b, 1), (_A(4, 3), _A(4, 3)))  # aten::cross, not linalg_cross
 _add("dot", torch.dot, (V, V))
 _add("tensordot", lambda a, b: torch.tensordot(a, b, dims=1), (ROWS, _A(8, 3)))
-_add("scatter_add", lambda a, b, idx: torch.scatter_add(a, 0, idx, b), (ROWS, ROWS), lambda d: (torch.zeros(4, 8, dtype=torch.long, device=d),))
+_add(
+    "scatter_add",
+    lambda a, b, idx: torch.scatter_add(a, 0, idx, b),
+    (ROWS, ROWS),
+    lambda d: (torch.zeros(4, 8, dtype=torch.long, device=d),),
+)
 _add("bilinear", F.bilinear, (_A(4, 3), _A(4, 5), _A(2, 3, 5), _A(2)))
 
 #: Every sample, by ATen op name.

@@ -22,7 +22,16 @@ import ampcore
 from ampcore_conformance import SUITE_VERSION
 from ampcore_conformance._context import SuiteContext, dtype_name
 
-__all__ = ["JSON_NAME", "JUNIT_NAME", "MARKDOWN_NAME", "TestRecord", "build_report", "render_markdown", "summarize_speed", "write_reports"]
+__all__ = [
+    "JSON_NAME",
+    "JUNIT_NAME",
+    "MARKDOWN_NAME",
+    "TestRecord",
+    "build_report",
+    "render_markdown",
+    "summarize_speed",
+    "write_reports",
+]
 
 JUNIT_NAME: Final = "junit.xml"
 JSON_NAME: Final = "report.json"
@@ -69,7 +78,9 @@ def _short(text: str | None, limit: int = 400) -> str | None:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def build_report(context: SuiteContext, records: list[TestRecord], exit_status: int, started: float, unmatched: list[str]) -> dict[str, Any]:
+def build_report(
+    context: SuiteContext, records: list[TestRecord], exit_status: int, started: float, unmatched: list[str]
+) -> dict[str, Any]:
     """The JSON report as a dict."""
     backend = context.backend
     counts = Counter(record.outcome for record in records)
@@ -126,7 +137,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     if report["problem"]:
         lines += ["", f"**The suite could not run:** {report['problem']}"]
     if report["manifest"]["unmatched"]:
-        lines += ["", "**Stale manifest entries (match no test):** " + ", ".join(f"`{p}`" for p in report["manifest"]["unmatched"])]
+        lines += [
+            "",
+            "**Stale manifest entries (match no test):** "
+            + ", ".join(f"`{p}`" for p in report["manifest"]["unmatched"]),
+        ]
     lines += ["", "| test | dtype | outcome | duration (s) | note |", "|---|---|---|---|---|"]
     for t in report["tests"]:
         note = (t["message"] or "").replace("|", "\\|")
@@ -145,7 +160,7 @@ def summarize_speed(fp32: list[float], low: list[float]) -> dict[str, Any]:
         >>> s["speedup"], s["speedup_min"], s["speedup_max"], s["reliable"]
         (2.0, 0.5, 4.0, False)
     """
-    ratios = [f / low_ for f, low_ in zip(fp32, low)]
+    ratios = [f / low_ for f, low_ in zip(fp32, low, strict=True)]
     spread = max(ratios) / min(ratios)
     return {
         "fp32_ms": round(statistics.median(fp32) * 1e3, 4),

@@ -67,7 +67,8 @@ class ConformanceSession:
         origin = f"{b.distribution} {b.version}" if b else "not installed"
         return [
             f"ampcore conformance {SUITE_VERSION}: backend {c.backend_name!r} ({origin}), dtypes "
-            f"{', '.join(dtype_name(d) for d in c.dtypes) or '-'}, ampcore {ampcore.__version__}, torch {torch.__version__}",
+            f"{', '.join(dtype_name(d) for d in c.dtypes) or '-'}, "
+            f"ampcore {ampcore.__version__}, torch {torch.__version__}",
             f"device: {c.device_name() or c.problem}",
         ]
 
@@ -172,7 +173,12 @@ class ConformanceSession:
             write("FAILED: no conformance check passed (all were skipped, deselected or failed)", red=True)
         else:
             counts = {o: sum(r.outcome == o for r in self.records.values()) for o in (*_RAN, "skipped", "xfailed")}
-            write("backend " + repr(self.context.backend_name) + ": " + ", ".join(f"{n} {o}" for o, n in counts.items() if n))
+            write(
+                "backend "
+                + repr(self.context.backend_name)
+                + ": "
+                + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+            )
         for pattern in self.unmatched:
             write(f"warning: manifest entry {pattern!r} matches no test", yellow=True)
         xml = getattr(config.option, "xmlpath", None)

@@ -46,17 +46,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "ampcore_ops(category, level='O1'): parametrize over the sample ops of a list category (or 'all')")
+    config.addinivalue_line(
+        "markers", "ampcore_ops(category, level='O1'): parametrize over the sample ops of a list category (or 'all')"
+    )
     name = config.getoption("ampcore_backend")
     if not name:
         if config.getoption("help", False):
             return
         known = ", ".join(b.name for b in ampcore.list_backends()) or "none"
-        raise pytest.UsageError(f"the ampcore conformance suite needs --ampcore-backend NAME; installed backends: {known}")
+        raise pytest.UsageError(
+            f"the ampcore conformance suite needs --ampcore-backend NAME; installed backends: {known}"
+        )
     report_dir = config.getoption("ampcore_report_dir")
     try:
         manifest = load_manifest(config.getoption("ampcore_manifest"))
-        context = build_context(name, config.getoption("ampcore_dtype"), manifest, Path(report_dir) if report_dir else None)
+        context = build_context(
+            name, config.getoption("ampcore_dtype"), manifest, Path(report_dir) if report_dir else None
+        )
     except (ManifestError, UsageProblem) as exc:
         raise pytest.UsageError(str(exc)) from exc
     config.stash[_CONTEXT] = context
@@ -98,7 +104,9 @@ def amp_tolerances(amp_context: SuiteContext) -> Tolerances:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _junit_properties(amp_context: SuiteContext, record_testsuite_property: Callable[[str, object], None]) -> Iterator[None]:
+def _junit_properties(
+    amp_context: SuiteContext, record_testsuite_property: Callable[[str, object], None]
+) -> Iterator[None]:
     backend = amp_context.backend
     for key, value in (
         ("ampcore_backend", amp_context.backend_name),

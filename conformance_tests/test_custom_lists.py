@@ -40,7 +40,11 @@ def probe(amp_white_ops: list[OpSample]) -> OpSample:
 
 
 def test_custom_white_list_lowers_an_unlisted_op(
-    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, probe: OpSample
+    amp_context: SuiteContext,
+    amp_backend: ampcore.Backend,
+    amp_device: torch.device,
+    amp_dtype: torch.dtype,
+    probe: OpSample,
 ) -> None:
     op = _unlisted(amp_context, amp_dtype)
     x = torch.randn(4, 4, device=amp_device)
@@ -61,7 +65,9 @@ def test_custom_black_list_keeps_a_white_op_fp32(
     black, other = amp_white_ops[:2]
     with region(amp_backend, amp_dtype, custom_black_list={black.name}):
         got = output_dtype(black, amp_device), output_dtype(other, amp_device)
-    assert got == (torch.float32, amp_dtype), f"custom_black_list={{{black.name!r}}}: {black.name}, {other.name} returned {got}"
+    assert got == (torch.float32, amp_dtype), (
+        f"custom_black_list={{{black.name!r}}}: {black.name}, {other.name} returned {got}"
+    )
 
 
 def _attention(device: torch.device) -> tuple[torch.nn.MultiheadAttention, torch.Tensor]:
@@ -87,7 +93,9 @@ def test_custom_black_list_reaches_inside_multihead_attention(
     custom = set().union(*(runs["custom"].input_dtypes(op) for op in products))
     assert plain == {amp_dtype}, f"without custom lists the attention products ran in {plain}"
     assert custom == {torch.float32}, f"with custom_black_list={{'bmm', 'baddbmm'}} they ran in {custom}"
-    assert amp_dtype in runs["custom"].input_dtypes("addmm") | runs["custom"].input_dtypes("mm"), "projections left white"
+    assert amp_dtype in runs["custom"].input_dtypes("addmm") | runs["custom"].input_dtypes("mm"), (
+        "projections left white"
+    )
 
 
 def test_custom_white_list_reaches_inside_transformer_layer(
@@ -146,7 +154,9 @@ def test_custom_lists_are_thread_local(
     assert seen == {"thread": torch.float32, "main": amp_dtype}
 
 
-def test_invalid_custom_lists_are_rejected(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: OpSample) -> None:
+def test_invalid_custom_lists_are_rejected(
+    amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: OpSample
+) -> None:
     op = probe.name
     with pytest.raises(ampcore.AmpcoreError, match="both"):
         region(amp_backend, amp_dtype, custom_white_list={op}, custom_black_list={op})

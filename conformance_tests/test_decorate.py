@@ -31,7 +31,9 @@ def _decorate(backend: ampcore.Backend, dtype: torch.dtype, model: torch.nn.Modu
     return ampcore.decorate(model, opt, level="O2", dtype=dtype, device=backend.name, **kw)
 
 
-def test_decorate_casts_parameters_and_keeps_norms(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_decorate_casts_parameters_and_keeps_norms(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     for keep in (True, False):
         model = _model(amp_device)
         _decorate(amp_backend, amp_dtype, model, None, keep_norm_fp32=keep)
@@ -63,11 +65,13 @@ def test_decorate_trains_through_fp32_masters(
     out.float().pow(2).mean().backward()
     opt.step()
     assert not torch.equal(before[-1], masters[-1].detach()), "a step left the master weights unchanged"
-    for (name, p), master in zip(model.named_parameters(), masters):
+    for (name, p), master in zip(model.named_parameters(), masters, strict=True):
         assert torch.equal(p.detach(), master.detach().to(p.dtype)), f"{name} is not its master weight after the step"
 
 
-def test_master_weights_keep_small_updates(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_master_weights_keep_small_updates(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     """50 updates of 1e-4 each vanish in a low-precision weight of 1.0; the master keeps them."""
     model = torch.nn.Linear(1, 1, bias=False).to(amp_device)
     with torch.no_grad():
@@ -83,10 +87,20 @@ def test_master_weights_keep_small_updates(amp_backend: ampcore.Backend, amp_dev
         opt.step()
     master = opt.param_groups[0]["params"][0]
     assert abs(float(master.detach().cpu()) - (1.0 - 50e-4)) < 1e-6, f"master weight {float(master)}; expected 0.995"
-    assert model.weight.dtype == amp_dtype and torch.equal(model.weight.detach(), master.detach().to(amp_dtype).view_as(model.weight))
+    assert model.weight.dtype == amp_dtype and torch.equal(
+        model.weight.detach(), master.detach().to(amp_dtype).view_as(model.weight)
+    )
 
 
-def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any, backend: ampcore.Backend, dtype: torch.dtype, data: torch.Tensor, steps: range) -> list[float]:
+def _train(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    scaler: Any,
+    backend: ampcore.Backend,
+    dtype: torch.dtype,
+    data: torch.Tensor,
+    steps: range,
+) -> list[float]:
     losses = []
     for i in steps:
         x = data[i % len(data)]
@@ -100,7 +114,9 @@ def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any, back
     return losses
 
 
-def test_checkpoint_resume_is_exact(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_checkpoint_resume_is_exact(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     """Save model, optimizer and scaler mid-run; a fresh decorated copy resumes identically."""
     require_feature(ampcore, "GradScaler", "dynamic loss scaling (ampcore.GradScaler)")
     data = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(5)).to(amp_device)
@@ -123,5 +139,5 @@ def test_checkpoint_resume_is_exact(amp_backend: ampcore.Backend, amp_device: to
     scaler2.load_state_dict(saved["scaler"])
     resumed = _train(model2, opt2, scaler2, amp_backend, amp_dtype, data, range(4, 8))
     assert resumed == expected, f"losses after resume {resumed} differ from the uninterrupted run {expected}"
-    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values()):
+    for (name, a), b in zip(model.state_dict().items(), model2.state_dict().values(), strict=True):
         assert torch.equal(a, b), f"{name} differs after resume"

@@ -45,7 +45,9 @@ def test_dtype_computes_on_device(amp_device: torch.device, amp_dtype: torch.dty
     assert y.dtype == amp_dtype and y.device.type == amp_device.type
     reference = torch.tanh(x.float().cpu() @ w.float().cpu() + 1.0) * 0.5
     error = rel_error(y, reference)
-    assert error <= 4 * amp_tolerances.op_eps * torch.finfo(amp_dtype).eps, f"{amp_dtype} arithmetic on the device is off by {error:.3g}"
+    assert error <= 4 * amp_tolerances.op_eps * torch.finfo(amp_dtype).eps, (
+        f"{amp_dtype} arithmetic on the device is off by {error:.3g}"
+    )
 
 
 def test_default_dtype_is_used_without_dtype(

@@ -38,7 +38,11 @@ def test_level_ops(
 
 @pytest.mark.parametrize("level", ["OD", "O1", "O2"])
 def test_level_model_output(
-    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, level: str
+    amp_context: SuiteContext,
+    amp_backend: ampcore.Backend,
+    amp_device: torch.device,
+    amp_dtype: torch.dtype,
+    level: str,
 ) -> None:
     """A Linear-Tanh-Linear model: the tanh between the two linears runs as the level says."""
     _lists(amp_context, amp_backend, amp_dtype, level)

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+
+import ampcore
 from ampcore_conformance._checks import (
     check_runs_fp32,
     check_runs_low,
@@ -25,8 +27,6 @@ from ampcore_conformance._lists import category, overlaps, unknown_op_names
 from ampcore_conformance._manifest import Tolerances
 from ampcore_conformance._native import disagreements
 from ampcore_conformance._op_samples import OpSample
-
-import ampcore
 
 
 def test_op_lists_are_valid(amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_dtype: torch.dtype) -> None:
@@ -43,24 +43,36 @@ def test_op_lists_are_valid(amp_context: SuiteContext, amp_backend: ampcore.Back
 
 @pytest.mark.ampcore_ops("white")
 def test_white_ops_run_low(
-    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample, amp_tolerances: Tolerances
+    amp_backend: ampcore.Backend,
+    amp_device: torch.device,
+    amp_dtype: torch.dtype,
+    amp_op: OpSample,
+    amp_tolerances: Tolerances,
 ) -> None:
     check_runs_low(amp_op, amp_backend, amp_device, amp_dtype, amp_tolerances.op_eps)
 
 
 @pytest.mark.ampcore_ops("black")
-def test_black_ops_run_fp32(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample) -> None:
+def test_black_ops_run_fp32(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample
+) -> None:
     check_runs_fp32(amp_op, amp_backend, amp_device, amp_dtype)
 
 
 @pytest.mark.ampcore_ops("promote")
-def test_promote_ops_run_widest(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample) -> None:
+def test_promote_ops_run_widest(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample
+) -> None:
     check_runs_widest(amp_op, amp_backend, amp_device, amp_dtype)
 
 
 @pytest.mark.ampcore_ops("other")
 def test_unlisted_ops_follow_inputs(
-    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample
+    amp_context: SuiteContext,
+    amp_backend: ampcore.Backend,
+    amp_device: torch.device,
+    amp_dtype: torch.dtype,
+    amp_op: OpSample,
 ) -> None:
     lists = amp_context.lists(amp_dtype)
     check_unlisted(amp_op, amp_backend, amp_device, amp_dtype, lists.white | lists.black | lists.promote)
@@ -73,24 +85,36 @@ def test_required_white_ops(
 ) -> None:  # fmt: skip
     """Matrix products and convolutions must be white: they are why mixed precision pays."""
     where = category(amp_context.lists(amp_dtype), amp_op.name)
-    assert where == "white", f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be white"
+    assert where == "white", (
+        f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be white"
+    )
     check_runs_low(amp_op, amp_backend, amp_device, amp_dtype, amp_tolerances.op_eps)
 
 
 @pytest.mark.ampcore_ops("required_black")
 def test_required_black_ops(
-    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype, amp_op: OpSample
+    amp_context: SuiteContext,
+    amp_backend: ampcore.Backend,
+    amp_device: torch.device,
+    amp_dtype: torch.dtype,
+    amp_op: OpSample,
 ) -> None:
     """Losses must stay float32: in low precision they overflow (fp16) or lose the signal."""
     where = category(amp_context.lists(amp_dtype), amp_op.name)
-    assert where == "black", f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be black"
+    assert where == "black", (
+        f"{amp_op.name} is on the {where} list of {amp_backend.name!r} for {amp_dtype}; it must be black"
+    )
     check_runs_fp32(amp_op, amp_backend, amp_device, amp_dtype)
 
 
 def _loading(backend: ampcore.Backend) -> dict[str, str]:
     """This environment, with the plugin under test loaded (never on the block list)."""
     env = dict(os.environ)
-    blocked = [name for name in env.get("AMPCORE_BLOCK_PLUGINS", "").split(",") if name.strip() not in (backend.plugin_name, backend.distribution)]
+    blocked = [
+        name
+        for name in env.get("AMPCORE_BLOCK_PLUGINS", "").split(",")
+        if name.strip() not in (backend.plugin_name, backend.distribution)
+    ]
     env["AMPCORE_BLOCK_PLUGINS"] = ",".join(blocked)
     return env
 
@@ -117,7 +141,9 @@ def test_device_autocast_kernels_match_the_lists(amp_backend: ampcore.Backend, a
     """
     found = _native_kernels(amp_backend, amp_dtype)
     if not found["native"]:
-        pytest.skip(f"{amp_backend.device_type!r} registers no autocast kernels: ampcore provides its autocast from the lists")
+        pytest.skip(
+            f"{amp_backend.device_type!r} registers no autocast kernels: ampcore provides its autocast from the lists"
+        )
     wrong = disagreements(found, amp_dtype)
     assert not wrong, (
         f"the device's own autocast kernels disagree with backend {amp_backend.name!r}'s lists for {amp_dtype}:\n  "

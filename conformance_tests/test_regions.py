@@ -14,7 +14,6 @@ from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._manifest import Tolerances
 from ampcore_conformance._op_samples import OpSample
 
-
 Probe = Callable[[], torch.dtype]
 
 
@@ -29,7 +28,9 @@ def _autocast_off(backend: ampcore.Backend) -> bool:
     return not torch.is_autocast_enabled(backend.device_type)
 
 
-def test_nested_disabled_region_restores_outer(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
+def test_nested_disabled_region_restores_outer(
+    amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe
+) -> None:
     seen = []
     with region(amp_backend, amp_dtype):
         seen.append(probe())
@@ -71,7 +72,9 @@ def test_decorator_form(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, pr
     assert (low(), low(), probe()) == (amp_dtype, amp_dtype, torch.float32)
 
 
-def test_exception_inside_region_restores_state(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
+def test_exception_inside_region_restores_state(
+    amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe
+) -> None:
     class Boom(Exception):
         pass
 
@@ -108,7 +111,10 @@ def test_regions_are_thread_local(amp_backend: ampcore.Backend, amp_dtype: torch
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=worker, args=("with", True)), threading.Thread(target=worker, args=("without", False))]
+    threads = [
+        threading.Thread(target=worker, args=("with", True)),
+        threading.Thread(target=worker, args=("without", False)),
+    ]
     for thread in threads:
         thread.start()
     with region(amp_backend, amp_dtype):
@@ -137,7 +143,7 @@ def test_backward_through_region(
     low_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     (model(x) ** 2).mean().backward()
-    for (name, p), g in zip(model.named_parameters(), low_grads):
+    for (name, p), g in zip(model.named_parameters(), low_grads, strict=True):
         assert g.dtype == torch.float32 and torch.isfinite(g).all(), name
         error = rel_error(g, p.grad, floor=1e-6)
         assert error <= amp_tolerances.grad_rtol, f"grad of {name} differs from float32 by {error:.3g}"

@@ -108,6 +108,8 @@ def test_dtype_hooks_answer(amp_backend: ampcore.Backend, amp_dtype: torch.dtype
 
 
 def test_undeclared_dtype_is_rejected(amp_backend: ampcore.Backend) -> None:
-    undeclared = next(d for d in (torch.float16, torch.bfloat16, torch.float64) if d not in amp_backend.supported_dtypes)
+    undeclared = next(
+        d for d in (torch.float16, torch.bfloat16, torch.float64) if d not in amp_backend.supported_dtypes
+    )
     with pytest.raises(ampcore.AmpcoreError, match="does not support"):
         ampcore.autocast(device=amp_backend.name, dtype=undeclared)

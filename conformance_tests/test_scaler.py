@@ -45,7 +45,7 @@ class _Loop:
         before = [p.detach().clone() for p in params]
         self.scaler.step(self.opt)
         self.scaler.update()
-        return any(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+        return any(not torch.equal(b, p.detach()) for b, p in zip(before, params, strict=True))
 
     def run(self, pattern: str) -> list[float]:
         """Steps for a pattern of ``"."`` (clean) and ``"x"`` (one inf); the scale after each."""
@@ -69,12 +69,16 @@ def test_scaler_finds_a_single_nonfinite_element(
     n_params = len(list(loop.model.parameters()))
     for which, index in ((0, 0), (0, 777), (n_params - 1, 3), (n_params - 2, 64 * 4 - 1)):
         scale = loop.scaler.get_scale()
-        assert not loop.step((which, index, value)), f"a step with {value} in parameter {which}[{index}] was not skipped"
+        assert not loop.step((which, index, value)), (
+            f"a step with {value} in parameter {which}[{index}] was not skipped"
+        )
         assert loop.scaler.get_scale() == scale * 0.5, "the scale did not back off after the overflow"
     assert loop.step(), "a clean step after overflows did not update the parameters"
 
 
-def test_scaler_unscales_gradients(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_scaler_unscales_gradients(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     loop = _Loop(amp_backend, amp_device, amp_dtype, enabled=True, init_scale=2.0**12)
     with region(amp_backend, amp_dtype):
         loss = loop.model(loop.x).float().pow(2).mean()
@@ -83,11 +87,13 @@ def test_scaler_unscales_gradients(amp_backend: ampcore.Backend, amp_device: tor
     loop.opt.zero_grad(set_to_none=True)
     loop.scaler.scale(loss).backward()
     loop.scaler.unscale_(loop.opt)
-    for (name, p), ref in zip(loop.model.named_parameters(), reference):
+    for (name, p), ref in zip(loop.model.named_parameters(), reference, strict=True):
         assert rel_error(p.grad, ref, floor=1e-12) <= 1e-3, f"unscaled grad of {name} differs from the plain grad"
 
 
-def test_scaler_growth_and_backoff(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_scaler_growth_and_backoff(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     loop = _Loop(amp_backend, amp_device, amp_dtype, enabled=True, init_scale=256.0, growth_interval=3)
     got = _ratios(loop.run("......x..."), 256.0)
     assert got == [1, 1, 2, 2, 2, 4, 2, 2, 2, 4], f"scale / init_scale after each step: {got}"
@@ -107,7 +113,9 @@ def test_scaler_bounds(amp_backend: ampcore.Backend, amp_device: torch.device, a
     assert high.run("....") == [16.0, 32.0, 32.0, 32.0]
 
 
-def test_scaler_state_dict_round_trip(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_scaler_state_dict_round_trip(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     settings = {"enabled": True, "init_scale": 64.0, "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0}
     first = _Loop(amp_backend, amp_device, amp_dtype, **settings)
     first.run("..x.")
@@ -120,7 +128,9 @@ def test_scaler_state_dict_round_trip(amp_backend: ampcore.Backend, amp_device: 
     assert first.run("x..x.x") == second.run("x..x.x"), "a resumed scaler diverged from the original"
 
 
-def test_scaler_mode_follows_the_backend(amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_scaler_mode_follows_the_backend(
+    amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     """Default ``enabled=None``: scaling where the backend says the dtype needs it, else a
     no-op with scale 1 that still skips non-finite steps."""
     loop = _Loop(amp_backend, amp_device, amp_dtype, init_scale=512.0)

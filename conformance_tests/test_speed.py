@@ -49,12 +49,14 @@ def _rounds(step: Callable[[bool], None], device: torch.device) -> tuple[list[fl
     for round_ in range(ROUNDS):
         order = (False, True) if round_ % 2 == 0 else (True, False)  # no mode always goes first
         for enabled in order:
-            times = timed(lambda: step(enabled), lambda: _sync(device), STEPS)
+            times = timed(lambda enabled=enabled: step(enabled), lambda: _sync(device), STEPS)
             (low if enabled else fp32).append(statistics.median(times))
     return fp32, low
 
 
-def test_speed_report(amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype) -> None:
+def test_speed_report(
+    amp_context: SuiteContext, amp_backend: ampcore.Backend, amp_device: torch.device, amp_dtype: torch.dtype
+) -> None:
     require_white(amp_context, amp_dtype, ["linear"])
     model = make_mlp(amp_device, width=WIDTH, depth=DEPTH, n_in=WIDTH, n_out=WIDTH)
     x = torch.randn(BATCH, WIDTH, device=amp_device)

@@ -139,7 +139,7 @@ def test_lint_fails_on_any_finding_and_names_the_tool(
 
 
 def test_lint_commands_cover_the_package_and_the_adapters(tasks: ModuleType) -> None:
-    assert ("ruff", "check", "ampcore", "backends") in tasks.LINT_COMMANDS
+    assert ("ruff", "check", "ampcore", "backends", "conformance_tests", "plugins") in tasks.LINT_COMMANDS
     assert ("mypy", "--strict", "ampcore") in tasks.LINT_COMMANDS
 
 

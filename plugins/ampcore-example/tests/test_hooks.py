@@ -10,11 +10,11 @@ import inspect
 
 import pytest
 import torch
+from ampcore_example import plugin
+from ampcore_example.plugin import ExampleDeviceProperties, example_capability_issues
 
 import ampcore
 import ampcore.hookspec
-from ampcore_example import plugin
-from ampcore_example.plugin import ExampleDeviceProperties, example_capability_issues
 
 # (recorded device, dtype, expected severities): one row per device generation.
 CAPABILITY = [
@@ -35,7 +35,11 @@ def test_capability_table(props: ExampleDeviceProperties, dtype: torch.dtype, ex
 def test_entry_point_gives_the_example_backend() -> None:
     backend = ampcore.get_backend("example")
     assert backend.distribution == "ampcore-example"
-    assert (backend.device_type, backend.supported_dtypes, backend.default_dtype) == ("cpu", (torch.bfloat16,), torch.bfloat16)
+    assert (backend.device_type, backend.supported_dtypes, backend.default_dtype) == (
+        "cpu",
+        (torch.bfloat16,),
+        torch.bfloat16,
+    )
     assert backend.is_available and backend.device_count() == 1
     assert "TEMPLATE" in backend.device_name(0)
     assert not backend.needs_loss_scaling(torch.bfloat16)
@@ -49,7 +53,9 @@ def test_a_template_is_never_chosen_by_device_none() -> None:
 
 
 def test_unsupported_dtype_is_refused_with_the_choices() -> None:
-    with pytest.raises(ampcore.AmpcoreError, match='backend "example" does not support torch.float16; supported dtypes: torch.bfloat16'):
+    with pytest.raises(
+        ampcore.AmpcoreError, match='backend "example" does not support torch.float16; supported dtypes: torch.bfloat16'
+    ):
         ampcore.autocast(device="example", dtype=torch.float16)
 
 

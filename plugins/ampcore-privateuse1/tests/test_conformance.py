@@ -22,8 +22,8 @@ MANIFEST = Path(__file__).resolve().parents[1] / "conformance-manifest.toml"
 def test_conformance_suite_passes(tmp_path: Path, mode: str) -> None:
     reports = tmp_path / "reports"
     done = subprocess.run(
-        [sys.executable, "-m", "ampcore", "conformance", "--backend", BACKEND, "--dtype", "float16", "--report-dir", str(reports),
-         "--manifest", str(MANIFEST)],
+        [sys.executable, "-m", "ampcore", "conformance", "--backend", BACKEND, "--dtype", "float16",
+         "--report-dir", str(reports), "--manifest", str(MANIFEST)],
         capture_output=True, text=True, timeout=1800, check=False,
         env={**os.environ, "AMPCORE_STRICT_PLUGINS": "1", "AMPCORE_ACME_AUTOCAST": mode, "AMPCORE_BLOCK_PLUGINS": ""},
     )  # fmt: skip

@@ -46,7 +46,11 @@ def _kernel(op: torch._ops.OpOverload, policy: str, device_type: str) -> Callabl
     """torch's autocast kernel for ``policy`` (``autocast_mode.h``), in Python."""
     exclude = torch._C.DispatchKeySet(torch._C._parse_dispatch_key(_KEY))
     dtype_slot = next(((i, a.kwarg_only) for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None)
-    append_to = _op(APPEND_DTYPE[op._schema.name.removeprefix("aten::") + "." + op._overloadname]) if policy == "fp32_append_dtype" else None
+    append_to = (
+        _op(APPEND_DTYPE[op._schema.name.removeprefix("aten::") + "." + op._overloadname])
+        if policy == "fp32_append_dtype"
+        else None
+    )
 
     def eligible(value: Any) -> bool:
         return (

@@ -138,7 +138,9 @@ _OVERRIDES: Final = {
 _SHALLOW: Final = frozenset({"detach", "alias", "lift_fresh"})
 
 #: View ops that C++ code calls when the (always contiguous) device tensor allows it.
-_VIEWS: Final = frozenset({torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default})
+_VIEWS: Final = frozenset(
+    {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten._reshape_alias.default}
+)
 
 _SPECIAL: Final = {
     torch.ops.aten._copy_from.default: _copy_from,
@@ -169,7 +171,11 @@ def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             return value
         written = _written_argument(op, index, args, kwargs)
         if written is not None:
-            if isinstance(written, torch.Tensor) and written.device.type == device_type and written.shape != value.shape:
+            if (
+                isinstance(written, torch.Tensor)
+                and written.device.type == device_type
+                and written.shape != value.shape
+            ):
                 # an out= argument the CPU kernel resized: give the device tensor the new
                 # metadata in place (set_data), holding the resized CPU tensor
                 written.data = from_cpu(value)
@@ -196,7 +202,9 @@ def install_fallback() -> None:
             kernels.impl(name, kernel, "PrivateUse1")
         for op in _composite_ops():
             overload = "" if op._overloadname == "default" else "." + op._overloadname
-            kernels.impl(op._schema.name.removeprefix("aten::") + overload, functools.partial(_fallback, op), "PrivateUse1")
+            kernels.impl(
+                op._schema.name.removeprefix("aten::") + overload, functools.partial(_fallback, op), "PrivateUse1"
+            )
 
 
 def _composite_ops() -> list[torch._ops.OpOverload]:
