@@ -99,7 +99,10 @@ def _cast_value(value: Any, to: torch.dtype, eligible: Eligible, cache: CastCach
 def cast_all(
     args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, eligible: Eligible, cache: CastCache | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` with every eligible tensor (also inside a list or tuple) cast to ``to``;
+    weights through ``cache`` when given (torch's ``cached_cast``)."""
     casted: list[Any] | None = None  # copied on the first change: most calls change nothing
+    convert = _CONVERT.get(to)
     for i, value in enumerate(args):
         if isinstance(value, _Tensor):
             if value.dtype is to or not eligible(value):
@@ -107,8 +110,10 @@ def cast_all(
             # only weights (leaves that require grad) are cached: skip the call for the rest
             if cache is not None and value.requires_grad:
                 new = _cast_tensor(value, to, cache)
+            elif convert is not None:
+                new = convert(value)
             else:
-                new = _CONVERT[to](value) if to in _CONVERT else value.to(dtype=to)
+                new = value.to(dtype=to)
         elif type(value) in _SEQUENCES:
             new = _cast_value(value, to, eligible, cache)
         else:
