@@ -12,6 +12,8 @@ listing the composite itself.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
@@ -60,5 +62,18 @@ def check_swallowed(overload: str, policy: Any, args: tuple[Any, ...], kwargs: d
         f"{overload} runs a fused kernel in which they are not separate ops, so the list does "
         f"not apply inside it; {hint}",
         FusedKernelWarning,
-        stacklevel=4,
+        stacklevel=_caller_outside_ampcore(),
     )
+
+
+_PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller_outside_ampcore() -> int:
+    """The ``stacklevel`` of the innermost frame, seen from the function calling this one,
+    that is not ampcore's (the dispatcher's C++ frames between a call and its kernel are
+    invisible to Python, so this is the code that called the op)."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level

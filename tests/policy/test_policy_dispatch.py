@@ -378,8 +378,9 @@ def test_two_threads_with_different_lists_at_once() -> None:
 def test_a_list_naming_an_op_a_fused_kernel_swallows_warns_once() -> None:
     q = torch.randn(2, 4, 8, 16)
     with ampcore.autocast(device="cpu", custom_black_list={"softmax"}):
-        with pytest.warns(ampcore.FusedKernelWarning, match="sdpa_kernel"):
+        with pytest.warns(ampcore.FusedKernelWarning, match="sdpa_kernel") as caught:
             F.scaled_dot_product_attention(q, q, q)
+        assert caught[0].filename == __file__  # the user's call, not a frame of ampcore's kernel
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             F.scaled_dot_product_attention(q, q, q)  # once per policy
