@@ -2,9 +2,8 @@
 
 Nothing here reads a tensor on the host.  The kernels are chosen once, not on every call:
 
-1. at construction, from the backend adapter: its own unscale kernel
-   (``ampcore_unscale_grads_``, tried first for the backend's device type) and its device
-   overflow flag (``ampcore_device_overflow_flag`` and its clearing hook), or nothing;
+1. at construction, from the backend adapter: its device overflow flag
+   (``ampcore_device_overflow_flag`` and its clearing hook), or nothing;
 2. the first time a device type (and gradient dtype) is met: torch's fused kernel
    (``torch._amp_foreach_non_finite_check_and_unscale_``, ``torch._amp_update_scale_``)
    where a one-element probe call runs, else a portable version written with foreach and
@@ -102,14 +101,8 @@ class ScalerKernels:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        unscale_hook = backend.hook("ampcore_unscale_grads_")
         flag_hook = backend.hook("ampcore_device_overflow_flag")
         clear_hook = backend.hook("ampcore_clear_device_overflow_flag")
-        #: ``unscale_`` for gradients on the backend's device type: the adapter's kernel
-        #: first where it has one, else torch's (or the portable one)
-        self._unscale_on_backend: Callable[[list[torch.Tensor], torch.Tensor, torch.Tensor], None] = (
-            self._torch_unscale_ if unscale_hook is None else functools.partial(self._adapter_unscale_, unscale_hook)
-        )
         self.or_device_overflow_: Callable[[torch.Tensor], None] = (
             _no_flag if flag_hook is None else functools.partial(self._or_adapter_flag_, flag_hook)
         )
@@ -211,29 +204,8 @@ class ScalerKernels:
         return scale.to(self.wide_dtype(scale.device)).reciprocal().float()
 
     def unscale_(self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
-        """Unscale ``grads`` (one device, one dtype) in place and OR non-finiteness into ``found_inf``."""
-        if grads[0].device.type == self.backend.device_type:
-            self._unscale_on_backend(grads, found_inf, inv_scale)
-        else:
-            self._torch_unscale_(grads, found_inf, inv_scale)
-
-    def _adapter_unscale_(
-        self, hook: Callable[..., Any], grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor
-    ) -> None:
-        """The adapter's kernel; torch's where it declines (returns None)."""
-        handled = hook(grads=grads, found_inf=found_inf, inv_scale=inv_scale)
-        if handled is True:
-            return
-        if handled is not None and handled is not False:
-            raise PluginError(
-                self.backend.plugin_name,
-                f"ampcore_unscale_grads_() returned {handled!r}; expected True (handled) or None",
-                self.backend.distribution,
-            )
-        self._torch_unscale_(grads, found_inf, inv_scale)
-
-    def _torch_unscale_(self, grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
-        """torch's fused kernel where the device has one for the dtype, else the portable one."""
+        """Unscale ``grads`` (one device, one dtype) in place and OR non-finiteness into ``found_inf``:
+        torch's fused kernel where the device has one for the dtype, else the portable one."""
         if self.has_native_unscale(grads[0].device, grads[0].dtype):
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         else:
