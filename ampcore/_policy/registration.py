@@ -23,7 +23,9 @@ Registration lifecycle (correct by construction, measured in docs/performance.md
   shadow key, so plain ``torch.autocast`` code, in any thread and at any time, dispatches
   exactly as in a process without ampcore: it pays nothing and its results cannot depend on
   what ran before.  A kernel passes a call on untouched when its thread has no policy for
-  the call's device type.
+  the call's device type, and hands it to the device's own (torch's) kernel when the
+  policy does what that kernel does (:class:`~ampcore._policy.kernels.Plan` ``PASS``), so in
+  a customised region only the ops the region changes, and those on no list, run Python.
 * **Resident**, otherwise (a PrivateUse1 device such as ``npu``: no autocast key ranks
   above it): the kernels go on the device's own autocast key and *provide* its autocast:
   with no ampcore region active they apply the backend's O1 lists (the lists the adapter
