@@ -198,49 +198,33 @@ class _Kernel:
         self.exclude = all_autocast_keys()  # excluded while the op runs, as torch's kernels do
 
 
-Step = Callable[[_Kernel, torch._C.DispatchKeySet, tuple[Any, ...], dict[str, Any], Any, Client], Any]
+KeySet = torch._C.DispatchKeySet
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+Called = tuple[Args, Kwargs]  # a call's arguments after casting
+#: one entry of the action table: (kernel, keyset, args, kwargs, policy, client) -> result
+Step = Callable[[_Kernel, KeySet, Args, Kwargs, Any, Client], Any]
 _guard: Final = torch._C._ExcludeDispatchKeyGuard
 _state: Final = thread_state()
 _autocast_dtype: Final = torch.get_autocast_dtype
 _cache_enabled: Final = torch.is_autocast_cache_enabled
 
 
-def _keep(
-    k: _Kernel,
-    keyset: torch._C.DispatchKeySet,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    policy: Any,
-    client: Client,
-) -> Any:
+def _keep(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     with _guard(k.exclude):
         return k.call_op(*args, **kwargs)
 
 
-def _banned(
-    k: _Kernel,
-    keyset: torch._C.DispatchKeySet,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    policy: Any,
-    client: Client,
-) -> Any:
+def _banned(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     raise RuntimeError(k.spec.banned)
 
 
 def _casting(
-    cast: Callable[[_Kernel, tuple[Any, ...], dict[str, Any], Any, Client], tuple[tuple[Any, ...], dict[str, Any]]],
+    cast: Callable[[_Kernel, Args, Kwargs, Any, Client], Called],
 ) -> Step:
     """A step that casts the arguments with ``cast``, then runs the op (or decomposes it)."""
 
-    def step(
-        k: _Kernel,
-        keyset: torch._C.DispatchKeySet,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        policy: Any,
-        client: Client,
-    ) -> Any:
+    def step(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
         with _guard(k.exclude):
             args, kwargs = cast(k, args, kwargs, policy, client)
             if not (k.spec.composite and policy.reach):
@@ -250,14 +234,7 @@ def _casting(
     return step
 
 
-def _decompose(
-    k: _Kernel,
-    keyset: torch._C.DispatchKeySet,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    policy: Any,
-    client: Client,
-) -> Any:
+def _decompose(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     """Run a composite with autocast on and the inner policy, so custom-listed ops inside are reached."""
     if k.spec.swallows:
         check_swallowed(k.spec.name, policy, args, kwargs)
@@ -269,41 +246,26 @@ def _decompose(
         _state.policies[device_type] = policy
 
 
-def _to_low(
-    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_low(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     # torch's current autocast dtype: the region's, or a nested torch.autocast's
     cache = _state.cast_cache if policy.cache and _cache_enabled() else None
     return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.eligible, cache)
 
 
-def _to_fp32(
-    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_fp32(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     return cast_all(args, kwargs, _FLOAT32, client.eligible, None)
 
 
-def _to_widest(
-    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_widest(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     dtype = widest(args, kwargs, client.eligible)
     return (args, kwargs) if dtype is None else cast_all(args, kwargs, dtype, client.eligible, None)
 
 
-def _set_fp32_dtype(
-    k: _Kernel, args: tuple[Any, ...], kwargs: dict[str, Any], policy: Any, client: Client
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _set_fp32_dtype(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     return set_opt_dtype(args, kwargs, k.spec.dtype_arg, client.eligible)
 
 
-def _append_fp32_dtype(
-    k: _Kernel,
-    keyset: torch._C.DispatchKeySet,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    policy: Any,
-    client: Client,
-) -> Any:
+def _append_fp32_dtype(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     if k.spec.append_to is None:  # not one of torch's fp32_append_dtype overloads: run as called
         return _as_called(k, keyset, args, kwargs, policy, client)
     first = args[0]
