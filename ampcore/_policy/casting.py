@@ -32,6 +32,7 @@ _FLOAT32: Final = torch.float32
 _Tensor: Final = torch.Tensor
 _NUMBERS: Final = frozenset({bool, int, float, complex})
 _SEQUENCES: Final = frozenset({list, tuple})
+_cache_enabled: Final = torch.is_autocast_cache_enabled
 #: the fastest cast torch offers per common dtype (its argument parser is skipped)
 _CONVERT: Final[dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor]]] = {
     torch.bfloat16: torch.Tensor.bfloat16,
@@ -75,6 +76,7 @@ def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: CastCache | None) -> t
         and t.is_leaf
         and type(t) in (torch.Tensor, torch.nn.Parameter)
         and not t._is_view()
+        and _cache_enabled()  # torch.autocast(cache_enabled=False) may be nested inside
     ):
         key = (id(t), to)
         hit = cache.get(key)
@@ -100,7 +102,7 @@ def cast_all(
     args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, eligible: Eligible, cache: CastCache | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args``/``kwargs`` with every eligible tensor (also inside a list or tuple) cast to ``to``;
-    weights through ``cache`` when given (torch's ``cached_cast``)."""
+    weights through ``cache`` when given and torch's autocast cache is on (its ``cached_cast``)."""
     casted: list[Any] | None = None  # copied on the first change: most calls change nothing
     convert = _CONVERT.get(to)
     for i, value in enumerate(args):

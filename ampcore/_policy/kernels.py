@@ -34,7 +34,7 @@ import enum
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import torch
 
@@ -106,15 +106,50 @@ class KeyTable:
     def __init__(self, key_name: str) -> None:
         self.key_name = key_name
         key = dispatch_key(key_name)
-        #: this key alone
-        self.own = torch._C.DispatchKeySet(key)
+        self.key = key
         #: every key below this one: the call as if this kernel were not there
         self.passthrough = torch._C._dispatch_keyset_full_after(key)
         #: the same without any autocast key: below autocast
         self.below = self.passthrough - all_autocast_keys()
-        #: replaced (never mutated) when a device type is routed here, so a kernel reads a
-        #: consistent tuple without a lock
-        self.clients: tuple[Client, ...] = ()
+        #: (clients, keyset raw repr -> Routed), replaced as a pair (never mutated but for
+        #: adding to the cache) when a device type is routed here, so a kernel reads a
+        #: consistent pair without a lock
+        self.state: tuple[tuple[Client, ...], dict[int, Routed]] = ((), {})
+
+    @property
+    def clients(self) -> tuple[Client, ...]:
+        """The device types served here, the highest-priority device key first."""
+        return self.state[0]
+
+    @clients.setter
+    def clients(self, clients: tuple[Client, ...]) -> None:
+        self.state = (tuple(clients), {})
+
+    def routed(self, keyset: torch._C.DispatchKeySet) -> Routed:
+        """Where a call with ``keyset`` goes: remembered per key set (a few per process: the
+        key sets of the tensors in use under the thread-local include/exclude sets), since
+        intersecting key sets per call costs more than a dictionary lookup."""
+        clients, seen = self.state
+        found = seen.get(keyset.raw_repr())
+        if found is None:
+            mine = tuple(c for c in clients if keyset.has(c.backend))
+            found = Routed(mine, keyset & self.passthrough, keyset & self.below)
+            if len(seen) < _MAX_ROUTED:
+                seen[keyset.raw_repr()] = found
+        return found
+
+
+class Routed(NamedTuple):
+    """A call's route on a :class:`KeyTable`: the clients whose tensors it has (in priority
+    order), and its key set without the keys down to the table's own and down to autocast."""
+
+    clients: tuple[Client, ...]
+    after: torch._C.DispatchKeySet
+    below: torch._C.DispatchKeySet
+
+
+#: Key sets remembered per table at most (beyond it, routes are computed per call).
+_MAX_ROUTED: Final = 256
 
 
 @functools.cache
@@ -182,40 +217,40 @@ def unlisted(spec: OverloadSpec, policy: Any) -> str:
     return Action.FOLLOW if spec.composite else Action(policy.default)  # a composite's inner ops get the policy
 
 
-# -- the action table: (kernel, keyset, args, kwargs, policy, client) -> result ------------------
+# -- the action table: (kernel, key set below autocast, args, kwargs, policy, client) -> result
 
 
 class _Kernel:
     """One kernel's fixed parts, as the action table's entries see them."""
 
-    __slots__ = ("below", "call_op", "exclude", "own", "passthrough", "redispatch", "spec")
+    __slots__ = ("call_op", "exclude", "key", "redispatch", "spec")
 
     def __init__(self, spec: OverloadSpec, table: KeyTable) -> None:
         self.spec = spec
         self.call_op = spec.op._op  # the C++ callable behind OpOverload.__call__
         self.redispatch = spec.op._handle.redispatch_boxed
-        self.passthrough, self.below, self.own = table.passthrough, table.below, table.own
-        self.exclude = all_autocast_keys()  # excluded while the op runs, as torch's kernels do
+        self.key = table.key  # the table's key (excluded while the op runs, or it would come back)
+        self.exclude = all_autocast_keys()  # excluded while the op runs (KEEP, fp32_append_dtype)
 
 
 KeySet = torch._C.DispatchKeySet
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 Called = tuple[Args, Kwargs]  # a call's arguments after casting
-#: one entry of the action table: (kernel, keyset, args, kwargs, policy, client) -> result
+#: one entry of the action table: (kernel, key set below autocast, args, kwargs, policy, client) -> result
 Step = Callable[[_Kernel, KeySet, Args, Kwargs, Any, Client], Any]
 _guard: Final = torch._C._ExcludeDispatchKeyGuard
+_set_excluded: Final = torch._C._dispatch_tls_set_dispatch_key_excluded
 _state: Final = thread_state()
 _autocast_dtype: Final = torch.get_autocast_dtype
-_cache_enabled: Final = torch.is_autocast_cache_enabled
 
 
-def _keep(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
+def _keep(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     with _guard(k.exclude):
         return k.call_op(*args, **kwargs)
 
 
-def _banned(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
+def _banned(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     raise RuntimeError(k.spec.banned)
 
 
@@ -224,31 +259,43 @@ def _casting(
 ) -> Step:
     """A step that casts the arguments with ``cast``, then runs the op (or decomposes it)."""
 
-    def step(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
-        with _guard(k.exclude):
-            args, kwargs = cast(k, args, kwargs, policy, client)
-            if not (k.spec.composite and policy.reach):
-                return k.redispatch(keyset & k.below, *args, **kwargs)  # autocast excluded, as torch calls the op
-        return _decompose(k, keyset, args, kwargs, policy, client)
+    def step(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
+        # torch's kernel excludes its device's autocast key while it casts and calls the op;
+        # this kernel's own key goes too, or the casts would come back here.  Two flag calls
+        # in nested try blocks (half the cost of a guard object); both keys were included,
+        # or the dispatcher would not have come here with a policy
+        own, device = k.key, client.key
+        try:
+            _set_excluded(own, True)
+            try:
+                _set_excluded(device, True)
+                args, kwargs = cast(k, args, kwargs, policy, client)
+                if not (policy.reach and k.spec.composite):
+                    return k.redispatch(below, *args, **kwargs)  # below autocast, as torch calls it
+            finally:
+                _set_excluded(device, False)
+        finally:
+            _set_excluded(own, False)
+        return _decompose(k, below, args, kwargs, policy, client)
 
     return step
 
 
-def _decompose(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
+def _decompose(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     """Run a composite with autocast on and the inner policy, so custom-listed ops inside are reached."""
     if k.spec.swallows:
         check_swallowed(k.spec.name, policy, args, kwargs)
     device_type = client.device_type
     _state.policies[device_type] = policy.inner or policy  # an inner policy is its own inner
     try:
-        return k.redispatch(keyset & k.below, *args, **kwargs)
+        return k.redispatch(below, *args, **kwargs)
     finally:
         _state.policies[device_type] = policy
 
 
 def _to_low(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     # torch's current autocast dtype: the region's, or a nested torch.autocast's
-    cache = _state.cast_cache if policy.cache and _cache_enabled() else None
+    cache = _state.cast_cache if policy.cache else None
     return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.eligible, cache)
 
 
@@ -265,9 +312,9 @@ def _set_fp32_dtype(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client:
     return set_opt_dtype(args, kwargs, k.spec.dtype_arg, client.eligible)
 
 
-def _append_fp32_dtype(k: _Kernel, keyset: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
+def _append_fp32_dtype(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
     if k.spec.append_to is None:  # not one of torch's fp32_append_dtype overloads: run as called
-        return _as_called(k, keyset, args, kwargs, policy, client)
+        return _as_called(k, below, args, kwargs, policy, client)
     first = args[0]
     positional = [a for a in k.spec.op._schema.arguments if not a.kwarg_only]
     completed = args + tuple(a.default_value for a in positional[len(args) :])  # the schema's defaults
@@ -289,24 +336,31 @@ ACTION_TABLE: Final[Mapping[str, Step]] = {
 }
 
 
+def as_step(decided: str) -> Any:
+    """A plan as the kernel keeps it: its function in :data:`ACTION_TABLE`, or the ``FOLLOW`` /
+    ``PASS`` / ``CHOOSE`` marker the kernel handles inline (no table lookup per call)."""
+    return ACTION_TABLE.get(decided, decided)
+
+
 def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     """The policy kernel of one overload on ``table``'s key."""
     spec = OverloadSpec.of(overload)
     k = _Kernel(spec, table)
     slots, slot_names = spec.slots, spec.slot_names
-    redispatch, passthrough, below, own = k.redispatch, k.passthrough, k.below, k.own
+    redispatch, own_key = k.redispatch, k.key
     excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
     get_dtype = torch.get_autocast_dtype
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
-    plans: dict[Any, str] = {}  # policy -> plan (policies live as long as their lists)
-    follow, passing, choose = Action.FOLLOW, Plan.PASS, Plan.CHOOSE
+    steps: dict[Any, Any] = {}  # policy -> its step (policies live as long as their lists)
+    follow, passing, choose, keep = Action.FOLLOW, Plan.PASS, Plan.CHOOSE, ACTION_TABLE[Plan.KEEP]
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
+        clients, after, below = table.state[1].get(keyset.raw_repr()) or table.routed(keyset)
         policy = client = None
-        for client in table.clients:
+        for client in clients:
             # a call on the device's tensors with its autocast on (the autocast key itself is
             # left out of the key set of ops it has no kernel for, so it cannot tell)
-            if keyset.has(client.backend) and not excluded(client.key):
+            if not excluded(client.key):
                 policy = _state.policies.get(client.device_type)
                 if policy is None and client.provider is not None:
                     policy = client.provider(get_dtype(client.device_type))
@@ -320,25 +374,29 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                 if kwargs and slot_names.intersection(kwargs):
                     args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
         if policy is None:
-            return redispatch(keyset & passthrough, *args, **kwargs)
-        step = plans.get(policy)
+            return redispatch(after, *args, **kwargs)
+        step: Any = steps.get(policy)
         if step is None:
-            step = plans[policy] = plan(spec, policy, client)  # type: ignore[arg-type]
+            step = steps[policy] = as_step(plan(spec, policy, client))  # type: ignore[arg-type]
         if step is passing:
             # the device's kernel excludes only its own key while it calls the op: this
-            # key must be off too, or the op would come back here
-            with _guard(own):
-                return redispatch(keyset & passthrough, *args, **kwargs)
-        if step is choose:
-            step = Plan.KEEP if explicit_dtype(args, kwargs, spec.dtype_arg) else unlisted(spec, policy)
+            # key must be off too, or the op would come back here (a flag call, not a guard
+            # object: half the cost; the key was included, or the call would not be here)
+            try:
+                _set_excluded(own_key, True)
+                return redispatch(after, *args, **kwargs)
+            finally:
+                _set_excluded(own_key, False)
+        if step is choose:  # an explicit dtype= is kept; otherwise as the op's level says
+            step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else as_step(unlisted(spec, policy))
         if step is follow:
-            return redispatch(keyset & below, *args, **kwargs)
+            return redispatch(below, *args, **kwargs)
         if tf_mode_enabled():
             # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
             # them) must not see this kernel's own tensor calls
             with torch._C.DisableTorchFunction():
-                return ACTION_TABLE[step](k, keyset, args, kwargs, policy, client)  # type: ignore[arg-type]
-        return ACTION_TABLE[step](k, keyset, args, kwargs, policy, client)  # type: ignore[arg-type]
+                return step(k, below, args, kwargs, policy, client)
+        return step(k, below, args, kwargs, policy, client)
 
     call.__name__ = call.__qualname__ = f"ampcore_{table.key_name}_{overload.replace('.', '_')}"
     return call

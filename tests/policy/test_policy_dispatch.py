@@ -396,15 +396,15 @@ def test_a_list_naming_an_op_a_fused_kernel_swallows_warns_once() -> None:
             F.scaled_dot_product_attention(q, q, q)
 
 
-class _CountingClients(tuple):  # type: ignore[type-arg]
-    """A key table's device types, counting how often a policy kernel is entered (each
-    entry iterates them once)."""
+class _CountingRoutes(dict):  # type: ignore[type-arg]
+    """A key table's remembered routes, counting how often a policy kernel is entered (each
+    entry looks its key set up once)."""
 
     entries = 0
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def get(self, *args):  # type: ignore[no-untyped-def]
         type(self).entries += 1
-        return super().__iter__()
+        return super().get(*args)
 
 
 @pytest.mark.parametrize(
@@ -425,14 +425,14 @@ def test_a_customised_region_enters_ampcores_kernel_once_per_op_call(
     with ampcore.autocast(device="cpu", custom_white_list={"mul"}):
         expected = call()
         table = _dispatch._registry.tables[_dispatch.routes()["cpu"].key]
-        saved = table.clients
-        table.clients = _CountingClients(saved)
-        _CountingClients.entries = 0
+        saved = table.state
+        table.state = (saved[0], _CountingRoutes(saved[1]))
+        _CountingRoutes.entries = 0
         try:
             result = call()
         finally:
-            table.clients = saved
-    assert _CountingClients.entries == 1
+            table.state = saved
+    assert _CountingRoutes.entries == 1
     torch.testing.assert_close(result, expected, rtol=0, atol=0)
     if torch_runs_it:
         with torch.autocast("cpu", dtype=BF16):
