@@ -19,7 +19,9 @@ import torch
 __all__ = [
     "CastCache",
     "Eligible",
+    "OnDevice",
     "cast_all",
+    "device_check",
     "eligibility",
     "explicit_dtype",
     "set_opt_dtype",
@@ -42,6 +44,9 @@ _CONVERT: Final[dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor]]] = {
 
 #: Whether a tensor is one autocast casts (torch's ``is_eligible``).
 Eligible = Callable[[torch.Tensor], bool]
+#: Whether a tensor is on the device type (a part of :data:`Eligible`, called on its own where
+#: the dtype was read already).
+OnDevice = Callable[[torch.Tensor], bool]
 #: A region's weight-cast cache: (id of the weight, dtype) -> (weak ref to it, its cast).
 CastCache = dict[tuple[int, torch.dtype], tuple["weakref.ref[torch.Tensor]", torch.Tensor]]
 
@@ -51,18 +56,19 @@ _CASTABLE: Final = frozenset(
 )
 
 
-def eligibility(device_type: str, attr: str | None) -> Eligible:
-    """torch's ``is_eligible``: a floating tensor of the device type, not float64."""
+def device_check(device_type: str, attr: str | None) -> OnDevice:
+    """Whether a tensor is on ``device_type``: its boolean attribute ``attr`` when torch has it
+    (``is_cpu``: a C getter, read per tensor on the hot path), else its device's type."""
     if attr is not None and hasattr(torch.Tensor, attr):
-        on_device = operator.attrgetter(attr)
+        return operator.attrgetter(attr)
+    return lambda t: t.device.type == device_type
 
-        def eligible(t: torch.Tensor) -> bool:
-            return t.dtype in _CASTABLE and on_device(t)
 
-    else:
+def eligibility(on_device: OnDevice) -> Eligible:
+    """torch's ``is_eligible``: a floating tensor of the device type, not float64."""
 
-        def eligible(t: torch.Tensor) -> bool:
-            return t.dtype in _CASTABLE and t.device.type == device_type
+    def eligible(t: torch.Tensor) -> bool:
+        return t.dtype in _CASTABLE and on_device(t)
 
     return eligible
 
@@ -88,26 +94,29 @@ def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: CastCache | None) -> t
     return t.to(dtype=to)
 
 
-def _cast_value(value: Any, to: torch.dtype, eligible: Eligible, cache: CastCache | None) -> Any:
+def _cast_value(value: Any, to: torch.dtype, on_device: OnDevice, cache: CastCache | None) -> Any:
     if isinstance(value, _Tensor):
-        if value.dtype is not to and eligible(value):
+        dtype = value.dtype
+        if dtype is not to and dtype in _CASTABLE and on_device(value):
             return _cast_tensor(value, to, cache)
         return value
     if type(value) in _SEQUENCES and any(isinstance(v, _Tensor) for v in value):
-        return [_cast_value(v, to, eligible, cache) for v in value]
+        return [_cast_value(v, to, on_device, cache) for v in value]
     return value
 
 
 def cast_all(
-    args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, eligible: Eligible, cache: CastCache | None
+    args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, on_device: OnDevice, cache: CastCache | None
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``args``/``kwargs`` with every eligible tensor (also inside a list or tuple) cast to ``to``;
-    weights through ``cache`` when given and torch's autocast cache is on (its ``cached_cast``)."""
+    """``args``/``kwargs`` with every eligible tensor (also inside a list or tuple; eligible: of
+    a castable dtype and ``on_device``) cast to ``to``; weights through ``cache`` when given
+    and torch's autocast cache is on (its ``cached_cast``)."""
     casted: list[Any] | None = None  # copied on the first change: most calls change nothing
     convert = _CONVERT.get(to)
     for i, value in enumerate(args):
         if isinstance(value, _Tensor):
-            if value.dtype is to or not eligible(value):
+            dtype = value.dtype
+            if dtype is to or dtype not in _CASTABLE or not on_device(value):
                 continue
             # only weights (leaves that require grad) are cached: skip the call for the rest
             if cache is not None and value.requires_grad:
@@ -117,14 +126,14 @@ def cast_all(
             else:
                 new = value.to(dtype=to)
         elif type(value) in _SEQUENCES:
-            new = _cast_value(value, to, eligible, cache)
+            new = _cast_value(value, to, on_device, cache)
         else:
             continue
         if casted is None:
             casted = list(args)
         casted[i] = new
     if kwargs:
-        kwargs = {k: _cast_value(v, to, eligible, cache) for k, v in kwargs.items()}
+        kwargs = {k: _cast_value(v, to, on_device, cache) for k, v in kwargs.items()}
     return (args if casted is None else tuple(casted)), kwargs
 
 

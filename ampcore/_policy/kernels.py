@@ -39,7 +39,7 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from .._errors import AmpcoreError
-from .casting import _NUMBERS, Eligible, cast_all, explicit_dtype, set_opt_dtype, widest, wrap_numbers
+from .casting import _NUMBERS, Eligible, OnDevice, cast_all, explicit_dtype, set_opt_dtype, widest, wrap_numbers
 from .fused import SWALLOWING, check_swallowed
 from .lists import Action
 from .op_names import generated_overloads, is_composite
@@ -96,6 +96,7 @@ class Client:
     key: torch._C.DispatchKey  # its autocast key (excluded while its autocast is off)
     backend: torch._C.DispatchKey  # its backend key (in the key set of a call on its tensors)
     eligible: Eligible
+    on_device: OnDevice  # the device half of ``eligible`` (the casting loop reads the dtype itself)
     provider: Callable[[torch.dtype], Any] | None = None
     native: Mapping[str, str] = field(default_factory=dict)
 
@@ -296,16 +297,16 @@ def _decompose(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: An
 def _to_low(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     # torch's current autocast dtype: the region's, or a nested torch.autocast's
     cache = _state.cast_cache if policy.cache else None
-    return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.eligible, cache)
+    return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.on_device, cache)
 
 
 def _to_fp32(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
-    return cast_all(args, kwargs, _FLOAT32, client.eligible, None)
+    return cast_all(args, kwargs, _FLOAT32, client.on_device, None)
 
 
 def _to_widest(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     dtype = widest(args, kwargs, client.eligible)
-    return (args, kwargs) if dtype is None else cast_all(args, kwargs, dtype, client.eligible, None)
+    return (args, kwargs) if dtype is None else cast_all(args, kwargs, dtype, client.on_device, None)
 
 
 def _set_fp32_dtype(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:

@@ -58,7 +58,7 @@ import torch
 
 from .._errors import AmpcoreError
 from .._forklock import LOCK
-from .casting import eligibility
+from .casting import device_check, eligibility
 from .kernels import Client, KeyTable, dispatch_key, kernel
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
 from .op_names import castable_overloads
@@ -207,10 +207,12 @@ class _Registry:
         resident = key == own
         table = self.tables.get(key) or KeyTable(key)
         self.tables[key] = table
-        eligible = eligibility(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
+        on_device = device_check(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
         native = {} if resident else _torch_actions(device_type, own)
         own_key, backend_key = dispatch_key(own), _backend_key(device_type)
-        client = Client(device_type, own_key, backend_key, eligible, provider if resident else None, native)
+        client = Client(
+            device_type, own_key, backend_key, eligibility(on_device), on_device, provider if resident else None, native
+        )
         if resident:  # kernels behave as the backend's lists while they are being registered
             table.clients = (*table.clients, client)
         self._register(table)
