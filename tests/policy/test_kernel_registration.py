@@ -209,6 +209,48 @@ def test_keyboard_interrupts_leave_no_kernel_registration_state_behind() -> None
     assert "interrupted" in done.stdout
 
 
+KERNEL_INTERRUPTS = """
+    import random, signal, torch, ampcore
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+    keys = [torch._C.DispatchKey.AutocastCPU, torch._C.DispatchKey.AutocastIPU]
+    x, y, m = torch.randn(64, 64), torch.randn(64, 64), torch.randn(8, 8)
+    armed = [False]
+    def interrupt(signum, frame):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+    signal.signal(signal.SIGALRM, interrupt)
+    interrupted = leaked = 0
+    region = ampcore.autocast("cpu", custom_white_list={"add"}, custom_black_list={"mul"})
+    with region:  # kernels registered on the first op; every op below enters one
+        x + y
+        for _ in range(400):
+            armed[0] = True
+            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00002, 0.0005))
+            try:
+                for _ in range(50):
+                    x + y, x * y, torch.mm(m, m), x - y, x.sum(dtype=torch.float32)
+            except KeyboardInterrupt:
+                interrupted += 1
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            # caught inside the region: its keys must be as the region set them
+            leaked += any(excluded(k) for k in keys)
+            assert (x + y).dtype == torch.bfloat16 and (x * y).dtype == torch.float32
+    print("interrupted", interrupted, "leaked", leaked)
+    assert interrupted > 100 and leaked == 0
+"""
+
+
+@pytest.mark.slow
+def test_keyboard_interrupts_inside_policy_kernels_leave_the_regions_keys_as_they_were() -> None:
+    """A KeyboardInterrupt at any bytecode of a policy kernel (which excludes its own key and
+    the device's autocast key while it casts and calls the op) and caught inside the region
+    leaves no key excluded: the region's next ops get its policy."""
+    done = run_child(KERNEL_INTERRUPTS)
+    assert "leaked 0" in done.stdout
+
+
 # -- 4. results never depend on what ran before ----------------------------------------------
 
 
