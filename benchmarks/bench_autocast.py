@@ -154,6 +154,9 @@ def _calls(region: Region, call: Callable[[], Any], n: int) -> Callable[[], None
 
 def case_per_call(rounds: int) -> None:
     """Rows in pairs: a torch.autocast baseline, then the same op in an ampcore region."""
+    # as in a training process: constructing a torch optimizer imports torch._dynamo (which
+    # once made every policy region push torch.compile's guard mode, +3-4 us per call)
+    torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
     x, y = torch.randn(64, 64), torch.randn(64, 64)
     n = 2000
     add = lambda: x + y  # noqa: E731

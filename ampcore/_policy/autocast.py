@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import sys
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -15,7 +14,7 @@ from .._backends.backend import Backend, dtype_name
 from .._backends.registry import DeviceLike, resolve_device
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, closest
-from .compile import constant_result, guard_mode, opaque
+from .compile import compile_in_use, constant_result, guard_mode, opaque
 from .kernels import dispatch_key
 from .levels import check_level
 from .lists import check_custom, compute_oplists, merge_custom
@@ -228,7 +227,7 @@ class autocast:
                 )
             if found is not None and not found.resident:
                 shadow = _switch_on(found.key)
-            if policy is not None and "torch._dynamo" in sys.modules:  # torch.compile in use
+            if policy is not None and compile_in_use():
                 mode = guard_mode(policy)  # graphs per policy
                 mode.__enter__()
             if policy is not None or previous is not None:

@@ -11,12 +11,16 @@ Three pieces:
   (used to turn an uncustomised O1 region inside a compiled function into a plain
   ``torch.autocast``, which dynamo compiles without a graph break).
 * :func:`guard_mode`: a do-nothing ``TorchFunctionMode`` of a class unique to each policy,
-  pushed while a customised region is active and ``torch._dynamo`` is loaded (i.e. once
-  ``torch.compile`` has been called).  ampcore's kernels run while AOTAutograd traces, so
-  a compiled graph bakes the casts of the policy it was traced under; dynamo guards on the
+  pushed while a region with a policy is active once dynamo has processed a frame in this
+  process (:func:`compile_in_use`).  ampcore's kernels run while AOTAutograd traces, so a
+  compiled graph bakes the casts of the policy it was traced under; dynamo guards on the
   classes of the active torch-function modes, so a graph traced under one policy is not
   reused under another (it recompiles instead).  Cost: about 1-2 us per torch call in
-  customised regions, only in processes that use torch.compile.
+  regions with a policy, only in processes that use torch.compile.  A graph first traced
+  in a policy region entered before any compile was traced without a mode: regions with a
+  policy entered later have one (no reuse), code outside policy regions differs in its
+  tensor guards (the shadow key is in the key sets only inside them).  Left open: another
+  thread's policy region entered before that first compile could reuse it.
 
 The markers use dynamo's C-level frame API and function attributes that
 ``torch._dynamo.disable`` and ``torch._dynamo.assume_constant_result`` set; on a torch
@@ -25,6 +29,7 @@ without them they do nothing.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._forklock import LOCK
 
-__all__ = ["constant_result", "guard_mode", "opaque"]
+__all__ = ["compile_in_use", "constant_result", "guard_mode", "opaque"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,6 +60,17 @@ def constant_result(fn: F) -> F:
     """Let dynamo call ``fn`` once while tracing and treat its result as a constant."""
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn
+
+
+def compile_in_use() -> bool:
+    """Whether dynamo has processed a frame in this process (``torch.compile`` ran).
+
+    Not whether ``torch._dynamo`` is imported: constructing any torch optimizer imports it,
+    and the guard mode would then cost every training loop 1-2 us per torch call.
+    """
+    utils = sys.modules.get("torch._dynamo.utils")
+    frames = getattr(utils, "counters", {}).get("frames") if utils is not None else None
+    return bool(frames and frames.get("total"))
 
 
 class _PolicyGuardMode(TorchFunctionMode):

@@ -99,3 +99,25 @@ def test_gradients_under_compile_match_eager() -> None:
     for a, b in zip(compiled, eager):  # same policy; bf16 rounding may differ in the last bits
         assert a.dtype == b.dtype == FP32
         torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
+
+
+def test_the_guard_mode_waits_for_a_compile_not_for_dynamos_import() -> None:
+    """Constructing any torch optimizer imports torch._dynamo: a training loop that never
+    compiles must not pay the guard mode's 1-2 us per torch call in its policy regions."""
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+
+    torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    saved = {key: counter.copy() for key, counter in counters.items()}
+    counters.clear()  # as in a process that compiled nothing (earlier tests did)
+    try:
+        with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+            assert not torch._C._is_torch_function_mode_enabled()
+            assert (X + X).dtype == BF16
+        compiled = torch.compile(_body, backend="eager")
+        assert _dtypes(compiled(X, W)) == [FP32, FP32]  # dynamo processes its first frame
+        with ampcore.autocast(device="cpu", custom_white_list={"add"}):
+            assert torch._C._is_torch_function_mode_enabled()  # from now on: graphs per policy
+            assert _dtypes(compiled(X, W)) == [BF16, BF16]
+    finally:
+        counters.clear()
+        counters.update(saved)
