@@ -12,6 +12,7 @@ from .checkpoint import DecoratedModel, ModuleCheckpointHooks, OptimizerCheckpoi
 from .decorate_checks import DecorateRequest
 from .fsdp import RefuseSharded
 from .master import MasterPair, MasterWeights
+from .mixed_norm import LowOutput
 from .model_plan import CastInputs, Float32Island, ModelPlan
 
 __all__ = ["convert_models", "install_masters"]
@@ -92,6 +93,8 @@ def _install_hooks(plan: ModelPlan, record: DecoratedModel, low: torch.dtype, is
         plan.model.register_forward_pre_hook(CastInputs(low, record), with_kwargs=True)
     for module in plan.norm_modules:
         islands.norm.register(module)
+    for module in plan.mixed_norms:  # no island: low-precision inputs as they come
+        module.register_forward_hook(islands.low_output)
     for module in plan.excluded_roots:
         islands.excluded.register(module)
 
@@ -104,3 +107,4 @@ class _Islands:
         device = name if index is None else f"{name}:{index}"
         self.norm = Float32Island(device, output_dtype=low)
         self.excluded = Float32Island(device)
+        self.low_output = LowOutput(low)

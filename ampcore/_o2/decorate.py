@@ -22,6 +22,7 @@ from torch import nn
 from .._backends.registry import DeviceLike, ResolvedDevice
 from .convert import convert_models, install_masters
 from .decorate_checks import DecorateRequest, check_o2, validate
+from .mixed_norm import mixed_batch_norm
 from .model_plan import ModelPlan, default_keep_norm_fp32, plan_model
 
 __all__ = ["decorate"]
@@ -146,7 +147,10 @@ def _plan(request: DecorateRequest) -> list[ModelPlan]:
     if keep_norm is None:
         keep_norm = default_keep_norm_fp32(request.resolved.backend, request.low)
     ids = {id(m) for m in request.excluded_instances}
-    return [plan_model(m, keep_norm, request.excluded_types, ids, request.cast_buffers) for m in request.models]
+    index = request.resolved.index
+    device_type = request.resolved.backend.device_type
+    mixed = mixed_batch_norm(device_type if index is None else f"{device_type}:{index}", request.low)
+    return [plan_model(m, keep_norm, request.excluded_types, ids, request.cast_buffers, mixed) for m in request.models]
 
 
 def _offer_to_vendor(

@@ -32,6 +32,7 @@ from torch import nn
 from .._errors import AmpcoreError
 from .._nest import map_tensors
 from .fp32_modules import ALWAYS, fp32_group
+from .mixed_norm import plain_batch_norm
 
 if TYPE_CHECKING:
     from .._backends.backend import Backend
@@ -63,6 +64,8 @@ class ModelPlan:
     original: dict[nn.Module, dict[str, torch.dtype]] = field(default_factory=dict)
     #: kept norm layers (float32 inputs)
     norm_modules: list[nn.Module] = field(default_factory=list)
+    #: kept BatchNorm layers run on low-precision inputs (the device mixes dtypes)
+    mixed_norms: list[nn.Module] = field(default_factory=list)
     #: roots of excluded subtrees (float32 inputs, autocast off)
     excluded_roots: list[nn.Module] = field(default_factory=list)
     #: whether the model itself stays float32 (then its inputs are not cast)
@@ -75,8 +78,11 @@ def plan_model(
     excluded_types: tuple[type[nn.Module], ...],
     excluded_instances: set[int],
     cast_buffers: bool = False,
+    mixed_batch_norm: bool = False,
 ) -> ModelPlan:
-    """Decide what level O2 converts in ``model`` (reads the model, changes nothing)."""
+    """Decide what level O2 converts in ``model`` (reads the model, changes nothing).
+    ``mixed_batch_norm``: the device's batch-norm kernel takes low-precision inputs with
+    float32 weights (:mod:`ampcore._o2.mixed_norm`), so torch's BatchNorm layers need no island."""
     plan = ModelPlan(model)
     kept: set[int] = set()  # ids of modules whose own tensors stay float32
     for module in model.modules():
@@ -88,7 +94,8 @@ def plan_model(
             group = fp32_group(module)
             if group is None or (group != ALWAYS and not keep_norm):
                 continue
-            plan.norm_modules.append(module)
+            mixed = mixed_batch_norm and plain_batch_norm(module)
+            (plan.mixed_norms if mixed else plan.norm_modules).append(module)
         kept.update(id(sub) for sub in module.modules())
     plan.root_kept = id(model) in kept
     keep_params = {
