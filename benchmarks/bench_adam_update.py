@@ -1,32 +1,101 @@
-"""The AdamW update alone, O2 chunked vs torch's AdamW on fp32 and on bf16 parameters (issue 17).
+"""The Adam/AdamW update alone: O2's chunked master-weight update against torch's optimizer on
+float32 parameters (what O1 and fp32 training run) and on bfloat16 parameters and states (the
+hand-written bf16 loop), issue 17.
 
-9 x Linear(2048) parameters with random gradients; each round runs one ``optimizer.step()``
-of every setup (O2 once per chunk size given), interleaved; prints the median (ms) of the
-rounds after the first, and the load average.
+The seed network's parameters (9 x ``Linear(WIDTH, WIDTH)``) with fixed random gradients;
+each round runs one ``optimizer.step()`` of every setup (O2 once per chunk size), in an order
+that rotates per round.  The table gives the median of the timed rounds and the ratios
+against the float32 and the bfloat16 update of the same run.  The chunk size is an
+experiment knob (``ampcore._o2.master_adam.ADAM_CHUNK`` is patched for the O2 rows).
 
-    python benchmarks/bench_adam_update.py THREADS [CHUNK ...]
-    python benchmarks/bench_adam_update.py 1 262144 1048576
+    python benchmarks/bench_adam_update.py                      # AdamW, torch's threads
+    python benchmarks/bench_adam_update.py --optimizer adam --threads 1 --chunks 262144 1048576
 """
-import time, statistics, torch, sys, warnings, os
-warnings.simplefilter("ignore")
-import ampcore, ampcore._o2.master_adam as ma
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Final
+
+import torch
+
+import ampcore
+import ampcore._o2.master_adam as master_adam
 from ampcore._cli.experiment import SeedNet
-torch.set_flush_denormal(True)
-torch.set_num_threads(int(sys.argv[1]))
-def mk(kind):
-    torch.manual_seed(0); m = SeedNet(2048)
-    if kind == "bf16": m.to(torch.bfloat16)
-    o = torch.optim.AdamW(m.parameters(), lr=1e-4)
-    if kind == "fast": m, o = ampcore.decorate(m, o, level="O2", device="cpu")
-    gs = [torch.randn_like(p) for p in m.parameters()]
-    return m, o, gs
-setups = {k: mk(k) for k in ("fp32", "bf16", "fast")}
-chunks = [int(c) for c in sys.argv[2:]]
-times = {}
-for r in range(5):
-    for k,(m,o,gs) in setups.items():
-        for c in (chunks if k == "fast" else [0]):
-            ma.ADAM_CHUNK = c or ma.ADAM_CHUNK
-            for p, g in zip(m.parameters(), gs): p.grad = g
-            t=time.perf_counter(); o.step(); times.setdefault(f"{k}{c or ''}", []).append(time.perf_counter()-t)
-print(sys.argv[1], "threads", {k: round(statistics.median(v[1:])*1e3,1) for k,v in times.items()}, os.getloadavg())
+
+OPTIMIZERS: Final = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
+
+def setup(kind: str, optimizer: str, width: int, chunk: int = 0) -> Callable[[], None]:
+    """One optimizer step of a fresh seed network of ``kind`` (fp32, bf16, O2), its
+    gradients set before every step (outside the timed call)."""
+    torch.manual_seed(0)
+    model: torch.nn.Module = SeedNet(width)
+    if kind == "bf16":
+        model.to(torch.bfloat16)
+    opt = OPTIMIZERS[optimizer](model.parameters(), lr=1e-4)
+    if kind == "O2":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # bf16 emulated on CPUs without bf16 instructions
+            model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
+    params = list(model.parameters())
+    grads = [torch.randn_like(p) for p in params]
+    default_chunk = master_adam.ADAM_CHUNK
+
+    def step() -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+        master_adam.ADAM_CHUNK = chunk or default_chunk  # type: ignore[misc]
+        try:
+            opt.step()
+        finally:
+            master_adam.ADAM_CHUNK = default_chunk  # type: ignore[misc]
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--chunks", type=int, nargs="+", default=[master_adam.ADAM_CHUNK], help="O2 chunk sizes")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--width", type=int, default=2048)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    name = "AdamW" if args.optimizer == "adamw" else "Adam"
+    steps = {
+        f"fp32 {name} (torch)": setup("fp32", args.optimizer, args.width),
+        f"bf16 {name} (bf16 params and states)": setup("bf16", args.optimizer, args.width),
+    }
+    for chunk in args.chunks:
+        steps[f"O2 chunked, {chunk} elements"] = setup("O2", args.optimizer, args.width, chunk)
+    names = list(steps)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(args.rounds + 1):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            start = time.perf_counter()
+            steps[n]()
+            if r:
+                times[n].append(time.perf_counter() - start)
+    medians = {n: statistics.median(v) * 1e3 for n, v in times.items()}
+    fp32, bf16 = medians[names[0]], medians[names[1]]
+    print(
+        f"\n{name} update of 9 x Linear({args.width}), torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"median of {args.rounds} rounds, load average {os.getloadavg()[0]:.2f}\n"
+    )
+    print("| update | ms | / fp32 | / bf16 |")
+    print("|---|---:|---:|---:|")
+    for n in names:
+        print(f"| {n} | {medians[n]:.1f} | {medians[n] / fp32:.3f} | {medians[n] / bf16:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
