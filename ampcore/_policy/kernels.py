@@ -12,7 +12,10 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
 * a policy: the :class:`Plan` of the op under that policy, decided once per (kernel,
   policy) by :func:`plan` from the op's :class:`OverloadSpec`, then carried out:
 
-  - ``FOLLOW`` (an op on no list at O1): the call goes on below autocast, untouched;
+  - ``FOLLOW`` (an op on no list at O1): the call goes on below autocast, untouched; a
+    non-composite op with this kernel's key excluded, so that the ops its kernel calls
+    internally (a bfloat16 ``mean``'s upcasts) get the device's own lists without a Python
+    round trip each, while a composite's inner ops still reach their kernels;
   - ``PASS`` (the policy does what the device's own, torch's, C++ kernel does): the call goes
     on to that kernel, with this kernel's key excluded so the op it calls does not come back;
   - a cast action (``LOW``, ``FP32``, ``PROMOTE``...): :data:`ACTION_TABLE` casts the
@@ -348,7 +351,7 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     spec = OverloadSpec.of(overload)
     k = _Kernel(spec, table)
     slots, slot_names = spec.slots, spec.slot_names
-    redispatch, own_key = k.redispatch, k.key
+    redispatch, own_key, composite = k.redispatch, k.key, spec.composite
     excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
     get_dtype = torch.get_autocast_dtype
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
@@ -391,7 +394,15 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
         if step is choose:  # an explicit dtype= is kept; otherwise as the op's level says
             step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else as_step(unlisted(spec, policy))
         if step is follow:
-            return redispatch(below, *args, **kwargs)
+            if composite:  # decomposed below: its inner ops must reach their kernels
+                return redispatch(below, *args, **kwargs)
+            # a kernel's internals (a bfloat16 mean's upcasts...) are its own business, as
+            # in torch's kernels: they get the device's own lists, not a Python round trip each
+            try:
+                _set_excluded(own_key, True)
+                return redispatch(below, *args, **kwargs)
+            finally:
+                _set_excluded(own_key, False)
         if tf_mode_enabled():
             # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
             # them) must not see this kernel's own tensor calls

@@ -214,10 +214,10 @@ KERNEL_INTERRUPTS = """
     excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
     keys = [torch._C.DispatchKey.AutocastCPU, torch._C.DispatchKey.AutocastIPU]
     x, y, m = torch.randn(64, 64), torch.randn(64, 64), torch.randn(8, 8)
-    armed = [False]
+    inside = [False]  # the interrupt is raised only inside the try block below
     def interrupt(signum, frame):
-        if armed[0]:
-            armed[0] = False
+        if inside[0]:
+            inside[0] = False
             raise KeyboardInterrupt
     signal.signal(signal.SIGALRM, interrupt)
     interrupted = leaked = 0
@@ -225,14 +225,15 @@ KERNEL_INTERRUPTS = """
     with region:  # kernels registered on the first op; every op below enters one
         x + y
         for _ in range(400):
-            armed[0] = True
             signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00002, 0.0005))
             try:
+                inside[0] = True
                 for _ in range(50):
-                    x + y, x * y, torch.mm(m, m), x - y, x.sum(dtype=torch.float32)
+                    x + y, x * y, torch.mm(m, m), x - y, x.sum(dtype=torch.float32), x.mean((0,))
+                inside[0] = False
             except KeyboardInterrupt:
                 interrupted += 1
-            armed[0] = False
+            inside[0] = False
             signal.setitimer(signal.ITIMER_REAL, 0)
             # caught inside the region: its keys must be as the region set them
             leaked += any(excluded(k) for k in keys)

@@ -413,6 +413,7 @@ class _CountingRoutes(dict):  # type: ignore[type-arg]
         (lambda: torch.mm(X, W), True),  # white, unchanged by the region: torch's C++ kernel
         (lambda: torch.ops.aten.mse_loss(X_BF16, Y_BF16), True),  # black, unchanged
         (lambda: X - Y, False),  # on no list: passed below autocast
+        (lambda: X_BF16.mean((0,)), True),  # on no list; its bf16 kernel's own upcasts stay inside it
         (lambda: X * Y, False),  # the customised op: cast by ampcore
     ],
 )
