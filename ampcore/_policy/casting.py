@@ -106,14 +106,23 @@ def _cast_value(value: Any, to: torch.dtype, on_device: OnDevice, cache: CastCac
 
 
 def cast_all(
-    args: tuple[Any, ...], kwargs: dict[str, Any], to: torch.dtype, on_device: OnDevice, cache: CastCache | None
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    to: torch.dtype,
+    on_device: OnDevice,
+    cache: CastCache | None,
+    positions: tuple[int, ...] | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args``/``kwargs`` with every eligible tensor (also inside a list or tuple; eligible: of
     a castable dtype and ``on_device``) cast to ``to``; weights through ``cache`` when given
-    and torch's autocast cache is on (its ``cached_cast``)."""
+    and torch's autocast cache is on (its ``cached_cast``).  ``positions`` (ascending): the
+    only positional arguments that may hold tensors (the schema's), when known."""
     casted: list[Any] | None = None  # copied on the first change: most calls change nothing
     convert = _CONVERT.get(to)
-    for i, value in enumerate(args):
+    for i in range(len(args)) if positions is None else positions:
+        if i >= len(args):
+            break
+        value = args[i]
         if isinstance(value, _Tensor):
             dtype = value.dtype
             if dtype is to or dtype not in _CASTABLE or not on_device(value):

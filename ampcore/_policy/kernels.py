@@ -180,6 +180,7 @@ class OverloadSpec:
     banned: str  # the error a banned call raises
     slots: tuple[int, ...]  # positions of single-Tensor arguments (numbers may arrive there)
     slot_names: frozenset[str]  # their names
+    tensor_positions: tuple[int, ...]  # positional arguments that may hold tensors (Tensor, Tensor?, Tensor[]...)
 
     @classmethod
     def of(cls, overload: str) -> OverloadSpec:
@@ -197,6 +198,9 @@ class OverloadSpec:
             banned=BANNED_MESSAGES.get(overload.partition(".")[0], f"{overload} is banned under autocast"),
             slots=tuple(i for i in single if not arguments[i].kwarg_only),
             slot_names=frozenset(arguments[i].name for i in single),
+            tensor_positions=tuple(
+                i for i, a in enumerate(arguments) if "Tensor" in str(a.type) and not a.kwarg_only
+            ),
         )
 
 
@@ -300,16 +304,18 @@ def _decompose(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: An
 def _to_low(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     # torch's current autocast dtype: the region's, or a nested torch.autocast's
     cache = _state.cast_cache if policy.cache else None
-    return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.on_device, cache)
+    return cast_all(args, kwargs, _autocast_dtype(client.device_type), client.on_device, cache, k.spec.tensor_positions)
 
 
 def _to_fp32(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
-    return cast_all(args, kwargs, _FLOAT32, client.on_device, None)
+    return cast_all(args, kwargs, _FLOAT32, client.on_device, None, k.spec.tensor_positions)
 
 
 def _to_widest(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
     dtype = widest(args, kwargs, client.eligible)
-    return (args, kwargs) if dtype is None else cast_all(args, kwargs, dtype, client.on_device, None)
+    if dtype is None:
+        return args, kwargs
+    return cast_all(args, kwargs, dtype, client.on_device, None, k.spec.tensor_positions)
 
 
 def _set_fp32_dtype(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
