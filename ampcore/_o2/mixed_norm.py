@@ -46,23 +46,29 @@ def mixed_batch_norm(device: str, low: torch.dtype) -> bool:
     float32 statistics and gradients in each input's dtype (probed once; False on any error).
     """
     try:
-        x = torch.linspace(-1.0, 2.0, 12, device=device).reshape(4, 3).to(low).requires_grad_()
-        weight = torch.ones(3, device=device, requires_grad=True)
-        bias = torch.zeros(3, device=device, requires_grad=True)
-        mean, var = torch.zeros(3, device=device), torch.ones(3, device=device)
-        out = F.batch_norm(x, mean, var, weight, bias, training=True, momentum=0.5)
-        out.float().square().sum().backward()
-        return (
-            out.dtype == low
-            and mean.dtype == var.dtype == torch.float32
-            and bool(mean.abs().sum() > 0)  # the statistics moved: updated in place, not a copy
-            and x.grad is not None
-            and x.grad.dtype == low
-            and weight.grad is not None
-            and weight.grad.dtype == torch.float32
-        )
+        # decorate may run under no_grad or inference_mode: the answer must not depend on it
+        with torch.inference_mode(False), torch.enable_grad():
+            return _probe(device, low)
     except Exception:  # noqa: BLE001 - any failure means "no": the layer stays an island
         return False
+
+
+def _probe(device: str, low: torch.dtype) -> bool:
+    x = torch.linspace(-1.0, 2.0, 12, device=device).reshape(4, 3).to(low).requires_grad_()
+    weight = torch.ones(3, device=device, requires_grad=True)
+    bias = torch.zeros(3, device=device, requires_grad=True)
+    mean, var = torch.zeros(3, device=device), torch.ones(3, device=device)
+    out = F.batch_norm(x, mean, var, weight, bias, training=True, momentum=0.5)
+    out.float().square().sum().backward()
+    return (
+        out.dtype == low
+        and mean.dtype == var.dtype == torch.float32
+        and bool(mean.abs().sum() > 0)  # the statistics moved: updated in place, not a copy
+        and x.grad is not None
+        and x.grad.dtype == low
+        and weight.grad is not None
+        and weight.grad.dtype == torch.float32
+    )
 
 
 class LowOutput:
