@@ -135,15 +135,19 @@ def test_fork_during_first_o2_entry_never_hangs_the_child() -> None:
 
 
 DATALOADER = """
-    import threading, torch, ampcore
+    import faulthandler, threading, torch, ampcore
     from torch.utils.data import DataLoader, TensorDataset
     x = torch.randn(4, 4)
     def first_o2_entry():
         with ampcore.autocast("cpu", level="O2"):
             (x + x).sum()
+    def worker_init(worker_id):  # a worker stuck after fork prints where, then exits
+        faulthandler.dump_traceback_later(45, exit=True)
     t = threading.Thread(target=first_o2_entry); t.start()
     data = TensorDataset(torch.randn(32, 4))
-    loader = DataLoader(data, batch_size=8, num_workers=2, timeout=60, multiprocessing_context="fork")
+    loader = DataLoader(
+        data, batch_size=8, num_workers=2, timeout=60, multiprocessing_context="fork", worker_init_fn=worker_init
+    )
     with ampcore.autocast("cpu", custom_white_list={"add"}):
         total = sum(float((b + b).float().sum()) for (b,) in loader)
     t.join()
