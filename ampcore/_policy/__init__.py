@@ -11,6 +11,7 @@ Read in this order:
 * ``thread_state``: the per-thread region stack and policies.
 * ``kernels``: the Python policy kernels; ``registration``: where in the dispatcher they are
   registered (once per process, never removed) and the runtime :class:`OpPolicy`.
+* ``key_tables``: a kernel key's device types and each call's route on it.
 * ``casting``: how a kernel casts the arguments of one call.
 * ``fused``, ``compile``, ``recompute``, ``custom_fwd``: fused kernels that swallow listed
   ops, torch.compile, activation checkpointing, custom autograd functions.

@@ -15,7 +15,7 @@ from .._backends.registry import DeviceLike, resolve_device
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, closest
 from .compile import compile_in_use, constant_result, guard_mode, opaque
-from .kernels import dispatch_key
+from .key_tables import dispatch_key
 from .levels import check_level
 from .lists import check_custom, compute_oplists, merge_custom
 from .op_names import canonical_ops

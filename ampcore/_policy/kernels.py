@@ -36,20 +36,20 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 import torch
 
-from .._errors import AmpcoreError
-from .casting import _NUMBERS, Eligible, OnDevice, cast_all, explicit_dtype, set_opt_dtype, widest, wrap_numbers
+from .casting import _NUMBERS, cast_all, explicit_dtype, set_opt_dtype, widest, wrap_numbers
 from .fused import SWALLOWING, check_swallowed
+from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
 from .op_names import generated_overloads, is_composite
 from .thread_state import thread_state
-from .torch_tables import APPEND_DTYPE_OVERLOADS, AUTOCAST_DISPATCH_KEYS, BANNED_MESSAGES, DEFAULT_DISPATCH_KEY
+from .torch_tables import APPEND_DTYPE_OVERLOADS, BANNED_MESSAGES
 
-__all__ = ["ACTION_TABLE", "Client", "KeyTable", "OverloadSpec", "Plan", "dispatch_key", "kernel", "plan"]
+__all__ = ["ACTION_TABLE", "Choose", "OverloadSpec", "Plan", "kernel", "plan"]
 
 _FLOAT32: Final = torch.float32
 
@@ -64,96 +64,6 @@ class Plan(str, enum.Enum):
 
     def __str__(self) -> str:
         return str(self.value)
-
-
-def dispatch_key(name: str) -> torch._C.DispatchKey:
-    """The dispatch key called ``name``; AmpcoreError when this torch has none."""
-    key = torch._C._parse_dispatch_key(name)
-    if key is None:
-        raise AmpcoreError(f"this torch has no dispatch key {name}; ampcore cannot give this device type op policies")
-    return key
-
-
-@functools.cache
-def all_autocast_keys() -> torch._C.DispatchKeySet:
-    """Every autocast key of this torch (excluded while a policy kernel calls the op)."""
-    result = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
-    for name in (DEFAULT_DISPATCH_KEY, *AUTOCAST_DISPATCH_KEYS.values()):
-        key = torch._C._parse_dispatch_key(name)
-        if key is not None:
-            result = result | torch._C.DispatchKeySet(key)
-    return result
-
-
-@dataclass(frozen=True)
-class Client:
-    """A device type whose policy kernels live on a :class:`KeyTable`'s key.
-
-    ``provider`` (resident clients: the kernels sit on the device's own autocast key) gives
-    the policy of the backend's O1 lists for an autocast dtype, applied when no region of
-    ampcore is active.  ``native`` maps an overload to the action of the device's own (torch's)
-    autocast kernel: a policy that agrees passes the call on to it instead of casting in Python.
-    """
-
-    device_type: str
-    key: torch._C.DispatchKey  # its autocast key (excluded while its autocast is off)
-    backend: torch._C.DispatchKey  # its backend key (in the key set of a call on its tensors)
-    eligible: Eligible
-    on_device: OnDevice  # the device half of ``eligible`` (the casting loop reads the dtype itself)
-    provider: Callable[[torch.dtype], Any] | None = None
-    native: Mapping[str, str] = field(default_factory=dict)
-
-
-class KeyTable:
-    """The kernels registered on one dispatch key and the device types they serve."""
-
-    def __init__(self, key_name: str) -> None:
-        self.key_name = key_name
-        key = dispatch_key(key_name)
-        self.key = key
-        #: every key below this one: the call as if this kernel were not there
-        self.passthrough = torch._C._dispatch_keyset_full_after(key)
-        #: the same without any autocast key: below autocast
-        self.below = self.passthrough - all_autocast_keys()
-        #: (clients, keyset raw repr -> Routed), replaced as a pair (never mutated but for
-        #: adding to the cache) when a device type is routed here, so a kernel reads a
-        #: consistent pair without a lock
-        self.state: tuple[tuple[Client, ...], dict[int, Routed]] = ((), {})
-
-    @property
-    def clients(self) -> tuple[Client, ...]:
-        """The device types served here, the highest-priority device key first."""
-        return self.state[0]
-
-    @clients.setter
-    def clients(self, clients: tuple[Client, ...]) -> None:
-        self.state = (tuple(clients), {})
-
-    def routed(self, keyset: torch._C.DispatchKeySet) -> Routed:
-        """Where a call with ``keyset`` goes: remembered per key set (a few per process: the
-        key sets of the tensors in use under the thread-local include/exclude sets), since
-        intersecting key sets per call costs more than a dictionary lookup."""
-        clients, seen = self.state
-        found = seen.get(keyset.raw_repr())
-        if found is None:
-            mine = tuple(c for c in clients if keyset.has(c.backend))
-            found = Routed(mine, keyset & self.passthrough, keyset & self.below)
-            if len(seen) < _MAX_ROUTED:
-                seen[keyset.raw_repr()] = found
-        return found
-
-
-class Routed(NamedTuple):
-    """A call's route on a :class:`KeyTable`: the clients whose tensors it has (in priority
-    order), and its key set without the keys down to the table's own and down to autocast."""
-
-    clients: tuple[Client, ...]
-    after: torch._C.DispatchKeySet
-    below: torch._C.DispatchKeySet
-
-
-#: Key sets remembered per table at most (beyond it, routes are computed per call).
-_MAX_ROUTED: Final = 256
 
 
 @functools.cache
@@ -348,8 +258,21 @@ ACTION_TABLE: Final[Mapping[str, Step]] = {
 
 def as_step(decided: str) -> Any:
     """A plan as the kernel keeps it: its function in :data:`ACTION_TABLE`, or the ``FOLLOW`` /
-    ``PASS`` / ``CHOOSE`` marker the kernel handles inline (no table lookup per call)."""
+    ``PASS`` marker the kernel handles inline (no table lookup per call)."""
     return ACTION_TABLE.get(decided, decided)
+
+
+class Choose(NamedTuple):
+    """``CHOOSE`` as a kernel keeps it: KEEP when the call passes a dtype, else ``otherwise``
+    (the step of the op's level when called without one, decided once)."""
+
+    otherwise: Any
+
+
+def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
+    """The step a kernel keeps for ``policy`` (see :func:`as_step` and :class:`Choose`)."""
+    decided = plan(spec, policy, client)
+    return Choose(as_step(unlisted(spec, policy))) if decided is Plan.CHOOSE else as_step(decided)
 
 
 def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
@@ -362,14 +285,12 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     get_dtype = torch.get_autocast_dtype
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
     steps: dict[Any, Any] = {}  # policy -> its step (policies live as long as their lists)
-    follow, passing, choose, keep = Action.FOLLOW, Plan.PASS, Plan.CHOOSE, ACTION_TABLE[Plan.KEEP]
+    follow, passing, keep = Action.FOLLOW, Plan.PASS, ACTION_TABLE[Plan.KEEP]
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
         clients, after, below = table.state[1].get(keyset.raw_repr()) or table.routed(keyset)
         policy = client = None
-        for client in clients:
-            # a call on the device's tensors with its autocast on (the autocast key itself is
-            # left out of the key set of ops it has no kernel for, so it cannot tell)
+        for client in clients:  # the call's device type, if its autocast is on (see KeyTable)
             if not excluded(client.key):
                 policy = _state.policies.get(client.device_type)
                 if policy is None and client.provider is not None:
@@ -387,31 +308,20 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
             return redispatch(after, *args, **kwargs)
         step: Any = steps.get(policy)
         if step is None:
-            step = steps[policy] = as_step(plan(spec, policy, client))  # type: ignore[arg-type]
-        if step is passing:
-            # the device's kernel excludes only its own key while it calls the op: this
-            # key must be off too, or the op would come back here (a flag call, not a guard
-            # object: half the cost; the key was included, or the call would not be here)
+            step = steps[policy] = decided_step(spec, policy, client)  # type: ignore[arg-type]
+        if type(step) is Choose:  # an explicit dtype= is kept; otherwise as the op's level says
+            step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else step.otherwise
+        if step is passing or step is follow:
+            if step is follow and composite:  # decomposed below: its inner ops must reach their kernels
+                return redispatch(below, *args, **kwargs)
+            # this key off (a flag, not a guard object: half the cost): torch's kernel (PASS)
+            # excludes only its own key, and a kernel's internals (FOLLOW) get the device's lists
             try:
                 _set_excluded(own_key, True)
-                return redispatch(after, *args, **kwargs)
+                return redispatch(after if step is passing else below, *args, **kwargs)
             finally:
                 _set_excluded(own_key, False)
-        if step is choose:  # an explicit dtype= is kept; otherwise as the op's level says
-            step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else as_step(unlisted(spec, policy))
-        if step is follow:
-            if composite:  # decomposed below: its inner ops must reach their kernels
-                return redispatch(below, *args, **kwargs)
-            # a kernel's internals (a bfloat16 mean's upcasts...) are its own business, as
-            # in torch's kernels: they get the device's own lists, not a Python round trip each
-            try:
-                _set_excluded(own_key, True)
-                return redispatch(below, *args, **kwargs)
-            finally:
-                _set_excluded(own_key, False)
-        if tf_mode_enabled():
-            # torch's kernels are C++: TorchFunctionModes (ampcore's compile guard among
-            # them) must not see this kernel's own tensor calls
+        if tf_mode_enabled():  # TorchFunctionModes must not see this kernel's own tensor calls
             with torch._C.DisableTorchFunction():
                 return step(k, below, args, kwargs, policy, client)
         return step(k, below, args, kwargs, policy, client)

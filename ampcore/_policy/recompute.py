@@ -26,7 +26,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 
 from .._forklock import LOCK
-from .kernels import dispatch_key
+from .key_tables import dispatch_key
 from .registration import routes
 from .thread_state import thread_state
 

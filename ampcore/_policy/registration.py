@@ -59,7 +59,8 @@ import torch
 from .._errors import AmpcoreError
 from .._forklock import LOCK
 from .casting import device_check, eligibility
-from .kernels import Client, KeyTable, dispatch_key, kernel
+from .kernels import kernel
+from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
 from .op_names import castable_overloads
 from .torch_tables import (
