@@ -23,11 +23,20 @@ import threading
 from typing import Final, Literal
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._errors import AmpcoreError
 from .._validate import check_bool
 
-__all__ = ["ALWAYS", "NAME_PATTERNS", "NORM", "fp32_group", "register_fp32_module", "unregister_fp32_module"]
+__all__ = [
+    "ALWAYS",
+    "NAME_PATTERNS",
+    "NORM",
+    "fp32_group",
+    "plain_batch_norm",
+    "register_fp32_module",
+    "unregister_fp32_module",
+]
 
 Group = Literal["always", "norm"]
 ALWAYS: Final = "always"
@@ -141,3 +150,16 @@ def fp32_group(module: nn.Module) -> str | None:
         if any(pattern.search(klass.__name__) for klass in cls.__mro__ if klass is not nn.Module):
             return group
     return None
+
+
+def plain_batch_norm(module: nn.Module) -> bool:
+    """Whether ``module`` is a torch BatchNorm layer running torch's own forward
+    (``F.batch_norm``): not ``SyncBatchNorm`` (other kernels), not a subclass with its own
+    forward, not a BatchNorm-like class of another library (``FrozenBatchNorm2d``).
+
+    Example::
+
+        >>> plain_batch_norm(nn.BatchNorm2d(4)), plain_batch_norm(nn.SyncBatchNorm(4))
+        (True, False)
+    """
+    return isinstance(module, _BatchNorm) and type(module).forward is _BatchNorm.forward

@@ -19,24 +19,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
-from .._nest import map_tensors
+from .model_plan import cast_floating
 
-__all__ = ["LowOutput", "mixed_batch_norm", "plain_batch_norm"]
-
-
-def plain_batch_norm(module: nn.Module) -> bool:
-    """Whether ``module`` is a torch BatchNorm layer running torch's own forward
-    (``F.batch_norm``): not ``SyncBatchNorm`` (other kernels), not a subclass with its own
-    forward, not a BatchNorm-like class of another library (``FrozenBatchNorm2d``).
-
-    Example::
-
-        >>> plain_batch_norm(nn.BatchNorm2d(4)), plain_batch_norm(nn.SyncBatchNorm(4))
-        (True, False)
-    """
-    return isinstance(module, _BatchNorm) and type(module).forward is _BatchNorm.forward
+__all__ = ["LowOutput", "mixed_batch_norm"]
 
 
 @functools.lru_cache(maxsize=64)
@@ -80,7 +66,4 @@ class LowOutput:
     def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         if isinstance(output, torch.Tensor) and output.dtype == self.dtype:
             return output  # the common case: a low-precision input gave a low-precision output
-        return map_tensors(output, self.cast)
-
-    def cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self.dtype) if tensor.is_floating_point() and tensor.dtype != self.dtype else tensor
+        return cast_floating(output, self.dtype)

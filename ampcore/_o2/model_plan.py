@@ -31,8 +31,7 @@ from torch import nn
 
 from .._errors import AmpcoreError
 from .._nest import map_tensors
-from .fp32_modules import ALWAYS, fp32_group
-from .mixed_norm import plain_batch_norm
+from .fp32_modules import ALWAYS, fp32_group, plain_batch_norm
 
 if TYPE_CHECKING:
     from .._backends.backend import Backend
@@ -82,7 +81,7 @@ def plan_model(
 ) -> ModelPlan:
     """Decide what level O2 converts in ``model`` (reads the model, changes nothing).
     ``mixed_batch_norm``: the device's batch-norm kernel takes low-precision inputs with
-    float32 weights (:mod:`ampcore._o2.mixed_norm`), so torch's BatchNorm layers need no island."""
+    float32 weights (:func:`ampcore._o2.mixed_norm.mixed_batch_norm`), so torch's BatchNorm layers need no island."""
     plan = ModelPlan(model)
     kept: set[int] = set()  # ids of modules whose own tensors stay float32
     for module in model.modules():

@@ -18,11 +18,10 @@ import torch
 
 __all__ = [
     "CastCache",
-    "Eligible",
     "OnDevice",
     "cast_all",
     "device_check",
-    "eligibility",
+    "eligible",
     "explicit_dtype",
     "set_opt_dtype",
     "widest",
@@ -42,10 +41,7 @@ _CONVERT: Final[dict[torch.dtype, Callable[[torch.Tensor], torch.Tensor]]] = {
     torch.float32: torch.Tensor.float,
 }
 
-#: Whether a tensor is one autocast casts (torch's ``is_eligible``).
-Eligible = Callable[[torch.Tensor], bool]
-#: Whether a tensor is on the device type (a part of :data:`Eligible`, called on its own where
-#: the dtype was read already).
+#: Whether a tensor is on the device type (with a castable dtype: :func:`eligible`).
 OnDevice = Callable[[torch.Tensor], bool]
 #: A region's weight-cast cache: (id of the weight, dtype) -> (weak ref to it, its cast).
 CastCache = dict[tuple[int, torch.dtype], tuple["weakref.ref[torch.Tensor]", torch.Tensor]]
@@ -64,13 +60,9 @@ def device_check(device_type: str, attr: str | None) -> OnDevice:
     return lambda t: t.device.type == device_type
 
 
-def eligibility(on_device: OnDevice) -> Eligible:
+def eligible(t: torch.Tensor, on_device: OnDevice) -> bool:
     """torch's ``is_eligible``: a floating tensor of the device type, not float64."""
-
-    def eligible(t: torch.Tensor) -> bool:
-        return t.dtype in _CASTABLE and on_device(t)
-
-    return eligible
+    return t.dtype in _CASTABLE and on_device(t)
 
 
 def _cast_tensor(t: torch.Tensor, to: torch.dtype, cache: CastCache | None) -> torch.Tensor:
@@ -154,7 +146,7 @@ def _tensors(values: Any) -> Iterator[torch.Tensor]:
             yield from (v for v in value if isinstance(v, _Tensor))
 
 
-def widest(args: tuple[Any, ...], kwargs: dict[str, Any], eligible: Eligible) -> torch.dtype | None:
+def widest(args: tuple[Any, ...], kwargs: dict[str, Any], on_device: OnDevice) -> torch.dtype | None:
     """torch's ``promote_type``: the widest dtype among the eligible inputs (None: none).
 
     torch raises on a third floating dtype (float16 inputs under bfloat16 autocast); ampcore
@@ -162,7 +154,7 @@ def widest(args: tuple[Any, ...], kwargs: dict[str, Any], eligible: Eligible) ->
     """
     widest = None
     for t in _tensors((*args, *kwargs.values())):
-        if eligible(t):
+        if eligible(t, on_device):
             dtype = t.dtype
             widest = dtype if widest is None or widest is dtype else torch.promote_types(widest, dtype)
     return widest
@@ -203,10 +195,10 @@ def explicit_dtype(args: tuple[Any, ...], kwargs: dict[str, Any], dtype_arg: tup
 
 
 def set_opt_dtype(
-    args: tuple[Any, ...], kwargs: dict[str, Any], dtype_arg: tuple[int, bool] | None, eligible: Eligible
+    args: tuple[Any, ...], kwargs: dict[str, Any], dtype_arg: tuple[int, bool] | None, on_device: OnDevice
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """torch's ``fp32_set_opt_dtype``: ``dtype=float32`` unless the caller gave a dtype."""
-    if dtype_arg is None or not args or not isinstance(args[0], _Tensor) or not eligible(args[0]):
+    if dtype_arg is None or not args or not isinstance(args[0], _Tensor) or not eligible(args[0], on_device):
         return args, kwargs
     index, kwarg_only = dtype_arg
     if not kwarg_only and len(args) > index:

@@ -41,7 +41,7 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
-from .casting import _NUMBERS, cast_all, explicit_dtype, set_opt_dtype, widest, wrap_numbers
+from .casting import _NUMBERS, cast_all, eligible, explicit_dtype, set_opt_dtype, widest, wrap_numbers
 from .fused import SWALLOWING, check_swallowed
 from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
@@ -222,14 +222,14 @@ def _to_fp32(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client
 
 
 def _to_widest(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
-    dtype = widest(args, kwargs, client.eligible)
+    dtype = widest(args, kwargs, client.on_device)
     if dtype is None:
         return args, kwargs
     return cast_all(args, kwargs, dtype, client.on_device, None, k.spec.tensor_positions)
 
 
 def _set_fp32_dtype(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
-    return set_opt_dtype(args, kwargs, k.spec.dtype_arg, client.eligible)
+    return set_opt_dtype(args, kwargs, k.spec.dtype_arg, client.on_device)
 
 
 def _append_fp32_dtype(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Any:
@@ -238,8 +238,9 @@ def _append_fp32_dtype(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, po
     first = args[0]
     positional = [a for a in k.spec.op._schema.arguments if not a.kwarg_only]
     completed = args + tuple(a.default_value for a in positional[len(args) :])  # the schema's defaults
+    dtype = _FLOAT32 if eligible(first, client.on_device) else first.dtype
     with _guard(k.exclude):
-        return k.spec.append_to(*completed, dtype=_FLOAT32 if client.eligible(first) else first.dtype, **kwargs)
+        return k.spec.append_to(*completed, dtype=dtype, **kwargs)
 
 
 _as_called: Final = _casting(lambda k, args, kwargs, policy, client: (args, kwargs))

@@ -17,7 +17,7 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from .._errors import AmpcoreError
-from .casting import Eligible, OnDevice
+from .casting import OnDevice
 from .torch_tables import AUTOCAST_DISPATCH_KEYS, DEFAULT_DISPATCH_KEY
 
 __all__ = ["Client", "KeyTable", "Routed", "all_autocast_keys", "dispatch_key"]
@@ -55,8 +55,7 @@ class Client:
     device_type: str
     key: torch._C.DispatchKey  # its autocast key (excluded while its autocast is off)
     backend: torch._C.DispatchKey  # its backend key (in the key set of a call on its tensors)
-    eligible: Eligible
-    on_device: OnDevice  # the device half of ``eligible`` (the casting loop reads the dtype itself)
+    on_device: OnDevice  # whether a tensor is on the device type (casting.eligible adds the dtype)
     provider: Callable[[torch.dtype], Any] | None = None
     native: Mapping[str, str] = field(default_factory=dict)
 
@@ -97,12 +96,13 @@ class KeyTable:
         key sets of the tensors in use under the thread-local include/exclude sets), since
         intersecting key sets per call costs more than a dictionary lookup."""
         clients, seen = self.state
-        found = seen.get(keyset.raw_repr())
+        raw = keyset.raw_repr()
+        found = seen.get(raw)
         if found is None:
             mine = tuple(c for c in clients if keyset.has(c.backend))
             found = Routed(mine, keyset & self.passthrough, keyset & self.below)
             if len(seen) < _MAX_ROUTED:
-                seen[keyset.raw_repr()] = found
+                seen[raw] = found
         return found
 
 

@@ -58,7 +58,7 @@ import torch
 
 from .._errors import AmpcoreError
 from .._forklock import LOCK
-from .casting import device_check, eligibility
+from .casting import device_check
 from .kernels import kernel
 from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
@@ -211,9 +211,7 @@ class _Registry:
         on_device = device_check(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
         native = {} if resident else _torch_actions(device_type, own)
         own_key, backend_key = dispatch_key(own), _backend_key(device_type)
-        client = Client(
-            device_type, own_key, backend_key, eligibility(on_device), on_device, provider if resident else None, native
-        )
+        client = Client(device_type, own_key, backend_key, on_device, provider if resident else None, native)
         if resident:  # kernels behave as the backend's lists while they are being registered
             table.clients = (*table.clients, client)
         self._register(table)

@@ -14,7 +14,8 @@ from torch import nn
 
 import ampcore
 import ampcore._o2.decorate as decorate_module
-from ampcore._o2.mixed_norm import mixed_batch_norm, plain_batch_norm
+from ampcore._o2.fp32_modules import plain_batch_norm
+from ampcore._o2.mixed_norm import mixed_batch_norm
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
