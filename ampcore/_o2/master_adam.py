@@ -9,7 +9,11 @@ for: single-tensor, foreach or fused) updates the master, ``exp_avg``, ``exp_avg
 ``max_exp_avg_sq``) chunks, and the low-precision parameter chunk is written from the master
 chunk while it is still in cache.  No full-size float32 gradient exists; each chunk of the
 gradient is read once (2 bytes per parameter), the master and the states read and written
-once (24, or 32 with amsgrad) and the parameter written once (2).
+once (24, or 32 with amsgrad) and the parameter written once (2).  A parameter of at most
+one chunk (biases, norms, the layers of a small model) goes whole, with its own step count;
+such parameters share one call of torch's Adam per chunk's worth of elements, and their
+low-precision copies are refreshed in one ``_foreach_copy_``, so a model of many small
+tensors pays about one extra op per tensor over torch's own float32 step.
 
 Adam is elementwise, so running torch's own Adam on chunks gives, element for element, the
 results of running it on the whole tensors with the upcast gradients: the same kernels with
@@ -74,6 +78,21 @@ class _Batch:
     max_exp_avg_sqs: list[torch.Tensor] = field(default_factory=list)
     steps: list[torch.Tensor] = field(default_factory=list)
     refresh: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    def add(self, master: torch.Tensor, wide: torch.Tensor, low: torch.Tensor, states: list[torch.Tensor],
+            step: torch.Tensor) -> None:
+        """Queue one (chunk of a) master with its float32 gradient, its ``exp_avg``,
+        ``exp_avg_sq`` (and ``max_exp_avg_sq``) in ``states``, its step count, and the
+        low-precision (chunk of the) parameter to refresh from it."""
+        self.used += master.numel()
+        self.params.append(master)
+        self.grads.append(wide)
+        self.exp_avgs.append(states[0])
+        self.exp_avg_sqs.append(states[1])
+        if len(states) > 2:
+            self.max_exp_avg_sqs.append(states[2])
+        self.steps.append(step)
+        self.refresh.append((low, master))
 
     def clear(self) -> None:
         self.used = 0
@@ -180,12 +199,19 @@ def _chunks(
     state: dict[str, Any],
     batch: _Batch,
 ) -> None:
-    """Queue the chunks of one master; the step count advances once, after its last chunk
-    (every chunk updates with a copy of the count from before the step)."""
-    tensors = [master, grad, low, state["exp_avg"], state["exp_avg_sq"]]
-    if group["amsgrad"]:
-        tensors.append(state["max_exp_avg_sq"])
+    """Queue one master: whole if it fits in a chunk, else chunk by chunk, the step count
+    advancing once, after its last chunk (every chunk updates with a copy of the count from
+    before the step)."""
     widen = grad.dtype != master.dtype
+    total = master.numel()
+    if total <= ADAM_CHUNK:
+        # one chunk: the whole tensors, with the real step count (torch's Adam advances it,
+        # as for a parameter without master); the batch's float32 gradients stay within a chunk
+        if batch.used + total > ADAM_CHUNK:
+            _flush(adam, options, group, batch)
+        batch.add(master, grad.to(master.dtype) if widen else grad, low, _states(group, state), state["step"])
+        return
+    tensors = [master, grad, low, *_states(group, state)]
     if not all(t.is_contiguous() for t in tensors):
         # (a strided layout: no flat chunks) one whole-tensor update from a widened copy
         _flush(adam, options, group, batch)
@@ -194,7 +220,6 @@ def _chunks(
         low.copy_(master)
         return
     flat = [t.view(-1) for t in tensors]
-    total = master.numel()
     before = state["step"]
     for start in range(0, total, ADAM_CHUNK):
         stop = min(start + ADAM_CHUNK, total)
@@ -211,18 +236,15 @@ def _chunks(
             wide = batch.scratch[batch.used : batch.used + size].copy_(views[1])
         else:
             wide = views[1]
-        batch.used += size
-        batch.params.append(views[0])
-        batch.grads.append(wide)
-        batch.exp_avgs.append(views[3])
-        batch.exp_avg_sqs.append(views[4])
-        if group["amsgrad"]:
-            batch.max_exp_avg_sqs.append(views[5])
-        batch.steps.append(before.clone())
-        batch.refresh.append((views[2], views[0]))
+        batch.add(views[0], wide, views[2], views[3:], before.clone())
     # the real count: the same in-place increment torch applies (before the last chunk's
     # update has run, which holds its own copy)
     before += 1
+
+
+def _states(group: Mapping[str, Any], state: Mapping[str, Any]) -> list[torch.Tensor]:
+    names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
+    return [state[name] for name in names]
 
 
 def _flush(adam: Any, options: dict[str, bool], group: Mapping[str, Any], batch: _Batch) -> None:
@@ -230,8 +252,9 @@ def _flush(adam: Any, options: dict[str, bool], group: Mapping[str, Any], batch:
         return
     _run(adam, options, group, batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
          batch.max_exp_avg_sqs, batch.steps)
-    for low, master in batch.refresh:
-        low.copy_(master)
+    # the low-precision parameters from their masters in one call (a rounding copy, exact
+    # whichever kernel runs it)
+    torch._foreach_copy_([low for low, _ in batch.refresh], [master for _, master in batch.refresh])
     batch.clear()
 
 

@@ -386,9 +386,26 @@ def test_a_param_group_of_model_parameters_added_after_decorate_is_refused() -> 
         opt.step()
 
 
+def _sgd_model(chunked: bool) -> nn.Module:
+    """A BatchNorm (float32 parameters of the group) between small layers; ``chunked`` adds a
+    weight of more than one chunk of the one-pass update (ending in a partial chunk)."""
+    from ampcore._o2.master_sgd import CHUNK
+
+    torch.manual_seed(0)
+    if not chunked:
+        return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+    wide = CHUNK // 16 + 37
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, wide), nn.ReLU(), nn.Linear(wide, 4))
+
+
 @needs_grad_dtype
-@pytest.mark.parametrize("options", [{}, {"weight_decay": 0.01, "maximize": True}])
-def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, object], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("chunked", [False, True], ids=["small", "chunked"])
+@pytest.mark.parametrize(
+    "options", [{}, {"weight_decay": 0.01}, {"maximize": True}, {"weight_decay": 0.01, "maximize": True}]
+)
+def test_the_one_pass_sgd_update_equals_torchs_sgd_step(
+    options: dict[str, object], chunked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Plain SGD runs ampcore's fused update; a step hook makes ampcore call torch's SGD."""
     import ampcore._o2.master as master_module
 
@@ -397,8 +414,7 @@ def test_the_one_pass_sgd_update_equals_torchs_sgd_step(options: dict[str, objec
     monkeypatch.setattr(master_module, "fused_sgd_update", lambda *a: calls.append(1) or original(*a))
 
     def run(fused: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+        model = _sgd_model(chunked)
         opt = torch.optim.SGD(model.parameters(), lr=0.05, **options)  # type: ignore[arg-type]
         model, opt = ampcore.decorate(model, opt, device="cpu")
         if not fused:
