@@ -15,7 +15,9 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
   - ``FOLLOW`` (an op on no list at O1): the call goes on below autocast, untouched; a
     non-composite op with this kernel's key excluded, so that the ops its kernel calls
     internally (a bfloat16 ``mean``'s upcasts) get the device's own lists without a Python
-    round trip each, while a composite's inner ops still reach their kernels;
+    round trip each, while a composite's inner ops still reach their kernels (``DESCEND``),
+    except inside a composite of ops levels never cast under a policy without custom lists
+    (``batch_norm``: :data:`~ampcore._policy.op_names.SEALED_COMPOSITES`);
   - ``PASS`` (the policy does what the device's own, torch's, C++ kernel does): the call goes
     on to that kernel, with this kernel's key excluded so the op it calls does not come back;
   - a cast action (``LOW``, ``FP32``, ``PROMOTE``...): :data:`ACTION_TABLE` casts the
@@ -45,7 +47,7 @@ from .casting import _NUMBERS, cast_all, eligible, explicit_dtype, set_opt_dtype
 from .fused import SWALLOWING, check_swallowed
 from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
-from .op_names import generated_overloads, is_composite
+from .op_names import SEALED_COMPOSITES, generated_overloads, is_composite
 from .thread_state import thread_state
 from .torch_tables import APPEND_DTYPE_OVERLOADS, BANNED_MESSAGES
 
@@ -59,6 +61,7 @@ class Plan(str, enum.Enum):
     or one of the kernel's own steps below."""
 
     PASS = "pass"  #: the device's own autocast kernel does exactly the policy's action
+    DESCEND = "descend"  #: a composite on no list: decomposed below with this key on, its inner ops reach it
     CHOOSE = "choose"  #: on no list: KEEP when the call passes a dtype, else as without one
     KEEP = "keep"  #: run the op as called, with autocast off (an explicit dtype= at OD/O2)
 
@@ -83,6 +86,7 @@ class OverloadSpec:
     name: str
     op: torch._ops.OpOverload
     composite: bool  # CompositeImplicitAutograd: made of other ops
+    sealed: bool  # a composite of ops levels never cast (op_names.SEALED_COMPOSITES)
     level_casts: bool  # levels OD/O2 cast it when it is on no list
     swallows: bool  # a fused kernel of it may swallow custom-listed ops
     dtype_arg: tuple[int, bool] | None  # (position, keyword-only) of its ``dtype`` argument
@@ -101,6 +105,7 @@ class OverloadSpec:
             name=overload,
             op=op,
             composite=is_composite(overload),
+            sealed=overload.partition(".")[0] in SEALED_COMPOSITES,
             level_casts=overload in _level_overloads(),
             swallows=overload in SWALLOWING,
             dtype_arg=next(((i, a.kwarg_only) for i, a in enumerate(arguments) if a.name == "dtype"), None),
@@ -273,7 +278,17 @@ class Choose(NamedTuple):
 def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
     """The step a kernel keeps for ``policy`` (see :func:`as_step` and :class:`Choose`)."""
     decided = plan(spec, policy, client)
-    return Choose(as_step(unlisted(spec, policy))) if decided is Plan.CHOOSE else as_step(decided)
+    if decided is Plan.CHOOSE:
+        return Choose(as_step(_descend(spec, policy, unlisted(spec, policy))))
+    return as_step(_descend(spec, policy, decided))
+
+
+def _descend(spec: OverloadSpec, policy: Any, decided: str) -> str:
+    """``FOLLOW`` of a composite: ``DESCEND``, so that its inner ops reach their kernels,
+    unless nothing inside can act (a sealed composite under a policy without custom lists)."""
+    if decided is Action.FOLLOW and spec.composite and not (spec.sealed and not policy.reach):
+        return Plan.DESCEND
+    return decided
 
 
 def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
@@ -281,12 +296,12 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     spec = OverloadSpec.of(overload)
     k = _Kernel(spec, table)
     slots, slot_names = spec.slots, spec.slot_names
-    redispatch, own_key, composite = k.redispatch, k.key, spec.composite
+    redispatch, own_key = k.redispatch, k.key
     excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
     get_dtype = torch.get_autocast_dtype
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
     steps: dict[Any, Any] = {}  # policy -> its step (policies live as long as their lists)
-    follow, passing, keep = Action.FOLLOW, Plan.PASS, ACTION_TABLE[Plan.KEEP]
+    follow, passing, descend, keep = Action.FOLLOW, Plan.PASS, Plan.DESCEND, ACTION_TABLE[Plan.KEEP]
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
         clients, after, below = table.state[1].get(keyset.raw_repr()) or table.routed(keyset)
@@ -313,8 +328,6 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
         if type(step) is Choose:  # an explicit dtype= is kept; otherwise as the op's level says
             step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else step.otherwise
         if step is passing or step is follow:
-            if step is follow and composite:  # decomposed below: its inner ops must reach their kernels
-                return redispatch(below, *args, **kwargs)
             # this key off (a flag, not a guard object: half the cost): torch's kernel (PASS)
             # excludes only its own key, and a kernel's internals (FOLLOW) get the device's lists
             try:
@@ -322,6 +335,8 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                 return redispatch(after if step is passing else below, *args, **kwargs)
             finally:
                 _set_excluded(own_key, False)
+        if step is descend:  # a composite decomposed below: its inner ops must reach their kernels
+            return redispatch(below, *args, **kwargs)
         if tf_mode_enabled():  # TorchFunctionModes must not see this kernel's own tensor calls
             with torch._C.DisableTorchFunction():
                 return step(k, below, args, kwargs, policy, client)

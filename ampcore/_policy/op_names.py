@@ -23,6 +23,7 @@ from .._forklock import LOCK
 
 __all__ = [
     "NO_CAST_OPS",
+    "SEALED_COMPOSITES",
     "NO_CAST_PREFIXES",
     "PADDLE_ALIASES",
     "all_aten_names",
@@ -103,6 +104,12 @@ NO_CAST_OPS: Final[frozenset[str]] = frozenset(
 # The batch-norm kernels above update their running statistics in place although their
 # schemas do not say so: a cast would hand them a copy and the statistics would never move.
 # Run as given, they take a low-precision input with float32 weights and statistics.
+
+#: Composites made only of ops that levels never cast: torch's batch-norm wrappers, whose
+#: every path ends in one of the batch-norm kernels above (or, for an empty input, a clone).
+#: Under a policy without custom lists they run as one call (the policy kernel's key off
+#: inside): their inner ops would only be passed on, each after a Python round trip.
+SEALED_COMPOSITES: Final[frozenset[str]] = frozenset({"batch_norm", "_batch_norm_impl_index"})
 
 #: Name prefixes of ops that OD and O2 never cast (optimizer, scaler and conversion ops).
 NO_CAST_PREFIXES: Final[tuple[str, ...]] = ("_foreach_", "_fused_", "_amp_", "to_", "_to_", "_autocast_")

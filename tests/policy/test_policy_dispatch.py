@@ -396,6 +396,24 @@ def test_a_list_naming_an_op_a_fused_kernel_swallows_warns_once() -> None:
             F.scaled_dot_product_attention(q, q, q)
 
 
+Region = Callable[[], contextlib.AbstractContextManager[object]]
+
+
+def _entries_and_result(region: Region, call: Callable[[], torch.Tensor]) -> tuple[int, torch.Tensor]:
+    """How often ``call`` enters a policy kernel in ``region`` (after a first call), and its result."""
+    with region():
+        call()
+        table = _dispatch._registry.tables[_dispatch.routes()["cpu"].key]
+        saved = table.state
+        table.state = (saved[0], _CountingRoutes(saved[1]))
+        _CountingRoutes.entries = 0
+        try:
+            result = call()
+        finally:
+            table.state = saved
+    return _CountingRoutes.entries, result
+
+
 class _CountingRoutes(dict):  # type: ignore[type-arg]
     """A key table's remembered routes, counting how often a policy kernel is entered (each
     entry looks its key set up once)."""
@@ -425,19 +443,42 @@ def test_a_customised_region_enters_ampcores_kernel_once_per_op_call(
     Python cost, and the op's internals would see the region's policy where torch's do not)."""
     with ampcore.autocast(device="cpu", custom_white_list={"mul"}):
         expected = call()
-        table = _dispatch._registry.tables[_dispatch.routes()["cpu"].key]
-        saved = table.state
-        table.state = (saved[0], _CountingRoutes(saved[1]))
-        _CountingRoutes.entries = 0
-        try:
-            result = call()
-        finally:
-            table.state = saved
-    assert _CountingRoutes.entries == 1
+    entries, result = _entries_and_result(lambda: ampcore.autocast(device="cpu", custom_white_list={"mul"}), call)
+    assert entries == 1
     torch.testing.assert_close(result, expected, rtol=0, atol=0)
     if torch_runs_it:
         with torch.autocast("cpu", dtype=BF16):
             torch.testing.assert_close(result, call(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+def test_batch_norm_at_a_level_is_one_kernel_entry_and_custom_lists_reach_inside(training: bool) -> None:
+    """torch's batch-norm wrappers hold only ops levels never cast: under O2 without custom
+    lists one entry (not one per wrapper and kernel), with the same result and statistics;
+    a custom list still reaches the kernel inside."""
+    x = torch.randn(4, 3, 5, 5).to(BF16)
+
+    def run(region: Region) -> tuple[int, torch.Tensor, torch.Tensor]:
+        norm = nn.BatchNorm2d(3).train(training)
+        norm.running_mean.fill_(0.5)
+        entries, out = _entries_and_result(region, lambda: norm(x))
+        return entries, out, norm.running_mean.clone()
+
+    sealed, out, stats = run(lambda: ampcore.autocast(device="cpu", level="O2"))
+    reached, out_reached, stats_reached = run(
+        lambda: ampcore.autocast(device="cpu", level="O2", custom_white_list={"mul"})
+    )
+    with torch.autocast("cpu", dtype=BF16):
+        norm = nn.BatchNorm2d(3).train(training)
+        norm.running_mean.fill_(0.5)
+        norm(x)
+        expected = norm(x)
+    assert sealed == 1 and reached == 3  # batch_norm, _batch_norm_impl_index, native_batch_norm
+    assert out.dtype == BF16
+    for got in (out, out_reached):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for got in (stats, stats_reached):
+        torch.testing.assert_close(got, norm.running_mean, rtol=0, atol=0)  # moved twice in training
 
 
 def test_plans_hand_only_unchanged_native_policies_to_torchs_kernels() -> None:
