@@ -14,6 +14,7 @@ and the weight casts torch.autocast makes every step and O2 does not.
 
     python benchmarks/bench_o2_small.py                   # batch 16, SGD
     python benchmarks/bench_o2_small.py --batch 1 --rounds 31 --optimizer adamw
+    python benchmarks/bench_o2_small.py --models narrow-cnn --batch 1 --rounds 41   # overhead only
 """
 
 from __future__ import annotations
@@ -51,7 +52,17 @@ def cnn() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
     return model, lambda b: torch.randn(b, 3, 32, 32)
 
 
-MODELS: Final = {"transformer": transformer, "cnn": cnn}
+def narrow_cnn() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
+    """The CNN's layers with 4 channels on 8 x 8 images: compute is negligible, so a step is
+    what each mode costs per op and per parameter (a small model on a fast accelerator)."""
+    blocks: list[nn.Module] = []
+    for cin, cout in ((3, 4), (4, 4), (4, 4)):
+        blocks += [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+    model = nn.Sequential(*blocks, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))
+    return model, lambda b: torch.randn(b, 3, 8, 8)
+
+
+MODELS: Final = {"transformer": transformer, "cnn": cnn, "narrow-cnn": narrow_cnn}
 OPTIMIZERS: Final = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}
 
 
@@ -60,9 +71,10 @@ def make_step(model: nn.Module, kind: str, mode: str, x: torch.Tensor) -> Step:
     model = copy.deepcopy(model)
     opt = OPTIMIZERS[kind](model.parameters(), lr=1e-4)
     region: Callable[[], Any] = lambda: torch.autocast("cpu", dtype=BF16)  # noqa: E731
-    if mode == "O2":
+    if mode in ("O2", "O2 weights, O1 region"):
         model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
-        region = lambda: ampcore.autocast(device="cpu", level="O2")  # noqa: E731
+        level = "O2" if mode == "O2" else "O1"
+        region = lambda: ampcore.autocast(device="cpu", level=level)  # noqa: E731
 
     def step() -> None:
         with region():
@@ -90,7 +102,7 @@ def measure(steps: dict[str, Step], rounds: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=tuple(MODELS), default=["transformer", "cnn"])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="sgd")
     parser.add_argument("--rounds", type=int, default=15)
@@ -108,6 +120,7 @@ def main() -> None:
             "torch.autocast": make_step(model, args.optimizer, "torch", x),
             "torch.autocast (again)": make_step(model, args.optimizer, "torch", x),
             "ampcore O2 (decorate + O2 region)": make_step(model, args.optimizer, "O2", x),
+            "ampcore decorate + O1 region": make_step(model, args.optimizer, "O2 weights, O1 region", x),
         }
         medians = measure(steps, args.rounds)
         base = medians["torch.autocast"]
