@@ -140,6 +140,8 @@ class MasterWeights:
         self.grad_mode: GradientMode = choose_gradient_mode(master_grad, may_share)
         self.models: list[torch.Tensor] = [pair.model for pair in pairs]
         self.masters: list[torch.Tensor] = [pair.master for pair in pairs]
+        #: master -> its low-precision model parameter (for the fused updates)
+        self.low_of: dict[torch.Tensor, torch.Tensor] = {pair.master: pair.model for pair in pairs}
         self._suspended = False
         # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
         # scheduler's counts too); None means the class's own method.
@@ -240,16 +242,17 @@ class MasterWeights:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
         self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
-        if not args and not kwargs and fused_adam_applies(self.optimizer):
-            self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
-            return self._fused_adam_step()
+        if not args and not kwargs:
+            if fused_adam_applies(self.optimizer):
+                self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
+                return self._fused_adam_step()
+            if self.grad_mode.shares_low_grads(self) and fused_sgd_applies(self.optimizer):
+                return self._fused_sgd_step()  # reads the model's gradients: nothing to share
         self.sync_grads()
         if args and callable(args[0]):
             args = (self._wrap_closure(args[0]), *args[1:])
         elif callable(kwargs.get("closure")):
             kwargs = {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
-        if not args and not kwargs and self.grad_mode.shares_low_grads(self) and fused_sgd_applies(self.optimizer):
-            return self._fused_sgd_step()
         try:
             return self._call_inner_step(args, kwargs)
         finally:
@@ -266,7 +269,7 @@ class MasterWeights:
         updated whole): torch's own step with those gradients hidden, an update of nothing,
         for its bookkeeping (LR schedulers' step counting, profiling)."""
         self.record_versions()
-        hidden = [(p, p.grad) for p in own] + [(pair.master, pair.master.grad) for pair in self.pairs]
+        hidden = [(p, p.grad) for p in (*own, *self.masters) if p.grad is not None]
         for param, _ in hidden:
             param.grad = None
         self._suspended = True
@@ -283,14 +286,14 @@ class MasterWeights:
         the gradients hidden, an update of nothing, for its bookkeeping (LR schedulers'
         step counting, profiling)."""
         groups = self.optimizer.param_groups
-        own = fused_sgd_update(groups, {pair.master: pair.model for pair in self.pairs})
+        own = fused_sgd_update(groups, self.low_of)
         return self._bookkeeping_step(own)
 
     def _fused_adam_step(self) -> Any:
         """Adam/AdamW chunk by chunk (``_master_adam``), from the low-precision gradients
         (or the fp32 ones the masters hold already); then torch's own step runs with the
         gradients hidden, as for SGD."""
-        own = fused_adam_update(self.optimizer, {pair.master: pair.model for pair in self.pairs})
+        own = fused_adam_update(self.optimizer, self.low_of)
         return self._bookkeeping_step(own)
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
