@@ -86,7 +86,7 @@ class OverloadSpec:
     name: str
     op: torch._ops.OpOverload
     composite: bool  # CompositeImplicitAutograd: made of other ops
-    sealed: bool  # a composite of ops levels never cast (op_names.SEALED_COMPOSITES)
+    sealed: frozenset[str]  # the ops a composite of ops levels never cast calls (op_names.SEALED_COMPOSITES)
     level_casts: bool  # levels OD/O2 cast it when it is on no list
     swallows: bool  # a fused kernel of it may swallow custom-listed ops
     dtype_arg: tuple[int, bool] | None  # (position, keyword-only) of its ``dtype`` argument
@@ -105,7 +105,7 @@ class OverloadSpec:
             name=overload,
             op=op,
             composite=is_composite(overload),
-            sealed=overload.partition(".")[0] in SEALED_COMPOSITES,
+            sealed=SEALED_COMPOSITES.get(overload.partition(".")[0], frozenset()),
             level_casts=overload in _level_overloads(),
             swallows=overload in SWALLOWING,
             dtype_arg=next(((i, a.kwarg_only) for i, a in enumerate(arguments) if a.name == "dtype"), None),
@@ -285,10 +285,13 @@ def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
 
 def _descend(spec: OverloadSpec, policy: Any, decided: str) -> str:
     """``FOLLOW`` of a composite: ``DESCEND``, so that its inner ops reach their kernels,
-    unless nothing inside can act (a sealed composite under a policy without custom lists)."""
-    if decided is Action.FOLLOW and spec.composite and not (spec.sealed and not policy.reach):
-        return Plan.DESCEND
-    return decided
+    unless nothing inside can act (a sealed composite under a policy without custom lists
+    whose lists name none of the ops it calls)."""
+    if decided is not Action.FOLLOW or not spec.composite:
+        return decided
+    if spec.sealed and not policy.reach and not any(o.partition(".")[0] in spec.sealed for o in policy.actions):
+        return decided
+    return Plan.DESCEND
 
 
 def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:

@@ -105,11 +105,24 @@ NO_CAST_OPS: Final[frozenset[str]] = frozenset(
 # schemas do not say so: a cast would hand them a copy and the statistics would never move.
 # Run as given, they take a low-precision input with float32 weights and statistics.
 
-#: Composites made only of ops that levels never cast: torch's batch-norm wrappers, whose
-#: every path ends in one of the batch-norm kernels above (or, for an empty input, a clone).
-#: Under a policy without custom lists they run as one call (the policy kernel's key off
-#: inside): their inner ops would only be passed on, each after a Python round trip.
-SEALED_COMPOSITES: Final[frozenset[str]] = frozenset({"batch_norm", "_batch_norm_impl_index"})
+#: The ops torch's batch-norm wrappers call: the batch-norm kernels, none of which levels
+#: cast (for an empty input: a clone and arithmetic on nothing).
+_BATCH_NORM_INNER: Final = frozenset(
+    """
+    _batch_norm_impl_index native_batch_norm cudnn_batch_norm miopen_batch_norm
+    _native_batch_norm_legit _native_batch_norm_legit_no_training _native_batch_norm_legit_functional
+    _batch_norm_with_update _batch_norm_with_update_functional _batch_norm_no_update
+    """.split()
+)
+
+#: Composites made only of ops that levels never cast -> the ops they call.  Under a policy
+#: whose lists name none of those (no custom lists; a backend's lists may name them) they
+#: run as one call, the policy kernel's key off inside: their inner ops would only be passed
+#: on, each after a Python round trip.
+SEALED_COMPOSITES: Final[Mapping[str, frozenset[str]]] = {
+    "batch_norm": _BATCH_NORM_INNER,
+    "_batch_norm_impl_index": _BATCH_NORM_INNER,
+}
 
 #: Name prefixes of ops that OD and O2 never cast (optimizer, scaler and conversion ops).
 NO_CAST_PREFIXES: Final[tuple[str, ...]] = ("_foreach_", "_fused_", "_amp_", "to_", "_to_", "_autocast_")

@@ -481,6 +481,23 @@ def test_batch_norm_at_a_level_is_one_kernel_entry_and_custom_lists_reach_inside
         torch.testing.assert_close(got, norm.running_mean, rtol=0, atol=0)  # moved twice in training
 
 
+def test_batch_norm_descends_where_the_policys_own_lists_name_an_op_inside() -> None:
+    """A policy without custom lists may still list a batch-norm kernel (a backend's lists,
+    applied by a resident kernel): then the wrappers must let the call reach it."""
+    from types import SimpleNamespace
+
+    from ampcore._policy.kernels import OverloadSpec, Plan, decided_step  # noqa: PLC0415 - internal
+
+    spec = OverloadSpec.of("batch_norm")
+    plain = SimpleNamespace(actions={"mm": Action.LOW}, reach=False, default=Action.LOW)
+    listing = SimpleNamespace(actions={"native_batch_norm": Action.FP32}, reach=False, default=Action.LOW)
+    custom = SimpleNamespace(actions={}, reach=True, default=Action.LOW)
+    assert decided_step(spec, plain, None) is Action.FOLLOW  # type: ignore[arg-type]
+    assert decided_step(spec, listing, None) is Plan.DESCEND  # type: ignore[arg-type]
+    assert decided_step(spec, custom, None) is Plan.DESCEND  # type: ignore[arg-type]
+    assert decided_step(OverloadSpec.of("dropout"), plain, None) is Plan.DESCEND  # type: ignore[arg-type]
+
+
 def test_plans_hand_only_unchanged_native_policies_to_torchs_kernels() -> None:
     from ampcore._policy.kernels import OverloadSpec, Plan, plan  # noqa: PLC0415 - internal
 
