@@ -23,9 +23,9 @@ from .._forklock import LOCK
 
 __all__ = [
     "NO_CAST_OPS",
-    "SEALED_COMPOSITES",
     "NO_CAST_PREFIXES",
     "PADDLE_ALIASES",
+    "SEALED_COMPOSITES",
     "all_aten_names",
     "canonical_op",
     "canonical_ops",
@@ -105,8 +105,9 @@ NO_CAST_OPS: Final[frozenset[str]] = frozenset(
 # schemas do not say so: a cast would hand them a copy and the statistics would never move.
 # Run as given, they take a low-precision input with float32 weights and statistics.
 
-#: The ops torch's batch-norm wrappers call: the batch-norm kernels, none of which levels
-#: cast (for an empty input: a clone and arithmetic on nothing).
+#: The ops torch's batch-norm wrappers call: the batch-norm kernels (the eager ones are in
+#: NO_CAST_OPS; a cast of any of them would hand it copies of the running statistics), and,
+#: for an empty input, a clone and arithmetic on nothing.
 _BATCH_NORM_INNER: Final = frozenset(
     """
     _batch_norm_impl_index native_batch_norm cudnn_batch_norm miopen_batch_norm
