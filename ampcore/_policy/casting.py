@@ -103,15 +103,15 @@ def cast_all(
     to: torch.dtype,
     on_device: OnDevice,
     cache: CastCache | None,
-    positions: tuple[int, ...] | None = None,
+    positions: tuple[int, ...],
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``args``/``kwargs`` with every eligible tensor (also inside a list or tuple; eligible: of
     a castable dtype and ``on_device``) cast to ``to``; weights through ``cache`` when given
     and torch's autocast cache is on (its ``cached_cast``).  ``positions`` (ascending): the
-    only positional arguments that may hold tensors (the schema's), when known."""
+    only positional arguments that may hold tensors (the schema's)."""
     casted: list[Any] | None = None  # copied on the first change: most calls change nothing
     convert = _CONVERT.get(to)
-    for i in range(len(args)) if positions is None else positions:
+    for i in positions:
         if i >= len(args):
             break
         value = args[i]
