@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ._backends.capability import CapabilityIssue
 
 __all__ = [
-    "BackendSpec", "CONTRACT_ATTRIBUTE", "CONTRACT_CHANGES", "CONTRACT_VERSION", "ENTRY_POINT_GROUP",
+    "BackendSpec", "CONTRACT_ATTRIBUTE", "CONTRACT_CHANGES", "CONTRACT_VERSION", "DEPRECATED_CONTRACTS", "ENTRY_POINT_GROUP",
     "PROJECT_NAME", "REMOVED_HOOKS", "REQUIRED_HOOKS", "SUPPORTED_CONTRACTS", "hookimpl", "hookspec",
 ]  # fmt: skip
 
@@ -60,7 +60,10 @@ ENTRY_POINT_GROUP: Final = "ampcore"
 #: The contract version this ampcore implements (what ``AMPCORE_CONTRACT`` should say).
 CONTRACT_VERSION: Final = 2
 #: Every contract version this ampcore loads plugins of.
-SUPPORTED_CONTRACTS: Final = (2,)
+SUPPORTED_CONTRACTS: Final = (1, 2)
+#: Contract versions still loaded, through a translation layer and with a warning naming each
+#: hook to change, until the release that drops them (docs/migrating-contract-1.md).
+DEPRECATED_CONTRACTS: Final = (1,)
 #: The plugin attribute that declares the contract version (missing: contract 1).
 CONTRACT_ATTRIBUTE: Final = "AMPCORE_CONTRACT"
 #: What changed in each contract version, for the load-time error (docs/plugins.md has more).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +17,7 @@ from .._forklock import LOCK
 from .._policy.op_names import canonical_ops
 from ..hookspec import BackendSpec
 from .capability import CapabilityIssue
+from .checks import device_type_problem, indexed_device, privateuse1_name, result_problem, torch_knows
 
 __all__ = ["Backend", "ADJUSTMENT_KEYS", "dtype_name", "origin"]
 
@@ -41,6 +43,10 @@ def origin(distribution: str | None) -> str:
         ('distribution "ampcore"', 'registered in process')
     """
     return f'distribution "{distribution}"' if distribution else "registered in process"
+
+
+class _BrokenBackendError(BackendUnavailableError, PluginError):
+    """An unavailable backend whose plugin broke the contract: both errors at once."""
 
 
 def _is_bool(value: object) -> bool:
@@ -128,14 +134,26 @@ class Backend:
                     "ampcore_backend() with @ampcore.hookimpl, returning an ampcore.BackendSpec"
                 )
             return default
+        return self._guarded(name, hook, **kwargs)
+
+    def _guarded(self, name: str, hook: Callable[..., Any], **kwargs: Any) -> Any:
+        """Call the plugin's ``hook``: a ``device`` argument always carries an index; an
+        exception becomes a :class:`PluginError` naming the hook and the plugin; a result of
+        the wrong class breaks the contract (the plugin is reported as failed)."""
+        if "device" in kwargs:
+            kwargs["device"] = indexed_device(kwargs["device"])
         try:
-            return hook(**kwargs)
+            result = hook(**kwargs)
         except AmpcoreError:
             raise
         except SystemExit as exc:  # a hook calling exit() must not end the user's program
             raise self._broken(f"{name}() called sys.exit({exc.code!r})") from None
         except Exception as exc:
             raise self._error(f"{name}() raised {type(exc).__name__}: {exc}") from exc
+        problem = result_problem(name, result)
+        if problem is not None:
+            raise self._broken(f"{name}() {problem}")
+        return result
 
     def _error(self, message: str) -> AmpcoreError:
         return PluginError(self.plugin_name, message, self.distribution)
@@ -163,6 +181,9 @@ class Backend:
             )
         if not isinstance(device_type, str) or not device_type:
             raise self._error(f"ampcore_backend() gave device_type={device_type!r}; expected e.g. 'cuda'")
+        problem = device_type_problem(device_type, torch_knows(device_type), privateuse1_name(), available=False)
+        if problem is not None:
+            raise self._error(f"ampcore_backend() gave {problem}")
         dtypes = tuple(raw) if isinstance(raw, (list, tuple)) else ()
         bad = [d for d in dtypes if not isinstance(d, torch.dtype) or not d.is_floating_point]
         if not dtypes or bad or len(set(dtypes)) != len(dtypes):
@@ -255,8 +276,20 @@ class Backend:
                         )
                         self._broken(message)
                         reason = f"the plugin broke the adapter contract: {message}"
+                    if reason is None:
+                        reason = self._device_type_reason()
                     self._reason = reason
         return self._reason  # type: ignore[return-value]
+
+    def _device_type_reason(self) -> str | None:
+        """An available backend must drive a device type torch knows by now."""
+        knows = torch_knows(self.device_type)
+        problem = device_type_problem(self.device_type, knows, privateuse1_name(), available=True)
+        if problem is None:
+            return None
+        message = f"ampcore_backend() gave {problem}"
+        self._broken(message)
+        return f"the plugin broke the adapter contract: {message}"
 
     @property
     def is_available(self) -> bool:
@@ -266,6 +299,9 @@ class Backend:
     def require_available(self) -> None:
         """Raise :class:`BackendUnavailableError` with the adapter's reason if unavailable."""
         reason = self.unavailable_reason
+        if reason is not None and self.contract_error is not None:
+            message = f'backend "{self.name}" is unavailable: {reason}'
+            raise _BrokenBackendError(self.plugin_name, message, self.distribution)
         if reason is not None:
             where = origin(self.distribution)
             raise BackendUnavailableError(f'backend "{self.name}" ({where}) is unavailable: {reason}')
@@ -347,5 +383,12 @@ class Backend:
         return cached
 
     def hook(self, name: str) -> Callable[..., Any] | None:
-        """This plugin's implementation of an optional hook, or None (for core subsystems)."""
-        return self._hook(name)
+        """This plugin's implementation of an optional hook, or None (for core subsystems).
+
+        The function returned takes the hook's arguments by keyword and checks the call as
+        the core's own calls are checked: a ``device`` is given with its index, an exception
+        is raised as a :class:`PluginError` naming the hook and the plugin, a result of the
+        wrong class marks the plugin failed.
+        """
+        hook = self._hook(name)
+        return None if hook is None else functools.partial(self._guarded, name, hook)

@@ -11,8 +11,10 @@ from typing import Final
 
 from .. import hookspec as _hookspec
 from .._errors import PluginError, closest
+from .._version import __version__
+from .contract1 import REMOVAL_VERSION
 
-__all__ = ["SPEC_NAMES", "check_contract", "unknown_hooks"]
+__all__ = ["SPEC_NAMES", "check_contract", "supported_text", "unknown_hooks"]
 
 #: The hooks of the current contract.
 SPEC_NAMES: Final = frozenset(
@@ -29,7 +31,9 @@ def _changes_since(version: int) -> str:
 def check_contract(plugin: object, name: str, distribution: str | None) -> int:
     """The contract version ``plugin`` declares, after checking this ampcore supports it.
 
-    A plugin without ``AMPCORE_CONTRACT`` targets contract 1 (the unversioned one).
+    A plugin without ``AMPCORE_CONTRACT`` targets contract 1 (the unversioned one); contract 1
+    is deprecated (:data:`ampcore.hookspec.DEPRECATED_CONTRACTS`): the loader translates such
+    a plugin and warns.
 
     Raises:
         PluginError: the plugin targets a contract this ampcore does not load, or declares
@@ -44,17 +48,11 @@ def check_contract(plugin: object, name: str, distribution: str | None) -> int:
         2
     """
     attribute = _hookspec.CONTRACT_ATTRIBUTE
-    supported = ", ".join(str(v) for v in _hookspec.SUPPORTED_CONTRACTS)
+    supported = supported_text()
     current = _hookspec.CONTRACT_VERSION
     declared = getattr(plugin, attribute, None)
     if declared is None:
-        raise PluginError(
-            name,
-            f"declares no {attribute}, so it targets adapter contract 1 (the unversioned one); "
-            f"supported contract versions: {supported}. Update the plugin and declare {attribute} = {current}. "
-            f"What changed: {_changes_since(1)} (see docs/plugins.md)",
-            distribution,
-        )
+        return 1  # the unversioned contract (deprecated: loaded through ampcore._backends.contract1)
     if not isinstance(declared, int) or isinstance(declared, bool):
         raise PluginError(
             name, f"{attribute} = {declared!r}; expected an int contract version such as {current}", distribution
@@ -65,22 +63,37 @@ def check_contract(plugin: object, name: str, distribution: str | None) -> int:
         raise PluginError(
             name,
             f"targets adapter contract {declared} ({attribute} = {declared}), newer than this ampcore "
-            f"knows; supported contract versions: {supported}. Upgrade ampcore, or use a release of the plugin that "
-            f"targets contract {current}",
+            f"{__version__} knows; supported contract versions: {supported}. Upgrade ampcore, or use a release of "
+            f"the plugin that targets contract {current}",
             distribution,
         )
     raise PluginError(
         name,
         f"targets adapter contract {declared} ({attribute} = {declared}); supported contract "
         f"versions: {supported}. Update the plugin and declare {attribute} = {current}. What changed: "
-        f"{_changes_since(declared)} (see docs/plugins.md)",
+        f"{_changes_since(declared)} (see docs/migrating-contract-1.md)",
         distribution,
     )
 
 
-def unknown_hooks(plugin: object) -> list[str]:
+def supported_text() -> str:
+    """The supported contract versions as messages give them, e.g. ``2 (and 1, deprecated)``.
+
+    Example::
+
+        >>> supported_text()
+        '2 (and 1, deprecated: loaded with a warning until ampcore 0.3.0)'
+    """
+    current = [str(v) for v in _hookspec.SUPPORTED_CONTRACTS if v not in _hookspec.DEPRECATED_CONTRACTS]
+    old = [str(v) for v in _hookspec.DEPRECATED_CONTRACTS]
+    tail = f" (and {', '.join(old)}, deprecated: loaded with a warning until ampcore {REMOVAL_VERSION})" if old else ""
+    return ", ".join(current) + tail
+
+
+def unknown_hooks(plugin: object, contract: int = _hookspec.CONTRACT_VERSION) -> list[str]:
     """Names that look like hooks (``ampcore_*`` callables) but are no hook of this contract,
-    each with what replaced it (a hook of an older contract) or a did-you-mean hint.
+    each with what replaced it (a hook of an older contract) or a did-you-mean hint.  For a
+    plugin of a deprecated ``contract`` the hooks of that contract are not unknown.
 
     Example::
 
@@ -95,6 +108,8 @@ def unknown_hooks(plugin: object) -> list[str]:
             continue
         if callable(getattr(plugin, attr, None)):
             removed = _hookspec.REMOVED_HOOKS.get(attr)
+            if removed is not None and contract in _hookspec.DEPRECATED_CONTRACTS:
+                continue
             if removed is not None:
                 problems.append(f"{attr} ({removed})")
                 continue

@@ -3,14 +3,20 @@
 pluggy's ``load_setuptools_entrypoints`` stops at the first plugin that fails to import, so
 the entry points are iterated here one by one: a plugin that fails to import, raises, has
 an invalid hook signature or a misspelled hook is recorded, reported with a
-:class:`PluginWarning` naming it and its distribution, blocked, and skipped.  Every other
-plugin still loads.  With ``AMPCORE_STRICT_PLUGINS=1`` the first broken plugin raises.
+:class:`PluginWarning` naming it and its distribution, and skipped.  Every other plugin
+still loads.  With ``AMPCORE_STRICT_PLUGINS=1`` the first broken plugin raises.  An import
+that never returns is waited for at most ``AMPCORE_PLUGIN_IMPORT_TIMEOUT`` seconds
+(:mod:`.importing`); contract-1 plugins load through :mod:`.contract1` with a warning; two
+plugins claiming one backend name resolve as :mod:`.claims` says.
+
+Each plugin is known by a unique name: its entry-point name, or ``distribution:entry-point``
+when entry points of two distributions share that name (ampcore's ``npu`` and a vendor's).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,13 +28,17 @@ from .. import hookspec as _hookspec
 from .._errors import AmpcoreError, PluginError, PluginWarning, warn_at
 from .._forklock import LOCK
 from .backend import Backend, origin
+from .claims import block_name, resolve_claims
 from .contract import SPEC_NAMES, check_contract, unknown_hooks
-from .sources import NOT_PLUGINS, describe_failure, env_list, module_file, origin_of_entry_point
+from .contract1 import adapt, warn_deprecated
+from .importing import ENV_IMPORT_TIMEOUT, ImportTimeout, call_bounded, import_timeout
+from .sources import NOT_PLUGINS, describe_failure, env_list, module_file, origin_of_entry_point, unique_entry_points
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ENV_BLOCK",
     "ENV_DISABLE_AUTOLOAD",
+    "ENV_IMPORT_TIMEOUT",
     "ENV_PLUGINS",
     "ENV_STRICT",
     "PluginInfo",
@@ -42,20 +52,24 @@ ENV_PLUGINS: Final = "AMPCORE_PLUGINS"
 ENV_BLOCK: Final = "AMPCORE_BLOCK_PLUGINS"
 ENV_STRICT: Final = "AMPCORE_STRICT_PLUGINS"
 
-PluginStatus = Literal["loaded", "failed", "blocked", "not-allowed", "disabled", "conflict"]
+PluginStatus = Literal["loaded", "failed", "blocked", "not-allowed", "disabled", "conflict", "replaced"]
 PluginSource = Literal["entry-point", "in-process"]
 
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_logger: Final = logging.getLogger("ampcore")
 
 
 @dataclass
 class PluginInfo:
     """What ampcore knows about one plugin (shown by ``ampcore info``).
 
-    ``status`` is one of ``loaded``, ``failed`` (see ``error``), ``blocked``
-    (``AMPCORE_BLOCK_PLUGINS``), ``not-allowed`` (not in ``AMPCORE_PLUGINS``), ``disabled``
-    (``AMPCORE_DISABLE_PLUGIN_AUTOLOAD``) or ``conflict`` (two plugins claim its backend
-    name).
+    ``name`` is unique: the entry-point name, or ``distribution:entry-point`` when two
+    distributions use one entry-point name.  ``status`` is one of ``loaded``, ``failed``
+    (see ``error``), ``blocked`` (``AMPCORE_BLOCK_PLUGINS``), ``not-allowed`` (not in
+    ``AMPCORE_PLUGINS``), ``disabled`` (``AMPCORE_DISABLE_PLUGIN_AUTOLOAD``), ``conflict``
+    (another plugin that is not first-party claims its backend name) or ``replaced`` (a
+    first-party adapter whose backend name another plugin claims; ``error`` names it).
+    ``contract`` is the adapter contract the plugin targets (once it was imported).
     """
 
     name: str
@@ -65,6 +79,7 @@ class PluginInfo:
     status: PluginStatus
     error: str | None = None
     backend: str | None = None
+    contract: int | None = None
 
 
 @final
@@ -150,55 +165,50 @@ class PluginManager:
         disabled = self._environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in _TRUE
         allow = env_list(self._environ, ENV_PLUGINS)
         block = set(env_list(self._environ, ENV_BLOCK))
-        seen: set[tuple[str, str]] = set()
-        names: set[str] = set()
+        timeout_s = import_timeout(self._environ)
+        entries = unique_entry_points(self._entry_points())
         known: set[str | None] = set()
-        for ep in self._entry_points():
+        for key, ep in entries:
             dist = ep.dist.name if ep.dist is not None else None
             version = ep.dist.version if ep.dist is not None else None
-            if (ep.name, ep.value) in seen:  # the same distribution found twice on sys.path
-                continue
-            seen.add((ep.name, ep.value))
-            names.add(ep.name)
-            keys = {ep.name, dist}
-            known |= keys
-            info = PluginInfo(ep.name, dist, version, "entry-point", "loaded")
-            self._infos[ep.name] = info
-            if keys & block:
+            names = {ep.name, dist, key, f"{dist}:{ep.name}" if dist else None}
+            known |= names
+            info = PluginInfo(key, dist, version, "entry-point", "loaded")
+            self._infos[key] = info
+            if names & block:
                 info.status, info.error = "blocked", f"blocked by {ENV_BLOCK}"
-                self._pm.set_blocked(ep.name)
-            elif allow and not keys & set(allow):
+            elif allow and not names & set(allow):
                 info.status, info.error = "not-allowed", f"not listed in {ENV_PLUGINS}"
             elif disabled and not allow:
                 info.status, info.error = "disabled", f"{ENV_DISABLE_AUTOLOAD} is set"
             else:
-                self._load_one(ep, info)
+                self._load_one(ep, info, timeout_s)
         missing = [name for name in allow if name not in known]
         if missing:
             warn_at(
                 f"{ENV_PLUGINS} names {missing}, but no such plugin is installed; "
-                f"installed plugins: {sorted(names) or 'none'}",
+                f"installed plugins: {sorted(key for key, _ in entries) or 'none'}",
                 PluginWarning,
                 None,
             )
 
-    def _load_one(self, ep: importlib.metadata.EntryPoint, info: PluginInfo) -> None:
+    def _load_one(self, ep: importlib.metadata.EntryPoint, info: PluginInfo, timeout_s: float | None) -> None:
         try:
-            plugin = ep.load()
-            backend = self._register(plugin, ep.name, info.distribution, info.version)
+            plugin = call_bounded(ep.load, timeout_s, info.name)
+            backend = self._register(plugin, info)
         except (Exception, SystemExit) as exc:  # a plugin calling exit() must not end the program
             message = describe_failure(exc)
             info.status, info.error = "failed", message
-            if self._pm.get_plugin(ep.name) is not None:
-                self._pm.unregister(name=ep.name)
-            self._pm.set_blocked(ep.name)
+            if self._pm.get_plugin(info.name) is not None:
+                self._pm.unregister(name=info.name)
             text = (
-                f'Error loading ampcore plugin "{ep.name}" ({origin_of_entry_point(info.distribution)}, '
+                f'Error loading ampcore plugin "{info.name}" ({origin_of_entry_point(info.distribution)}, '
                 f'entry point "{ep.value}"): {message}; the plugin was skipped'
             )
             if self.strict:
-                raise PluginError(ep.name, message, info.distribution) from exc
-            warn_at(text, PluginWarning, module_file(ep.value))
+                raise PluginError(info.name, message, info.distribution) from exc
+            # (no look-up of a hung module's file: finding it may import its package again)
+            warn_at(text, PluginWarning, None if isinstance(exc, ImportTimeout) else module_file(ep.value))
             return
         info.backend = backend.name
         self._add_claim(backend)
@@ -211,7 +221,8 @@ class PluginManager:
         self.generation += 1
         warn_at(f'ampcore plugin "{name}" broke the adapter contract: {message}', PluginWarning, None)
 
-    def _register(self, plugin: object, name: str, distribution: str | None, version: str | None) -> Backend:
+    def _register(self, plugin: object, info: PluginInfo) -> Backend:
+        name, distribution = info.name, info.distribution
         if isinstance(plugin, NOT_PLUGINS):
             raise PluginError(
                 name,
@@ -219,20 +230,18 @@ class PluginManager:
                 f"({', '.join(_hookspec.REQUIRED_HOOKS)}), got {type(plugin).__name__} {plugin!r}",
                 distribution,
             )
-        check_contract(plugin, name, distribution)
-        unknown = unknown_hooks(plugin)
+        info.contract = contract = check_contract(plugin, name, distribution)
+        unknown = unknown_hooks(plugin, contract)
         if unknown:
             raise PluginError(
                 name,
                 f"unknown hook(s) {', '.join(unknown)}; valid hooks: {', '.join(sorted(SPEC_NAMES))}",
                 distribution,
             )
-        for required in _hookspec.REQUIRED_HOOKS:
-            function = getattr(plugin, required, None)
-            if function is not None and self._pm.parse_hookimpl_opts(plugin, required) is None:
-                raise PluginError(
-                    name, f"{required} is not marked as a hook: decorate it with @ampcore.hookimpl", distribution
-                )
+        original = plugin
+        if contract in _hookspec.DEPRECATED_CONTRACTS:
+            plugin = adapt(plugin, name, distribution)
+        self._check_markers(plugin, name, distribution)
         try:
             self._pm.register(plugin, name=name)
         except ValueError as exc:  # pluggy: name or object already registered
@@ -240,17 +249,25 @@ class PluginManager:
         except pluggy.PluginValidationError as exc:
             raise PluginError(name, str(exc), distribution) from exc
         try:
-            return Backend(
-                self._pm,
-                plugin,
-                name,
-                distribution,
-                version,
-                on_broken=lambda message: self._mark_broken(name, message),
+            backend = Backend(
+                self._pm, plugin, name, distribution, info.version, on_broken=lambda m: self._mark_broken(name, m)
             )
         except BaseException:
             self._pm.unregister(plugin)
             raise
+        if plugin is not original:
+            warn_deprecated(original, name, distribution)
+        return backend
+
+    def _check_markers(self, plugin: object, name: str, distribution: str | None) -> None:
+        """Every function named like a hook must carry ``@ampcore.hookimpl``: pluggy would
+        skip an unmarked one silently (an availability or overflow-flag hook lost)."""
+        for hook in sorted(SPEC_NAMES):
+            function = getattr(plugin, hook, None)
+            if callable(function) and self._pm.parse_hookimpl_opts(plugin, hook) is None:
+                raise PluginError(
+                    name, f"{hook} is not marked as a hook: decorate it with @ampcore.hookimpl", distribution
+                )
 
     def _add_claim(self, backend: Backend) -> None:
         self._claims.setdefault(backend.name, []).append(backend)
@@ -280,22 +297,20 @@ class PluginManager:
                 raise PluginError(
                     name, "a plugin of this name is already registered; unregister it first or choose another name"
                 )
-            backend = self._register(plugin, name, None, None)
             previous = self._infos.get(name)
-            self._infos[name] = PluginInfo(name, None, None, "in-process", "loaded", backend=backend.name)
+            info = PluginInfo(name, None, None, "in-process", "loaded")
+            backend = self._register(plugin, info)
+            info.backend = backend.name
+            self._infos[name] = info
             try:
                 self._add_claim(backend)
             except BaseException:  # strict mode refused a conflict: undo the registration
-                self._claims[backend.name].remove(backend)
-                if self._claims[backend.name]:
-                    self._refresh_statuses(backend.name)
-                else:
-                    del self._claims[backend.name]
+                self._drop_claim(backend)
                 if previous is None:
                     del self._infos[name]
                 else:
                     self._infos[name] = previous
-                self._pm.unregister(plugin)
+                self._pm.unregister(name=name)
                 raise
             self.generation += 1
             return backend
@@ -308,14 +323,19 @@ class PluginManager:
                 raise AmpcoreError(f"unregister_plugin({name!r}): no such plugin; registered: {sorted(self._infos)}")
             if self._pm.get_plugin(name) is not None:
                 self._pm.unregister(name=name)
-            if info.backend is not None:
-                claims = [b for b in self._claims.get(info.backend, []) if b.plugin_name != name]
-                if claims:
-                    self._claims[info.backend] = claims
-                    self._refresh_statuses(info.backend)
-                else:
-                    self._claims.pop(info.backend, None)
+            for backend in self._claims.get(info.backend or "", []):
+                if backend.plugin_name == name:
+                    self._drop_claim(backend)
+                    break
             self.generation += 1
+
+    def _drop_claim(self, backend: Backend) -> None:
+        claims = [b for b in self._claims.get(backend.name, []) if b is not backend]
+        if claims:
+            self._claims[backend.name] = claims
+            self._refresh_statuses(backend.name)
+        else:
+            self._claims.pop(backend.name, None)
 
     # -- queries -------------------------------------------------------------------------
     def plugins(self) -> list[PluginInfo]:
@@ -348,23 +368,45 @@ class PluginManager:
         return winner
 
     def _winner(self, name: str) -> Backend | None:
-        claims = self._claims[name]
-        return claims[0] if len(claims) == 1 else None
+        return resolve_claims(self._claims[name]).winner
 
     def _refresh_statuses(self, name: str) -> None:
-        winner = self._winner(name)
+        """Set the status of every plugin claiming backend ``name`` (see :mod:`.claims`)."""
+        resolution = resolve_claims(self._claims[name])
         for claim in self._claims[name]:
             info = self._infos.get(claim.plugin_name)
             if info is None:
                 continue
-            if winner is None:
-                info.status, info.error = "conflict", f'another plugin also claims backend "{name}"'
+            if claim in resolution.conflict:
+                others = ", ".join(f'"{c.plugin_name}"' for c in resolution.conflict if c is not claim)
+                info.status, info.error = "conflict", f'plugin(s) {others} also claim backend "{name}"'
+            elif claim in resolution.replaced:
+                was_replaced = info.status == "replaced"
+                winner = resolution.winner
+                by = (
+                    f'plugin "{winner.plugin_name}" ({origin(winner.distribution)})'
+                    if winner is not None
+                    else "plugins " + ", ".join(f'"{c.plugin_name}"' for c in resolution.conflict)
+                )
+                info.status, info.error = "replaced", f'backend "{name}" is provided by {by}'
+                if winner is not None and not was_replaced:
+                    _logger.info(
+                        'ampcore: backend "%s": plugin "%s" (%s) replaces the first-party adapter "%s" (%s); '
+                        "to use ampcore's own, set %s=%s",
+                        name, winner.plugin_name, origin(winner.distribution), claim.plugin_name,
+                        origin(claim.distribution), ENV_BLOCK, block_name(winner.plugin_name, winner.distribution),
+                    )  # fmt: skip
             else:
                 info.status, info.error = "loaded", None
 
     def _conflict_error(self, name: str) -> AmpcoreError:
-        who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in self._claims[name])
+        conflict = resolve_claims(self._claims[name]).conflict
+        who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in conflict)
+        keep, rest = conflict[0], conflict[1:]
+        others = ",".join(block_name(b.plugin_name, b.distribution) for b in rest)
         return AmpcoreError(
-            f'backend "{name}" is claimed by more than one plugin: {who}. Uninstall one, or block '
-            f"one with {ENV_BLOCK}=<plugin>"
+            f'backend "{name}" is claimed by more than one plugin: {who}. Choose one: uninstall the others, or '
+            f'block them with {ENV_BLOCK} (to keep plugin "{keep.plugin_name}": {ENV_BLOCK}={others}; an entry-point '
+            'name, a distribution name (all of its plugins) or "distribution:entry-point" (exactly one))'
         )
+

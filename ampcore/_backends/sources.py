@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from .._errors import PluginError
 
-__all__ = ["NOT_PLUGINS", "describe_failure", "env_list", "module_file", "origin_of_entry_point", "plugin_file"]
+__all__ = [
+    "NOT_PLUGINS",
+    "describe_failure",
+    "env_list",
+    "module_file",
+    "origin_of_entry_point",
+    "plugin_file",
+    "unique_entry_points",
+]
 
 
 def env_list(environ: Mapping[str, str], key: str) -> list[str]:
@@ -46,3 +55,25 @@ def describe_failure(exc: BaseException) -> str:
 
 def origin_of_entry_point(distribution: str | None) -> str:
     return f'distribution "{distribution}"' if distribution else "no distribution"
+
+
+def unique_entry_points(
+    entry_points: Iterable[importlib.metadata.EntryPoint],
+) -> list[tuple[str, importlib.metadata.EntryPoint]]:
+    """The entry points, each once (a distribution found twice on ``sys.path`` counts once),
+    with a unique plugin name: the entry-point name, or ``distribution:name`` when entry
+    points of several distributions share the name."""
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for ep in entry_points:
+        if (ep.name, ep.value) not in seen:
+            seen.add((ep.name, ep.value))
+            unique.append(ep)
+    dists: dict[str, set[str | None]] = {}
+    for ep in unique:
+        dists.setdefault(ep.name, set()).add(ep.dist.name if ep.dist is not None else None)
+    named = []
+    for ep in unique:
+        dist = ep.dist.name if ep.dist is not None else None
+        named.append((f"{dist}:{ep.name}" if len(dists[ep.name]) > 1 and dist else ep.name, ep))
+    return named

@@ -69,7 +69,8 @@ def _adapter(contract: object = hookspec.CONTRACT_VERSION, **hooks: object) -> o
 def test_contract_2_has_fourteen_hooks_one_required() -> None:
     assert tuple(_hooks()) == CONTRACT_2_HOOKS
     assert len(CONTRACT_2_HOOKS) == 14 and hookspec.REQUIRED_HOOKS == ("ampcore_backend",)
-    assert hookspec.CONTRACT_VERSION == 2 and hookspec.SUPPORTED_CONTRACTS == (2,)
+    assert hookspec.CONTRACT_VERSION == 2 and hookspec.SUPPORTED_CONTRACTS == (1, 2)
+    assert hookspec.DEPRECATED_CONTRACTS == (1,)
 
 
 def test_no_hook_is_firstresult() -> None:
@@ -112,23 +113,122 @@ def test_hookspec_docstring_example_is_a_valid_plugin(register) -> None:
 # -- the version check -------------------------------------------------------------------
 
 
-def test_a_plugin_declaring_no_contract_targets_contract_1_and_fails_at_load() -> None:
+#: A contract-1 plugin as vendors wrote it for ampcore 0.1.x (every hook contract 1 had that
+#: contract 2 renamed, merged or removed, and two it kept).
+CONTRACT_1 = """
+import torch
+from ampcore import hookimpl
+
+MEMORY = {"in_use": 11, "peak": 22, "total": 33, "resets": 0}
+
+@hookimpl
+def ampcore_backend_name():
+    return "{backend}"
+
+@hookimpl
+def ampcore_device_type():
+    return "cpu"
+
+@hookimpl
+def ampcore_supported_dtypes():
+    return [torch.float16, torch.bfloat16]
+
+@hookimpl
+def ampcore_default_dtype():
+    return torch.bfloat16
+
+@hookimpl
+def ampcore_backend_priority():
+    return -10
+
+@hookimpl
+def ampcore_backend_overrides():
+    return True
+
+@hookimpl
+def ampcore_unavailable_reason():
+    return None
+
+@hookimpl
+def ampcore_device_name(device_index):
+    return f"old chip {device_index}"
+
+@hookimpl
+def ampcore_memory_in_use(device_index):
+    return MEMORY["in_use"] + device_index
+
+@hookimpl
+def ampcore_peak_memory(device_index):
+    return MEMORY["peak"]
+
+@hookimpl
+def ampcore_device_memory(device_index):
+    return MEMORY["total"]
+
+@hookimpl
+def ampcore_reset_peak_memory(device_index):
+    MEMORY["resets"] += 1
+
+@hookimpl
+def ampcore_keep_norm_fp32(dtype):
+    return True
+
+@hookimpl
+def ampcore_unscale_grads_(grads, found_inf, inv_scale):
+    return None
+"""
+
+
+def _contract_1_module(backend: str, declare: str = "") -> types.ModuleType:
+    module = types.ModuleType(f"contract_1_{backend}")
+    exec(compile(declare + CONTRACT_1.replace("{backend}", backend), module.__name__, "exec"), module.__dict__)  # noqa: S102
+    return module
+
+
+@pytest.mark.parametrize("declare", ["", "AMPCORE_CONTRACT = 1\n"], ids=["undeclared", "declared-1"])
+def test_a_contract_1_plugin_loads_with_one_warning_naming_each_hook_to_change(register, declare: str) -> None:
+    module = _contract_1_module("oldchip", declare)
+    with pytest.warns(PluginWarning) as record:
+        backend = register(module, name="oldchip")
+    (warning,) = [w for w in record if "contract 1" in str(w.message)]
+    message = str(warning.message)
+    assert message.startswith('ampcore plugin "oldchip" (registered in process) targets adapter contract 1, deprecated')
+    assert "until ampcore 0.3.0" in message and "declare AMPCORE_CONTRACT = 2" in message
+    for hook in ("ampcore_backend_name", "ampcore_device_type", "ampcore_supported_dtypes", "ampcore_default_dtype",
+                 "ampcore_backend_priority", "ampcore_backend_overrides", "ampcore_memory_in_use", "ampcore_peak_memory",
+                 "ampcore_device_memory", "ampcore_reset_peak_memory", "ampcore_keep_norm_fp32", "ampcore_unscale_grads_"):  # fmt: skip
+        assert f"{hook}: " in message, hook
+    for kept in ("ampcore_unavailable_reason", "ampcore_device_name"):
+        assert kept not in message
+    # the old hooks answer through contract 2
+    assert (backend.name, backend.device_type, backend.supported_dtypes) == ("oldchip", "cpu", (torch.float16, torch.bfloat16))
+    assert (backend.default_dtype, backend.priority, backend.device_name(1)) == (torch.bfloat16, -10, "old chip 1")
+    toolkit = ampcore.toolkit
+    assert (toolkit.memory_in_use(backend, 2), toolkit.peak_memory(backend), toolkit.device_memory(backend)) == (13, 22, 33)
+    toolkit.reset_peak_memory(backend)
+    assert module.MEMORY["resets"] == 1
+    assert {p.name: p for p in ampcore.list_plugins()}["oldchip"].contract == 1
+
+
+def test_a_contract_1_plugin_without_its_required_hooks_names_them() -> None:
     with pytest.raises(ampcore.PluginError) as caught:
         ampcore.register_plugin(_adapter(contract=None), name="unversioned")
     message = str(caught.value)
     assert message.startswith('Plugin "unversioned": declares no AMPCORE_CONTRACT, so it targets adapter contract 1')
-    assert "supported contract versions: 2. Update" in message and "declare AMPCORE_CONTRACT = 2" in message
-    assert "ampcore_memory" in message and "ampcore_backend_overrides" in message  # what changed
+    assert "ampcore_backend_name, ampcore_device_type, ampcore_supported_dtypes" in message
+    assert "docs/migrating-contract-1.md" in message
     assert "unversioned" not in {p.name for p in ampcore.list_plugins()}
 
 
-def test_a_plugin_targeting_an_older_contract_fails_with_what_changed() -> None:
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "old": targets adapter contract 1 \(AMPCORE_CONTRACT = 1\); supported contract versions: 2\. Update.*What changed: contract 2: .*ampcore_memory'):
-        ampcore.register_plugin(_adapter(contract=1), name="old")
+def test_a_contract_1_hook_without_its_marker_is_refused_not_dropped() -> None:
+    module = _contract_1_module("unmarked")
+    module.ampcore_unavailable_reason = lambda: "no device"  # the marker forgotten
+    with pytest.raises(ampcore.PluginError, match="ampcore_unavailable_reason is not marked as a hook"):
+        ampcore.register_plugin(module, name="unmarked")
 
 
 def test_a_plugin_targeting_a_newer_contract_fails_asking_to_upgrade_ampcore() -> None:
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "new": targets adapter contract 3 \(AMPCORE_CONTRACT = 3\), newer than this ampcore knows; supported contract versions: 2\. Upgrade ampcore'):
+    with pytest.raises(ampcore.PluginError, match=r'Plugin "new": targets adapter contract 3 \(AMPCORE_CONTRACT = 3\), newer than this ampcore 0\.2\.0 knows; supported contract versions: 2 \(and 1, deprecated.*\)\. Upgrade ampcore'):
         ampcore.register_plugin(_adapter(contract=3), name="new")
 
 
@@ -138,22 +238,16 @@ def test_a_contract_that_is_no_int_is_refused(value: object) -> None:
         ampcore.register_plugin(_adapter(contract=value), name="odd")
 
 
-def test_an_installed_plugin_of_an_older_contract_is_skipped_with_a_warning(site: FakeSite) -> None:
-    old = _good("old").replace("AMPCORE_CONTRACT = 2\n", "")
+@pytest.mark.parametrize("strict", ["", "1"], ids=["default", "strict"])
+def test_an_installed_contract_1_plugin_loads_with_a_warning(site: FakeSite, strict: str) -> None:
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
-    site.install("ampcore-old", "old", "old_plugin", old, version="0.3")
-    pm = site.manager()
-    with pytest.warns(PluginWarning, match=r'"old" \(distribution "ampcore-old".*targets adapter contract 1.*supported contract versions: 2') as record:
+    site.install("ampcore-old", "old", "old_plugin", CONTRACT_1.replace("{backend}", "old"), version="0.3")
+    pm = site.manager(AMPCORE_STRICT_PLUGINS=strict)
+    with pytest.warns(PluginWarning, match=r'"old" \(distribution "ampcore-old"\) targets adapter contract 1, deprecated') as record:
         infos = {info.name: info for info in pm.plugins()}
-    assert len(record) == 1
-    assert infos["old"].status == "failed" and "contract 1" in (infos["old"].error or "")
-    assert [b.name for b in pm.backends()] == ["alpha"]
-
-
-def test_strict_mode_raises_for_an_older_contract(site: FakeSite) -> None:
-    site.install("ampcore-old", "old", "old_plugin", _good("old").replace("AMPCORE_CONTRACT = 2", "AMPCORE_CONTRACT = 1"))
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "old" \(distribution "ampcore-old"\): targets adapter contract 1'):
-        site.manager(AMPCORE_STRICT_PLUGINS="1").load_entry_points()
+    assert len(record) == 1 and record[0].filename.endswith("old_plugin.py")  # points at the plugin's file
+    assert (infos["old"].status, infos["old"].contract) == ("loaded", 1)
+    assert [b.name for b in pm.backends()] == ["alpha", "old"]
 
 
 # -- hooks of contract 1 name what replaced them -----------------------------------------
