@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from ._backends.capability import CapabilityIssue
 
 __all__ = [
-    "BackendSpec", "CONTRACT_ATTRIBUTE", "CONTRACT_CHANGES", "CONTRACT_VERSION", "DEPRECATED_CONTRACTS", "ENTRY_POINT_GROUP",
-    "PROJECT_NAME", "REMOVED_HOOKS", "REQUIRED_HOOKS", "SUPPORTED_CONTRACTS", "hookimpl", "hookspec",
+    "BackendSpec", "CONTRACT_ATTRIBUTE", "CONTRACT_CHANGES", "CONTRACT_VERSION", "DEPRECATED_CONTRACTS",
+    "ENTRY_POINT_GROUP", "PROJECT_NAME", "REMOVED_HOOKS", "REQUIRED_HOOKS", "SUPPORTED_CONTRACTS", "hookimpl",
+    "hookspec",
 ]  # fmt: skip
 
 PROJECT_NAME: Final = "ampcore"

@@ -181,9 +181,6 @@ class Backend:
             )
         if not isinstance(device_type, str) or not device_type:
             raise self._error(f"ampcore_backend() gave device_type={device_type!r}; expected e.g. 'cuda'")
-        problem = device_type_problem(device_type, torch_knows(device_type), privateuse1_name(), available=False)
-        if problem is not None:
-            raise self._error(f"ampcore_backend() gave {problem}")
         dtypes = tuple(raw) if isinstance(raw, (list, tuple)) else ()
         bad = [d for d in dtypes if not isinstance(d, torch.dtype) or not d.is_floating_point]
         if not dtypes or bad or len(set(dtypes)) != len(dtypes):
@@ -381,6 +378,11 @@ class Backend:
         if cached is None:
             cached = self._adjustments[dtype] = self._validated_adjustments(dtype)
         return cached
+
+    def broken(self, message: str) -> PluginError:
+        """For core subsystems that check a hook's answer: record that the plugin broke the
+        contract (it is reported as failed) and return the :class:`PluginError` to raise."""
+        return self._broken(message)
 
     def hook(self, name: str) -> Callable[..., Any] | None:
         """This plugin's implementation of an optional hook, or None (for core subsystems).

@@ -12,7 +12,16 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["MEMORY_KEYS", "current_index", "device_type_problem", "indexed_device", "memory_problem", "result_problem"]
+__all__ = [
+    "MEMORY_KEYS",
+    "current_index",
+    "device_type_problem",
+    "indexed_device",
+    "memory_problem",
+    "privateuse1_name",
+    "result_problem",
+    "torch_knows",
+]
 
 #: the ``ampcore_memory`` keys
 MEMORY_KEYS: Final = ("in_use", "peak", "total")
@@ -34,12 +43,14 @@ def privateuse1_name() -> str:
 
 
 def device_type_problem(device_type: str, knows: bool, privateuse1: str, available: bool) -> str | None:
-    """Why ``device_type`` cannot be the device type of a backend, or ``None``.
+    """Why ``device_type`` cannot be the device type of an available backend, or ``None``.
 
     ``knows``: torch accepts it now; ``privateuse1``: PrivateUse1's current name;
     ``available``: the adapter said the backend can run.  An unknown device type is allowed
-    while the backend is unavailable and PrivateUse1 is still unnamed, because a vendor
-    extension renames PrivateUse1 when the availability hook imports it.
+    while the backend is unavailable: a vendor extension renames PrivateUse1 when the
+    availability hook imports it (the first-party ``npu`` adapter's ``"npu"`` is unknown to
+    torch until ``torch_npu`` is imported, and stays unknown in a process whose PrivateUse1
+    another extension took, where the backend is simply unavailable).
 
     Example::
 
@@ -47,24 +58,21 @@ def device_type_problem(device_type: str, knows: bool, privateuse1: str, availab
         True
         >>> device_type_problem("npu", False, "privateuseone", False) is None  # torch_npu not imported yet
         True
-        >>> device_type_problem("bogusdev", False, "privateuseone", True)[:74]
-        "device_type='bogusdev' is no device type torch knows, yet the backend says"
+        >>> device_type_problem("bogusdev", False, "privateuseone", True)[:80]
+        "device_type='bogusdev': torch knows no such device type, yet the backend says it"
     """
-    if knows:
+    if knows or not available:
         return None
-    if privateuse1 != _PRIVATEUSE1_DEFAULT:
-        return (
-            f"device_type={device_type!r} is no device type torch knows, and PrivateUse1 is already renamed to "
-            f"{privateuse1!r}, so no extension can make it one; use a device type torch knows (cpu, cuda, xpu, "
-            f"{privateuse1}, ...)"
-        )
-    if available:
-        return (
-            f"device_type={device_type!r} is no device type torch knows, yet the backend says it is available; "
-            "a PrivateUse1 extension must rename PrivateUse1 (torch.utils.rename_privateuse1_backend) before "
-            "ampcore_unavailable_reason() returns None"
-        )
-    return None
+    renamed = (
+        f"PrivateUse1 is renamed to {privateuse1!r}"
+        if privateuse1 != _PRIVATEUSE1_DEFAULT
+        else "nothing renamed PrivateUse1 to it (torch.utils.rename_privateuse1_backend)"
+    )
+    return (
+        f"device_type={device_type!r}: torch knows no such device type, yet the backend says it is available "
+        f"({renamed}); the device type must be one torch knows (cpu, cuda, xpu, ... or the name the vendor "
+        "extension gave PrivateUse1) by the time ampcore_unavailable_reason() returns None"
+    )
 
 
 def current_index(device_type: str) -> int:

@@ -4,23 +4,29 @@
 of: a PrivateUse1 device registered from Python is torch's current accelerator, yet its
 memory calls trip an INTERNAL ASSERT ("Allocator for <name> is not a DeviceAllocator") and
 ``synchronize`` is unsupported.  Such refusals read as "unavailable" (``None``), never as a
-crash; an adapter's own hooks are called as they are (their errors are the adapter's).
+crash.  An adapter's own hooks are called through :meth:`Backend.hook`: their exceptions and
+an answer of the wrong type (``{"in_use": "lots"}``) are :class:`ampcore.PluginError` naming
+``ampcore_memory`` and the plugin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Final
 
 import torch
 
-from .._errors import PluginError
 from .backend import Backend
+from .checks import MEMORY_KEYS, memory_problem
 
-__all__ = ["device_memory", "memory_in_use", "peak_memory", "reset_peak_memory", "synchronize"]
-
-#: the ``ampcore_memory`` keys
-MEMORY_KEYS: Final = ("in_use", "peak", "total")
+__all__ = [
+    "MEMORY_KEYS",
+    "device_memory",
+    "memory_in_use",
+    "peak_memory",
+    "reset_peak_memory",
+    "synchronize",
+]
 
 #: key -> what ``torch.accelerator`` answers when the backend drives the current accelerator
 _ACCELERATOR_FALLBACKS: Final[dict[str, Callable[[int], Any]]] = {
@@ -55,13 +61,9 @@ def _ask(backend: Backend, key: str, device_index: int) -> int | None:
         value = _accelerator(backend, key, device_index)
         return None if value is None else int(value)
     stats = function(device_index=device_index, reset_peak=False)
-    if stats is not None and not isinstance(stats, Mapping):
-        raise PluginError(
-            backend.plugin_name,
-            f"ampcore_memory({device_index}, reset_peak=False) returned {stats!r}; expected None or a dict "
-            f"with keys {', '.join(MEMORY_KEYS)} (bytes or None)",
-            backend.distribution,
-        )
+    problem = memory_problem(stats)
+    if problem is not None:
+        raise backend.broken(f"ampcore_memory({device_index}, reset_peak=False) returned {stats!r}; {problem}")
     value = (stats or {}).get(key)
     return None if value is None else int(value)
 

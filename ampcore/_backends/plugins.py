@@ -32,7 +32,15 @@ from .claims import block_name, resolve_claims
 from .contract import SPEC_NAMES, check_contract, unknown_hooks
 from .contract1 import adapt, warn_deprecated
 from .importing import ENV_IMPORT_TIMEOUT, ImportTimeout, call_bounded, import_timeout
-from .sources import NOT_PLUGINS, describe_failure, env_list, module_file, origin_of_entry_point, unique_entry_points
+from .sources import (
+    NOT_PLUGINS,
+    describe_failure,
+    env_list,
+    load_entry_point,
+    module_file,
+    origin_of_entry_point,
+    unique_entry_points,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -194,7 +202,7 @@ class PluginManager:
 
     def _load_one(self, ep: importlib.metadata.EntryPoint, info: PluginInfo, timeout_s: float | None) -> None:
         try:
-            plugin = call_bounded(ep.load, timeout_s, info.name)
+            plugin = call_bounded(lambda: load_entry_point(ep), timeout_s, info.name)
             backend = self._register(plugin, info)
         except (Exception, SystemExit) as exc:  # a plugin calling exit() must not end the program
             message = describe_failure(exc)

@@ -14,6 +14,7 @@ __all__ = [
     "NOT_PLUGINS",
     "describe_failure",
     "env_list",
+    "load_entry_point",
     "module_file",
     "origin_of_entry_point",
     "plugin_file",
@@ -77,3 +78,12 @@ def unique_entry_points(
         dist = ep.dist.name if ep.dist is not None else None
         named.append((f"{dist}:{ep.name}" if len(dists[ep.name]) > 1 and dist else ep.name, ep))
     return named
+
+
+def load_entry_point(ep: importlib.metadata.EntryPoint) -> object:
+    """``ep.load()``, with a readable error for a malformed value (importlib's own is an
+    ``AttributeError`` about ``None``)."""
+    value = getattr(ep, "value", None)
+    if isinstance(value, str) and importlib.metadata.EntryPoint.pattern.match(value) is None:
+        raise ImportError(f"the entry point's value {value!r} is no 'module' or 'module:attribute'")
+    return ep.load()

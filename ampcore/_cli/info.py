@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import textwrap
 import warnings
@@ -14,7 +15,9 @@ import pluggy
 import torch
 
 from .._backends.backend import Backend, dtype_name
+from .._backends.plugins import ENV_STRICT, PluginManager
 from .._backends.registry import get_manager
+from .._errors import AmpcoreError
 from .._policy.registration import has_native_autocast
 from .._table import format_table
 from .._version import __version__
@@ -39,6 +42,8 @@ def _backend_info(backend: Backend) -> dict[str, Any]:
         "device_name": None,
         "capability": {},
         "autocast": None,
+        # how the scaler sees an overflow: the device's flag (saturating arithmetic) or inf/nan
+        "overflow": "flag" if backend.hook("ampcore_device_overflow_flag") is not None else "inf",
         "info": {},
     }
     if reason is None:
@@ -56,11 +61,24 @@ def _backend_info(backend: Backend) -> dict[str, Any]:
     return entry
 
 
+def _manager(caught: list[str]) -> PluginManager:
+    """The process's manager; when strict mode makes loading raise, a lenient one, so that
+    ``ampcore info`` still shows every plugin (the broken one as failed) and the rest."""
+    try:
+        return get_manager()
+    except AmpcoreError as exc:
+        caught.append(f"{ENV_STRICT} is set and loading raised: {exc}")
+        manager = PluginManager(environ={k: v for k, v in os.environ.items() if k != ENV_STRICT})
+        manager.load_entry_points()
+        return manager
+
+
 def collect_info() -> dict[str, Any]:
     """Everything ``ampcore info`` shows, as JSON-serialisable data."""
+    strict: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        manager = get_manager()
+        manager = _manager(strict)
         manager.plugins()  # load
         # backends first: a hook that breaks the contract while they are described marks
         # its plugin failed, which the plugin table must show
@@ -74,7 +92,7 @@ def collect_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "plugins": [vars(p).copy() for p in plugins],
         "backends": backends,
-        "load_warnings": [str(w.message) for w in caught],
+        "load_warnings": strict + [str(w.message) for w in caught],
     }
 
 
@@ -160,6 +178,11 @@ def _backend_rows(
         )
         for dtype, issues in b["capability"].items():
             capability += [f"{b['name']} {dtype}: {issue}" for issue in issues]
+        if b.get("overflow") == "flag":
+            extras.append(
+                f"{b['name']} overflow: GradScaler reads the device's overflow flag (saturating arithmetic) "
+                "besides inf/nan in the gradients"
+            )
         extras += [f"{b['name']} {name}: {text}" for name, text in b.get("info", {}).items()]
     return rows, capability, extras
 
