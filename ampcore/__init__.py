@@ -13,7 +13,7 @@ from ._cli.launch import quiet_torch_numpy_warning as _quiet
 _quiet()  # before torch is imported: the command line needs no NumPy
 # ruff: noqa: E402  (the imports below must follow that call)
 
-from . import debugging, toolkit
+from . import debugging, hookspec, toolkit
 from ._auto import AutoPlan, auto_plan, load_plan
 from ._backends.backend import Backend
 from ._backends.capability import CapabilityIssue
@@ -64,6 +64,7 @@ __all__ = [
     "decorate",
     "get_backend",
     "hookimpl",
+    "hookspec",
     "is_bfloat16_supported",
     "is_float16_supported",
     "list_backends",

@@ -8,14 +8,17 @@ plugin's own implementations; hooks are never broadcast to other plugins, so an
 implementation never has to check which backend it is asked about, and no hook is
 "firstresult".
 
+This module is public (``ampcore.hookspec``, in ``ampcore.__all__``).
+
 **Contract version.**  A plugin declares the contract it targets with a module (or object)
-attribute ``AMPCORE_CONTRACT = 2`` (:data:`CONTRACT_VERSION` is the one this ampcore
-supports; :data:`SUPPORTED_CONTRACTS` all it accepts).  A plugin without the attribute
-targets contract 1 (the unversioned contract of earlier 0.x releases); a plugin
-targeting a contract this ampcore does not support fails at load time with a
-:class:`ampcore.PluginError` naming the plugin, its contract, the supported ones and what
-changed (:data:`CONTRACT_CHANGES`).  A function named like a hook of an older contract
-fails the load with the hook that replaces it.
+attribute ``AMPCORE_CONTRACT = 2`` (:data:`CONTRACT_VERSION`; :data:`SUPPORTED_CONTRACTS`
+are all this ampcore loads).  The contract changes only with ampcore's minor version:
+ampcore 0.1.x implements contract 1; 0.2.x contract 2, and loads contract-1 plugins (no
+``AMPCORE_CONTRACT``; :data:`DEPRECATED_CONTRACTS`) through a translation layer with one
+:class:`ampcore.PluginWarning` naming each hook to change; 0.3.0 drops contract 1.  Other
+contracts fail at load with a :class:`ampcore.PluginError` naming the plugin, the supported
+contracts and what changed (:data:`CONTRACT_CHANGES`); so does a contract-2 plugin defining
+a contract-1 hook.  docs/migrating-contract-1.md maps every contract-1 hook to contract 2.
 
 One hook is required: :func:`ampcore_backend`, which says who the backend is (a
 :class:`BackendSpec`).  Every other hook is optional; the core default used when a
@@ -43,6 +46,9 @@ from typing import TYPE_CHECKING, Final
 
 import pluggy
 
+# what changed in each contract, and contract-1 hooks -> what replaces them (error texts)
+from ._contract_history import CONTRACT_CHANGES, REMOVED_HOOKS
+
 if TYPE_CHECKING:
     import torch
 
@@ -62,38 +68,10 @@ ENTRY_POINT_GROUP: Final = "ampcore"
 CONTRACT_VERSION: Final = 2
 #: Every contract version this ampcore loads plugins of.
 SUPPORTED_CONTRACTS: Final = (1, 2)
-#: Contract versions still loaded, through a translation layer and with a warning naming each
-#: hook to change, until the release that drops them (docs/migrating-contract-1.md).
+#: Contract versions loaded through a translation layer, with a warning (until ampcore 0.3.0).
 DEPRECATED_CONTRACTS: Final = (1,)
 #: The plugin attribute that declares the contract version (missing: contract 1).
 CONTRACT_ATTRIBUTE: Final = "AMPCORE_CONTRACT"
-#: What changed in each contract version, for the load-time error (docs/plugins.md has more).
-CONTRACT_CHANGES: Final = {
-    2: "plugins declare AMPCORE_CONTRACT = 2; the five identity hooks (ampcore_backend_name, ...) merged "
-    "into ampcore_backend (returning an ampcore.BackendSpec); the four memory hooks merged into "
-    "ampcore_memory; ampcore_backend_overrides, ampcore_unscale_grads_ and ampcore_keep_norm_fp32 "
-    "removed; no hook is firstresult",
-}
-#: Hooks of older contracts -> what a plugin does instead (named in the load-time error).
-REMOVED_HOOKS: Final = {
-    "ampcore_backend_name": "merged into ampcore_backend (BackendSpec.name) in contract 2",
-    "ampcore_device_type": "merged into ampcore_backend (BackendSpec.device_type) in contract 2",
-    "ampcore_supported_dtypes": "merged into ampcore_backend (BackendSpec.dtypes) in contract 2",
-    "ampcore_default_dtype": "merged into ampcore_backend (BackendSpec.default_dtype) in contract 2",
-    "ampcore_backend_priority": "merged into ampcore_backend (BackendSpec.priority) in contract 2",
-    "ampcore_memory_in_use": "merged into ampcore_memory (its 'in_use' key) in contract 2",
-    "ampcore_peak_memory": "merged into ampcore_memory (its 'peak' key) in contract 2",
-    "ampcore_reset_peak_memory": "merged into ampcore_memory (called with reset_peak=True) in contract 2",
-    "ampcore_device_memory": "merged into ampcore_memory (its 'total' key) in contract 2",
-    "ampcore_backend_overrides": (
-        "removed in contract 2: of two plugins claiming one name, block one with AMPCORE_BLOCK_PLUGINS"
-    ),
-    "ampcore_unscale_grads_": "removed in contract 2: the scaler uses torch's fused kernel or its portable one",
-    "ampcore_keep_norm_fp32": (
-        "removed in contract 2: O2 keeps norms float32 for float16 only; decorate(keep_norm_fp32=...)"
-    ),
-}
-
 #: Marker for hook specifications (used by this module only).
 hookspec: Final = pluggy.HookspecMarker(PROJECT_NAME)
 #: Marker that adapters put on their hook implementations.
@@ -115,19 +93,24 @@ class BackendSpec:
     Attributes:
         name: the backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``): lower
             case letters, digits, ``_`` and ``-``, no ``:`` (``"cuda:1"`` selects device 1 of
-            backend ``"cuda"``).  Two plugins claiming one name conflict (the user blocks
-            one with ``AMPCORE_BLOCK_PLUGINS``).
+            backend ``"cuda"``).  A plugin claiming the name of a first-party adapter
+            (distribution ``ampcore``) replaces it; two other plugins claiming one name
+            conflict (the user blocks one with ``AMPCORE_BLOCK_PLUGINS``).
         device_type: the torch device type the backend drives (``torch.autocast(device_type)``);
             usually the name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu renamed
             PrivateUse1), but a template may drive ``"cpu"`` under its own name.
         dtypes: the low-precision dtypes the backend can autocast to, best first: only those
             the hardware (or a documented emulation) really runs, as the conformance suite
-            checks each one.  Non-empty, distinct, floating.
+            checks each one.  Non-empty, distinct, floating.  Read at load, before the
+            vendor extension is imported (so not from ``get_amp_supported_dtype()``): list
+            the dtypes of the product line, and refuse one on a device that lacks it with an
+            ``"error"`` :class:`ampcore.CapabilityIssue` from :func:`ampcore_check_capability`.
         default_dtype: the dtype used for ``dtype=None``, one of ``dtypes``; ``None``: the
             first of ``dtypes``.
         priority: rank for ``device=None``: the available backend with the highest priority
-            wins (ties: alphabetical name).  First-party values: ``cpu`` 0, ``xpu`` 80,
-            ``cuda`` and ``npu`` 100; templates -10.
+            wins (ties: alphabetical name).  Default 50; first-party values: ``cpu`` 0,
+            ``xpu`` 80, ``cuda`` and ``npu`` 100; the in-repo templates and test devices
+            -10 (never chosen over a real device, not even over ``cpu``).
 
     Example::
 
@@ -267,6 +250,14 @@ def ampcore_device_overflow_flag(device: torch.device) -> torch.Tensor | None:
     the last :func:`ampcore_clear_device_overflow_flag`, or ``None`` when the device does not
     need it.  The scaler ORs it into ``found_inf``.
 
+    ``device`` always has an index (``npu:0``, never ``npu``; the current device when the
+    user named none).  The flag may have any dtype and shape of one element; it is read on
+    the device, never synchronised to the host.  Another result marks the plugin failed; an
+    exception is raised from ``GradScaler.step``/``unscale_`` as an
+    :class:`ampcore.PluginError` naming this hook and the plugin.  Implement
+    :func:`ampcore_clear_device_overflow_flag` with it.  ``ampcore info`` shows the backends
+    that detect overflow by a flag.
+
     Core default: ``None``.
     """
 
@@ -276,6 +267,10 @@ def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
     """Reset the status read by :func:`ampcore_device_overflow_flag` (called by the first
     :meth:`ampcore.GradScaler.scale` of each iteration, before backward, so that an overflow
     in any micro-batch of gradient accumulation is still seen).
+
+    ``device`` is given as for :func:`ampcore_device_overflow_flag` (with its index); the
+    result is ignored; an exception is raised from the :class:`ampcore.GradScaler` call that
+    clears the flag, as an :class:`ampcore.PluginError` naming this hook and the plugin.
 
     Core default: nothing.
     """
@@ -291,7 +286,10 @@ def ampcore_memory(
     device_index: int, reset_peak: bool
 ) -> Mapping[str, int | None] | None:
     """Memory of device ``device_index`` in bytes: ``{"in_use": ..., "peak": ..., "total": ...}``
-    (any key may be left out or ``None`` when the backend cannot tell), or ``None``.
+    (any key may be left out or ``None`` when the backend cannot tell), or ``None``: the
+    backend cannot tell any of them (the same as ``{}``; ``ampcore bench`` prints ``-``).
+    Values are ints >= 0 or ``None``; another key or value (``{"in_use": "lots"}``) marks
+    the plugin failed and raises an :class:`ampcore.PluginError` naming this hook.
 
     ``in_use`` is what is allocated now (host backends: the process's resident memory),
     ``peak`` the most in use since the last reset, ``total`` the device's capacity (``None``
@@ -352,9 +350,11 @@ def ampcore_synchronize(device_index: int) -> None:
 
     Core default: ``torch.accelerator.synchronize`` when the backend's device type is
     torch's current accelerator and torch supports it there; else the device module's
-    ``torch.<device_type>.synchronize()`` when it has one; else nothing (host backends).
-    A PrivateUse1 device registered from Python is unknown to ``torch.accelerator``:
-    implement this hook with your runtime's synchronisation.
+    ``torch.<device_type>.synchronize()`` (called without an index: the current device)
+    when it has one; else nothing (host backends).  A PrivateUse1 device registered from
+    Python is unknown to ``torch.accelerator``, so the default relies on your device module:
+    implement this hook when that module has no ``synchronize()``, or when timing must wait
+    for device ``device_index`` rather than the current one.
 
     Use in plugins: ``torch_myvendor.synchronize(device_index)``.
     """

@@ -67,7 +67,7 @@ def _manager(caught: list[str]) -> PluginManager:
     try:
         return get_manager()
     except AmpcoreError as exc:
-        caught.append(f"{ENV_STRICT} is set and loading raised: {exc}")
+        caught.append(f"{ENV_STRICT} is set and loading raised (the plugins below loaded without it): {exc}")
         manager = PluginManager(environ={k: v for k, v in os.environ.items() if k != ENV_STRICT})
         manager.load_entry_points()
         return manager
@@ -93,6 +93,7 @@ def collect_info() -> dict[str, Any]:
         "plugins": [vars(p).copy() for p in plugins],
         "backends": backends,
         "load_warnings": strict + [str(w.message) for w in caught],
+        "strict_error": strict[0] if strict else None,
     }
 
 
@@ -127,6 +128,8 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         notes.append(f"[{len(notes) + 1}] {text}")
         return f"[{len(notes)}]"
 
+    if info.get("strict_error"):
+        lines[-1] = "Plugins: " + note(info["strict_error"])
     lines += _table(_plugin_rows(info["plugins"], note), width)
     lines += ["", "Backends:"]
     rows, capability, extras = _backend_rows(info["backends"], note)

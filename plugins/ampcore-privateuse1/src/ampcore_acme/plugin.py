@@ -19,7 +19,15 @@ What a PrivateUse1 adapter must get right, and where this template does it:
   (``test_device_autocast_kernels_match_the_lists``);
 * **synchronisation and memory**: ``torch.accelerator`` knows neither for a Python-registered
   device; :func:`ampcore_synchronize` waits for the device, and :func:`ampcore_memory` is
-  left out, so ``ampcore bench`` prints memory as unavailable.
+  left out, so ``ampcore bench`` prints memory as unavailable;
+* **the dtypes** (``dtypes`` of :func:`ampcore_backend`) are read at load, before the
+  extension is imported: list your product line's (what ``get_amp_supported_dtype()``
+  returns on your devices); refuse one on a chip without it with an ``"error"``
+  ``CapabilityIssue`` from ``ampcore_check_capability``;
+* **overflow on saturating arithmetic**: a chip whose fp16 clamps to +-65504 and raises a
+  status flag instead of producing inf/nan implements ``ampcore_device_overflow_flag`` and
+  ``ampcore_clear_device_overflow_flag`` (docs/writing-a-backend.md, item 5); without them
+  ``GradScaler`` takes an overflowed step.  ``acme`` produces inf, like the CPU it runs on.
 
 ``AMPCORE_ACME_AUTOCAST`` (``none``, ``fallthrough``, ``partial``, ``generic``; default
 ``none``) chooses which autocast kernels the test device registers, so that CI can prove
@@ -79,8 +87,8 @@ def ampcore_backend() -> BackendSpec:
     return BackendSpec(
         name=BACKEND,
         device_type=BACKEND,  # the name your extension renamed PrivateUse1 to (torch_npu: "npu")
-        dtypes=[torch.bfloat16, torch.float16],  # torch.acme.get_amp_supported_dtype(), default first
-        priority=-20,  # a test device must never be chosen by device=None over a real one (cpu is 0)
+        dtypes=[torch.bfloat16, torch.float16],  # the product line's, default first (read at load)
+        priority=-10,  # a test device must never be chosen by device=None over a real one (cpu is 0)
     )
 
 
