@@ -135,7 +135,7 @@ def _flag(value: object) -> bool:
 #: their result is used (identity, capability, counts, memory, costs) or their result is
 #: not used (the clearing and synchronising hooks).
 _RESULTS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
-    "ampcore_device_overflow_flag": (lambda v: v is None or _flag(v), "None or a one-element tensor on the device"),
+    "ampcore_device_overflow_flag": (lambda v: v is None or _flag(v), "a one-element tensor or None, on the device"),
     "ampcore_prepare_o2": (lambda v: v is None or _prepared(v), "None or a (model, optimizer) tuple"),
     "ampcore_backend_info": (lambda v: isinstance(v, Mapping), "a dict of name -> one line of text"),
 }
@@ -147,7 +147,7 @@ def result_problem(hook: str, value: object) -> str | None:
     Example::
 
         >>> result_problem("ampcore_device_overflow_flag", True)
-        'returned True; expected None or a one-element tensor on the device'
+        'returned True; expected a one-element tensor or None, on the device'
         >>> result_problem("ampcore_device_overflow_flag", torch.zeros(1)) is None
         True
     """

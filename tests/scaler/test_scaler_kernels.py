@@ -54,7 +54,7 @@ def test_device_overflow_flag_skips_finite_steps_and_is_cleared_once_per_iterati
             flag.fill_(1.0)  # the chip saturated during this micro-batch's backward
     scaler.step(opt)
     scaler.update()
-    assert clears == [torch.device("cpu")] and torch.equal(p.detach(), torch.zeros(2))
+    assert clears == [torch.device("cpu", 0)] and torch.equal(p.detach(), torch.zeros(2))
     assert scaler.get_scale() == 4.0
     opt.zero_grad()
     scaler.scale(p.sum()).backward()
