@@ -16,9 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, Literal, Protocol, TypeVar
 
-__all__ = ["FIRST_PARTY", "Resolution", "block_name", "resolve_claims"]
+from .backend import origin
+
+__all__ = [
+    "FIRST_PARTY",
+    "Resolution",
+    "block_name",
+    "claim_status",
+    "conflict_message",
+    "replacement_message",
+    "resolve_claims",
+]
 
 #: The distribution whose adapters a vendor's plugin of the same backend name replaces.
 FIRST_PARTY: Final = "ampcore"
@@ -27,6 +37,9 @@ FIRST_PARTY: Final = "ampcore"
 class _Claim(Protocol):
     @property
     def distribution(self) -> str | None: ...
+
+    @property
+    def plugin_name(self) -> str: ...
 
 
 ClaimT = TypeVar("ClaimT", bound=_Claim)
@@ -48,11 +61,12 @@ def resolve_claims(claims: Sequence[ClaimT]) -> Resolution[ClaimT]:
     Example::
 
         >>> from types import SimpleNamespace as Claim
-        >>> ours, vendor = Claim(distribution="ampcore"), Claim(distribution="ampcore-npu")
+        >>> ours = Claim(plugin_name="ampcore:npu", distribution="ampcore")
+        >>> vendor = Claim(plugin_name="ampcore-npu:npu", distribution="ampcore-npu")
         >>> r = resolve_claims([ours, vendor])
         >>> r.winner is vendor, r.replaced == (ours,), r.conflict
         (True, True, ())
-        >>> resolve_claims([vendor, Claim(distribution="other")]).winner is None
+        >>> resolve_claims([vendor, Claim(plugin_name="x", distribution="other")]).winner is None
         True
     """
     if len(claims) == 1:
@@ -75,3 +89,42 @@ def block_name(plugin_name: str, distribution: str | None) -> str:
         ('ampcore-npu:npu', 'ampcore:npu', 'demo')
     """
     return plugin_name if distribution is None else f"{distribution}:{plugin_name.rsplit(':', 1)[-1]}"
+
+
+def claim_status(
+    name: str, claim: ClaimT, resolution: Resolution[ClaimT]
+) -> tuple[Literal["loaded", "conflict", "replaced"], str | None]:
+    """The ``(status, error)`` a plugin claiming backend ``name`` shows in ``ampcore info``."""
+    if claim in resolution.conflict:
+        others = ", ".join(f'"{c.plugin_name}"' for c in resolution.conflict if c is not claim)
+        return "conflict", f'plugin(s) {others} also claim backend "{name}"'
+    if claim in resolution.replaced:
+        winner = resolution.winner
+        by = (
+            f'plugin "{winner.plugin_name}" ({origin(winner.distribution)})'
+            if winner is not None
+            else "plugins " + ", ".join(f'"{c.plugin_name}"' for c in resolution.conflict)
+        )
+        return "replaced", f'backend "{name}" is provided by {by}'
+    return "loaded", None
+
+
+def replacement_message(name: str, winner: _Claim, replaced: _Claim, env_block: str) -> str:
+    """The one message saying that ``winner`` replaces the first-party ``replaced``."""
+    return (
+        f'backend "{name}": plugin "{winner.plugin_name}" ({origin(winner.distribution)}) replaces the '
+        f'first-party adapter "{replaced.plugin_name}" ({origin(replaced.distribution)}); to use ampcore\'s own, '
+        f"set {env_block}={block_name(winner.plugin_name, winner.distribution)}"
+    )
+
+
+def conflict_message(name: str, conflict: Sequence[_Claim], env_block: str) -> str:
+    """Why backend ``name`` resolves to nothing, naming every distribution and how to keep one."""
+    who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in conflict)
+    keep, rest = conflict[0], conflict[1:]
+    others = ",".join(block_name(b.plugin_name, b.distribution) for b in rest)
+    return (
+        f'backend "{name}" is claimed by more than one plugin: {who}. Choose one: uninstall the others, or '
+        f'block them with {env_block} (to keep plugin "{keep.plugin_name}": {env_block}={others}; an entry-point '
+        'name, a distribution name (all of its plugins) or "distribution:entry-point" (exactly one))'
+    )

@@ -27,8 +27,8 @@ import pluggy
 from .. import hookspec as _hookspec
 from .._errors import AmpcoreError, PluginError, PluginWarning, warn_at
 from .._forklock import LOCK
-from .backend import Backend, origin
-from .claims import block_name, resolve_claims
+from .backend import Backend
+from .claims import claim_status, conflict_message, replacement_message, resolve_claims
 from .contract import SPEC_NAMES, check_contract, unknown_hooks
 from .contract1 import adapt, warn_deprecated
 from .importing import ENV_IMPORT_TIMEOUT, ImportTimeout, call_bounded, import_timeout
@@ -260,11 +260,11 @@ class PluginManager:
             backend = Backend(
                 self._pm, plugin, name, distribution, info.version, on_broken=lambda m: self._mark_broken(name, m)
             )
+            if plugin is not original:  # (inside: a warning turned into an error undoes the registration)
+                warn_deprecated(original, name, distribution)
         except BaseException:
             self._pm.unregister(plugin)
             raise
-        if plugin is not original:
-            warn_deprecated(original, name, distribution)
         return backend
 
     def _check_markers(self, plugin: object, name: str, distribution: str | None) -> None:
@@ -280,8 +280,10 @@ class PluginManager:
     def _add_claim(self, backend: Backend) -> None:
         self._claims.setdefault(backend.name, []).append(backend)
         self._refresh_statuses(backend.name)
-        if self.strict and self._winner(backend.name) is None:
-            raise self._conflict_error(backend.name)
+        if self._winner(backend.name) is None:
+            if self.strict:
+                raise self._conflict_error(backend.name)
+            warn_at(str(self._conflict_error(backend.name)), PluginWarning, None)
 
     # -- in-process registration ---------------------------------------------------------
     def register(self, plugin: object, name: str | None = None) -> Backend:
@@ -385,36 +387,10 @@ class PluginManager:
             info = self._infos.get(claim.plugin_name)
             if info is None:
                 continue
-            if claim in resolution.conflict:
-                others = ", ".join(f'"{c.plugin_name}"' for c in resolution.conflict if c is not claim)
-                info.status, info.error = "conflict", f'plugin(s) {others} also claim backend "{name}"'
-            elif claim in resolution.replaced:
-                was_replaced = info.status == "replaced"
-                winner = resolution.winner
-                by = (
-                    f'plugin "{winner.plugin_name}" ({origin(winner.distribution)})'
-                    if winner is not None
-                    else "plugins " + ", ".join(f'"{c.plugin_name}"' for c in resolution.conflict)
-                )
-                info.status, info.error = "replaced", f'backend "{name}" is provided by {by}'
-                if winner is not None and not was_replaced:
-                    _logger.info(
-                        'ampcore: backend "%s": plugin "%s" (%s) replaces the first-party adapter "%s" (%s); '
-                        "to use ampcore's own, set %s=%s",
-                        name, winner.plugin_name, origin(winner.distribution), claim.plugin_name,
-                        origin(claim.distribution), ENV_BLOCK, block_name(winner.plugin_name, winner.distribution),
-                    )  # fmt: skip
-            else:
-                info.status, info.error = "loaded", None
+            was_replaced = info.status == "replaced"
+            info.status, info.error = claim_status(name, claim, resolution)
+            if info.status == "replaced" and resolution.winner is not None and not was_replaced:
+                _logger.info("ampcore: %s", replacement_message(name, resolution.winner, claim, ENV_BLOCK))
 
     def _conflict_error(self, name: str) -> AmpcoreError:
-        conflict = resolve_claims(self._claims[name]).conflict
-        who = ", ".join(f'plugin "{b.plugin_name}" ({origin(b.distribution)})' for b in conflict)
-        keep, rest = conflict[0], conflict[1:]
-        others = ",".join(block_name(b.plugin_name, b.distribution) for b in rest)
-        return AmpcoreError(
-            f'backend "{name}" is claimed by more than one plugin: {who}. Choose one: uninstall the others, or '
-            f'block them with {ENV_BLOCK} (to keep plugin "{keep.plugin_name}": {ENV_BLOCK}={others}; an entry-point '
-            'name, a distribution name (all of its plugins) or "distribution:entry-point" (exactly one))'
-        )
-
+        return AmpcoreError(conflict_message(name, resolve_claims(self._claims[name]).conflict, ENV_BLOCK))

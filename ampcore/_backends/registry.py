@@ -166,7 +166,7 @@ def _not_loaded(manager: PluginManager, name: str) -> str:
     from .plugins import ENV_DISABLE_AUTOLOAD
 
     idle = [p for p in manager.plugins() if p.status in (*_REMEDY, "failed")]
-    same = [p for p in idle if p.name == name]
+    same = [p for p in idle if p.name == name or p.name.endswith(f":{name}")]  # "ampcore:npu" too
     parts = []
     for plugin in same or idle:
         remedy = _REMEDY.get(plugin.status)

@@ -29,7 +29,7 @@ def env_list(environ: Mapping[str, str], key: str) -> list[str]:
 def plugin_file(plugin: object) -> str | None:
     try:
         return inspect.getsourcefile(plugin if inspect.ismodule(plugin) else type(plugin))
-    except TypeError:
+    except (TypeError, OSError):  # built in, or defined where there is no source (``python -c``)
         return None
 
 

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import re
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -328,3 +329,31 @@ def test_cpu_backend_implements_memory_with_the_resident_set() -> None:
     in_use, peak = ampcore.toolkit.memory_in_use(cpu), ampcore.toolkit.peak_memory(cpu)
     assert in_use is not None and peak is not None and in_use > 0 and peak > 0
     assert ampcore.toolkit.device_memory(cpu) is None  # host memory: bench picks scaled-down sizes
+
+
+def test_a_contract_1_plugin_object_loads_and_a_warning_made_an_error_leaves_nothing_behind(register) -> None:
+    class Old:
+        @ampcore.hookimpl
+        def ampcore_backend_name(self):  # type: ignore[no-untyped-def]
+            return "oldobj"
+
+        @ampcore.hookimpl
+        def ampcore_device_type(self):  # type: ignore[no-untyped-def]
+            return "cpu"
+
+        @ampcore.hookimpl
+        def ampcore_supported_dtypes(self):  # type: ignore[no-untyped-def]
+            return (torch.bfloat16,)
+
+        @ampcore.hookimpl
+        def ampcore_device_name(self, device_index):  # type: ignore[no-untyped-def]
+            return f"chip {device_index}"
+
+    with pytest.warns(PluginWarning, match="ampcore_backend_name: merged into ampcore_backend"):
+        backend = register(Old(), name="oldobj")
+    assert backend.device_name(3) == "chip 3" and backend.supported_dtypes == (torch.bfloat16,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PluginWarning)
+        with pytest.raises(PluginWarning):
+            ampcore.register_plugin(Old(), name="oldobj2")
+    assert "oldobj2" not in {p.name for p in ampcore.list_plugins()}

@@ -131,6 +131,8 @@ def test_two_vendors_conflict_naming_both_distributions_and_how_to_choose(site: 
     _install_both(site)
     site.install("ampcore-npu-other", "npu", "other_npu", _npu("other"))
     pm = site.manager()
+    with pytest.warns(ampcore.PluginWarning, match='claimed by more than one plugin.*"ampcore-npu-other"'):
+        pm.load_entry_points()  # told at load, not only on use
     with pytest.raises(ampcore.AmpcoreError) as caught:
         pm.backend("npu")
     message = str(caught.value)
