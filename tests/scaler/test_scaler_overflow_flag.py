@@ -59,7 +59,7 @@ def chip(register: Callable[..., Any]) -> Chip:
 
 
 def _optimizer(kind: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    if kind == "sgd":
+    if kind in ("sgd", "paddle"):
         return torch.optim.SGD(params, lr=0.1)
     try:
         return torch.optim.SGD(params, lr=0.1, fused=True)
@@ -81,8 +81,11 @@ def accumulate(chip: Chip, micro_batches: int, overflow_in: int | None, *, clip:
     if clip:
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_([weight], max_norm=1.0)
-    scaler.step(opt)
-    scaler.update()
+    if optimizer == "paddle":
+        scaler.minimize(opt, loss)  # Paddle's step() + update()
+    else:
+        scaler.step(opt)
+        scaler.update()
     return bool(weight.detach().ne(1.0).any()), scaler.get_scale()
 
 
@@ -97,8 +100,11 @@ def test_overflow_in_any_forward_skips_the_step_and_backs_off(
 
 
 @pytest.mark.parametrize(("micro_batches", "overflow_in"), CASES, ids=[f"{k + 1}of{n}" for n, k in CASES])
-def test_overflow_in_any_forward_skips_a_fused_step(chip: Chip, micro_batches: int, overflow_in: int) -> None:
-    stepped, scale = accumulate(chip, micro_batches, overflow_in, clip=False, optimizer="fused")
+@pytest.mark.parametrize("optimizer", ["fused", "paddle"], ids=["fused-sgd", "paddle-minimize"])
+def test_overflow_in_any_forward_skips_a_fused_step_and_minimize(
+    chip: Chip, micro_batches: int, overflow_in: int, optimizer: str
+) -> None:
+    stepped, scale = accumulate(chip, micro_batches, overflow_in, clip=False, optimizer=optimizer)
     assert (stepped, scale) == (False, 0.5)
 
 
