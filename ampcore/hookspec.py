@@ -264,9 +264,9 @@ def ampcore_device_overflow_flag(device: torch.device) -> torch.Tensor | None:
 
 @hookspec
 def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
-    """Reset the status read by :func:`ampcore_device_overflow_flag` (called by the first
-    :meth:`ampcore.GradScaler.scale` of each iteration, before backward, so that an overflow
-    in any micro-batch of gradient accumulation is still seen).
+    """Reset the status read by :func:`ampcore_device_overflow_flag` (called by
+    :meth:`ampcore.GradScaler.update` once the iteration's steps read it, so that the next
+    window covers the forward and backward passes of every micro-batch of the next iteration).
 
     ``device`` is given as for :func:`ampcore_device_overflow_flag` (with its index); the
     result is ignored; an exception is raised from the :class:`ampcore.GradScaler` call that

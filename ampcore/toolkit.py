@@ -3,7 +3,7 @@
 Everything here is a stable, documented entry to something the core already uses:
 
 * dtypes: :func:`parse_dtype`, :func:`parse_declared_dtype` (the spellings every ampcore
-  call accepts, and its errors);
+  call accepts, and its errors), :func:`device_dtypes` (the declared dtypes a device runs);
 * torch's own autocast: :func:`native_table`, :func:`dispatch_key_of`,
   :func:`has_native_autocast`;
 * a backend's device: :func:`memory_in_use`, :func:`peak_memory`, :func:`reset_peak_memory`,
@@ -24,13 +24,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ._backends.backend import Backend
 from ._backends.memory import device_memory, memory_in_use, peak_memory, reset_peak_memory, synchronize
+from ._backends.support import device_dtypes as _device_dtypes
 from ._dtypes import parse_declared_dtype as _parse_declared_dtype
 from ._dtypes import parse_dtype as _parse_dtype
 from ._policy import registration as _registration
 from ._policy import torch_tables as _torch_tables
 
 __all__ = [
+    "device_dtypes",
     "device_memory",
     "dispatch_key_of",
     "has_native_autocast",
@@ -42,6 +45,21 @@ __all__ = [
     "reset_peak_memory",
     "synchronize",
 ]
+
+
+def device_dtypes(backend: Backend, device_index: int = 0) -> tuple[torch.dtype, ...]:
+    """The dtypes device ``device_index`` of ``backend`` runs, the default first: those it
+    declares whose ``ampcore_check_capability`` finds no error there (empty when the
+    backend is unavailable).  What autocast's default dtype, ``ampcore info`` and the
+    conformance suite use.
+
+    Example::
+
+        >>> import ampcore
+        >>> device_dtypes(ampcore.get_backend("cpu"))
+        (torch.bfloat16, torch.float16)
+    """
+    return _device_dtypes(backend, device_index)
 
 
 def parse_dtype(value: object, call: str = "ampcore", param: str = "dtype") -> torch.dtype:

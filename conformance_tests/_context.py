@@ -53,17 +53,31 @@ def parse_dtype(text: str, option: str = OPTION) -> torch.dtype:
 
 
 def check_dtypes(backend: ampcore.Backend, names: Sequence[str], option: str = OPTION) -> tuple[torch.dtype, ...]:
-    """The dtypes ``names`` selects among those ``backend`` declares (all of them for none).
+    """The dtypes ``names`` selects among those ``backend`` declares and its device 0 runs
+    (:func:`ampcore.toolkit.device_dtypes`; all of them for none).
 
     Raises :class:`UsageProblem` naming ``option`` (what the user typed: ``--dtype`` for
-    ``ampcore conformance``) and listing only the declared dtypes.
+    ``ampcore conformance``) and listing only the declared dtypes, or naming the device
+    that refuses a chosen one.  An unavailable backend keeps the declared dtypes (the run
+    fails on the missing device).
     """
     owner = f"backend {backend.name!r}"
     try:
         chosen = [toolkit.parse_declared_dtype(n, backend.supported_dtypes, owner, CALL, option) for n in names]
     except ampcore.AmpcoreError as exc:
         raise UsageProblem(str(exc)) from None
-    return tuple(dict.fromkeys(chosen)) or tuple(backend.supported_dtypes)
+    if not backend.is_available:
+        return tuple(dict.fromkeys(chosen)) or tuple(backend.supported_dtypes)
+    runs = toolkit.device_dtypes(backend, 0)
+    for dtype in dict.fromkeys(chosen):
+        if dtype not in runs:
+            found = "; ".join(i.message for i in backend.capability_issues(dtype, 0) if i.severity == "error")
+            raise UsageProblem(
+                f"{CALL} {option} {dtype_name(dtype)}: backend {backend.name!r} declares it, but its capability "
+                f"check refuses it on {backend.device_type}:0 ({found}); dtypes this device runs: "
+                f"{', '.join(dtype_name(d) for d in runs) or 'none'}"
+            )
+    return tuple(dict.fromkeys(chosen)) or runs
 
 
 @dataclass

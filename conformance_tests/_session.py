@@ -32,7 +32,7 @@ _RAN: Final = ("passed", "xpassed", "failed", "error")
 #: Check modules from the most basic to the most composite (the run order, and the report's).
 MODULE_ORDER: Final = (
     "test_registration", "test_dtypes", "test_op_lists", "test_regions", "test_custom_lists",
-    "test_levels", "test_scaler", "test_decorate", "test_convergence", "test_speed",
+    "test_levels", "test_scaler", "test_overflow", "test_decorate", "test_convergence", "test_speed",
 )  # fmt: skip
 
 

@@ -1,12 +1,15 @@
-"""Every declared dtype really autocasts on the device, and really computes there."""
+"""Every dtype the device runs really autocasts there and really computes there; a declared
+dtype the device refuses (``ampcore_check_capability`` error) is refused clearly."""
 
 from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 import ampcore
+from ampcore import toolkit
 from ampcore_conformance._checks import check_runs_low, output_dtype, region, rel_error
 from ampcore_conformance._manifest import Tolerances
 from ampcore_conformance._op_samples import OpSample
@@ -53,6 +56,32 @@ def test_dtype_computes_on_device(amp_device: torch.device, amp_dtype: torch.dty
 def test_default_dtype_is_used_without_dtype(
     amp_backend: ampcore.Backend, amp_device: torch.device, amp_white_ops: list[OpSample]
 ) -> None:
+    """``dtype=None`` is the backend's default where the device runs it, else the first
+    declared dtype the device runs."""
+    expected = toolkit.device_dtypes(amp_backend, 0)[0]
     with ampcore.autocast(device=amp_backend.name):
         got = output_dtype(amp_white_ops[0], amp_device)
-    assert got == amp_backend.default_dtype
+    assert got == expected
+
+
+@pytest.mark.parametrize("refused", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_refused_dtype_is_refused_clearly(amp_backend: ampcore.Backend, refused: torch.dtype) -> None:
+    """A declared dtype the device refuses: autocast, GradScaler and decorate raise naming
+    the dtype and the device, and ``is_dtype_supported`` says False."""
+    runs = toolkit.device_dtypes(amp_backend, 0)
+    if refused not in amp_backend.supported_dtypes or refused in runs:
+        pytest.skip(f"backend {amp_backend.name!r} does not declare {refused}, or its device runs it")
+    device = f"{amp_backend.device_type}:0"
+    supported = ampcore.is_float16_supported if refused == torch.float16 else ampcore.is_bfloat16_supported
+    assert not supported(amp_backend.name), f"is_{refused}_supported() says True on a device that refuses it"
+    calls = {
+        "ampcore.autocast": lambda: ampcore.autocast(device=amp_backend.name, dtype=refused),
+        "ampcore.GradScaler": lambda: ampcore.GradScaler(amp_backend.name, dtype=refused),
+    }
+    for call, make in calls.items():
+        with pytest.raises(ampcore.AmpcoreError) as caught:
+            make()
+        message = str(caught.value)
+        assert str(refused).removeprefix("torch.") in message and device in message, (
+            f"{call}(dtype={refused}) on a device that refuses it must name the dtype and {device}: {message!r}"
+        )

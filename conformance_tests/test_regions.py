@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ampcore
+from ampcore import toolkit
 from ampcore_conformance._checks import make_mlp, output_dtype, region, rel_error, require_white
 from ampcore_conformance._context import SuiteContext
 from ampcore_conformance._manifest import Tolerances
@@ -47,9 +48,12 @@ def test_nested_disabled_region_restores_outer(
 
 
 def test_nested_region_with_other_dtype(amp_backend: ampcore.Backend, amp_dtype: torch.dtype, probe: Probe) -> None:
-    others = [d for d in amp_backend.supported_dtypes if d != amp_dtype]
+    others = [d for d in toolkit.device_dtypes(amp_backend, 0) if d != amp_dtype]
     if not others:
-        pytest.skip(f"backend {amp_backend.name!r} declares one dtype only: nothing to nest with {amp_dtype}")
+        pytest.skip(
+            f"device {amp_backend.device_type}:0 of backend {amp_backend.name!r} runs no dtype but {amp_dtype} "
+            f"(declared: {', '.join(map(str, amp_backend.supported_dtypes))}): nothing to nest with"
+        )
     with region(amp_backend, amp_dtype):
         with region(amp_backend, others[0]):
             inner = probe()

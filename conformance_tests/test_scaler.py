@@ -141,15 +141,3 @@ def test_scaler_mode_follows_the_backend(
     assert not loop.step((0, 1, float("inf"))), "a step with an inf gradient was not skipped"
     assert loop.step()
 
-
-def test_device_overflow_flag_hooks(amp_backend: ampcore.Backend, amp_device: torch.device) -> None:
-    flag_hook = amp_backend.hook("ampcore_device_overflow_flag")
-    clear_hook = amp_backend.hook("ampcore_clear_device_overflow_flag")
-    if flag_hook is None and clear_hook is None:
-        pytest.skip(f"backend {amp_backend.name!r} has no device overflow flag (its arithmetic produces inf)")
-    assert flag_hook is not None and clear_hook is not None, "implement both overflow-flag hooks or neither"
-    clear_hook(device=amp_device)
-    flag = flag_hook(device=amp_device)
-    if flag is not None:
-        assert flag.numel() == 1 and flag.device.type == amp_device.type
-        assert float(flag.float().cpu()) <= 0, "the overflow flag is set right after clearing it"

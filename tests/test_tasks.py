@@ -91,6 +91,8 @@ def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
     assert ("cpu", "bfloat16", {}) in tasks.CONFORMANCE_RUNS and all(len(run) == 3 for run in tasks.CONFORMANCE_RUNS)
     modes = {env.get("AMPCORE_ACME_AUTOCAST") for backend, _, env in tasks.CONFORMANCE_RUNS if backend == "acme"}
     assert modes == {"none", "fallthrough", "partial", "generic"}
+    saturating = [(dtype, env) for backend, dtype, env in tasks.CONFORMANCE_RUNS if env.get("AMPCORE_ACME_FP16") == "saturate"]
+    assert saturating == [(None, {"AMPCORE_ACME_AUTOCAST": "generic", "AMPCORE_ACME_FP16": "saturate"})]  # every dtype the device runs
 
 
 def test_compat_pins_torch_and_the_matching_ipex(tasks: ModuleType) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .._backends.registry import DeviceLike, resolve_device
+from .._backends.support import resolve_dtype
 from ._costs import MARGIN, Costs, Decision, decide
 from ._hooks import install as install_hooks
 from ._plan import AutoPlan, PlanEntry, current_plan, fingerprint, load_plan
@@ -41,5 +42,5 @@ def auto_plan(device: DeviceLike = None, dtype: torch.dtype | str | None = None)
     resolved = resolve_device(device)
     backend = resolved.backend
     wanted = None if dtype is None else parse_dtype(dtype, "ampcore.auto_plan")
-    checked = backend.check_dtype(wanted, "ampcore.auto_plan")
+    checked = resolve_dtype(backend, wanted, resolved.index, "ampcore.auto_plan")
     return current_plan(fingerprint(backend.name, backend.device_name(resolved.index or 0), checked))

@@ -365,7 +365,9 @@ class Backend:
         """Raise on error findings; warn once per (device, dtype, message) on warnings."""
         for issue in self.capability_issues(dtype, device_index):
             if issue.severity == "error":
-                raise AmpcoreError(f'backend "{self.name}", {dtype}: {issue.message}')
+                raise AmpcoreError(
+                    f'backend "{self.name}" cannot run {dtype} on {self.device_type}:{device_index}: {issue.message}'
+                )
             key = (device_index, dtype, issue.message)
             if key not in self._warned:
                 self._warned.add(key)

@@ -122,6 +122,12 @@ def format_result(result: BenchResult) -> str:
             f"{result.backend} registers no autocast kernels of its own: its torch.autocast row is "
             "ampcore.autocast at O1, whose kernels provide the backend's lists (~3 us per op)."
         )
+    if result.overflow_flag and any(r.mode == "torch.autocast" and r.loss_scale is not None for r in result.results):
+        notes.append(
+            f"{result.backend} reports overflow through a device flag (its arithmetic saturates instead of "
+            "producing inf): torch.autocast's row uses torch's GradScaler, which is blind to that flag and "
+            "takes steps whose values saturated; the AMP rows (ampcore.GradScaler) read it."
+        )
     reasons = unreliable_reasons(result)
     if reasons:
         notes.append(
@@ -240,7 +246,10 @@ def add_parser(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("--device", default=None, help="backend name or name:index (default: best available)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float16"], default=None, help="default: the backend's")
+    parser.add_argument(
+        "--dtype", default=None, metavar="DTYPE",
+        help="bfloat16/bf16 or float16/fp16 (default: the first the backend's device runs)",
+    )  # fmt: skip
     parser.add_argument("--size", type=int, default=None, help="input and output size of each Linear")
     parser.add_argument("--batch", type=int, default=None, help="batch size")
     parser.add_argument(

@@ -29,6 +29,7 @@ from .._backends.memory import (
     synchronize,
 )
 from .._backends.registry import resolve_device
+from .._backends.support import resolve_dtype
 from .._errors import AmpcoreError
 from .._policy.registration import has_native_autocast
 from .results import BenchResult, ModeResult, add_speedups, load_average, merge_repeats, unreliable_reasons
@@ -263,7 +264,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     _check_settings(settings)
     resolved = resolve_device(settings.device)
     backend, index = resolved.backend, resolved.index or 0
-    dtype = backend.check_dtype(settings.dtype, call="ampcore bench")
+    dtype = resolve_dtype(backend, settings.dtype, index, "ampcore bench")
     size, batch = default_sizes(backend, index)
     size, batch = settings.size or size, settings.batch or batch
     result = BenchResult(
@@ -279,6 +280,9 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     )
     result.repeats, result.load_average, result.cpus = settings.repeats, load_average(), os.cpu_count()
     result.autocast_provider = "native" if has_native_autocast(backend.device_type) else "ampcore"
+    flag_hook = backend.hook("ampcore_device_overflow_flag")
+    if flag_hook is not None:  # torch's GradScaler (the torch.autocast row) cannot read it
+        result.overflow_flag = flag_hook(device=torch.device(backend.device_type, index)) is not None
     runs: dict[str, list[ModeResult]] = {mode: [] for mode in settings.modes}
     for _ in range(settings.repeats):  # interleaved: a slow spell of the machine hits every mode
         for mode in settings.modes:

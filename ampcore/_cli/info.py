@@ -18,6 +18,7 @@ from .._backends.backend import Backend, dtype_name
 from .._backends.plugins import ENV_STRICT, PluginManager
 from .._backends.registry import get_manager
 from .._errors import AmpcoreError
+from .._backends.support import device_dtypes
 from .._policy.registration import has_native_autocast
 from .._table import format_table
 from .._version import __version__
@@ -50,6 +51,7 @@ def _backend_info(backend: Backend) -> dict[str, Any]:
         try:
             entry["autocast"] = "native" if has_native_autocast(backend.device_type) else "ampcore"
             entry["device_name"] = backend.device_name(0)
+            entry["device_dtypes"] = [dtype_name(d) for d in device_dtypes(backend, 0)]
             entry["capability"] = {
                 dtype_name(d): [f"{i.severity}: {i.message}" for i in backend.capability_issues(d, 0)]
                 for d in backend.supported_dtypes
@@ -135,9 +137,10 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
     rows, capability, extras = _backend_rows(info["backends"], note)
     lines += [
         *_table(rows, width),
-        "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
-        "   device's own kernels, ampcore's only in customised regions; 'ampcore' = ampcore's",
-        "   kernels provide it, ~3-8 us per op)",
+        "  (dtypes: those device 0 runs, the default first; 'not': declared, refused by the device;",
+        "   bf16 = bfloat16, fp16 = float16. autocast: 'native' = the device's own kernels,",
+        "   ampcore's only in customised regions; 'ampcore' = ampcore's kernels provide it, ~3-8 us",
+        "   per op)",
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]
@@ -168,6 +171,9 @@ def _backend_rows(
         if b.get("error"):
             available += " " + note(f"{b['name']}: adapter error: {b['error']}")
         dtypes = [b["default_dtype"], *(d for d in b["dtypes"] if d != b["default_dtype"])]
+        runs = b.get("device_dtypes")
+        if runs is not None:  # the device's, the default first; a refused one after them
+            dtypes = [*runs, *(f"not {_SHORT.get(d, d)}" for d in dtypes if d not in runs)]
         rows.append(
             (
                 b["name"],

@@ -62,6 +62,8 @@ class BenchResult:
     cpus: int | None = None
     #: who provides the device's autocast: "native" (its own kernels) or "ampcore"
     autocast_provider: str = "native"
+    #: whether the backend reports overflow through a device flag (torch's GradScaler cannot read it)
+    overflow_flag: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

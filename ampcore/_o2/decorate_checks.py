@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .._backends.registry import DeviceLike, ResolvedDevice, resolve_device
+from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
 from .._policy.levels import check_level
@@ -75,7 +76,7 @@ def validate(
         )
     excluded_types, excluded_instances = excluded_spec(excluded_layers, _CALL)
     resolved = _resolve(device, model_list)
-    low = resolved.backend.check_dtype(low_given, call=_CALL)
+    low = resolve_dtype(resolved.backend, low_given, resolved.index, _CALL)
     defaults = (master_weight, keep_norm_fp32, excluded_layers, save, master_grad, cast_buffers)
     return DecorateRequest(
         checked_level, model_list, opt_list, resolved, low, master_weight, keep_norm_fp32, excluded_types,

@@ -12,6 +12,7 @@ import torch
 
 from .._backends.backend import Backend, dtype_name
 from .._backends.registry import DeviceLike, resolve_device
+from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, closest
 from .compile import compile_in_use, constant_result, guard_mode, opaque
@@ -144,7 +145,7 @@ class autocast:
         self.backend = backend
         self.device_index = resolved.index
         self.device_type = backend.device_type
-        self.dtype = backend.check_dtype(dtype)
+        self.dtype = resolve_dtype(backend, dtype, resolved.index, _CALL) if enabled else backend.check_dtype(dtype)
         self.level = checked_level
         self.enabled = enabled and checked_level != "O0"
         self.cache_enabled = cache_enabled

@@ -27,9 +27,16 @@ Registration lifecycle (correct by construction, measured in docs/performance.md
   policy does what that kernel does (:class:`~ampcore._policy.kernels.Plan` ``PASS``), so in
   a customised region only the ops the region changes, and those on no list, run Python.
 * **Resident**, otherwise (a PrivateUse1 device such as ``npu``: no autocast key ranks
-  above it): the kernels go on the device's own autocast key and *provide* its autocast:
-  with no ampcore region active they apply the backend's O1 lists (the lists the adapter
-  declares, which the conformance suite checks against the vendor's own kernels).
+  above it): the kernels go on the device's own autocast key.  With no ampcore region
+  active they do what was there before them, so plain ``torch.autocast`` gives the same
+  results before and after any region: on a device without autocast kernels of its own
+  they *provide* its autocast (the backend's O1 lists, registered as soon as the backend is
+  resolved); on a device whose vendor registered kernels (:func:`_vendor_only`) they apply
+  the backend's O1 lists to the ops the vendor has kernels for (the lists the adapter
+  declares, which the conformance suite checks against those kernels) and leave every other
+  op uncast, as the vendor's fallthrough did.  The vendor's kernels themselves are replaced
+  (torch.library cannot call a kernel it overrode), so each autocast call of the device
+  runs ampcore's Python kernel (docs/op-lists.md measures the cost).
 * **Fork and interrupts.**  Registration runs under :data:`ampcore._forklock.LOCK`, which
   ``os.register_at_fork`` takes around ``fork()``, so a child never inherits a held lock,
   a held dispatcher mutex or a half-registered table.  A
@@ -48,6 +55,7 @@ black-listed ``linear`` does not see its inner ``addmm`` cast back to low precis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -182,6 +190,7 @@ class _Registry:
         self._progress: dict[str, int] = {}  # key -> overloads registered so far
         self._libraries: list[torch.library.Library] = []  # kept alive: never removed
         self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
+        self.vendor_ops: dict[str, frozenset[str]] = {}  # resident device type -> its vendor's kernels
 
     def in_use(self, key: str) -> bool:
         """Whether something other than ampcore's shadow kernels gives ``key`` a meaning."""
@@ -210,6 +219,9 @@ class _Registry:
         self.tables[key] = table
         on_device = device_check(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
         native = {} if resident else _torch_actions(device_type, own)
+        if resident:  # before ampcore's kernels hide them
+            vendor = self.vendor_ops[device_type] = _kernels_on(own)
+            provider = _vendor_only(provider, vendor) if vendor else provider
         own_key, backend_key = dispatch_key(own), _backend_key(device_type)
         client = Client(device_type, own_key, backend_key, on_device, provider if resident else None, native)
         if resident:  # kernels behave as the backend's lists while they are being registered
@@ -266,6 +278,31 @@ def _torch_actions(device_type: str, key: str) -> dict[str, str]:
     }
 
 
+def _kernels_on(key: str) -> frozenset[str]:
+    """The castable overloads that have a kernel on ``key`` (the vendor's, before ampcore's)."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    return frozenset(o for o in castable_overloads() if has_kernel(f"aten::{o}", key))
+
+
+def _vendor_only(provider: Callable[[torch.dtype], Any], vendor: frozenset[str]) -> Callable[[torch.dtype], Any]:
+    """``provider``'s policies cut to what a vendor's own autocast registrations did: the
+    lists' action for the overloads in ``vendor`` (those it has kernels for), no cast for the
+    others (its fallthrough; a composite still decomposes with autocast on, so its inner ops
+    reach the vendor's kernels)."""
+    cut: dict[torch.dtype, OpPolicy | None] = {}
+
+    def provide(dtype: torch.dtype) -> OpPolicy | None:
+        if dtype not in cut:
+            full: OpPolicy | None = provider(dtype)
+            cut[dtype] = None if full is None else dataclasses.replace(
+                full, actions={o: a for o, a in full.actions.items() if o in vendor},
+                default=DEFAULT_ACTIONS["O1"], reach=False, inner=None,
+            )  # fmt: skip
+        return cut[dtype]
+
+    return provide
+
+
 def _backend_key(device_type: str) -> torch._C.DispatchKey:
     """The backend dispatch key of ``device_type`` (PrivateUse1 for a vendor's renamed one)."""
     try:
@@ -304,7 +341,7 @@ def has_native_autocast(device_type: str) -> bool:
     any op of its native table): ``False`` means ampcore provides its autocast."""
     found = _registry.routes.get(device_type)
     if found is not None and found.resident:
-        return False
+        return bool(_registry.vendor_ops.get(device_type))
     return _native_kernels(dispatch_key_of(device_type), table_name_of(device_type))
 
 

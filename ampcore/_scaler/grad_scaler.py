@@ -151,7 +151,6 @@ class GradScaler(PaddleScalerMethods):
         self._sync_found_inf = sync_found_inf
         #: per optimizer (by id), only once a call on it succeeded: a refused call leaves none
         self._records: dict[int, OptimizerRecord] = {}
-        self._iteration_started = False
 
     def __repr__(self) -> str:
         return self._store.describe()
@@ -180,19 +179,21 @@ class GradScaler(PaddleScalerMethods):
             raise AmpcoreError(f"{_CALL}.{call}(): attempted {call} but the scale is not set yet. {_SCALE_FIRST}")
         return store.ensure_tensors().scale
 
-    def _start_iteration(self) -> None:
-        if not self._iteration_started:
-            self._iteration_started = True
-            store = self._store
-            self._kernels.clear_device_overflow(store.home() if store.tensors is None else store.tensors.scale.device)
+    def _end_iteration(self) -> None:
+        """Open the next iteration's window of the device overflow flag: reset the flag once
+        this iteration's found-inf flags have read it (a saturated forward of the next
+        iteration's first micro-batch happens before its ``scale()``, so only the end of an
+        iteration can start the window)."""
+        store = self._store
+        self._kernels.clear_device_overflow(store.home() if store.tensors is None else store.tensors.scale.device)
 
     # -- the training-loop API -----------------------------------------------------------
     def scale(self, outputs: T) -> T:
         """Multiply ``outputs`` (a tensor, or lists/tuples/dicts of them, nested) by the scale.
 
         Returns outputs of the same structure; other iterables give a lazy ``map`` (as torch).
-        A no-op scaler returns ``outputs`` unchanged.  The first call of an iteration resets
-        the device's overflow flag (adapters with ``ampcore_clear_device_overflow_flag``).
+        A no-op scaler returns ``outputs`` unchanged.  It leaves the device's overflow flag
+        alone: an overflow in the forward pass of any micro-batch is seen by :meth:`step`.
         No host sync.
 
         Example::
@@ -202,10 +203,7 @@ class GradScaler(PaddleScalerMethods):
             >>> scaler.scale({"a": torch.tensor(1.0), "b": [torch.tensor(2.0)]})
             {'a': tensor(8.), 'b': [tensor(16.)]}
         """
-        if not self._store.active:
-            return outputs
-        self._start_iteration()
-        if not self._store.scaling:
+        if not self._store.active or not self._store.scaling:
             return outputs
         if isinstance(outputs, torch.Tensor):
             scale = self._store.ensure_tensors(outputs.device).scale
@@ -282,6 +280,8 @@ class GradScaler(PaddleScalerMethods):
         if record.stage is Stage.READY:
             self.unscale_(optimizer)
             record = self._records[id(optimizer)]
+        else:
+            self._or_late_overflow_(record.found_inf)
         found_inf = record.found_inf
         record.skipped = found_inf is None or bool(found_inf.item())
         result = None if record.skipped else optimizer.step(*args, **kwargs)
@@ -307,6 +307,7 @@ class GradScaler(PaddleScalerMethods):
             grad_scale = scale * getattr(optimizer, "grad_scale", 1) if self._store.scaling else None
         else:
             grad_scale = getattr(optimizer, "grad_scale", None)
+            self._or_late_overflow_(record.found_inf)
         optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
         optimizer.found_inf = record.found_inf  # type: ignore[attr-defined]
         try:
@@ -346,7 +347,7 @@ class GradScaler(PaddleScalerMethods):
             self._update_dynamic_scale()
         skipped = [r.skipped for r in self._records.values() if r.skipped is not None]
         self._records.clear()
-        self._iteration_started = False
+        self._end_iteration()
         self._collapse.record(skipped, self._describe_scale, LossScaleAtMinimumError)
 
     def _update_dynamic_scale(self) -> None:
@@ -375,6 +376,12 @@ class GradScaler(PaddleScalerMethods):
         if not self._store.scaling or not options.dynamic:
             return ""
         return f", and the loss scale fell to {self.get_scale():g} (init_scale {options.init_scale:g})"
+
+    def _or_late_overflow_(self, found_inf: torch.Tensor | None) -> None:
+        """OR the device overflow flag into ``found_inf`` once more, at :meth:`step` after an
+        explicit :meth:`unscale_`: what ran in between (clipping) may have overflowed too."""
+        if found_inf is not None and found_inf.device.type == self._store.backend.device_type:
+            self._kernels.or_device_overflow_(found_inf)
 
     def _unscale_grads_(
         self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool

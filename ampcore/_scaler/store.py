@@ -16,6 +16,7 @@ import torch
 
 from .._backends.backend import Backend, dtype_name
 from .._backends.registry import DeviceLike, get_backend, resolve_device
+from .._backends.support import resolve_dtype
 from .options import ScalerOptions
 from .state import ScalerState
 
@@ -171,7 +172,12 @@ def make_store(
     else:
         resolved = resolve_device(device)
         backend, index = resolved.backend, resolved.index
-    checked = backend.check_dtype(dtype, call=CALL)
+    if enabled is False:
+        checked = backend.check_dtype(dtype, call=CALL)
+    else:
+        checked = resolve_dtype(backend, dtype, index, CALL)
+        if any(i.severity == "error" for i in backend.capability_issues(checked, index or 0)):
+            backend.enforce_capability(checked, index or 0)  # raises, naming the dtype and the device
     scaling = enabled is True or (enabled is None and backend.needs_loss_scaling(checked))
     if enabled is not False and not scaling:
         _logger.info(

@@ -1,7 +1,9 @@
 """The numerics checker: stop at the first ATen op whose output holds inf or nan.
 
 It runs every op of the region through a ``TorchDispatchMode`` (below autograd, after
-autocast's casts, inside composite modules, on any backend) and looks at its outputs.
+autocast's casts, inside composite modules, on any backend) and looks at its outputs, and
+on a device with an overflow flag (a chip that saturates instead of producing inf) at the
+flag, read and cleared after each op (:mod:`._device_flags`).
 Looking at values needs their host copy: the checker synchronises with the device after
 every checked op, by design.  It is a debugging tool, not something to leave on.
 """
@@ -18,13 +20,14 @@ import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning
 from .._validate import check_bool
+from ._device_flags import DeviceFlags
 from ._module_path import ModuleTracker, autograd_node_name
 from ._ops import ObservingMode, OpFilter, leaf_tensors, op_name, quiet
 from ._summary import FP16_MAX, TensorSummary, summarise
 
 __all__ = ["NumericsError", "NumericsFinding", "NumericsWarning", "check_numerics"]
 
-Kind = Literal["nan_inf", "fp16_range"]
+Kind = Literal["nan_inf", "fp16_range", "device_overflow"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +35,10 @@ class NumericsFinding:
     """One op call whose output failed the check.
 
     Attributes:
-        kind: ``"nan_inf"`` (the output holds nan or inf) or ``"fp16_range"`` (a
-            non-float16 output holds finite values beyond float16's +-65504).
+        kind: ``"nan_inf"`` (the output holds nan or inf), ``"fp16_range"`` (a
+            non-float16 output holds finite values beyond float16's +-65504) or
+            ``"device_overflow"`` (the op raised the device's overflow flag: its results
+            saturated at the dtype's limit, e.g. +-65504 in float16).
         op: the op name as in torch's autocast lists (``"exp"``); ``overload`` its overload.
         module_path: the module whose forward called it (``"Net.blocks.2"``), ``""`` when
             none; ``module_type`` that module's class name.
@@ -73,7 +78,11 @@ class NumericsFinding:
 
     def describe(self) -> str:
         """A multi-line account: the op, where it ran, its outputs and inputs, a hint."""
-        what = "non-finite values" if self.kind == "nan_inf" else "values beyond the float16 range"
+        what = {
+            "nan_inf": "non-finite values",
+            "fp16_range": "values beyond the float16 range",
+            "device_overflow": "an overflow (it raised the device's overflow flag; its results saturated)",
+        }[self.kind]
         qualified = self.op if "::" in self.op else f"aten::{self.op}"
         lines = [f"{qualified}.{self.overload} produced {what} {self.where}"]
         lines += [f"  output {i}: {s}" for i, s in enumerate(self.outputs)]
@@ -82,6 +91,11 @@ class NumericsFinding:
         return "\n".join(lines)
 
     def _hint(self) -> str:
+        if self.kind == "device_overflow" and self.autograd_node is None:
+            return (
+                f"the device saturates instead of producing inf: keep '{self.op}' in float32 (put it on the "
+                "black list) or scale its input down"
+            )
         if self.kind == "fp16_range":
             return (
                 f"float16 holds at most +-{FP16_MAX:g}: this result would overflow if '{self.op}' "
@@ -138,19 +152,36 @@ def _inspect(result: Any, check_fp16_range: bool) -> Kind | None:
     return kind
 
 
+def _devices(*values: Any) -> list[torch.device]:
+    """The devices of the tensors in ``values`` and of ``device=`` arguments, once each."""
+    found = [t.device for t in leaf_tensors(values)]
+    found += [v["device"] for v in values if isinstance(v, dict) and isinstance(v.get("device"), torch.device)]
+    return list(dict.fromkeys(found))
+
+
 class _CheckingMode(ObservingMode):
     def __init__(self, checker: check_numerics, tracker: ModuleTracker) -> None:
         super().__init__()
         self.checker = checker
         self.tracker = tracker
+        self.flags = DeviceFlags()
+
+    def before(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not func.is_view:
+            with quiet():
+                self.flags.meet(_devices(args, kwargs))
 
     def observe(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         checker = self.checker
-        if not func.is_view and checker._filter.selects(func):  # a view cannot create nan/inf
-            with quiet():
-                kind = _inspect(result, checker.check_fp16_range)
-                if kind is not None:
-                    checker._report(self._finding(kind, func, args, kwargs, result))
+        if func.is_view:  # a view cannot create nan/inf
+            return
+        with quiet():
+            selected = checker._filter.selects(func)
+            kind = _inspect(result, checker.check_fp16_range) if selected else None
+            if self.flags.raised_by(_devices(args, kwargs, result)) and selected and kind is None:
+                kind = "device_overflow"
+        if kind is not None:
+            checker._report(self._finding(kind, func, args, kwargs, result))
 
     def _finding(
         self, kind: Kind, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
@@ -180,6 +211,26 @@ def _flat_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     return flat
 
 
+def _restore_flags(flags: DeviceFlags) -> None:
+    """Raise again the device overflow flags the region consumed (GradScaler reads them)."""
+    before = [str(d) for d in flags.raised_before]
+    failed = [str(d) for d in flags.restore()]
+    if before:
+        warnings.warn(
+            f"check_numerics: the overflow flag of {', '.join(before)} was already raised when the region began "
+            "(an op before it overflowed); ops of the region were checked after clearing it",
+            NumericsWarning,
+            stacklevel=3,
+        )
+    if failed:
+        warnings.warn(
+            f"check_numerics: could not raise the overflow flag of {', '.join(failed)} again after reading it: "
+            "a GradScaler step of this iteration will not see that overflow",
+            NumericsWarning,
+            stacklevel=3,
+        )
+
+
 class check_numerics:
     """Check every ATen op of the region for inf/nan outputs, naming the first culprit.
 
@@ -188,6 +239,12 @@ class check_numerics:
     dispatch modes are thread-local).  View ops (``t``, ``view``, ``detach``...) only alias
     tensors and are not checked.  The module path comes from global module hooks held only
     while the region is active.  Every checked op synchronises with the device.
+
+    On a device whose backend has an overflow flag (a chip that saturates, clamping
+    float16 results to +-65504 instead of producing inf), the flag is read after every op
+    and cleared, and the op that raised it is a ``"device_overflow"`` finding.  Flags the
+    region read raised are raised again when it ends (by an overflow on the device), so a
+    :class:`ampcore.GradScaler` step still skips.
 
     Args:
         raise_on_error: raise :class:`NumericsError` at the first finding (default);
@@ -274,6 +331,8 @@ class check_numerics:
         finally:
             if tracker is not None:
                 tracker.__exit__(exc_type, exc, traceback)
+        if mode is not None:
+            _restore_flags(mode.flags)
         if self.findings and not self.raise_on_error:
             origins = [f for f in self.findings if f.inputs_finite] or self.findings
             warnings.warn(

@@ -85,7 +85,8 @@ def quiet() -> Iterator[None]:
 
 
 class ObservingMode(TorchDispatchMode):
-    """A dispatch mode that runs every op unchanged, then shows it to :meth:`observe`.
+    """A dispatch mode that runs every op unchanged, showing it to :meth:`before` and then,
+    with its result, to :meth:`observe`.
 
     It sits below autograd and after autocast's casts, so it sees every ATen op of the
     entering thread, inside composite modules too, on any backend.
@@ -117,9 +118,13 @@ class ObservingMode(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        self.before(func, args, kwargs)
         result = func(*args, **kwargs)
         self.observe(func, args, kwargs, result)
         return result
+
+    def before(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Look at one op call before it runs; the base class does nothing."""
 
     def observe(self, func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         """Look at one op call; the base class does nothing."""

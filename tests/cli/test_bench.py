@@ -232,3 +232,27 @@ def test_modes_without_fp32_show_no_nan_speedup(capsys: pytest.CaptureFixture[st
     assert "NaN" not in out.read_text()  # valid JSON: null, not NaN
     data = json.loads(out.read_text())
     assert data["results"][0]["speedup"] is None
+
+
+@pytest.mark.parametrize("spelling", ["bf16", "BFloat16", "torch.bfloat16", "fp16", "half"])
+def test_dtype_accepts_the_spellings_conformance_accepts(spelling: str, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--device", "cpu", "--dtype", spelling, "--size", "16", "--batch", "4", "--steps", "1", "--warmup", "0",
+                 "--modes", "AMP-O1", "--in-process", "--no-progress", "--json", str(out)])  # fmt: skip
+    assert code == 0
+    assert json.loads(out.read_text())["dtype"] == str(ampcore.toolkit.parse_dtype(spelling)).removeprefix("torch.")
+
+
+def test_dtype_refuses_a_non_dtype_listing_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--device", "cpu", "--dtype", "fp8", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "ampcore bench --dtype fp8" in err and "bf16" in err
+
+
+def test_torch_autocast_row_says_it_is_blind_to_a_device_overflow_flag() -> None:
+    result = _fake()
+    result.results.append(ModeResult("torch.autocast", 360.0, [360.0, 360.0], [0.5, 0.3331], 0.3331, None, 1024.0, 1.9))
+    assert "blind to that flag" not in format_result(result)
+    result.overflow_flag = True
+    text = format_result(result)
+    assert "torch's GradScaler, which is blind to that flag" in text and max(len(line) for line in text.splitlines()) <= 100

@@ -79,7 +79,7 @@ def test_capability_warning_is_issued_once_per_device_and_dtype(register) -> Non
 def test_capability_error_raises(register) -> None:
     check = lambda dtype: [CapabilityIssue("error", "needs compute capability 8.0")]  # noqa: E731
     backend = register(make_adapter("old", ampcore_check_capability=check), name="old")
-    with pytest.raises(ampcore.AmpcoreError, match='backend "old", torch.bfloat16: needs compute capability 8.0'):
+    with pytest.raises(ampcore.AmpcoreError, match='backend "old" cannot run torch.bfloat16 on cpu:0: needs compute capability 8.0'):
         backend.enforce_capability(torch.bfloat16)
 
 

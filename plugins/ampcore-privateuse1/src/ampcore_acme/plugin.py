@@ -29,9 +29,17 @@ What a PrivateUse1 adapter must get right, and where this template does it:
   ``ampcore_clear_device_overflow_flag`` (docs/writing-a-backend.md, item 5); without them
   ``GradScaler`` takes an overflowed step.  ``acme`` produces inf, like the CPU it runs on.
 
+* **dtypes that depend on the chip**: the dtypes are declared once, at load, without a
+  device; :func:`ampcore_check_capability` refuses (an ``"error"`` finding) those the chip
+  found here cannot run, and ampcore then leaves them out of everything done on that device;
+* **an overflow flag** where the chip saturates instead of producing inf/nan
+  (:func:`ampcore_device_overflow_flag`, :func:`ampcore_clear_device_overflow_flag`).
+
 ``AMPCORE_ACME_AUTOCAST`` (``none``, ``fallthrough``, ``partial``, ``generic``; default
-``none``) chooses which autocast kernels the test device registers, so that CI can prove
-every situation a vendor can be in.  A real adapter has no such switch.
+``none``) chooses which autocast kernels the test device registers, and
+``AMPCORE_ACME_FP16`` (``ieee``, default, or ``saturate``: an fp16-only chip whose float16
+arithmetic clamps to +-65504 and raises an overflow flag) what its float16 arithmetic does,
+so that CI can prove every situation a vendor can be in.  A real adapter has no such switch.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from typing import Final
 
 import torch
 
-from ampcore import BackendSpec, hookimpl
+from ampcore import BackendSpec, CapabilityIssue, hookimpl
 
 #: The adapter contract this plugin targets (ampcore.hookspec).
 AMPCORE_CONTRACT = 2
@@ -55,9 +63,34 @@ BACKEND: Final = "acme"
 AUTOCAST_ENV: Final = "AMPCORE_ACME_AUTOCAST"
 
 
+#: What the test device's float16 arithmetic does on overflow (a real chip has one answer).
+FP16_ENV: Final = "AMPCORE_ACME_FP16"
+
+
 def autocast_mode() -> str:
     """The test device's autocast registrations, from ``AMPCORE_ACME_AUTOCAST``."""
     return os.environ.get(AUTOCAST_ENV, "none").strip() or "none"
+
+
+def fp16_mode() -> str:
+    """The test device's float16 arithmetic (``ieee`` or ``saturate``), from ``AMPCORE_ACME_FP16``."""
+    return os.environ.get(FP16_ENV, "ieee").strip() or "ieee"
+
+
+def capability_issues(dtype: torch.dtype, device_dtypes: Sequence[torch.dtype], device: str) -> list[CapabilityIssue]:
+    """Refuse ``dtype`` when the chip's runtime does not list it (a pure function).
+
+    Example::
+
+        >>> [i.severity for i in capability_issues(torch.bfloat16, [torch.float16], "acme:0")]
+        ['error']
+        >>> capability_issues(torch.float16, [torch.float16], "acme:0")
+        []
+    """
+    if dtype in device_dtypes:
+        return []
+    listed = ", ".join(str(d) for d in device_dtypes)
+    return [CapabilityIssue("error", f"{dtype} is not supported by {device} (the chip runs {listed} only)")]
 
 
 def adjustments_for(mode: str, dtype: torch.dtype) -> dict[str, list[str]] | None:
@@ -101,7 +134,7 @@ def ampcore_unavailable_reason() -> str | None:
     try:
         import ampcore_testdevice
 
-        ampcore_testdevice.install(BACKEND, autocast=autocast_mode())  # type: ignore[arg-type]
+        ampcore_testdevice.install(BACKEND, autocast=autocast_mode(), fp16=fp16_mode())  # type: ignore[arg-type]
     except Exception as exc:
         return f"installing the acme test device failed ({type(exc).__name__}: {exc})"
     return None
@@ -115,7 +148,14 @@ def ampcore_device_count() -> int:
 @hookimpl
 def ampcore_device_name(device_index: int) -> str:
     # the test device's autocast registrations, in place of a chip name
-    return f"acme TEMPLATE device ({autocast_mode()})"
+    return f"acme TEMPLATE device ({autocast_mode()}, fp16 {fp16_mode()})"
+
+
+@hookimpl
+def ampcore_check_capability(dtype: torch.dtype, device_index: int) -> list[CapabilityIssue]:
+    # your copy: what your runtime says this chip runs (torch_npu: the SoC version)
+    supported = torch.acme.get_amp_supported_dtype()  # type: ignore[attr-defined]
+    return capability_issues(dtype, supported, f"{BACKEND}:{device_index}")
 
 
 @hookimpl
@@ -133,6 +173,25 @@ def ampcore_synchronize(device_index: int) -> None:
     # torch.accelerator.synchronize() is unsupported for a device registered from Python;
     # ask your own runtime (torch.acme.synchronize() here: nothing to wait for).
     torch.acme.synchronize(device_index)  # type: ignore[attr-defined]
+
+
+@hookimpl
+def ampcore_device_overflow_flag(device: torch.device) -> torch.Tensor | None:
+    # a chip that saturates: its runtime's overflow status (torch_npu: npu_get_float_status);
+    # a chip whose arithmetic produces inf/nan needs no flag (return None)
+    if fp16_mode() != "saturate":
+        return None
+    import ampcore_testdevice
+
+    return ampcore_testdevice.overflow_flag()
+
+
+@hookimpl
+def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
+    if fp16_mode() == "saturate":
+        import ampcore_testdevice
+
+        ampcore_testdevice.clear_overflow_flag()
 
 
 # -- level="auto": costs from a cost model instead of ampcore's micro-benchmarks --------------

@@ -2,7 +2,9 @@
 
 ``install(name, autocast=...)`` renames PrivateUse1 to ``name`` and makes it a working torch
 device whose kernels are the CPU's: tensors, autograd, optimizers, ``.to()``/``.cpu()``,
-``torch.autocast(name)`` with the chosen registrations (see :mod:`._autocast`).
+``torch.autocast(name)`` with the chosen registrations (see :mod:`._autocast`), and
+float16 arithmetic that is IEEE (``fp16="ieee"``) or saturating with an overflow flag
+(``fp16="saturate"``, an fp16-only chip: see :mod:`._saturate`).
 
 Example::
 
@@ -24,41 +26,77 @@ from torch.utils.backend_registration import _setup_privateuseone_for_python_bac
 
 from ._autocast import MODES, PARTIAL, Mode, register
 from ._module import DeviceModule
+from ._saturate import FP16_MODES, Fp16Mode, clear_overflow_flag, enable, overflow_raised
 from ._tensors import from_cpu, install_fallback, to_cpu
 
-__all__ = ["MODES", "PARTIAL", "Mode", "from_cpu", "install", "installed", "to_cpu"]
+__all__ = [
+    "FP16_MODES",
+    "MODES",
+    "PARTIAL",
+    "Fp16Mode",
+    "Mode",
+    "clear_overflow_flag",
+    "from_cpu",
+    "install",
+    "installed",
+    "overflow_flag",
+    "to_cpu",
+]
 
-_installed: tuple[str, str] | None = None
+_installed: tuple[str, str, str] | None = None
 
 
-def installed() -> tuple[str, Mode] | None:
-    """``(name, autocast mode)`` of the device installed in this process, or None."""
+def installed() -> tuple[str, Mode, Fp16Mode] | None:
+    """``(name, autocast mode, fp16 mode)`` of the device installed in this process, or None."""
     return _installed  # type: ignore[return-value]
 
 
-def install(name: str = "acme", autocast: Mode = "none") -> None:
+def install(name: str = "acme", autocast: Mode = "none", fp16: Fp16Mode = "ieee") -> None:
     """Make ``name`` a torch device type backed by CPU kernels, with ``autocast``'s
     registrations on its autocast key (``"none"``, ``"fallthrough"``, ``"partial"``,
-    ``"generic"``).
+    ``"generic"``) and IEEE (``"ieee"``) or saturating (``"saturate"``) float16 arithmetic.
+
+    A saturating device is an fp16-only chip: ``torch.<name>.get_amp_supported_dtype()``
+    lists float16 only, and overflows raise the flag read by :func:`overflow_flag`.
 
     Raises:
         ValueError: an unknown mode, or a different device already installed (torch has one
             PrivateUse1 key per process).
     """
     global _installed
+    call = f"ampcore_testdevice.install({name!r}, autocast={autocast!r}, fp16={fp16!r})"
     if autocast not in MODES:
-        raise ValueError(f"ampcore_testdevice.install(autocast={autocast!r}): expected one of {', '.join(MODES)}")
-    if _installed == (name, autocast):
+        raise ValueError(f"{call}: autocast must be one of {', '.join(MODES)}")
+    if fp16 not in FP16_MODES:
+        raise ValueError(f"{call}: fp16 must be one of {', '.join(FP16_MODES)}")
+    if _installed == (name, autocast, fp16):
         return
     if _installed is not None:
         raise ValueError(
-            f"ampcore_testdevice.install({name!r}, autocast={autocast!r}): this process already has "
-            f"{_installed[0]!r} with autocast={_installed[1]!r} (one PrivateUse1 device per process)"
+            f"{call}: this process already has {_installed[0]!r} with autocast={_installed[1]!r}, "
+            f"fp16={_installed[2]!r} (one PrivateUse1 device per process)"
         )
     current = torch._C._get_privateuse1_backend_name()
     if current not in ("privateuseone", name):
-        raise ValueError(f"ampcore_testdevice.install({name!r}): PrivateUse1 is already {current!r} in this process")
-    _setup_privateuseone_for_python_backend(name, backend_module=DeviceModule(name))
+        raise ValueError(f"{call}: PrivateUse1 is already {current!r} in this process")
+    dtypes = [torch.float16] if fp16 == "saturate" else [torch.float16, torch.bfloat16]
+    _setup_privateuseone_for_python_backend(name, backend_module=DeviceModule(name, dtypes))
     install_fallback()
     register(autocast, name)
-    _installed = (name, autocast)
+    if fp16 == "saturate":
+        enable()
+    _installed = (name, autocast, fp16)
+
+
+def overflow_flag() -> torch.Tensor:
+    """The device's overflow status as a one-element float32 device tensor (> 0: an
+    overflow happened since :func:`clear_overflow_flag`; always 0 on an IEEE device).
+
+    Example::
+
+        >>> import torch, ampcore_testdevice
+        >>> ampcore_testdevice.install("acme", autocast="fallthrough")
+        >>> float(overflow_flag().cpu())
+        0.0
+    """
+    return from_cpu(overflow_raised())

@@ -14,8 +14,9 @@ class DeviceModule:
     PrivateUse1 device.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, dtypes: list[torch.dtype]) -> None:
         self.name = name
+        self.dtypes = dtypes
 
     def is_available(self) -> bool:
         return True
@@ -46,4 +47,4 @@ class DeviceModule:
         """See :meth:`manual_seed`."""
 
     def get_amp_supported_dtype(self) -> list[torch.dtype]:
-        return [torch.float16, torch.bfloat16]
+        return list(self.dtypes)

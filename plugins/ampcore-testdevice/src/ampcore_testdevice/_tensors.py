@@ -26,6 +26,8 @@ from typing import Any, Final
 import torch
 from torch.utils._pytree import tree_map
 
+from ._saturate import saturate_results
+
 __all__ = ["from_cpu", "install_fallback", "to_cpu"]
 
 _ATTR: Final = "_ampcore_testdevice_cpu"
@@ -93,7 +95,9 @@ def _written_argument(op: torch._ops.OpOverload, index: int, args: tuple[Any, ..
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     device_type = torch._C._get_privateuse1_backend_name()
     unwrap = _unwrap(device_type)
-    unwrap(dst).copy_(unwrap(src))
+    written = unwrap(dst).copy_(unwrap(src))
+    if dst.device.type == device_type:  # a conversion to float16 on (or onto) the device saturates
+        saturate_results(torch.ops.aten.copy_.default, written)
     return dst
 
 
@@ -109,6 +113,7 @@ def _device_call(function: Any) -> Any:
     def kernel(*args: Any) -> Any:
         unwrap = _unwrap(torch._C._get_privateuse1_backend_name())
         out = function(*tree_map(unwrap, args))
+        saturate_results(torch.ops.aten.convolution.default, out)
         return tree_map(lambda v: from_cpu(v) if isinstance(v, torch.Tensor) else v, out)
 
     return kernel
@@ -161,6 +166,7 @@ def _fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         if op not in _VIEWS or "view size is not compatible" not in str(exc):
             raise
         out = op(_make_contiguous(args[0]), *cpu_args[1:], **cpu_kwargs)
+    saturate_results(op, out)
     target = kwargs.get("device")
     stays_here = target is None or torch.device(target).type == device_type
 
