@@ -128,6 +128,10 @@ class autocast:
         if aliases:
             device, enabled = _aliases(aliases, device, enabled)
         checked_level = check_level(level)
+        if checked_level == "auto":  # AMPCORE_AUTO_BUDGET checked here, before anything changes
+            from .._auto._hooks import budget_s
+
+            budget_s()
         if not isinstance(enabled, bool):
             raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
         if cache_enabled is not None and not isinstance(cache_enabled, bool):
@@ -235,6 +239,10 @@ class autocast:
             region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
             stack.append(region)
             _innermost.set(region)
+            if spec.level == "auto" and self.enabled:  # its plan's module hooks, while it is active
+                from .._auto._hooks import region_entered
+
+                region_entered()
         except BaseException:
             if stack and stack[-1].torch_region is torch_region:
                 _innermost.set(stack.pop().context_outer)
@@ -265,6 +273,10 @@ class autocast:
             )
         stack.pop()
         _innermost.set(region.context_outer)
+        if region.spec.level == "auto" and region.spec.enabled:
+            from .._auto._hooks import region_exited
+
+            region_exited()
         if not stack and state.cast_cache:
             state.cast_cache.clear()
         _restore(
