@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .._errors import AmpcoreWarning
+from ._costs import implausible
 from ._plan import FORMAT, AutoPlan, _key, entry_from_mapping
 
 __all__ = [
@@ -116,7 +117,7 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
         except ValueError as exc:
             dropped.append(f"{key!r}: {exc}")
             continue
-        reason = None if entry.costs is None else plan.suspect(entry.shape_class, entry.costs)
+        reason = None if entry.costs is None else implausible(entry.costs)  # alone; neighbours below
         if reason is not None:
             dropped.append(f"{key!r}: {reason}")
             continue
