@@ -103,7 +103,7 @@ def _loss(out: Any, inputs: tuple[Any, ...]) -> Any:
     from torch import nn
 
     outs = out if isinstance(out, tuple) else (out,)
-    return sum(nn.functional.mse_loss(o.float(), i) for o, i in zip(outs, inputs))
+    return sum(nn.functional.mse_loss(o.float(), i) for o, i in zip(outs, inputs, strict=True))
 
 
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import warnings
 from typing import Any, Final, NamedTuple
 
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from .._errors import AmpcoreWarning
 from .._policy.thread_state import thread_state
@@ -289,11 +290,6 @@ def region_entered() -> None:
     with _process.lock:
         _process.active += 1
         if _process.active == 1:
-            from torch.nn.modules.module import (
-                register_module_forward_hook,
-                register_module_forward_pre_hook,
-            )
-
             _process.handles = [
                 register_module_forward_pre_hook(_pre),
                 register_module_forward_hook(_post, with_kwargs=True, always_call=True),

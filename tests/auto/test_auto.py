@@ -90,7 +90,10 @@ def _output_dtypes(model: nn.Module, run: Any) -> dict[str, torch.dtype]:
 
 @pytest.mark.parametrize(
     ("fp32", "low", "expected"),
-    [(10.0, 5.0, "low"), (10.0, 9.6, "low"), (10.0, 10.0, "low"), (10.0, 10.2, "low"), (10.0, 10.4, "fp32"), (1.0, 30.0, "fp32")],
+    [
+        (10.0, 5.0, "low"), (10.0, 9.6, "low"), (10.0, 10.0, "low"), (10.0, 10.2, "low"),
+        (10.0, 10.4, "fp32"), (1.0, 30.0, "fp32"),
+    ],
 )
 def test_decide_is_a_pure_function_of_the_costs(fp32: float, low: float, expected: str) -> None:
     costs = Costs(fp32_ms=fp32, low_ms=low, cast_ms=0.5)

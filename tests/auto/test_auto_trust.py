@@ -294,7 +294,8 @@ def test_plan_show_gives_spread_runs_and_source(tmp_path: Path, capsys: pytest.C
 def _damaged_plan(tmp_path: Path) -> Path:
     entry = {"decision": "low", "costs": {"fp32_ms": "a", "low_ms": "b", "cast_ms": 0}}
     path = tmp_path / "damaged.json"
-    path.write_text(json.dumps({"format": 1, "fingerprint": ampcore.auto_plan("cpu").fingerprint, "entries": {"k": entry}}))
+    fingerprint = ampcore.auto_plan("cpu").fingerprint
+    path.write_text(json.dumps({"format": 1, "fingerprint": fingerprint, "entries": {"k": entry}}))
     return path
 
 
@@ -339,7 +340,9 @@ def test_load_plan_flags_are_booleans(name: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize("value", ["abc", "30s", "nan", "-1", "inf", "1e400", "\u0661\u0662"])
-def test_a_bad_auto_budget_is_refused_naming_the_variable_and_value(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+def test_a_bad_auto_budget_is_refused_naming_the_variable_and_value(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
     monkeypatch.setenv("AMPCORE_AUTO_BUDGET", value)
     with pytest.raises(ampcore.AmpcoreError, match=rf"AMPCORE_AUTO_BUDGET={value!r}: expected seconds"):
         ampcore.autocast("cpu", level="auto")
