@@ -5,7 +5,8 @@ Models (training steps: forward, MSE loss, backward, SGD):
 * ``mixed``: 4 x ``Linear(1024)`` (ReLU between) on a batch of 512, plus 48 small residual
   ``Linear(64)`` layers (``y = y + tanh(linear(y))``: bounded, no overflow) on a batch of 16;
 * ``heldout-mixed``: the same kind at the sizes of issue 27: 3 x ``Linear(1536)`` on a batch
-  of 384 plus 40 small residual ``Linear(48)`` on a batch of 8;
+  of 384 plus 40 small residual ``Linear(48)`` on a batch of 8 (``heldout-small``: its 40
+  small layers alone, the part where auto can beat torch.autocast);
 * ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward
   1024, dropout 0.1, batch_first) on batch 16 x 64 tokens;
 * ``heldout-transformer``: 3 layers, d_model 320, 5 heads, feed-forward 1280, batch 16 x 64;
@@ -52,6 +53,7 @@ MODES: Final = ("fp32", "torch.autocast", "auto")
 _MIXED: Final = {
     "mixed": (1024, 512, 4, 64, 16, 48),
     "heldout-mixed": (1536, 384, 3, 48, 8, 40),
+    "heldout-small": (1536, 384, 0, 48, 8, 40),
     "gpu-mixed": (4096, 4096, 4, 64, 16, 64),
 }
 #: (layers, d_model, heads, feed-forward, batch, tokens)
@@ -121,7 +123,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         torch.set_flush_denormal(True)
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base, data = _build(name, args.device)
+    base, data = _build(name, device_type)
     dtype = backend.check_dtype(None)
     auto_region = ampcore.autocast(args.device, level="auto")
     regions: dict[str, Callable[[], Any]] = {

@@ -19,12 +19,11 @@ from __future__ import annotations
 import json
 import os
 import threading
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .._errors import AmpcoreWarning
+from .._errors import AmpcoreWarning, warn_at
 from ._costs import implausible
 from ._plan import FORMAT, AutoPlan, _key, entry_from_mapping
 
@@ -143,11 +142,12 @@ def _disagreeing(plan: AutoPlan) -> list[str]:
 
 
 def _warn(path: Path, reasons: list[str]) -> None:
-    warnings.warn(
+    """One warning, pointing at the cache file itself."""
+    warn_at(
         f"ampcore level='auto' cache {path}: {len(reasons)} damaged or implausible entr"
         f"{'y is' if len(reasons) == 1 else 'ies are'} measured again: {'; '.join(reasons)}",
         AmpcoreWarning,
-        stacklevel=4,
+        str(path),
     )
 
 
