@@ -71,26 +71,32 @@ class _Plans:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.plans: dict[str, AutoPlan] = {}
+        #: id(fingerprint dict) -> (that dict, its plan): the hooks ask with the same dict
+        #: object every call; hashing its JSON each time would cost more than the call
+        self.by_object: dict[int, tuple[dict[str, Any], AutoPlan]] = {}
 
     def get(self, fp: dict[str, Any]) -> AutoPlan:
+        found = self.by_object.get(id(fp))
+        if found is not None and found[0] is fp:
+            return found[1]
         key = _key(fp)
-        plan = self.plans.get(key)
-        if plan is not None:
-            return plan
         with self.lock:
             plan = self.plans.get(key)
             if plan is None:
                 plan = _from_cache(fp) or AutoPlan(fp)
                 self.plans[key] = plan
+            self.by_object[id(fp)] = (fp, plan)
             return plan
 
     def put(self, plan: AutoPlan) -> None:
         with self.lock:
             self.plans[_key(plan.fingerprint)] = plan
+            self.by_object = {}
 
     def clear(self) -> None:
         with self.lock:
             self.plans.clear()
+            self.by_object = {}
 
 
 _plans = _Plans()

@@ -72,6 +72,9 @@ class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
         self.measuring = False
+        #: device type -> this thread's torch.autocast(enabled=False), reused: at most one is
+        #: active per device type (inside it autocast is off, so no inner module enters it)
+        self.off: dict[str, Any] = {}
 
 
 class _Process:
@@ -166,7 +169,9 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     if decision == "low":
         return None
-    off = torch.autocast(device_type, enabled=False)
+    off = _local.off.get(device_type)
+    if off is None:
+        off = _local.off[device_type] = torch.autocast(device_type, enabled=False)
     off.__enter__()
     _local.frames.append(_Frame(module, off, None, None, None))
     return tuple(_to_fp32(a, device_type) for a in args)

@@ -10,6 +10,7 @@ no part, so a plan carries over to every rank and to a model rebuilt on resume.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Final
 
@@ -91,6 +92,29 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     kind = _kind(type(module))
     if kind is None:
         return None
+    describe = _DESCRIPTIONS.get(module)
+    if describe is None:
+        describe = _DESCRIPTIONS[module] = f"{type(module).__name__}({kind[0](module)})"
+    signature = (describe, torch.is_grad_enabled(), device_type, *[
+        (a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)
+    ])
+    try:
+        return _CLASSES[signature]
+    except KeyError:
+        if len(_CLASSES) > _MAX_CLASSES:  # dynamic shapes: keep the memo bounded
+            _CLASSES.clear()
+        found = _CLASSES[signature] = _shape_class(describe, args, device_type)
+        return found
+
+
+#: module -> its kind and hyper-parameters, read once per module object (the hot path)
+_DESCRIPTIONS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+#: (description, grad, device type, (shape, dtype, device type) per tensor) -> shape class
+_CLASSES: dict[tuple[object, ...], str | None] = {}
+_MAX_CLASSES: Final = 4096
+
+
+def _shape_class(describe: str, args: tuple[object, ...], device_type: str) -> str | None:
     shapes = []
     floating = False
     for arg in args:
@@ -102,4 +126,4 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     if not floating:
         return None
     grad = "grad" if torch.is_grad_enabled() else "no-grad"
-    return f"{type(module).__name__}({kind[0](module)}) in=[{', '.join(shapes)}] {grad}"
+    return f"{describe} in=[{', '.join(shapes)}] {grad}"
