@@ -72,9 +72,9 @@ class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
         self.measuring = False
-        #: device type -> this thread's torch.autocast(enabled=False), reused: at most one is
-        #: active per device type (inside it autocast is off, so no inner module enters it)
-        self.off: dict[str, Any] = {}
+        #: device type -> this thread's idle torch.autocast(enabled=False) objects, reused
+        #: (one is in use per float32 module call in progress)
+        self.off: dict[str, list[Any]] = {}
 
 
 class _Process:
@@ -169,9 +169,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     if decision == "low":
         return None
-    off = _local.off.get(device_type)
-    if off is None:
-        off = _local.off[device_type] = torch.autocast(device_type, enabled=False)
+    idle = _local.off.get(device_type)
+    off = idle.pop() if idle else torch.autocast(device_type, enabled=False)
     off.__enter__()
     _local.frames.append(_Frame(module, off, None, None, None))
     return tuple(_to_fp32(a, device_type) for a in args)
@@ -186,6 +185,7 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
     _, off, key, plan, region = frames.pop()
     if off is not None:
         off.__exit__(None, None, None)
+        _local.off.setdefault(off.device, []).append(off)
         return
     if len(rest) != 2:  # torch calls always-call hooks as (module, args, None) after an exception
         return

@@ -92,9 +92,12 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     kind = _kind(type(module))
     if kind is None:
         return None
-    describe = _DESCRIPTIONS.get(module)
-    if describe is None:
-        describe = _DESCRIPTIONS[module] = f"{type(module).__name__}({kind[0](module)})"
+    try:
+        describe = _DESCRIPTIONS.get(module)
+        if describe is None:
+            describe = _DESCRIPTIONS[module] = f"{type(module).__name__}({kind[0](module)})"
+    except TypeError:  # a module class that is not hashable (defines __eq__ only)
+        describe = f"{type(module).__name__}({kind[0](module)})"
     signature = (describe, torch.is_grad_enabled(), device_type, *[
         (a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)
     ])

@@ -427,3 +427,41 @@ def test_shape_classes_of_another_input_dtype_are_neighbours() -> None:
     plan = ampcore.auto_plan("cpu")
     plan.set(a, Costs(1.0, 0.5, 0.1))
     assert a is not None and b is not None and [k for k, _ in plan.neighbours(b)] == [a]
+
+
+def test_float32_modules_nested_through_another_region_restore_autocast_exactly() -> None:
+    inner = nn.Linear(8, 8)
+
+    class Outer(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with ampcore.autocast("cpu", dtype=torch.float16, level="auto"):
+                inner(x)
+                assert torch.get_autocast_dtype("cpu") == torch.float16
+            return super().forward(x)
+
+    outer, x = Outer(8, 8), torch.randn(4, 8)
+    with torch.enable_grad():
+        outer_key, inner_key = shape_class(outer, (x,), "cpu"), shape_class(inner, (x,), "cpu")
+    entries = {k: {"decision": "fp32"} for k in (outer_key, inner_key)}
+    for dtype in ("bfloat16", "float16"):
+        fp = ampcore.auto_plan("cpu", dtype).fingerprint
+        ampcore.load_plan({"format": 2, "fingerprint": fp, "entries": entries})
+    with ampcore.autocast("cpu", level="auto"):
+        for _ in range(2):
+            assert outer(x).dtype == torch.float32
+            assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_a_planned_module_class_that_is_not_hashable_still_works() -> None:
+    class Unhashable(nn.Linear):
+        def __eq__(self, other: object) -> bool:
+            return self is other
+
+    layer = Unhashable(8, 8)
+    with pytest.raises(TypeError):
+        hash(layer)
+    x = torch.randn(4, 8)
+    with torch.enable_grad():
+        expected = shape_class(nn.Linear(8, 8), (x,), "cpu")
+        assert expected is not None and shape_class(layer, (x,), "cpu") == expected.replace("Linear", "Unhashable")
