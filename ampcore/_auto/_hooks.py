@@ -13,8 +13,10 @@ decision for the call's shape class:
 
 * ``"low"``: nothing; the region's O1 lists run it in low precision (black-list ops in
   float32, exactly as O1);
-* ``"fp32"``: autocast is switched off for the module's forward (``torch.autocast(...,
-  enabled=False)``) and its low-precision floating inputs are cast to float32;
+* ``"fp32"``: autocast is switched off for the module's forward
+  (``torch.set_autocast_enabled(device_type, False)``, on again after it: one call each
+  way, where ``torch.autocast(enabled=False)`` makes a dozen) and its low-precision
+  floating inputs are cast to float32;
 * no decision yet: the call runs with the O1 lists, then the forward hook takes the costs
   from the adapter's ``ampcore_auto_costs`` hook or measures it
   (:func:`ampcore._auto._measure.measure`, with the adapter's clock) within the process's
@@ -58,11 +60,12 @@ _is_compiling = torch.compiler.is_compiling
 
 
 class _Frame(NamedTuple):
-    """A planned module's forward in progress: either run in float32 with ``off`` (a
-    ``torch.autocast(enabled=False)`` to exit), or measured for the shape class ``key``."""
+    """A planned module's forward in progress: either run in float32 with autocast switched
+    off for device type ``off`` (switched on again after), or measured for the shape class
+    ``key``."""
 
     module: torch.nn.Module
-    off: Any  # the entered torch.autocast(enabled=False), or None
+    off: Any  # the device type whose autocast the forward switched off, or None
     key: Any  # the shape class being measured, or None
     plan: Any  # the AutoPlan that records the measurement, or None
     region: Any  # the region's spec, or None
@@ -72,9 +75,6 @@ class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
         self.measuring = False
-        #: device type -> this thread's idle torch.autocast(enabled=False) objects, reused
-        #: (one is in use per float32 module call in progress)
-        self.off: dict[str, list[Any]] = {}
 
 
 class _Process:
@@ -153,7 +153,9 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     spec = region.spec
     device_type = spec.backend.device_type
-    if ops & (spec.custom_white | spec.custom_black) or not torch.is_autocast_enabled(device_type):
+    if (spec.custom_white or spec.custom_black) and ops & (spec.custom_white | spec.custom_black):
+        return None
+    if not torch.is_autocast_enabled(device_type):
         return None
     key = shape_class(module, args, device_type)
     if key is None:
@@ -169,10 +171,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     if decision == "low":
         return None
-    idle = _local.off.get(device_type)
-    off = idle.pop() if idle else torch.autocast(device_type, enabled=False)
-    off.__enter__()
-    _local.frames.append(_Frame(module, off, None, None, None))
+    torch.set_autocast_enabled(device_type, False)  # on again in _post (it was on: checked above)
+    _local.frames.append(_Frame(module, device_type, None, None, None))
     return tuple(_to_fp32(a, device_type) for a in args)
 
 
@@ -184,8 +184,7 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         return
     _, off, key, plan, region = frames.pop()
     if off is not None:
-        off.__exit__(None, None, None)
-        _local.off.setdefault(off.device, []).append(off)
+        torch.set_autocast_enabled(off, True)
         return
     if len(rest) != 2:  # torch calls always-call hooks as (module, args, None) after an exception
         return

@@ -10,7 +10,6 @@ no part, so a plan carries over to every rank and to a model rebuilt on resume.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Final
 
@@ -92,12 +91,9 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     kind = _kind(type(module))
     if kind is None:
         return None
-    try:
-        describe = _DESCRIPTIONS.get(module)
-        if describe is None:
-            describe = _DESCRIPTIONS[module] = f"{type(module).__name__}({kind[0](module)})"
-    except TypeError:  # a module class that is not hashable (defines __eq__ only)
-        describe = f"{type(module).__name__}({kind[0](module)})"
+    describe = module.__dict__.get(_DESCRIPTION)
+    if describe is None:  # read once per module object (the hot path); not a parameter or buffer
+        describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
     signature = (describe, torch.is_grad_enabled(), device_type, *[
         (a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)
     ])
@@ -110,8 +106,8 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
         return found
 
 
-#: module -> its kind and hyper-parameters, read once per module object (the hot path)
-_DESCRIPTIONS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+#: the attribute a planned module's kind and hyper-parameters are kept in
+_DESCRIPTION: Final = "_ampcore_auto_description"
 #: (description, grad, device type, (shape, dtype, device type) per tensor) -> shape class
 _CLASSES: dict[tuple[object, ...], str | None] = {}
 _MAX_CLASSES: Final = 4096
