@@ -32,6 +32,7 @@ targets of issue 27 (auto <= 1.03 x the better of fp32 and torch.autocast).
     python benchmarks/bench_auto.py --models heldout-mixed heldout-transformer@AVX512_CORE \\
         heldout-transformer --rounds 7
     python benchmarks/bench_auto.py --device cuda --models gpu-mixed --rounds 5   # ~60-90 s
+    python benchmarks/bench_auto.py --region-cost     # auto region enter/exit, calls after it
 """
 
 from __future__ import annotations
@@ -171,6 +172,43 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def region_cost(rounds: int = 11, calls: int = 2000) -> None:
+    """What an auto region costs to enter and leave (it registers the two global module
+    hooks) against an O1 region, and a plain 3-module call after an auto region (no hook
+    runs there): medians of ``rounds`` interleaved rounds of ``calls`` calls, in us."""
+    import warnings
+
+    import torch
+
+    import ampcore
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(2, 8)
+    with auto:
+        model(x)
+
+    def enter(region: Any) -> Callable[[], None]:
+        def run() -> None:
+            with region:
+                pass
+
+        return run
+
+    cases = {"O1 region enter/exit": enter(o1), "auto region enter/exit": enter(auto),
+             "plain 3-module call after auto": lambda: model(x)}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                run()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    for name, values in times.items():
+        print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
+
+
 def _load() -> str:
     try:
         return " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -187,6 +225,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine)")
     parser.add_argument("--cache", choices=("cold", "warm", "both"), default="both", help="which processes to run")
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
+    parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the measurements as JSON")
     args = parser.parse_args()
@@ -194,6 +233,10 @@ def main() -> None:
         print(json.dumps(child(args.child, args)))
         return
     print(f"load average at start: {_load()} ({os.cpu_count()} CPUs); device {args.device}")
+    if args.region_cost:
+        region_cost()
+        print(f"load average at end: {_load()}")
+        return
     results = []
     for spec in args.models:
         name, _, isa = spec.partition("@")
