@@ -1,26 +1,38 @@
-"""level="auto" against fp32 and torch.autocast (issue 16).
+"""level="auto" against fp32 and torch.autocast (issues 16 and 27).
 
 Models (training steps: forward, MSE loss, backward, SGD):
 
 * ``mixed``: 4 x ``Linear(1024)`` (ReLU between) on a batch of 512, plus 48 small residual
-  ``Linear(64)`` layers (``y = y + tanh(linear(y))``: bounded, no overflow) on a batch of 16; the sizes are
-  ``--big``/``--big-batch``/``--small``/``--small-batch``/``--layers``;
+  ``Linear(64)`` layers (``y = y + tanh(linear(y))``: bounded, no overflow) on a batch of 16;
+* ``heldout-mixed``: the same kind at the sizes of issue 27: 3 x ``Linear(1536)`` on a batch
+  of 384 plus 40 small residual ``Linear(48)`` on a batch of 8 (``heldout-small``: its 40
+  small layers alone, the part where auto can beat torch.autocast);
 * ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward
-  1024, dropout 0.1, batch_first) on batch 16 x 64 tokens, run with
-  ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` (no bf16 instructions; ``--isa`` changes it);
-* ``seed``: 9 x ``Linear(2048)`` on batch 512 (``--models seed``; slow without bf16 hardware).
+  1024, dropout 0.1, batch_first) on batch 16 x 64 tokens;
+* ``heldout-transformer``: 3 layers, d_model 320, 5 heads, feed-forward 1280, batch 16 x 64;
+* ``gpu-mixed``: for accelerators (``--device cuda``): 4 x ``Linear(4096)`` on a batch of
+  4096 plus 64 small residual ``Linear(64)`` on a batch of 16 (small ones lose in low
+  precision there: casts and launches);
+* ``seed``: 9 x ``Linear(2048)`` on batch 512 (slow without bf16 hardware).
 
-Each model runs in its own process (the ISA variable must be set before torch is imported),
-with ``torch.set_flush_denormal(True)``.  Every mode trains its own copy of the model from the
-same initial weights; each round runs one step of every mode (the order rotates), the first
-``--warmup`` rounds untimed.  auto's first step (which measures the shape classes it meets;
-disk cache off, so it always measures) is reported separately.  fp32 and torch.autocast run
-with ampcore's auto hooks removed, so they pay nothing for them.  The table gives medians of
-the timed rounds and the ratios of those medians (one run).
+A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
+``heldout-transformer@AVX512_CORE``: no bf16 instructions); without it the CPU's own ISA.
 
-    python benchmarks/bench_auto.py                          # mixed + transformer
-    python benchmarks/bench_auto.py --models transformer --rounds 7
-    python benchmarks/bench_auto.py --lead-patch    # with the change proposed for _autocast.py
+Each model runs in its own processes (the ISA variable must be set before torch is
+imported), with ``torch.set_flush_denormal(True)`` on the CPU: a *cold* process with an
+empty disk cache (auto's first step measures the shape classes it meets), then a *warm*
+process reading the cache the cold one wrote.  Every mode trains its own copy of the model
+from the same initial weights; each round runs one step of every mode (the order rotates),
+the first ``--warmup`` rounds untimed.  Outside its regions auto registers no module hook,
+so fp32 and torch.autocast pay nothing for it.  The tables give medians of the timed rounds
+and the ratios of those medians, all within one process; the check column compares with the
+targets of issue 27 (auto <= 1.03 x the better of fp32 and torch.autocast).
+
+    python benchmarks/bench_auto.py                                   # mixed + transformer
+    python benchmarks/bench_auto.py --models heldout-mixed heldout-transformer@AVX512_CORE \\
+        heldout-transformer --rounds 7
+    python benchmarks/bench_auto.py --device cuda --models gpu-mixed --rounds 5   # ~60-90 s
+    python benchmarks/bench_auto.py --region-cost     # auto region enter/exit, calls after it
 """
 
 from __future__ import annotations
@@ -32,67 +44,69 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, Final
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
+#: (big features, big batch, big layers, small features, small batch, small layers)
+_MIXED: Final = {
+    "mixed": (1024, 512, 4, 64, 16, 48),
+    "heldout-mixed": (1536, 384, 3, 48, 8, 40),
+    "heldout-small": (1536, 384, 0, 48, 8, 40),
+    "gpu-mixed": (4096, 4096, 4, 64, 16, 64),
+}
+#: (layers, d_model, heads, feed-forward, batch, tokens)
+_TRANSFORMERS: Final = {"transformer": (4, 256, 4, 1024, 16, 64), "heldout-transformer": (3, 320, 5, 1280, 16, 64)}
 
 
-def _build(name: str, args: argparse.Namespace) -> tuple[Any, Callable[[], tuple[Any, ...]], Callable[..., Any]]:
+def _mixed(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]]:
     import torch
     from torch import nn
 
-    if name == "mixed":
+    big, big_batch, big_layers, small, small_batch, small_layers = sizes
 
-        class Mixed(nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.big = nn.ModuleList(nn.Linear(args.big, args.big) for _ in range(4))
-                self.small = nn.ModuleList(nn.Linear(args.small, args.small) for _ in range(args.layers))
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.big = nn.ModuleList(nn.Linear(big, big) for _ in range(big_layers))
+            self.small = nn.ModuleList(nn.Linear(small, small) for _ in range(small_layers))
 
-            def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                for i, layer in enumerate(self.big):
-                    x = layer(x) if i == len(self.big) - 1 else torch.relu(layer(x))
-                for layer in self.small:
-                    y = y + torch.tanh(layer(y))
-                return x, y
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            for i, layer in enumerate(self.big):
+                x = layer(x) if i == len(self.big) - 1 else torch.relu(layer(x))
+            for layer in self.small:
+                y = y + torch.tanh(layer(y))
+            return x, y
 
-        data = (torch.rand(args.big_batch, args.big), torch.rand(args.small_batch, args.small))
+    data = (torch.rand(big_batch, big, device=device), torch.rand(small_batch, small, device=device))
+    return Mixed().to(device), data
 
-        def loss(out: tuple[torch.Tensor, torch.Tensor], inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-            return nn.functional.mse_loss(out[0].float(), inputs[0]) + nn.functional.mse_loss(out[1].float(), inputs[1])
 
-        return Mixed(), lambda: data, loss
-    if name == "transformer":
-        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.1, batch_first=True)
-        model = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
-        data = (torch.randn(16, 64, 256),)
-        return model, lambda: data, lambda out, inputs: nn.functional.mse_loss(out.float(), inputs[0])
+def _build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
+    import torch
+    from torch import nn
+
+    if name in _MIXED:
+        return _mixed(_MIXED[name], device)
+    if name in _TRANSFORMERS:
+        layers, d, heads, ff, batch, tokens = _TRANSFORMERS[name]
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
+        model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        return model.to(device), (torch.randn(batch, tokens, d, device=device),)
     if name == "seed":
         from ampcore._cli.experiment import SeedNet
 
-        data = (torch.rand(512, 2048),)
-        return SeedNet(2048), lambda: data, lambda out, inputs: nn.functional.mse_loss(out.float(), inputs[0])
-    raise SystemExit(f"unknown model {name!r}; valid: mixed, transformer, seed")
+        return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
+    raise SystemExit(f"unknown model {name!r}; valid: {', '.join([*_MIXED, *_TRANSFORMERS, 'seed'])}")
 
 
-def _emulate_lead_patch() -> None:
-    """The change proposed for the lead-owned ampcore/_policy/autocast.py: an auto region without
-    custom lists uses torch's own kernels (as uncustomised O1) instead of ampcore's Python
-    policy kernels; its plan acts through the module hooks either way."""
-    from ampcore._policy import autocast as _autocast
-    original = _autocast.autocast._policy_of
+def _loss(out: Any, inputs: tuple[Any, ...]) -> Any:
+    from torch import nn
 
-    def policy_of(self: Any, white: frozenset[str], black: frozenset[str]) -> Any:
-        if (
-            self.enabled and self.level == "auto" and not white and not black
-            and not self.backend.op_list_adjustments(self.dtype) and _autocast.has_native_autocast(self.device_type)
-        ):
-            return None
-        return original(self, white, black)
-
-    _autocast.autocast._policy_of = policy_of  # type: ignore[method-assign]
+    outs = out if isinstance(out, tuple) else (out,)
+    return sum(nn.functional.mse_loss(o.float(), i) for o, i in zip(outs, inputs, strict=True))
 
 
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -101,19 +115,23 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     import ampcore
     from ampcore._auto import _hooks
+    from ampcore._backends.memory import synchronize
+    from ampcore._backends.registry import resolve_device
 
-    if args.lead_patch:
-        _emulate_lead_patch()
-    torch.set_flush_denormal(True)
-    torch.set_num_threads(args.threads)
+    backend = resolve_device(args.device).backend
+    device_type = backend.device_type
+    if device_type == "cpu":
+        torch.set_flush_denormal(True)
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base, data, loss_of = _build(name, args)
+    base, data = _build(name, device_type)
+    dtype = backend.check_dtype(None)
+    auto_region = ampcore.autocast(args.device, level="auto")
     regions: dict[str, Callable[[], Any]] = {
-        "fp32": lambda: torch.autocast("cpu", enabled=False),
-        "torch.autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        "fp32": lambda: torch.autocast(device_type, enabled=False),
+        "torch.autocast": lambda: torch.autocast(device_type, dtype=dtype),
+        "auto": lambda: auto_region,
     }
-    auto_region = ampcore.autocast("cpu", dtype=torch.bfloat16, level="auto")  # installs the hooks
-    regions["auto"] = lambda: auto_region
     models = {mode: copy.deepcopy(base) for mode in MODES}
     opts = {mode: torch.optim.SGD(models[mode].parameters(), lr=1e-4) for mode in MODES}
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -122,25 +140,22 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     for round_ in range(args.warmup + args.rounds):
         order = MODES[round_ % len(MODES) :] + MODES[: round_ % len(MODES)]
         for mode in order:
-            if mode == "auto":
-                _hooks.install()
-            else:
-                _hooks.uninstall()
-            inputs = data()
+            synchronize(backend)
             start = time.perf_counter()
             with regions[mode]():
-                out = models[mode](*inputs)
-                loss = loss_of(out, inputs)
+                out = models[mode](*data)
+                loss = _loss(out, data)
             loss.backward()
             opts[mode].step()
             opts[mode].zero_grad(set_to_none=True)
+            synchronize(backend)
             elapsed = (time.perf_counter() - start) * 1e3
             losses[mode] = float(loss)
             if mode == "auto" and first_auto_ms is None:
                 first_auto_ms = elapsed
             elif round_ >= args.warmup:
                 times[mode].append(elapsed)
-    plan = ampcore.auto_plan("cpu")
+    plan = ampcore.auto_plan(args.device)
     return {
         "model": name,
         "median_ms": {mode: statistics.median(t) for mode, t in times.items()},
@@ -148,10 +163,50 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "losses": losses,
         "first_auto_ms": first_auto_ms,
         "measure_s": _hooks._process.spent_s,
+        "hooks_left": _hooks.installed(),
         "decisions": {key: e.decision for key, e in plan.entries.items()},
+        "sources": sorted({e.source for e in plan.entries.values()}),
         "table": plan.table(),
         "threads": torch.get_num_threads(),
+        "device": backend.device_name(0),
     }
+
+
+def region_cost(rounds: int = 11, calls: int = 2000) -> None:
+    """What an auto region costs to enter and leave (it registers the two global module
+    hooks) against an O1 region, and a plain 3-module call after an auto region (no hook
+    runs there): medians of ``rounds`` interleaved rounds of ``calls`` calls, in us."""
+    import warnings
+
+    import torch
+
+    import ampcore
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(2, 8)
+    with auto:
+        model(x)
+
+    def enter(region: Any) -> Callable[[], None]:
+        def run() -> None:
+            with region:
+                pass
+
+        return run
+
+    cases = {"O1 region enter/exit": enter(o1), "auto region enter/exit": enter(auto),
+             "plain 3-module call after auto": lambda: model(x)}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                run()
+            times[name].append((time.perf_counter() - start) / calls * 1e6)
+    for name, values in times.items():
+        print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
 
 
 def _load() -> str:
@@ -163,65 +218,76 @@ def _load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["mixed", "transformer"])
+    parser.add_argument("--models", nargs="+", default=["mixed", "transformer@AVX512_CORE"])
+    parser.add_argument("--device", default="cpu", help="the ampcore backend to run on (default cpu)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--isa", default="AVX512_CORE", help="ONEDNN_MAX_CPU_ISA for the transformer ('' to leave unset)")
-    parser.add_argument("--big", type=int, default=1024)
-    parser.add_argument("--big-batch", type=int, default=512)
-    parser.add_argument("--small", type=int, default=64)
-    parser.add_argument("--small-batch", type=int, default=16)
-    parser.add_argument("--layers", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: stable on a shared machine)")
-    parser.add_argument("--lead-patch", action="store_true", help="emulate the proposed change to ampcore/_policy/autocast.py (see _emulate_lead_patch)")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine)")
+    parser.add_argument("--cache", choices=("cold", "warm", "both"), default="both", help="which processes to run")
+    parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
+    parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the measurements as JSON")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs)" + (", lead patch emulated" if args.lead_patch else ""))
+    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs); device {args.device}")
+    if args.region_cost:
+        region_cost()
+        print(f"load average at end: {_load()}")
+        return
     results = []
-    for name in args.models:
-        env = {**os.environ, "AMPCORE_AUTO_CACHE": "off"}
-        if name == "transformer" and args.isa:
-            env["ONEDNN_MAX_CPU_ISA"] = args.isa
-        cmd = [sys.executable, __file__, "--child", name, *_passthrough(args)]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-        if done.returncode:
-            raise SystemExit(f"{name} failed:\n{done.stderr}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
-        result["isa"] = env.get("ONEDNN_MAX_CPU_ISA", "")
-        results.append(result)
-        _print(result)
-    print(f"load average at end: {_load()}")
+    for spec in args.models:
+        name, _, isa = spec.partition("@")
+        with tempfile.TemporaryDirectory(prefix="ampcore-auto-cache-") as cache:
+            for phase in ("cold", "warm"):
+                result = _run(name, isa, phase, cache, args)
+                if args.cache in (phase, "both"):
+                    results.append(result)
+                    _print(result, args.tables)
+    print(f"\nload average at end: {_load()}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
 
 
-def _passthrough(args: argparse.Namespace) -> list[str]:
-    out = ["--rounds", str(args.rounds), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    if args.lead_patch:
-        out.append("--lead-patch")
-    for name in ("big", "big_batch", "small", "small_batch", "layers"):
-        out += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
-    return out
+def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {**os.environ, "AMPCORE_AUTO_CACHE": cache}
+    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    if isa:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    rounds = args.rounds if args.cache in (phase, "both") else 1  # a cold run only to fill the cache
+    cmd = [sys.executable, __file__, "--child", name, "--device", args.device, "--rounds", str(rounds),
+           "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{name} ({phase}) failed:\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result.update(isa=isa, phase=phase)
+    return result
 
 
-def _print(r: dict[str, Any]) -> None:
+def _print(r: dict[str, Any], tables: bool) -> None:
     med = r["median_ms"]
     isa = f", ONEDNN_MAX_CPU_ISA={r['isa']}" if r["isa"] else ""
     low = sum(1 for d in r["decisions"].values() if d == "low")
-    print(f"\n{r['model']}{isa} ({r['threads']} threads), median of {len(r['times']['fp32'])} interleaved rounds")
+    print(f"\n{r['model']}{isa}, {r['phase']} cache, {r['device']} ({r['threads']} threads), "
+          f"median of {len(r['times']['fp32'])} interleaved rounds")
     print(f"{'mode':<16}{'ms/step':>10}{'/ fp32':>9}{'/ torch.autocast':>18}{'final loss':>12}")
     for mode in MODES:
-        print(f"{mode:<16}{med[mode]:>10.1f}{med[mode] / med['fp32']:>9.2f}{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}")
+        print(f"{mode:<16}{med[mode]:>10.1f}{med[mode] / med['fp32']:>9.2f}"
+              f"{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}")
+    best = min(med["fp32"], med["torch.autocast"])
+    verdict = "ok" if med["auto"] <= 1.03 * best else "OVER"
+    print(f"auto / min(fp32, torch.autocast) = {med['auto'] / best:.2f} ({verdict}; target <= 1.03)")
     print(
         f"auto: first step {r['first_auto_ms']:.0f} ms (measuring {r['measure_s']:.1f} s); "
-        f"{len(r['decisions'])} shape classes, {low} low precision, {len(r['decisions']) - low} float32"
+        f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
+        f"{len(r['decisions']) - low} float32; hooks left after the regions: {r['hooks_left']}"
     )
-    print(r["table"])
+    if tables:
+        print(r["table"])
 
 
 if __name__ == "__main__":

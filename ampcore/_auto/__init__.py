@@ -4,9 +4,13 @@ and shape class.
 Modules:
 
 * :mod:`._shapes`: which module kinds are planned, and their shape classes;
-* :mod:`._costs`: :class:`Costs`, the pure :func:`decide` and the micro-benchmarks;
-* :mod:`._plan`: :class:`AutoPlan` (export, load, table), in-memory and disk cache;
-* :mod:`._hooks`: the global module hooks that apply a plan inside ``level="auto"`` regions.
+* :mod:`._costs`: :class:`Costs`, the pure :func:`decide` and the plausibility checks;
+* :mod:`._measure`: the micro-benchmarks (warmed, interleaved, medians and spread) and the
+  adapter's clock;
+* :mod:`._plan`: :class:`AutoPlan` (export, load, table), checked when read;
+* :mod:`._cache`: this process's plans and the disk cache that heals;
+* :mod:`._hooks`: the global module hooks that apply a plan, registered while a
+  ``level="auto"`` region is active.
 
 See docs/auto.md.
 """
@@ -17,11 +21,11 @@ import torch
 
 from .._backends.registry import DeviceLike, resolve_device
 from .._backends.support import resolve_dtype
+from ._cache import current_plan
 from ._costs import MARGIN, Costs, Decision, decide
-from ._hooks import install as install_hooks
-from ._plan import AutoPlan, PlanEntry, current_plan, fingerprint, load_plan
+from ._plan import AutoPlan, PlanEntry, fingerprint, load_plan
 
-__all__ = ["MARGIN", "AutoPlan", "Costs", "Decision", "PlanEntry", "auto_plan", "decide", "install_hooks", "load_plan"]
+__all__ = ["MARGIN", "AutoPlan", "Costs", "Decision", "PlanEntry", "auto_plan", "decide", "load_plan"]
 
 
 def auto_plan(device: DeviceLike = None, dtype: torch.dtype | str | None = None) -> AutoPlan:

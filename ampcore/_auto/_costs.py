@@ -1,223 +1,218 @@
-"""The cost model of ``level="auto"``: measured costs of one shape class and the decision.
+"""The cost model of ``level="auto"``: :class:`Costs` of one shape class, the decision, and
+the plausibility checks a measurement must pass before it decides anything.
 
-:func:`decide` is a pure function of :class:`Costs`; :func:`measure` takes them with short
-micro-benchmarks of the module call the model actually made (same module, same inputs),
-forward and backward:
+* :func:`decide` is a pure function of :class:`Costs`: low precision where it saves more
+  than the noise of the measurement, float32 where it loses more than that, and a tie goes
+  to the choice torch.autocast makes (low precision: every planned module kind is on
+  autocast's lower-precision list);
+* :func:`implausible` says why a figure should be measured again before it is trusted (a
+  ratio beyond what the hardware can do, a spread too wide, a neighbour that disagrees);
+* :func:`costs_from_mapping` checks costs that arrive from a file, a cache or an adapter.
 
-* ``fp32_ms``: the call with autocast off and float32 inputs;
-* ``low_ms``: the call under autocast in the low-precision dtype, *including* the casts it
-  needs: inputs and weights to low precision (weights re-cast every call, as every step
-  does), the output back to float32 for a float32 consumer, and the gradients' casts;
-* ``cast_ms``: the casts alone (part of ``low_ms``), to explain the decision.
-
-Bounded: each path runs once untimed (the first call of a shape pays one-time set-up: up
-to seconds for a process's first matrix product) and then repeats only while its share of
-the budget lasts (best time kept, at least one timed run).  A low-precision path that is
-clearly slower (more than twice float32) on a probe of an eighth of the batch is not run
-in full (``estimated``: the probe's time times eight); one whose first run is clearly slower
-and over its share is not repeated (``estimated``: float32 is the safe side to err on).
+How the costs are measured is in :mod:`._measure`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Final, Literal
 
-import torch
-from torch import nn
-
-__all__ = ["MARGIN", "Costs", "Decision", "decide", "measure"]
+__all__ = [
+    "MARGIN",
+    "Costs",
+    "Decision",
+    "costs_from_mapping",
+    "decide",
+    "implausible",
+    "merge",
+    "module_of",
+]
 
 Decision = Literal["low", "fp32"]
 
-#: Low precision must save at least this fraction of the float32 cost to be chosen (ties and
-#: noise keep float32: better numerics at no cost).
-MARGIN: Final = 0.05
-#: A probe on 1/PROBE of the rows that already costs this many times float32 decides fp32.
-PROBE: Final = 8
-_CLEARLY_SLOWER: Final = 2.0
-#: Only calls whose float32 path takes this long are probed (a probe's fixed costs would
-#: weigh too much on small ones).
-_PROBE_ABOVE_MS: Final = 20.0
+#: Differences within this fraction of the float32 cost (or the measured spread, if wider)
+#: are ties, and a tie goes to torch.autocast's choice (low precision).
+MARGIN: Final = 0.03
+#: A low/fp32 ratio beyond this (either way) is measured again before it is trusted: a
+#: first call that paid one-time set-up looks like this, hardware rarely does.
+RATIO_BOUND: Final = 4.0
+#: Two classes of the same module and shapes that differ only in their inputs' dtype
+#: disagree when their low/fp32 ratios differ by more than this factor.
+NEIGHBOUR_BOUND: Final = 2.0
+#: A relative spread (trimmed range over median) above this is too noisy to decide.
+SPREAD_BOUND: Final = 0.5
 
 
 @dataclass(frozen=True)
 class Costs:
-    """Measured milliseconds of one call of a shape class, forward and backward."""
+    """Milliseconds of one call of a shape class, forward and backward (medians of the
+    timed runs), and how much to trust them.
+
+    ``fp32_spread`` / ``low_spread``: the spread of the timed runs relative to their median
+    (0: unknown or given); ``runs``: timed runs per side (0: not measured here);
+    ``estimated``: fewer runs, stopped early because one side was clearly slower;
+    ``checked``: measured again after a plausibility check flagged the first figures.
+    """
 
     fp32_ms: float
     low_ms: float  # including cast_ms
     cast_ms: float
-    estimated: bool = False  # low_ms extrapolated from a probe on part of the batch
+    estimated: bool = False
+    fp32_spread: float = 0.0
+    low_spread: float = 0.0
+    runs: int = 0
+    checked: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def ratio(self) -> float:
+        """low_ms / fp32_ms."""
+        return self.low_ms / self.fp32_ms
+
+    @property
+    def noise(self) -> float:
+        """The relative band within which the two sides are a tie."""
+        return max(MARGIN, self.fp32_spread, self.low_spread)
+
+
+_NUMBERS: Final = {"fp32_ms": True, "low_ms": True, "cast_ms": False, "fp32_spread": False, "low_spread": False}
+_FLAGS: Final = ("estimated", "checked")
+
+
+def costs_from_mapping(raw: object) -> Costs:
+    """:class:`Costs` from a mapping read from a file, a cache or an adapter.
+
+    Raises:
+        ValueError: naming the field and what is wrong (a type, a non-finite or negative
+            number, an unknown field).
+
+    Example::
+
+        >>> costs_from_mapping({"fp32_ms": 2, "low_ms": 1.0, "cast_ms": 0.1}).ratio
+        0.5
+        >>> costs_from_mapping({"fp32_ms": "a", "low_ms": 1.0, "cast_ms": 0})
+        Traceback (most recent call last):
+        ...
+        ValueError: costs['fp32_ms'] = 'a': expected a finite number of milliseconds > 0
+    """
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"costs = {raw!r}: expected a mapping with 'fp32_ms', 'low_ms' and 'cast_ms'")
+    known = {f.name for f in fields(Costs)}
+    unknown = sorted(str(k) for k in raw if k not in known)
+    if unknown:
+        raise ValueError(f"costs: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    for name, positive in _NUMBERS.items():
+        if name not in raw:
+            if name in ("fp32_ms", "low_ms"):
+                raise ValueError(f"costs: {name!r} is missing")
+            continue
+        value = raw[name]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < 0 or (positive and value == 0):
+            what = "milliseconds" if name.endswith("_ms") else "a spread"
+            bound = "> 0" if positive else ">= 0"
+            raise ValueError(f"costs[{name!r}] = {value!r}: expected a finite number of {what} {bound}")
+        values[name] = float(value)
+    values.setdefault("cast_ms", 0.0)
+    for name in _FLAGS:
+        if not isinstance(raw.get(name, False), bool):
+            raise ValueError(f"costs[{name!r}] = {raw[name]!r}: expected true or false")
+        values[name] = raw.get(name, False)
+    runs = raw.get("runs", 0)
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 0:
+        raise ValueError(f"costs['runs'] = {runs!r}: expected a whole number >= 0")
+    return Costs(**values, runs=runs)
+
 
 def decide(costs: Costs, margin: float = MARGIN) -> Decision:
-    """``"low"`` when the low-precision path (casts included) saves more than ``margin`` of
-    the float32 cost, else ``"fp32"``.
+    """``"low"`` unless float32 is faster by more than the noise of the measurement
+    (``margin``, or the measured spread where wider): a tie goes to torch.autocast's
+    choice, low precision.
 
     Example::
 
         >>> decide(Costs(fp32_ms=10.0, low_ms=6.0, cast_ms=1.0))
         'low'
-        >>> decide(Costs(fp32_ms=10.0, low_ms=9.8, cast_ms=2.0))
+        >>> decide(Costs(fp32_ms=10.0, low_ms=10.2, cast_ms=2.0))  # a tie: as torch.autocast
+        'low'
+        >>> decide(Costs(fp32_ms=10.0, low_ms=12.0, cast_ms=2.0))
         'fp32'
+        >>> decide(Costs(fp32_ms=10.0, low_ms=12.0, cast_ms=2.0, fp32_spread=0.3))  # within noise
+        'low'
     """
-    return "low" if costs.low_ms < costs.fp32_ms * (1.0 - margin) else "fp32"
+    band = max(margin, costs.fp32_spread, costs.low_spread)
+    return "fp32" if costs.low_ms > costs.fp32_ms * (1.0 + band) else "low"
 
 
-def _timed(run: Callable[[], None], sync: Callable[[], None]) -> float:
-    sync()
-    start = time.perf_counter()
-    run()
-    sync()
-    return (time.perf_counter() - start) * 1e3
+def module_of(shape_class: str) -> tuple[str, str]:
+    """A shape class without the inputs' dtypes: ``(module and shapes, grad)``, what
+    classes of the same module called on the same shapes in another dtype share.
+
+    Example::
+
+        >>> module_of("Linear(in_features=8) in=[4x8:bfloat16] grad")
+        ('Linear(in_features=8) in=[4x8]', 'grad')
+    """
+    head, _, grad = shape_class.rpartition(" ")
+    for dtype in ("bfloat16", "float16", "float64"):
+        head = head.replace(f":{dtype}", "")
+    return head, grad
 
 
-def _best(run: Callable[[], None], sync: Callable[[], None], budget_ms: float, first: float | None = None) -> float:
-    """Best time of ``run`` after a warm-up run, repeating while ``budget_ms`` lasts (>= 1 timed run)."""
-    first = _timed(run, sync) if first is None else first
-    best = _timed(run, sync)
-    spent = first + best
-    while spent + best < budget_ms and spent < 50 * max(best, 1e-3):
-        t = _timed(run, sync)
-        spent += t
-        best = min(best, t)
-    return best
+def implausible(costs: Costs, neighbours: Iterable[Costs] = ()) -> str | None:
+    """Why ``costs`` should be measured again before deciding (``None``: plausible).
 
+    ``neighbours``: the costs of the same module on the same shapes with inputs of another
+    dtype (:func:`module_of`); their low/fp32 ratios should agree within
+    :data:`NEIGHBOUR_BOUND`.  Figures already measured again (``checked``) are trusted.
 
-def _leaf(value: Any, grad: bool, seen: dict[int, torch.Tensor]) -> Any:
-    """A floating tensor as a new autograd leaf (the same leaf for the same tensor: modules
-    such as MultiheadAttention take another path when ``query is key``)."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        found = seen.get(id(value))
-        if found is None:
-            found = seen[id(value)] = value.detach().requires_grad_(grad)
-        return found
-    return value
+    Example::
 
-
-def _one_call(
-    module: nn.Module,
-    call_args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    params: Sequence[torch.Tensor],
-    grad: bool,
-    device_type: str,
-    low: torch.dtype | None,
-) -> Callable[[], None]:
-    """One timed call of ``module`` (forward, and backward with ``grad``) on fresh leaves of
-    the arguments: in float32, or under torch's autocast in ``low``."""
-    seen: dict[int, torch.Tensor] = {}
-    inputs = tuple(_leaf(a, grad, seen) for a in call_args)
-    kw = {k: _leaf(v, False, {}) for k, v in kwargs.items()}
-    leaves = [*{id(t): t for t in seen.values() if t.requires_grad}.values(), *params]
-
-    def run() -> None:
-        # autocast off around the whole run: backward runs outside the region, as in training
-        with torch.autocast(device_type, enabled=False):
-            if low is not None:
-                with torch.autocast(device_type, dtype=low, cache_enabled=False):
-                    out = _first_tensor(module.forward(*inputs, **kw))
-                if out is not None and out.is_floating_point():
-                    out = out.float()  # a float32 consumer's cast
-            else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
-                out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
-            if grad and out is not None and out.requires_grad and leaves:
-                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
-
-    return run
-
-
-def _cast_work(args: tuple[Any, ...], params: Sequence[torch.Tensor], dtype: torch.dtype) -> Callable[[], None]:
-    """The casts a low-precision call adds: inputs and parameters to ``dtype``, and about as
-    much again for the output's cast and, in backward, the gradients'."""
-
-    def casts() -> None:
-        for t in (*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params):
-            t.detach().to(dtype)
-        for t in (*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params):
-            t.detach().to(dtype).float()
-
-    return casts
-
-
-def _to_float32(values: Any) -> Any:
-    if isinstance(values, dict):
-        return {k: _to_float32(v) for k, v in values.items()}
-    if isinstance(values, tuple):
-        return tuple(_to_float32(v) for v in values)
-    if isinstance(values, torch.Tensor) and values.dtype in (torch.bfloat16, torch.float16):
-        return values.float()
-    return values
-
-
-def _first_tensor(output: Any) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)):
-        return next((o for o in output if isinstance(o, torch.Tensor)), None)
+        >>> implausible(Costs(26.9, 231.7, 1.0))  # the first call paid kernel creation
+        'low/fp32 8.61 is beyond 4'
+        >>> implausible(Costs(26.9, 30.0, 1.0), [Costs(27.0, 11.4, 1.0)])
+        'low/fp32 1.12 disagrees with 0.42 of the same module on inputs of another dtype'
+    """
+    if costs.checked:
+        return None
+    ratio = costs.ratio
+    if ratio > RATIO_BOUND or ratio < 1 / RATIO_BOUND:
+        return f"low/fp32 {ratio:.2f} is beyond {RATIO_BOUND:g}"
+    if max(costs.fp32_spread, costs.low_spread) > SPREAD_BOUND:
+        return f"spread {max(costs.fp32_spread, costs.low_spread):.2f} is beyond {SPREAD_BOUND:g}"
+    for other in neighbours:
+        if max(ratio, other.ratio) > NEIGHBOUR_BOUND * min(ratio, other.ratio):
+            return (
+                f"low/fp32 {ratio:.2f} disagrees with {other.ratio:.2f} of the same module on inputs of "
+                "another dtype"
+            )
     return None
 
 
-def _rows(args: tuple[Any, ...], kwargs: dict[str, Any], keep: int) -> tuple[tuple[Any, ...], bool]:
-    """``args`` with every tensor's first dimension cut to ``keep`` rows (False: not possible)."""
-    if any(isinstance(v, torch.Tensor) for v in kwargs.values()):
-        return args, False
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors or any(t.dim() == 0 or t.shape[0] != tensors[0].shape[0] for t in tensors):
-        return args, False
-    return tuple(a[:keep] if isinstance(a, torch.Tensor) else a for a in args), True
+def merge(first: Costs, again: Costs) -> Costs:
+    """Two measurements of one class as one, marked ``checked``: per side, the lower median
+    (interference and one-time set-up only ever add time) with its spread.
 
+    Example::
 
-def _fork_rng(device_type: str) -> Any:
-    """Restore the CPU's and (where the device module keeps one) the device's RNG state after."""
-    try:
-        keeps = hasattr(torch.get_device_module(device_type), "get_rng_state")
-    except (RuntimeError, AttributeError):
-        keeps = False
-    return torch.random.fork_rng(devices=None if keeps else [], device_type=device_type)
-
-
-def measure(
-    module: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    device_type: str,
-    dtype: torch.dtype,
-    sync: Callable[[], None],
-    budget_ms: float = 400.0,
-) -> Costs:
-    """Measure one call of ``module`` (``module.forward(*args, **kwargs)``) in float32 and in
-    ``dtype``; the module's parameters, gradients and hooks are left untouched (gradients are
-    taken with :func:`torch.autograd.grad`) and the RNG state is restored.
+        >>> merge(Costs(26.9, 231.7, 1.0, runs=3), Costs(27.5, 11.4, 1.1, runs=3)).low_ms
+        11.4
     """
-    grad = torch.is_grad_enabled()
-    params = [p for p in module.parameters() if p.requires_grad] if grad else []
-
-    def path(low: bool, call_args: tuple[Any, ...]) -> Callable[[], None]:
-        return _one_call(module, call_args, kwargs, params, grad, device_type, dtype if low else None)
-
-    casts = _cast_work(args, params, dtype)
-
-    with _fork_rng(device_type), torch.enable_grad() if grad else torch.no_grad():
-        share = budget_ms / 3
-        fp32 = _best(path(False, args), sync, share)
-        cast = _best(casts, sync, share / 4)
-        rows = next((a.shape[0] for a in args if isinstance(a, torch.Tensor) and a.dim()), 0)
-        if rows >= 2 * PROBE and fp32 >= _PROBE_ABOVE_MS:  # small calls are cheap to run in full
-            part, ok = _rows(args, kwargs, rows // PROBE)
-            if ok:
-                probe = _best(path(True, part), sync, 0.0)
-                if probe * PROBE > _CLEARLY_SLOWER * fp32:
-                    return Costs(fp32, probe * PROBE, cast, estimated=True)
-        run_low = path(True, args)
-        first = _timed(run_low, sync)
-        if first > _CLEARLY_SLOWER * fp32 and first > share:
-            return Costs(fp32, first, cast, estimated=True)  # expensive and clearly slower: one run
-        low = _best(run_low, sync, share, first)
-    return Costs(fp32, low, cast)
+    fp32, fp32_spread = min((first.fp32_ms, first.fp32_spread), (again.fp32_ms, again.fp32_spread))
+    low, low_spread = min((first.low_ms, first.low_spread), (again.low_ms, again.low_spread))
+    return replace(
+        again,
+        fp32_ms=fp32,
+        low_ms=low,
+        cast_ms=min(first.cast_ms, again.cast_ms),
+        fp32_spread=fp32_spread,
+        low_spread=low_spread,
+        runs=first.runs + again.runs,
+        estimated=first.estimated and again.estimated,
+        checked=True,
+    )

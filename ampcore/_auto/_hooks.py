@@ -1,21 +1,29 @@
-"""Where ``level="auto"`` acts: two process-global module hooks that apply the plan.
+"""Where ``level="auto"`` acts: two process-global module hooks that apply the plan,
+present only while a ``level="auto"`` region is active.
 
 ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``..._forward_hook`` are
-installed once per process, by the first use of ``level="auto"`` (``check_level``), and never removed (like
-ampcore's dispatcher kernels).  While installed, every ``nn.Module`` call in the process
-takes torch's hook path (a few microseconds); the hooks return at once unless the calling
-thread's innermost ampcore region is an enabled ``level="auto"`` region and the module is a
-planned kind (:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's decision for
-the call's shape class:
+registered when the process's first enabled ``level="auto"`` region is entered and removed
+when its last one exits (a count across threads and nesting, under a lock; a pair costs a
+few microseconds per region).  Outside auto regions, module calls take torch's path
+without global hooks: nothing of auto runs.  While one is active (in any thread), every
+``nn.Module`` call in the process runs the two hooks; they return at once unless the
+calling thread's innermost ampcore region is an enabled ``level="auto"`` region and the
+module is a planned kind (:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's
+decision for the call's shape class:
 
 * ``"low"``: nothing; the region's O1 lists run it in low precision (black-list ops in
   float32, exactly as O1);
-* ``"fp32"``: autocast is switched off for the module's forward (``torch.autocast(...,
-  enabled=False)``) and its low-precision floating inputs are cast to float32;
+* ``"fp32"``: autocast is switched off for the module's forward
+  (``torch.set_autocast_enabled(device_type, False)``, on again after it: one call each
+  way, where ``torch.autocast(enabled=False)`` makes a dozen) and its low-precision
+  floating inputs are cast to float32;
 * no decision yet: the call runs with the O1 lists, then the forward hook takes the costs
   from the adapter's ``ampcore_auto_costs`` hook or measures it
-  (:func:`ampcore._auto._costs.measure`) within the process's warm-up budget
-  (``AMPCORE_AUTO_BUDGET`` seconds, default 10) and records the decision.
+  (:func:`ampcore._auto._measure.measure`, with the adapter's clock) within the process's
+  warm-up budget (``AMPCORE_AUTO_BUDGET`` seconds, default 10); a figure the plausibility
+  checks flag (:func:`ampcore._auto._costs.implausible`) is measured again before it
+  decides, and a cached neighbour it contradicts is dropped (measured again at its next
+  call).  A device that cannot be timed measures nothing: auto runs as torch.autocast.
 
 Custom lists win: a module whose ops a region's custom list names is left to the lists.
 Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
@@ -23,22 +31,24 @@ Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import warnings
 from typing import Any, Final, NamedTuple
 
 import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from .._backends.memory import synchronize
 from .._errors import AmpcoreWarning
 from .._policy.thread_state import thread_state
-from ._costs import Costs, measure
-from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
+from .._validate import env_number
+from ._cache import cache_file, current_plan, write_cache
+from ._costs import Costs, costs_from_mapping, merge
+from ._measure import Clock, device_clock, measure
+from ._plan import AutoPlan, fingerprint
 from ._shapes import planned_ops, shape_class
 
-__all__ = ["BUDGET_ENV", "install", "installed", "uninstall"]
+__all__ = ["BUDGET_ENV", "budget_s", "installed", "region_entered", "region_exited"]
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
@@ -50,11 +60,12 @@ _is_compiling = torch.compiler.is_compiling
 
 
 class _Frame(NamedTuple):
-    """A planned module's forward in progress: either run in float32 with ``off`` (a
-    ``torch.autocast(enabled=False)`` to exit), or measured for the shape class ``key``."""
+    """A planned module's forward in progress: either run in float32 with autocast switched
+    off for device type ``off`` (switched on again after), or measured for the shape class
+    ``key``."""
 
     module: torch.nn.Module
-    off: Any  # the entered torch.autocast(enabled=False), or None
+    off: Any  # the device type whose autocast the forward switched off, or None
     key: Any  # the shape class being measured, or None
     plan: Any  # the AutoPlan that records the measurement, or None
     region: Any  # the region's spec, or None
@@ -67,26 +78,40 @@ class _Local(threading.local):
 
 
 class _Process:
-    """The hooks' handles, the warm-up budget and the fingerprint cache (process-wide)."""
+    """The hooks' handles and the count of active auto regions, the warm-up budget, the
+    fingerprints and clocks (process-wide: torch's global module hooks are)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.handles: list[Any] = []
+        self.active = 0
         self.spent_s = 0.0
         self.warned = False
         self.exhausted_warned = False
+        self.untimed_warned: set[str] = set()
         self.fingerprints: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.clocks: dict[tuple[str, int], Clock | None] = {}
 
 
 _local = _Local()
 _process = _Process()
 
 
-def _budget_s() -> float:
-    try:
-        return max(0.0, float(os.environ.get(BUDGET_ENV, "10")))
-    except ValueError:
-        return 10.0
+def budget_s() -> float:
+    """The process's measuring budget in seconds (``AMPCORE_AUTO_BUDGET``, default 10).
+
+    Raises:
+        AmpcoreError: the variable holds anything but a finite number >= 0.
+    """
+    return env_number(BUDGET_ENV, 10.0, "seconds")
+
+
+def _clock(region: Any) -> Clock | None:
+    backend = region.spec.backend
+    key = (backend.name, getattr(region.owner, "device_index", None) or 0)
+    if key not in _process.clocks:
+        _process.clocks[key] = device_clock(backend, key[1])
+    return _process.clocks[key]
 
 
 def _fingerprint(region: Any) -> dict[str, Any]:
@@ -128,7 +153,9 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     spec = region.spec
     device_type = spec.backend.device_type
-    if ops & (spec.custom_white | spec.custom_black) or not torch.is_autocast_enabled(device_type):
+    if (spec.custom_white or spec.custom_black) and ops & (spec.custom_white | spec.custom_black):
+        return None
+    if not torch.is_autocast_enabled(device_type):
         return None
     key = shape_class(module, args, device_type)
     if key is None:
@@ -136,14 +163,16 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
     if decision is None:
-        if not plan.frozen and _process.spent_s < _budget_s():
-            _local.frames.append(_Frame(module, None, key, plan, region))
+        if not plan.frozen and _process.spent_s < budget_s():
+            if _clock(region) is None:
+                _warn_untimed(spec)
+            else:
+                _local.frames.append(_Frame(module, None, key, plan, region))
         return None
     if decision == "low":
         return None
-    off = torch.autocast(device_type, enabled=False)
-    off.__enter__()
-    _local.frames.append(_Frame(module, off, None, None, None))
+    torch.set_autocast_enabled(device_type, False)  # on again in _post (it was on: checked above)
+    _local.frames.append(_Frame(module, device_type, None, None, None))
     return tuple(_to_fp32(a, device_type) for a in args)
 
 
@@ -155,14 +184,14 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         return
     _, off, key, plan, region = frames.pop()
     if off is not None:
-        off.__exit__(None, None, None)
+        torch.set_autocast_enabled(off, True)
         return
     if len(rest) != 2:  # torch calls always-call hooks as (module, args, None) after an exception
         return
-    _measure(module, args, rest[0], key, plan, region)
+    _decide(module, args, rest[0], key, plan, region)
 
 
-def _measure(
+def _decide(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any
 ) -> None:
     spec = region.spec
@@ -173,31 +202,40 @@ def _measure(
         plan.set(key, given, source="adapter")
         write_cache(plan)
         return
-    left_ms = (_budget_s() - _process.spent_s) * 1e3
-    if left_ms <= 0:
+    clock = _clock(region)
+    if clock is None or budget_s() <= _process.spent_s:
         return
     _warn_once(spec, plan)
+    costs = _measure(module, args, kwargs, spec, clock)
+    if plan.suspect(key, costs) is not None and budget_s() > _process.spent_s:
+        costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
+    plan.set(key, costs)
+    for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
+        if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
+            del plan.entries[other]
+    write_cache(plan)
+    if _process.spent_s >= budget_s() and not _process.exhausted_warned:
+        _process.exhausted_warned = True
+        warnings.warn(
+            f"ampcore.autocast(level='auto'): the warm-up budget of {budget_s():g} s "
+            f"({BUDGET_ENV}) is spent; shape classes not measured yet run with the O1 lists",
+            AmpcoreWarning,
+            stacklevel=3,
+        )
+
+
+def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, clock: Clock) -> Costs:
+    left_ms = (budget_s() - _process.spent_s) * 1e3
     start = time.perf_counter()
     _local.measuring = True
     try:
-        costs = measure(
-            module, args, kwargs, spec.backend.device_type, spec.dtype,
-            lambda: synchronize(spec.backend), budget_ms=min(_PER_CLASS_MS, left_ms),
+        return measure(
+            module, args, kwargs, spec.backend.device_type, spec.dtype, clock, budget_ms=min(_PER_CLASS_MS, left_ms)
         )
     finally:
         _local.measuring = False
         with _process.lock:
             _process.spent_s += time.perf_counter() - start
-    plan.set(key, costs)
-    write_cache(plan)
-    if _process.spent_s >= _budget_s() and not _process.exhausted_warned:
-        _process.exhausted_warned = True
-        warnings.warn(
-            f"ampcore.autocast(level='auto'): the warm-up budget of {_budget_s():g} s "
-            f"({BUDGET_ENV}) is spent; shape classes not measured yet run with the O1 lists",
-            AmpcoreWarning,
-            stacklevel=2,
-        )
 
 
 def adapter_costs(backend: Any, key: str, dtype: torch.dtype) -> Costs | None:
@@ -209,14 +247,14 @@ def adapter_costs(backend: Any, key: str, dtype: torch.dtype) -> Costs | None:
     if raw is None:
         return None
     try:
-        return Costs(float(raw["fp32_ms"]), float(raw["low_ms"]), float(raw.get("cast_ms", 0.0)))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return costs_from_mapping(raw)
+    except ValueError as exc:
         from .._errors import PluginError
 
         raise PluginError(
             backend.plugin_name,
             f"ampcore_auto_costs() returned {raw!r} for {key!r}: expected None or a mapping with "
-            f"'fp32_ms', 'low_ms' and optionally 'cast_ms' (numbers); {type(exc).__name__}: {exc}",
+            f"'fp32_ms', 'low_ms' and optionally 'cast_ms' (finite numbers); {exc}",
             backend.distribution,
         ) from None
 
@@ -228,7 +266,7 @@ def _warn_once(spec: Any, plan: AutoPlan) -> None:
     where = cache_file(plan.fingerprint)
     warnings.warn(
         "ampcore.autocast(level='auto'): measuring the costs of new shape classes; calls of a class "
-        f"run with the O1 lists until it is measured (at most {_budget_s():g} s in all, {BUDGET_ENV}). "
+        f"run with the O1 lists until it is measured (at most {budget_s():g} s in all, {BUDGET_ENV}). "
         + (f"Decisions are cached in {where}." if where else "The disk cache is off (AMPCORE_AUTO_CACHE).")
         + " See ampcore.debugging.auto_plan_table().",
         AmpcoreWarning,
@@ -236,32 +274,42 @@ def _warn_once(spec: Any, plan: AutoPlan) -> None:
     )
 
 
-def install() -> None:
-    """Install the two global module hooks (once per process; thread-safe)."""
-    if _process.handles:
+def _warn_untimed(spec: Any) -> None:
+    name = spec.backend.name
+    if name in _process.untimed_warned:
         return
-    with _process.lock:
-        if not _process.handles:
-            from torch.nn.modules.module import (
-                register_module_forward_hook,
-                register_module_forward_pre_hook,
-            )
+    _process.untimed_warned.add(name)
+    warnings.warn(
+        f"ampcore.autocast(level='auto'): the {name!r} device can be neither timed with events nor "
+        "synchronised (no ampcore_synchronize hook, not torch's current accelerator): nothing is "
+        "measured, and level='auto' runs as torch.autocast (the O1 lists) there",
+        AmpcoreWarning,
+        stacklevel=3,
+    )
 
+
+def region_entered() -> None:
+    """An enabled ``level="auto"`` region was entered: register the hooks if it is the
+    process's first active one (thread-safe)."""
+    with _process.lock:
+        _process.active += 1
+        if _process.active == 1:
             _process.handles = [
                 register_module_forward_pre_hook(_pre),
                 register_module_forward_hook(_post, with_kwargs=True, always_call=True),
             ]
 
 
-def installed() -> bool:
-    """Whether the hooks are installed in this process."""
-    return bool(_process.handles)
-
-
-def uninstall() -> None:
-    """Remove the hooks (for benchmarks that time other modes without them; the next
-    ``level="auto"`` region does not reinstall them: call :func:`install`)."""
+def region_exited() -> None:
+    """An enabled ``level="auto"`` region exited: remove the hooks if it was the last active one."""
     with _process.lock:
-        for handle in _process.handles:
-            handle.remove()
-        _process.handles = []
+        _process.active = max(0, _process.active - 1)
+        if _process.active == 0:
+            for handle in _process.handles:
+                handle.remove()
+            _process.handles = []
+
+
+def installed() -> bool:
+    """Whether the hooks are registered now (only while a ``level="auto"`` region is active)."""
+    return bool(_process.handles)

@@ -1,23 +1,23 @@
 """Plans: the decisions of ``level="auto"`` per shape class, with the costs behind them.
 
 An :class:`AutoPlan` belongs to one *fingerprint*: backend, device name, low-precision
-dtype, torch and ampcore versions, thread count and the environment variables that change
-the CPU kernels (``ONEDNN_*``, ``DNNL_*``, ``MKL_*``, ``OMP_*``).  A plan is exported and
+dtype, torch and ampcore versions, the host's ISA flags, thread count and the environment
+variables that change the CPU kernels (``ONEDNN_*``, ``DNNL_*``, ``MKL_*``, ``OMP_*``).  A plan is exported and
 loaded as JSON (:meth:`AutoPlan.save`, :func:`load_plan`, ``ampcore plan``), so every rank
 of a job and every resumed run uses the same decisions.
 
-Plans of this process live in memory (:func:`current_plan`); measured costs are also kept
-on disk, one file per fingerprint, in ``$AMPCORE_AUTO_CACHE`` (a directory; ``off`` or
-``0`` disables the disk cache), else ``$XDG_CACHE_HOME/ampcore`` or ``~/.cache/ampcore``.
+Everything read from a file is checked (types, finiteness, the decisions' names) and an
+error names the file and the entry.  Plans of this process and the disk cache are in
+:mod:`._cache`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -27,22 +27,16 @@ import torch
 from .._backends.backend import dtype_name
 from .._errors import AmpcoreError
 from .._table import format_table
+from .._validate import check_bool
 from .._version import __version__
-from ._costs import MARGIN, Costs, Decision, decide
+from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of
 
-__all__ = [
-    "CACHE_ENV",
-    "AutoPlan",
-    "PlanEntry",
-    "cache_dir",
-    "current_plan",
-    "fingerprint",
-    "load_plan",
-]
+__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
 
-#: Environment variable: the directory of the disk cache, or ``off`` / ``0`` to disable it.
-CACHE_ENV: Final = "AMPCORE_AUTO_CACHE"
-_FORMAT: Final = 1
+#: The format plans are written in (2: costs with spread, runs and checks); plan files of
+#: format 1 load too.
+FORMAT: Final = 2
+_FORMATS: Final = (1, 2)
 _ENV_PREFIXES: Final = ("ONEDNN_", "DNNL_", "MKL_", "OMP_")
 
 
@@ -83,9 +77,28 @@ def fingerprint(backend_name: str, device_name: str, dtype: torch.dtype) -> dict
         "dtype": dtype_name(dtype),
         "torch": torch.__version__,
         "ampcore": __version__,
+        "host": _host_isa(),
         "threads": torch.get_num_threads(),
         "env": env,
     }
+
+
+_HOST: list[str] = []
+
+
+def _host_isa() -> str:
+    """The host's instruction sets (torch's ATen capability and the CPU flags it reports):
+    the host prepares every device's work, and runs it on a CPU backend."""
+    if not _HOST:
+        flags: list[str] = []
+        getter = getattr(torch.cpu, "get_capabilities", None)
+        try:
+            found = dict(getter()) if getter is not None else {}
+        except Exception:  # an unusual build: the capability alone
+            found = {}
+        flags = sorted(k for k, v in found.items() if v is True)
+        _HOST.append(" ".join([torch.backends.cpu.get_cpu_capability(), *flags]))
+    return _HOST[0]
 
 
 def _key(fp: Mapping[str, Any]) -> str:
@@ -125,10 +138,22 @@ class AutoPlan:
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
         return decision
 
+    def neighbours(self, shape_class: str) -> Iterator[tuple[str, Costs]]:
+        """The measured classes of the same module on the same shapes with inputs of another
+        dtype (:func:`~._costs.module_of`), whose costs should agree with this one's."""
+        mine = module_of(shape_class)
+        for key, entry in list(self.entries.items()):
+            if key != shape_class and entry.costs is not None and module_of(key) == mine:
+                yield key, entry.costs
+
+    def suspect(self, shape_class: str, costs: Costs) -> str | None:
+        """Why ``costs`` for ``shape_class`` should be measured again (``None``: plausible)."""
+        return implausible(costs, [c for _, c in self.neighbours(shape_class)])
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object)."""
         return {
-            "format": _FORMAT,
+            "format": FORMAT,
             "fingerprint": self.fingerprint,
             "margin": self.margin,
             "entries": {key: entry.as_dict() for key, entry in sorted(self.entries.items())},
@@ -136,20 +161,19 @@ class AutoPlan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "loaded", where: str = "plan") -> AutoPlan:
-        """A plan from :meth:`to_dict`'s form; AmpcoreError naming what is malformed."""
-        try:
-            if data.get("format") != _FORMAT:
-                raise ValueError(f"format {data.get('format')!r}, expected {_FORMAT}")
-            plan = cls(dict(data["fingerprint"]), margin=float(data.get("margin", MARGIN)))
-            for key, raw in data["entries"].items():
-                if raw["decision"] not in ("low", "fp32"):
-                    raise ValueError(f"decision {raw['decision']!r} of {key!r}; valid: 'low', 'fp32'")
-                costs = None if raw.get("costs") is None else Costs(**raw["costs"])
-                plan.entries[key] = PlanEntry(key, raw["decision"], costs, source)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise AmpcoreError(
-                f"ampcore.load_plan: {where} is not an ampcore auto plan: {type(exc).__name__}: {exc}"
-            ) from None
+        """A plan from :meth:`to_dict`'s form; AmpcoreError naming ``where`` and what (which
+        entry) is malformed."""
+        if not isinstance(data, Mapping):
+            raise AmpcoreError(f"ampcore.load_plan: {where} is not an ampcore auto plan (a JSON object expected)")
+        plan = cls(_checked_fingerprint(data, where), margin=_checked_margin(data, where))
+        entries = data.get("entries")
+        if not isinstance(entries, Mapping):
+            raise AmpcoreError(f"ampcore.load_plan: {where}: 'entries' = {entries!r}: expected an object")
+        for key, raw in entries.items():
+            try:
+                plan.entries[key] = entry_from_mapping(key, raw, source)
+            except ValueError as exc:
+                raise AmpcoreError(f"ampcore.load_plan: {where}: entry {key!r}: {exc}") from None
         return plan
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -162,115 +186,77 @@ class AutoPlan:
         return target
 
     def table(self) -> str:
-        """The decisions as a text table: shape class, fp32 / low-precision / cast ms, decision."""
-        rows = [("shape class", "fp32 ms", "low ms", "cast ms", "low/fp32", "decision", "source")]
+        """The decisions as a text table: shape class, fp32 / low-precision / cast ms, the
+        ratio, the spread of the timed runs, their number, decision and source."""
+        rows = [("shape class", "fp32 ms", "low ms", "cast ms", "low/fp32", "spread", "runs", "decision", "source")]
         for key, e in sorted(self.entries.items()):
             c = e.costs
             if c is None:
-                rows.append((key, "-", "-", "-", "-", e.decision, e.source))
+                rows.append((key, "-", "-", "-", "-", "-", "-", e.decision, e.source))
                 continue
             low = f"{c.low_ms:.3f}" + ("~" if c.estimated else "")
-            ratio = f"{c.low_ms / c.fp32_ms:.2f}" if c.fp32_ms > 0 else "-"
-            rows.append((key, f"{c.fp32_ms:.3f}", low, f"{c.cast_ms:.3f}", ratio, e.decision, e.source))
+            spread = f"{c.fp32_spread:.2f}/{c.low_spread:.2f}" if c.runs else "-"
+            runs = f"{c.runs}" + ("+" if c.checked else "") if c.runs else "-"
+            ms = (f"{c.fp32_ms:.3f}", low, f"{c.cast_ms:.3f}", f"{c.ratio:.2f}")
+            rows.append((key, *ms, spread, runs, e.decision, e.source))
         lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None)
         fp = self.fingerprint
         head = (
             f"ampcore auto plan: {fp.get('backend')} ({fp.get('device')}), {fp.get('dtype')}, "
-            f"torch {fp.get('torch')}, ampcore {fp.get('ampcore')}"
+            f"torch {fp.get('torch')}, ampcore {fp.get('ampcore')}, {fp.get('threads')} threads"
         )
-        foot = "low ms includes the casts (cast ms); ~: estimated from a probe on part of the batch"
+        foot = (
+            "low ms includes the casts (cast ms); ms are medians of the timed runs; spread: fp32/low "
+            "range of the runs over the median; runs: timed runs per side (+: measured again after "
+            "a plausibility check); ~: stopped early, one side clearly slower; a difference within "
+            f"the spread (at least {self.margin:.0%}) is a tie and goes to low, as torch.autocast"
+        )
         return "\n".join([head, *lines, foot])
 
 
-def cache_dir() -> Path | None:
-    """The disk cache directory (``None``: disabled with ``AMPCORE_AUTO_CACHE=off``)."""
-    value = os.environ.get(CACHE_ENV)
-    if value is not None and value.strip().lower() in ("off", "0", "false", "no", ""):
-        return None
-    if value:
-        return Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ampcore"
+def entry_from_mapping(key: object, raw: object, source: str) -> PlanEntry:
+    """A checked :class:`PlanEntry` (ValueError saying what is wrong)."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"shape class {key!r}: expected a non-empty string")
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{raw!r}: expected an object with 'decision' and 'costs'")
+    decision = raw.get("decision")
+    if decision not in ("low", "fp32"):
+        raise ValueError(f"decision {decision!r} of {key!r}; valid: 'low', 'fp32'")
+    costs = None if raw.get("costs") is None else costs_from_mapping(raw["costs"])
+    return PlanEntry(key, decision, costs, source)
 
 
-def cache_file(fp: Mapping[str, Any]) -> Path | None:
-    """The disk cache file of fingerprint ``fp`` (``None``: disk cache disabled)."""
-    folder = cache_dir()
-    return None if folder is None else folder / f"auto-{fp.get('backend')}-{fp.get('dtype')}-{_key(fp)}.json"
+def _checked_fingerprint(data: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if data.get("format") not in _FORMATS:
+        raise AmpcoreError(
+            f"ampcore.load_plan: {where} is not an ampcore auto plan: format {data.get('format')!r}, "
+            f"expected one of {', '.join(map(str, _FORMATS))}"
+        )
+    fp = data.get("fingerprint")
+    if not isinstance(fp, Mapping) or not all(isinstance(k, str) for k in fp):
+        raise AmpcoreError(f"ampcore.load_plan: {where}: 'fingerprint' = {fp!r}: expected an object")
+    return dict(fp)
 
 
-class _Plans:
-    """The plans of this process, one per fingerprint (a lock guards creation and loading)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.plans: dict[str, AutoPlan] = {}
-
-    def get(self, fp: dict[str, Any]) -> AutoPlan:
-        key = _key(fp)
-        plan = self.plans.get(key)
-        if plan is not None:
-            return plan
-        with self.lock:
-            plan = self.plans.get(key)
-            if plan is None:
-                plan = _from_cache(fp) or AutoPlan(fp)
-                self.plans[key] = plan
-            return plan
-
-    def put(self, plan: AutoPlan) -> None:
-        with self.lock:
-            self.plans[_key(plan.fingerprint)] = plan
-
-    def clear(self) -> None:
-        with self.lock:
-            self.plans.clear()
+def _checked_margin(data: Mapping[str, Any], where: str) -> float:
+    margin = data.get("margin", MARGIN)
+    number = isinstance(margin, (int, float)) and not isinstance(margin, bool)
+    if not number or not math.isfinite(margin) or not 0 <= margin < 1:
+        raise AmpcoreError(f"ampcore.load_plan: {where}: 'margin' = {margin!r}: expected a number in [0, 1)")
+    return float(margin)
 
 
-_plans = _Plans()
-
-
-def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
-    path = cache_file(fp)
-    if path is None or not path.is_file():
-        return None
-    try:
-        plan = AutoPlan.from_dict(json.loads(path.read_text()), source="cache", where=str(path))
-    except (OSError, ValueError, AmpcoreError):
-        return None  # a stale or damaged cache file is measured again (and rewritten)
-    return plan if plan.fingerprint == fp else None
-
-
-def write_cache(plan: AutoPlan) -> Path | None:
-    """Store ``plan`` in the disk cache (errors are ignored: the cache is an optimisation)."""
-    path = cache_file(plan.fingerprint)
-    if path is None or plan.frozen:
-        return None
-    try:
-        return plan.save(path)
-    except OSError:
-        return None
-
-
-def current_plan(fp: dict[str, Any]) -> AutoPlan:
-    """This process's plan for fingerprint ``fp`` (from the disk cache when there is one)."""
-    return _plans.get(fp)
-
-
-def install_plan(plan: AutoPlan) -> None:
-    """Make ``plan`` this process's plan for its fingerprint."""
-    _plans.put(plan)
-
-
-def forget_plans() -> None:
-    """Drop this process's in-memory plans (the disk cache stays)."""
-    _plans.clear()
-
-
-def read_plan(source: str | os.PathLike[str] | Mapping[str, Any]) -> AutoPlan:
-    """A plan from a JSON file or from :meth:`AutoPlan.to_dict`'s form."""
+def read_plan(source: object, call: str = "ampcore.load_plan") -> AutoPlan:
+    """A plan from a JSON file or from :meth:`AutoPlan.to_dict`'s form (AmpcoreError naming
+    the argument when ``source`` is neither)."""
     if isinstance(source, Mapping):
         return AutoPlan.from_dict(source)
+    if not isinstance(source, (str, os.PathLike)) or isinstance(source, bytes):
+        raise AmpcoreError(
+            f"{call}(source={source!r}): expected the path of a plan file (str or os.PathLike), a plan "
+            "dict (AutoPlan.to_dict()) or an AutoPlan"
+        )
     path = Path(source)
     try:
         data = json.loads(path.read_text())
@@ -302,10 +288,12 @@ def load_plan(
 
         >>> import ampcore, torch
         >>> fp = ampcore.auto_plan("cpu").fingerprint
-        >>> plan = ampcore.load_plan({"format": 1, "fingerprint": fp, "entries": {}})
+        >>> plan = ampcore.load_plan({"format": 2, "fingerprint": fp, "entries": {}})
         >>> plan.frozen
         True
     """
+    check_bool("ampcore.load_plan", "freeze", freeze)
+    check_bool("ampcore.load_plan", "check", check)
     given = source if isinstance(source, AutoPlan) else read_plan(source)
     here = _this_process(given.fingerprint)
     if check and here != given.fingerprint:
@@ -317,6 +305,8 @@ def load_plan(
         )
     entries = {key: PlanEntry(key, e.decision, e.costs, "loaded") for key, e in given.entries.items()}
     plan = AutoPlan(here, entries, given.margin, freeze)
+    from ._cache import install_plan
+
     install_plan(plan)
     return plan
 

@@ -91,6 +91,29 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     kind = _kind(type(module))
     if kind is None:
         return None
+    describe = module.__dict__.get(_DESCRIPTION)
+    if describe is None:  # read once per module object (the hot path); not a parameter or buffer
+        describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
+    signature = (describe, torch.is_grad_enabled(), device_type, *[
+        (a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)
+    ])
+    try:
+        return _CLASSES[signature]
+    except KeyError:
+        if len(_CLASSES) > _MAX_CLASSES:  # dynamic shapes: keep the memo bounded
+            _CLASSES.clear()
+        found = _CLASSES[signature] = _shape_class(describe, args, device_type)
+        return found
+
+
+#: the attribute a planned module's kind and hyper-parameters are kept in
+_DESCRIPTION: Final = "_ampcore_auto_description"
+#: (description, grad, device type, (shape, dtype, device type) per tensor) -> shape class
+_CLASSES: dict[tuple[object, ...], str | None] = {}
+_MAX_CLASSES: Final = 4096
+
+
+def _shape_class(describe: str, args: tuple[object, ...], device_type: str) -> str | None:
     shapes = []
     floating = False
     for arg in args:
@@ -102,4 +125,4 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     if not floating:
         return None
     grad = "grad" if torch.is_grad_enabled() else "no-grad"
-    return f"{type(module).__name__}({kind[0](module)}) in=[{', '.join(shapes)}] {grad}"
+    return f"{describe} in=[{', '.join(shapes)}] {grad}"

@@ -21,6 +21,7 @@ from .checks import MEMORY_KEYS, memory_problem
 
 __all__ = [
     "MEMORY_KEYS",
+    "can_synchronize",
     "device_memory",
     "memory_in_use",
     "peak_memory",
@@ -92,6 +93,23 @@ def peak_memory(backend: Backend, device_index: int = 0) -> int | None:
     return _ask(backend, "peak", device_index)
 
 
+def _module_synchronize(backend: Backend) -> Callable[[], Any] | None:
+    function = getattr(getattr(torch, backend.device_type, None), "synchronize", None)
+    return function if callable(function) and backend.device_type != "cpu" else None
+
+
+def can_synchronize(backend: Backend) -> bool:
+    """Whether :func:`synchronize` can wait for the backend's device: the host (nothing to
+    wait for), an adapter with ``ampcore_synchronize``, the current accelerator, or a device
+    module with ``synchronize`` (``False``: a device whose work cannot be timed)."""
+    return (
+        backend.device_type == "cpu"
+        or backend.hook("ampcore_synchronize") is not None
+        or _drives_current_accelerator(backend)
+        or _module_synchronize(backend) is not None
+    )
+
+
 def synchronize(backend: Backend, device_index: int = 0) -> None:
     """Wait for the device's queued work (for timing); nothing for host backends.
 
@@ -109,6 +127,6 @@ def synchronize(backend: Backend, device_index: int = 0) -> None:
             return
         except (RuntimeError, NotImplementedError):
             pass  # unsupported for this device type: ask its device module
-    module_synchronize = getattr(getattr(torch, backend.device_type, None), "synchronize", None)
-    if callable(module_synchronize) and backend.device_type != "cpu":
+    module_synchronize = _module_synchronize(backend)
+    if module_synchronize is not None:
         module_synchronize()

@@ -1,10 +1,12 @@
 """``ampcore plan``: show, export, load-check and clear the plans of ``level="auto"``.
 
-* ``ampcore plan show [FILE]``: the table of a plan file, or of this machine's cached plan;
+* ``ampcore plan show [FILE]``: the table of a plan file, or of this machine's cached plan
+  (costs, their spread and number of runs, decision and source of every entry);
 * ``ampcore plan export FILE``: write this machine's cached plan to FILE (for DDP ranks
   and resumed runs: ``ampcore.load_plan(FILE)``);
 * ``ampcore plan check FILE``: whether FILE was made for this setting;
-* ``ampcore plan clear``: delete this machine's cache file of a backend and dtype.
+* ``ampcore plan clear``: delete this machine's cache file of a backend and dtype
+  (``--all``: every cache file, of every setting).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import json
 
 from .. import _dtypes
 from .._auto import AutoPlan, auto_plan
-from .._auto._plan import _this_process, cache_file, read_plan
+from .._auto._cache import cache_file, cache_files, forget_plans
+from .._auto._plan import _this_process, read_plan
 from .._errors import AmpcoreError
 
 __all__ = ["add_parser"]
@@ -26,7 +29,7 @@ def _cached(args: argparse.Namespace) -> AutoPlan:
 
 
 def _show(args: argparse.Namespace) -> int:
-    plan = read_plan(args.file) if args.file else _cached(args)
+    plan = read_plan(args.file, "ampcore plan show") if args.file else _cached(args)
     if args.json:
         print(json.dumps(plan.to_dict(), indent=1, sort_keys=True))
         return 0
@@ -51,7 +54,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    plan = read_plan(args.file)
+    plan = read_plan(args.file, "ampcore plan check")
     here = _this_process(plan.fingerprint)
     diff = sorted(k for k in {*here, *plan.fingerprint} if here.get(k) != plan.fingerprint.get(k))
     if diff:
@@ -67,15 +70,20 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _clear(args: argparse.Namespace) -> int:
-    plan = _cached(args)
-    path = cache_file(plan.fingerprint)
-    if path is None:
-        print("disk cache off (AMPCORE_AUTO_CACHE): nothing to clear")
-    elif path.exists():
-        path.unlink()
-        print(f"removed {path}")
+    if args.all:
+        paths = cache_files()
     else:
-        print(f"no cache file ({path})")
+        path = cache_file(_cached(args).fingerprint)
+        paths = [] if path is None or not path.exists() else [path]
+    forget_plans()  # this process measures again too
+    if cache_file({}) is None:
+        print("disk cache off (AMPCORE_AUTO_CACHE): nothing to clear")
+        return 0
+    for path in paths:
+        path.unlink(missing_ok=True)
+        print(f"removed {path}")
+    if not paths:
+        print("no cache file to remove")
     return 0
 
 
@@ -94,6 +102,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             sub.add_argument("--json", action="store_true", help="print the plan as JSON")
         elif name in ("export", "check"):
             sub.add_argument("file", help="the plan file")
+        if name == "clear":
+            sub.add_argument("--all", action="store_true", help="every cache file, of every backend and setting")
         if name != "check":
             sub.add_argument("--device", default=None, help="backend name (default: the best available)")
             sub.add_argument("--dtype", default=None, help="low-precision dtype (default: the backend's)")

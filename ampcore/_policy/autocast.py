@@ -129,6 +129,12 @@ class autocast:
         if aliases:
             device, enabled = _aliases(aliases, device, enabled)
         checked_level = check_level(level)
+        self._auto_hooks: Any = None  # level="auto": the module hooks' module, when enabled
+        if checked_level == "auto":  # AMPCORE_AUTO_BUDGET checked here, before anything changes
+            from .._auto import _hooks
+
+            _hooks.budget_s()
+            self._auto_hooks = _hooks if enabled else None
         if not isinstance(enabled, bool):
             raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
         if cache_enabled is not None and not isinstance(cache_enabled, bool):
@@ -236,6 +242,8 @@ class autocast:
             region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
             stack.append(region)
             _innermost.set(region)
+            if self._auto_hooks is not None:  # its plan's module hooks, while it is active
+                self._auto_hooks.region_entered()
         except BaseException:
             if stack and stack[-1].torch_region is torch_region:
                 _innermost.set(stack.pop().context_outer)
@@ -266,6 +274,8 @@ class autocast:
             )
         stack.pop()
         _innermost.set(region.context_outer)
+        if self._auto_hooks is not None:
+            self._auto_hooks.region_exited()
         if not stack and state.cast_cache:
             state.cast_cache.clear()
         _restore(

@@ -19,8 +19,7 @@ _CANONICAL: Final[dict[str, Level]] = {level.upper(): level for level in LEVELS}
 
 def check_level(level: object, call: str = "ampcore.autocast") -> Level:
     """Validate a level name (case-insensitive, Paddle spelling) and return its canonical
-    spelling.  The first ``"auto"`` of the process installs the module hooks that apply its
-    plans (:mod:`ampcore._auto._hooks`).
+    spelling.
 
     Example::
 
@@ -30,10 +29,5 @@ def check_level(level: object, call: str = "ampcore.autocast") -> Level:
         'auto'
     """
     if isinstance(level, str) and level.upper() in _CANONICAL:
-        checked = _CANONICAL[level.upper()]
-        if checked == "auto":  # the plan acts through module hooks: installed on first use
-            from .._auto import install_hooks
-
-            install_hooks()
-        return checked
+        return _CANONICAL[level.upper()]
     raise AmpcoreError(f"{call}(level={level!r}): invalid level; valid levels: {', '.join(LEVELS)}")

@@ -23,7 +23,7 @@ from torch import nn
 
 import ampcore
 from ampcore._auto import Costs, _hooks, decide
-from ampcore._auto._plan import forget_plans
+from ampcore._auto._cache import forget_plans, write_cache
 from ampcore._auto._shapes import shape_class
 from ampcore._cli.main import main
 
@@ -90,7 +90,10 @@ def _output_dtypes(model: nn.Module, run: Any) -> dict[str, torch.dtype]:
 
 @pytest.mark.parametrize(
     ("fp32", "low", "expected"),
-    [(10.0, 5.0, "low"), (10.0, 9.4, "low"), (10.0, 9.6, "fp32"), (10.0, 10.0, "fp32"), (1.0, 30.0, "fp32")],
+    [
+        (10.0, 5.0, "low"), (10.0, 9.6, "low"), (10.0, 10.0, "low"), (10.0, 10.2, "low"),
+        (10.0, 10.4, "fp32"), (1.0, 30.0, "fp32"),
+    ],
 )
 def test_decide_is_a_pure_function_of_the_costs(fp32: float, low: float, expected: str) -> None:
     costs = Costs(fp32_ms=fp32, low_ms=low, cast_ms=0.5)
@@ -98,10 +101,12 @@ def test_decide_is_a_pure_function_of_the_costs(fp32: float, low: float, expecte
     assert decide(costs) == decide(Costs(**costs.as_dict()))  # deterministic, no hidden state
 
 
-def test_decide_margin_keeps_float32_on_ties() -> None:
-    costs = Costs(fp32_ms=10.0, low_ms=8.0, cast_ms=1.0)
-    assert decide(costs, margin=0.1) == "low"
-    assert decide(costs, margin=0.25) == "fp32"
+def test_decide_ties_within_margin_or_spread_go_to_torch_autocasts_choice() -> None:
+    costs = Costs(fp32_ms=10.0, low_ms=12.0, cast_ms=1.0)
+    assert decide(costs, margin=0.1) == "fp32"
+    assert decide(costs, margin=0.25) == "low"  # within the margin: low, as torch.autocast
+    assert decide(Costs(10.0, 12.0, 1.0, fp32_spread=0.3)) == "low"  # within the measured spread
+    assert decide(Costs(10.0, 12.0, 1.0, low_spread=0.1)) == "fp32"
 
 
 def test_shape_classes_bucket_sizes_and_separate_kinds() -> None:
@@ -312,7 +317,7 @@ def test_cli_plan_show_check_export(tmp_path: Path, capsys: pytest.CaptureFixtur
     ampcore.load_plan(path, freeze=False)
     with ampcore.autocast("cpu", level="auto"):
         model(x, y)
-    ampcore._auto._plan.write_cache(ampcore.auto_plan("cpu"))
+    write_cache(ampcore.auto_plan("cpu"))
     forget_plans()
     assert main(["plan", "export", str(tmp_path / "out.json"), "--device", "cpu"]) == 0
     assert set(json.loads((tmp_path / "out.json").read_text())["entries"]) == {big, small}

@@ -1,0 +1,183 @@
+"""This process's plans, and the disk cache that heals.
+
+Plans of this process live in memory (:func:`current_plan`), one per fingerprint; measured
+costs are also kept on disk, one file per fingerprint, in ``$AMPCORE_AUTO_CACHE`` (a
+directory; ``off`` or ``0`` disables the disk cache), else ``$XDG_CACHE_HOME/ampcore`` or
+``~/.cache/ampcore``.
+
+A cache file is an optimisation, never an authority.  When read, a file of another format
+or fingerprint (versions, device, host ISA flags, threads, kernel environment) is ignored,
+and each entry is checked: a damaged one (wrong types, non-finite numbers) or an
+implausible one (:func:`~._costs.implausible`: a ratio beyond what hardware does, a spread
+too wide, a disagreement with the same module on inputs of another dtype) is dropped, with
+one warning naming the file and the entries, and measured again; the file is rewritten
+without them.  ``ampcore plan clear`` deletes the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from .._errors import AmpcoreWarning, warn_at
+from ._costs import implausible
+from ._plan import FORMAT, AutoPlan, _key, entry_from_mapping
+
+__all__ = [
+    "CACHE_ENV",
+    "cache_dir",
+    "cache_file",
+    "cache_files",
+    "current_plan",
+    "forget_plans",
+    "install_plan",
+    "write_cache",
+]
+
+#: Environment variable: the directory of the disk cache, or ``off`` / ``0`` to disable it.
+CACHE_ENV: Final = "AMPCORE_AUTO_CACHE"
+
+
+def cache_dir() -> Path | None:
+    """The disk cache directory (``None``: disabled with ``AMPCORE_AUTO_CACHE=off``)."""
+    value = os.environ.get(CACHE_ENV)
+    if value is not None and value.strip().lower() in ("off", "0", "false", "no", ""):
+        return None
+    if value:
+        return Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ampcore"
+
+
+def cache_file(fp: Mapping[str, Any]) -> Path | None:
+    """The disk cache file of fingerprint ``fp`` (``None``: disk cache disabled)."""
+    folder = cache_dir()
+    return None if folder is None else folder / f"auto-{fp.get('backend')}-{fp.get('dtype')}-{_key(fp)}.json"
+
+
+def cache_files() -> list[Path]:
+    """Every plan file in the disk cache directory (of any fingerprint)."""
+    folder = cache_dir()
+    return [] if folder is None or not folder.is_dir() else sorted(folder.glob("auto-*.json"))
+
+
+class _Plans:
+    """The plans of this process, one per fingerprint (a lock guards creation and loading)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.plans: dict[str, AutoPlan] = {}
+        #: id(fingerprint dict) -> (that dict, its plan): the hooks ask with the same dict
+        #: object every call; hashing its JSON each time would cost more than the call
+        self.by_object: dict[int, tuple[dict[str, Any], AutoPlan]] = {}
+
+    def get(self, fp: dict[str, Any]) -> AutoPlan:
+        found = self.by_object.get(id(fp))
+        if found is not None and found[0] is fp:
+            return found[1]
+        key = _key(fp)
+        with self.lock:
+            plan = self.plans.get(key)
+            if plan is None:
+                plan = _from_cache(fp) or AutoPlan(fp)
+                self.plans[key] = plan
+            self.by_object[id(fp)] = (fp, plan)
+            return plan
+
+    def put(self, plan: AutoPlan) -> None:
+        with self.lock:
+            self.plans[_key(plan.fingerprint)] = plan
+            self.by_object = {}
+
+    def clear(self) -> None:
+        with self.lock:
+            self.plans.clear()
+            self.by_object = {}
+
+
+_plans = _Plans()
+
+
+def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
+    path = cache_file(fp)
+    if path is None or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        _warn(path, [f"the file is not readable JSON ({type(exc).__name__})"])
+        return None
+    if not isinstance(data, Mapping) or data.get("format") != FORMAT or data.get("fingerprint") != fp:
+        return None  # another format or setting: measured again, and rewritten
+    entries = data.get("entries")
+    plan = AutoPlan(fp)
+    dropped: list[str] = []
+    for key, raw in (entries.items() if isinstance(entries, Mapping) else ()):
+        try:
+            entry = entry_from_mapping(key, raw, "cache")
+        except ValueError as exc:
+            dropped.append(f"{key!r}: {exc}")
+            continue
+        reason = None if entry.costs is None else implausible(entry.costs)  # alone; neighbours below
+        if reason is not None:
+            dropped.append(f"{key!r}: {reason}")
+            continue
+        plan.entries[entry.shape_class] = entry
+    dropped += _disagreeing(plan)
+    if dropped or not isinstance(entries, Mapping):
+        _warn(path, dropped or ["'entries' is not an object"])
+        write_cache(plan)
+    return plan
+
+
+def _disagreeing(plan: AutoPlan) -> list[str]:
+    """Drop the entries that disagree with a neighbour (both sides: either may be the
+    outlier, and measuring again settles it); their reasons."""
+    found = []
+    for key, entry in list(plan.entries.items()):
+        reason = None if entry.costs is None else plan.suspect(key, entry.costs)
+        if reason is not None:
+            found.append((key, reason))
+    for key, _ in found:
+        del plan.entries[key]
+    return [f"{key!r}: {reason}" for key, reason in found]
+
+
+def _warn(path: Path, reasons: list[str]) -> None:
+    """One warning, pointing at the cache file itself."""
+    warn_at(
+        f"ampcore level='auto' cache {path}: {len(reasons)} damaged or implausible entr"
+        f"{'y is' if len(reasons) == 1 else 'ies are'} measured again: {'; '.join(reasons)}",
+        AmpcoreWarning,
+        str(path),
+    )
+
+
+def write_cache(plan: AutoPlan) -> Path | None:
+    """Store ``plan`` in the disk cache (errors are ignored: the cache is an optimisation)."""
+    path = cache_file(plan.fingerprint)
+    if path is None or plan.frozen:
+        return None
+    try:
+        return plan.save(path)
+    except OSError:
+        return None
+
+
+def current_plan(fp: dict[str, Any]) -> AutoPlan:
+    """This process's plan for fingerprint ``fp`` (from the disk cache when there is one)."""
+    return _plans.get(fp)
+
+
+def install_plan(plan: AutoPlan) -> None:
+    """Make ``plan`` this process's plan for its fingerprint."""
+    _plans.put(plan)
+
+
+def forget_plans() -> None:
+    """Drop this process's in-memory plans (the disk cache stays)."""
+    _plans.clear()

@@ -1,0 +1,240 @@
+"""How ``level="auto"`` measures :class:`~._costs.Costs`: short micro-benchmarks of the
+module call the model actually made (same module, same inputs), forward and backward.
+
+* ``fp32_ms``: the call with autocast off and float32 inputs;
+* ``low_ms``: the call under autocast in the low-precision dtype, *including* the casts it
+  needs: inputs and weights to low precision (weights re-cast every call, as every step
+  does), the output back to float32 for a float32 consumer, and the gradients' casts;
+* ``cast_ms``: the casts alone (part of ``low_ms``), to explain the decision.
+
+Measurements that cannot poison a plan: every candidate runs once untimed first (the first
+call of a shape pays one-time set-up: oneDNN's kernel creation, autotuning, the
+allocator's growth), then the two sides are timed in alternation (drift and interference
+hit both) and each keeps the median of its runs and their spread (the range of the runs
+without the highest and lowest, over the median).  At least :data:`MIN_RUNS` rounds, more
+while the class's share of the budget lasts (at most :data:`MAX_RUNS`); two rounds suffice
+when one side is clearly slower (every run of it over twice every run of the other).
+
+The clock is the adapter's: :func:`device_clock` times on the device with events where the
+device supports timing events, else on the host after the adapter's synchronisation; a
+device that can be neither timed nor synchronised gives ``None`` (nothing is measured:
+``level="auto"`` runs as torch.autocast there).  Tests inject a clock.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final, Literal
+
+import torch
+from torch import nn
+
+from ._costs import Costs
+
+__all__ = ["Clock", "device_clock", "measure"]
+
+Label = Literal["fp32", "low", "casts"]
+#: Times one run: ``clock(run, label) -> milliseconds`` (``label`` says which candidate).
+Clock = Callable[[Callable[[], None], Label], float]
+
+MIN_RUNS: Final = 3
+MAX_RUNS: Final = 7
+_CLEARLY_SLOWER: Final = 2.0
+
+
+def _host_clock(sync: Callable[[], None]) -> Clock:
+    def clock(run: Callable[[], None], label: Label) -> float:
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        return (time.perf_counter() - start) * 1e3
+
+    return clock
+
+
+def _event_clock(device_type: str, sync: Callable[[], None]) -> Clock | None:
+    """Device-side timing with ``torch.Event`` (``None``: the device has no timing events).
+    The end event is recorded after the last launch, so the time includes launch gaps
+    where the host, not the device, is the bottleneck."""
+    try:
+        probe = torch.Event(device=device_type, enable_timing=True)
+        probe.record()
+        probe.synchronize()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError, AttributeError):
+        return None
+
+    def clock(run: Callable[[], None], label: Label) -> float:
+        start = torch.Event(device=device_type, enable_timing=True)
+        end = torch.Event(device=device_type, enable_timing=True)
+        sync()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    return clock
+
+
+def device_clock(backend: Any, device_index: int = 0) -> Clock | None:
+    """The clock for ``backend``'s device ``device_index`` (``None``: cannot be timed).
+
+    Events where the device type supports timing events; else the host's clock around the
+    adapter's synchronisation (:func:`ampcore._backends.memory.synchronize`), for host
+    backends and devices that can be synchronised."""
+    from .._backends.memory import can_synchronize, synchronize
+
+    if not can_synchronize(backend):
+        return None
+
+    def sync() -> None:
+        synchronize(backend, device_index)
+
+    return _event_clock(backend.device_type, sync) or _host_clock(sync)
+
+
+def _leaf(value: Any, grad: bool, seen: dict[int, torch.Tensor]) -> Any:
+    """A floating tensor as a new autograd leaf (the same leaf for the same tensor: modules
+    such as MultiheadAttention take another path when ``query is key``)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        found = seen.get(id(value))
+        if found is None:
+            found = seen[id(value)] = value.detach().requires_grad_(grad)
+        return found
+    return value
+
+
+def _one_call(
+    module: nn.Module,
+    call_args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    params: Sequence[torch.Tensor],
+    grad: bool,
+    device_type: str,
+    low: torch.dtype | None,
+) -> Callable[[], None]:
+    """One call of ``module`` (forward, and backward with ``grad``) on fresh leaves of the
+    arguments: in float32, or under torch's autocast in ``low``."""
+    seen: dict[int, torch.Tensor] = {}
+    inputs = tuple(_leaf(a, grad, seen) for a in call_args)
+    kw = {k: _leaf(v, False, {}) for k, v in kwargs.items()}
+    leaves = [*{id(t): t for t in seen.values() if t.requires_grad}.values(), *params]
+
+    def run() -> None:
+        # autocast off around the whole run: backward runs outside the region, as in training
+        with torch.autocast(device_type, enabled=False):
+            if low is not None:
+                with torch.autocast(device_type, dtype=low, cache_enabled=False):
+                    out = _first_tensor(module.forward(*inputs, **kw))
+                if out is not None and out.is_floating_point():
+                    out = out.float()  # a float32 consumer's cast
+            else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
+                out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
+            if grad and out is not None and out.requires_grad and leaves:
+                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+
+    return run
+
+
+def _cast_work(args: tuple[Any, ...], params: Sequence[torch.Tensor], dtype: torch.dtype) -> Callable[[], None]:
+    """The casts a low-precision call adds: inputs and parameters to ``dtype``, and about as
+    much again for the output's cast and, in backward, the gradients'."""
+    tensors = [*[a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()], *params]
+
+    def casts() -> None:
+        for t in tensors:
+            t.detach().to(dtype)
+        for t in tensors:
+            t.detach().to(dtype).float()
+
+    return casts
+
+
+def _to_float32(values: Any) -> Any:
+    if isinstance(values, dict):
+        return {k: _to_float32(v) for k, v in values.items()}
+    if isinstance(values, tuple):
+        return tuple(_to_float32(v) for v in values)
+    if isinstance(values, torch.Tensor) and values.dtype in (torch.bfloat16, torch.float16):
+        return values.float()
+    return values
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((o for o in output if isinstance(o, torch.Tensor)), None)
+    return None
+
+
+def _fork_rng(device_type: str) -> Any:
+    """Restore the CPU's and (where the device module keeps one) the device's RNG state after."""
+    try:
+        keeps = hasattr(torch.get_device_module(device_type), "get_rng_state")
+    except (RuntimeError, AttributeError):
+        keeps = False
+    return torch.random.fork_rng(devices=None if keeps else [], device_type=device_type)
+
+
+def summary(times: Sequence[float]) -> tuple[float, float]:
+    """The median of ``times`` and their spread: the range without the highest and lowest
+    run (with four runs or more), over the median.
+
+    Example::
+
+        >>> summary([10.0, 11.0, 10.5, 90.0])
+        (10.75, 0.046511627906976744)
+    """
+    ordered = sorted(times)
+    median = statistics.median(ordered)
+    kept = ordered[1:-1] if len(ordered) >= 4 else ordered
+    return median, (kept[-1] - kept[0]) / median if median > 0 else 0.0
+
+
+def _rounds(
+    clock: Clock, fp32: Callable[[], None], low: Callable[[], None], budget_ms: float
+) -> tuple[list[float], list[float]]:
+    """Warm both candidates, then time them in alternation (see the module docstring)."""
+    spent = clock(fp32, "fp32") + clock(low, "low")  # warm-up: one-time set-up, not timed
+    a: list[float] = []
+    b: list[float] = []
+    while len(a) < MAX_RUNS:
+        a.append(clock(fp32, "fp32"))
+        b.append(clock(low, "low"))
+        spent += a[-1] + b[-1]
+        clear = min(b) > _CLEARLY_SLOWER * max(a) or min(a) > _CLEARLY_SLOWER * max(b)
+        if (len(a) >= 2 and clear) or (len(a) >= MIN_RUNS and spent + a[-1] + b[-1] > budget_ms):
+            break
+    return a, b
+
+
+def measure(
+    module: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device_type: str,
+    dtype: torch.dtype,
+    clock: Clock,
+    budget_ms: float = 400.0,
+) -> Costs:
+    """Measure one call of ``module`` (``module.forward(*args, **kwargs)``) in float32 and in
+    ``dtype`` with ``clock``; the module's parameters, gradients and hooks are left
+    untouched (gradients are taken with :func:`torch.autograd.grad`) and the RNG state is
+    restored.
+    """
+    grad = torch.is_grad_enabled()
+    params = [p for p in module.parameters() if p.requires_grad] if grad else []
+    with _fork_rng(device_type), torch.enable_grad() if grad else torch.no_grad():
+        fp32_run = _one_call(module, args, kwargs, params, grad, device_type, None)
+        low_run = _one_call(module, args, kwargs, params, grad, device_type, dtype)
+        a, b = _rounds(clock, fp32_run, low_run, budget_ms)
+        casts = _cast_work(args, params, dtype)
+        clock(casts, "casts")
+        cast = statistics.median(clock(casts, "casts") for _ in range(MIN_RUNS))
+    fp32, fp32_spread = summary(a)
+    low, low_spread = summary(b)
+    return Costs(fp32, low, min(cast, low), len(a) < MIN_RUNS, fp32_spread, low_spread, len(a))
