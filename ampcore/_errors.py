@@ -70,17 +70,27 @@ class PluginWarning(AmpcoreWarning):
     """A plugin was skipped or misbehaved; ampcore goes on without it."""
 
 
-def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+def closest(name: str, choices: Iterable[str], n: int = 3, *, same_first_word: bool = False) -> list[str]:
     """The names among ``choices`` closest to ``name`` (for "did you mean" hints).
 
     Case is ignored when comparing (``"ADD"`` finds ``"add"``); an exact match in another
-    case comes first.
+    case comes first.  ``same_first_word``: for snake_case parameter names, prefer choices
+    that start with the same word (``decr_every_n_steps`` finds ``decr_every_n_nan_or_inf``,
+    not the closer-spelled ``incr_every_n_steps``), if any is close enough.
 
     Example::
 
         >>> closest("ADD", ["add", "addmm", "mm"])
         ['add', 'addmm']
+        >>> closest("decr_every_n_steps", ["incr_every_n_steps", "decr_every_n_nan_or_inf"], n=1, same_first_word=True)
+        ['decr_every_n_nan_or_inf']
     """
+    if same_first_word:
+        first = str(name).lower().split("_")[0]
+        pool = sorted(set(choices))
+        alike = [c for c in pool if c.lower().split("_")[0] == first]
+        found = difflib.get_close_matches(str(name).lower(), alike, n=n, cutoff=0.4) if alike else []
+        return found or closest(name, pool, n)
     by_lower: dict[str, str] = {}
     for choice in sorted(set(choices)):
         by_lower.setdefault(choice.lower(), choice)

@@ -53,7 +53,7 @@ def accepts_paddle_option_names(init: Callable[Concatenate[S, P], None]) -> Call
         for name, value in kwargs.items():
             canonical = PADDLE_OPTION_NAMES.get(name, name)
             if canonical not in known:
-                hint = closest(name, [*known, *PADDLE_OPTION_NAMES], n=1)
+                hint = closest(name, [*known, *PADDLE_OPTION_NAMES], n=1, same_first_word=True)
                 raise AmpcoreError(
                     f"{call}({name}=...): unknown parameter"
                     + (f" (did you mean {hint[0]!r}?)" if hint else "")
