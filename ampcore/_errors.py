@@ -29,8 +29,13 @@ __all__ = [
     "PluginError",
     "PluginWarning",
     "closest",
+    "shown",
     "warn_at",
 ]
+
+
+#: The longest message an :class:`AmpcoreError` shows whole.
+MESSAGE_LIMIT = 2000
 
 
 class AmpcoreError(RuntimeError):
@@ -38,8 +43,17 @@ class AmpcoreError(RuntimeError):
     exceptions that keep torch's types).
 
     It derives from :class:`RuntimeError` so that code catching torch's AMP errors keeps
-    working when it switches to ampcore.
+    working when it switches to ampcore.  A message longer than :data:`MESSAGE_LIMIT`
+    characters keeps its beginning and end (what was wrong, the valid choices) and elides
+    the middle: no argument echoed in it can flood a terminal.
     """
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MESSAGE_LIMIT:
+            text = args[0]
+            head, tail = MESSAGE_LIMIT * 2 // 3, MESSAGE_LIMIT // 4
+            args = (f"{text[:head]} [... {len(text) - head - tail} characters left out ...] {text[-tail:]}",)
+        super().__init__(*args)
 
 
 class BackendUnavailableError(AmpcoreError):
@@ -100,6 +114,31 @@ def closest(name: str, choices: Iterable[str], n: int = 3, *, same_first_word: b
         found.remove(key)
         found.insert(0, key)
     return [by_lower[match] for match in found]
+
+
+#: The longest echo of a caller's value in a message (longer reprs are cut).
+SHOWN_LIMIT = 80
+
+
+def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (a long repr
+    ends in ``...`` and says what it was), so an object passed by mistake cannot flood it.
+
+    Example::
+
+        >>> shown("cpu")
+        "'cpu'"
+        >>> shown(list(range(100)), limit=20)
+        '[0, 1, 2, 3, 4, 5, 6... (list: 100 items, 390 characters)'
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    try:
+        count = "" if isinstance(value, str) else f"{len(value)} items, "  # type: ignore[arg-type]
+    except TypeError:
+        count = ""
+    return f"{text[:limit]}... ({type(value).__name__}: {count}{len(text)} characters)"
 
 
 def warn_at(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from .._errors import AmpcoreError
+from .._errors import AmpcoreError, shown
 
 __all__ = ["LEVELS", "Level", "check_level"]
 
@@ -36,4 +36,4 @@ def check_level(level: object, call: str = "ampcore.autocast") -> Level:
 
             install_hooks()
         return checked
-    raise AmpcoreError(f"{call}(level={level!r}): invalid level; valid levels: {', '.join(LEVELS)}")
+    raise AmpcoreError(f"{call}(level={shown(level)}): invalid level; valid levels: {', '.join(LEVELS)}")
