@@ -23,6 +23,7 @@ from ._backends.support import is_bfloat16_supported, is_float16_supported
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._o2.decorate import decorate
 from ._o2.fp32_modules import register_fp32_module, unregister_fp32_module
+from ._o2.no_optimizer import NoMasterWeightsWarning
 from ._policy.autocast import auto_cast, autocast
 from ._policy.custom_fwd import custom_bwd, custom_fwd
 from ._policy.fused import FusedKernelWarning
@@ -48,6 +49,7 @@ __all__ = [
     "Level",
     "LossScaleAtMinimumError",
     "LossScaleCollapseWarning",
+    "NoMasterWeightsWarning",
     "OpLists",
     "PluginError",
     "PluginInfo",
