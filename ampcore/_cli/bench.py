@@ -87,7 +87,7 @@ def format_result(result: BenchResult) -> str:
     """The guide's table and more, as text (the notes wrapped to :data:`WIDTH` columns)."""
     runs = f"{result.steps} steps" + (f" x {result.repeats} repeats" if result.repeats > 1 else "")
     head = (
-        f"ampcore bench: 9 x Linear({result.size}, {result.size}) (matmul + add), batch {result.batch}, MSE, "
+        f"ampcore bench: 9 x Linear({result.size}, {result.size}), batch {result.batch}, MSE, "
         f"SGD lr {result.lr:g}, {runs}" + (f" (+{result.warmup} warm-up)" if result.warmup else "") + "\n"
         f"backend {result.backend} ({result.device_name}), low precision {result.dtype}\n"
     )
