@@ -85,7 +85,9 @@ class GradScaler(PaddleScalerMethods):
 
     Paddle's names (``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``,
     ``incr_every_n_steps``, ``decr_every_n_nan_or_inf``, ``use_dynamic_loss_scaling``) are
-    accepted too; giving a parameter under both names raises.  So are Paddle's methods
+    accepted too, and Paddle's positional order (a bool first: ``GradScaler(True, 1024)``);
+    giving a parameter under both names raises.  :meth:`paddle` gives Paddle's defaults
+    (the AMP guide's 32768 / 1000 / 2 by default).  So are Paddle's methods
     (``minimize``, ``is_enable``, ``is_use_dynamic_loss_scaling``, ``get_init_loss_scaling``
     and the other ``get_*``/``set_*`` of ``paddle.amp.GradScaler``).
 

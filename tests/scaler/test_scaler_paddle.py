@@ -164,3 +164,26 @@ def test_a_disabled_scaler_passes_the_closure(via: str) -> None:
 
     getattr(scaler, via)(opt, closure)
     assert torch.allclose(p.detach(), torch.full((2,), 0.9))
+
+
+def test_paddles_positional_order() -> None:
+    scaler = ampcore.GradScaler(True, 1024, 2.0, 0.5, 1000, 2, True, device="cpu", dtype="float16")
+    assert (scaler.get_init_loss_scaling(), scaler.get_incr_every_n_steps(), scaler.get_hysteresis()) == (
+        1024.0,
+        1000,
+        2,
+    )
+    assert ampcore.GradScaler(False, device="cpu").is_enable() is False
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        ((1024.0,), {}, r"GradScaler\(1024.0, ...\): the first positional argument is the device .* Paddle's order"),
+        ((True, 1024), {"init_loss_scaling": 8}, r"'init_loss_scaling' was given twice"),
+        ((True, 1, 2, 0.5, 4, 5, True, 7), {}, r"at most 7 positional arguments in Paddle's order"),
+    ],
+)
+def test_bad_positional_calls_raise_clearly(args: tuple[Any, ...], kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ampcore.AmpcoreError, match=match):
+        ampcore.GradScaler(*args, **kwargs)
