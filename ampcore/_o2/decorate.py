@@ -24,7 +24,7 @@ from .convert import convert_models, install_masters
 from .decorate_checks import DecorateRequest, check_o2, validate
 from .mixed_norm import mixed_batch_norm
 from .model_plan import ModelPlan, default_keep_norm_fp32, plan_model
-from .no_optimizer import mark_without_masters, warn_no_optimizer
+from .no_optimizer import NO_OPTIMIZER, mark_without_masters, warn_no_optimizer, watch_optimizer_steps
 
 __all__ = ["decorate"]
 
@@ -135,6 +135,7 @@ def _decorate_o2(request: DecorateRequest, models: Any, optimizers: Any) -> Any:
     plans = _plan(request)
     if request.master_weight and not request.optimizers:
         warn_no_optimizer(request, plans)
+        watch_optimizer_steps()
     out_models, out_opts = list(request.models), list(request.optimizers)
     model_list, opt_list = request.models, request.optimizers
     if request.vendor_may_prepare:
@@ -154,7 +155,7 @@ def _no_master_reason(request: DecorateRequest) -> str:
     if not request.master_weight:
         return "decorate was called with master_weight=False"
     if not request.optimizers:
-        return "decorate(level='O2') was called without its optimizer"
+        return NO_OPTIMIZER
     return "none of the optimizers given to decorate updates it"
 
 

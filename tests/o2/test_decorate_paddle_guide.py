@@ -117,3 +117,18 @@ def test_the_fix_keeps_small_updates_that_bfloat16_loses() -> None:
 def test_master_weight_rejects_other_values() -> None:
     with pytest.raises(ampcore.AmpcoreError, match=r"master_weight=1\): expected True or False"):
         ampcore.decorate(_model(), level="O2", device="cpu", master_weight=1)  # type: ignore[arg-type]
+
+
+def test_the_optimizer_holding_the_parameters_is_named_at_its_first_step() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # created first, as in the guide
+    with pytest.warns(ampcore.NoMasterWeightsWarning):
+        model = ampcore.decorate(models=model, level="O2", device="cpu")
+    other = torch.optim.SGD([nn.Parameter(torch.ones(2))], lr=0.1)  # unrelated: no warning
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
+    with pytest.warns(ampcore.NoMasterWeightsWarning, match=r"SGD\.step\(\): 4 of this optimizer's parameters"):
+        opt.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.NoMasterWeightsWarning)
+        opt.step()  # once per optimizer
+        other.step()
