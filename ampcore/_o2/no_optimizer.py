@@ -55,7 +55,11 @@ class NoMasterWeightsWarning(AmpcoreWarning):
 
 
 def warn_no_optimizer(request: DecorateRequest, plans: Iterable[ModelPlan]) -> None:
-    """Warn that O2 without optimizers keeps no master weights (only if trainable parameters convert)."""
+    """Warn that O2 without optimizers keeps no master weights: only if trainable parameters
+    convert and some model is in training mode (``model.eval()`` first: inference, no warning;
+    the step pre-hook still names an optimizer that later trains them)."""
+    if not any(model.training for model in request.models):
+        return
     count = sum(p.numel() for plan in plans for p in plan.params if p.is_floating_point() and p.requires_grad)
     if not count:
         return

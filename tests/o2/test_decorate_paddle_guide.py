@@ -132,3 +132,16 @@ def test_the_optimizer_holding_the_parameters_is_named_at_its_first_step() -> No
         warnings.simplefilter("error", ampcore.NoMasterWeightsWarning)
         opt.step()  # once per optimizer
         other.step()
+
+
+def test_inference_in_eval_mode_gets_no_warning_until_an_optimizer_steps() -> None:
+    model = _model().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.NoMasterWeightsWarning)
+        model = ampcore.decorate(model, level="O2", device="cpu")
+        with torch.no_grad():
+            model(torch.randn(2, 4, dtype=torch.bfloat16))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # training after all: named at its first step
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
+    with pytest.warns(ampcore.NoMasterWeightsWarning, match=r"SGD\.step\(\)"):
+        opt.step()
