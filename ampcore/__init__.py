@@ -23,7 +23,8 @@ from ._backends.support import is_bfloat16_supported, is_float16_supported
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._o2.decorate import decorate
 from ._o2.fp32_modules import register_fp32_module, unregister_fp32_module
-from ._policy.autocast import autocast
+from ._o2.no_optimizer import NoMasterWeightsWarning
+from ._policy.autocast import auto_cast, autocast
 from ._policy.custom_fwd import custom_bwd, custom_fwd
 from ._policy.fused import FusedKernelWarning
 from ._policy.levels import LEVELS, Level
@@ -48,6 +49,7 @@ __all__ = [
     "Level",
     "LossScaleAtMinimumError",
     "LossScaleCollapseWarning",
+    "NoMasterWeightsWarning",
     "OpLists",
     "PluginError",
     "PluginInfo",
@@ -56,6 +58,7 @@ __all__ = [
     "RegionInfo",
     "__version__",
     "active_region",
+    "auto_cast",
     "auto_plan",
     "autocast",
     "custom_bwd",

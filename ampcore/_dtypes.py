@@ -14,7 +14,7 @@ from typing import Final
 
 import torch
 
-from ._errors import AmpcoreError, closest
+from ._errors import AmpcoreError, closest, shown
 
 __all__ = ["DTYPE_NAMES", "parse_declared_dtype", "parse_dtype", "valid_dtype_names"]
 
@@ -55,7 +55,7 @@ def valid_dtype_names(dtypes: Sequence[torch.dtype] | None = None) -> str:
 
 def _where(value: object, call: str, param: str) -> str:
     """How the error names the input: ``call --option value`` or ``call(param=value)``."""
-    return f"{call} {param} {value}".strip() if param.startswith("-") else f"{call}({param}={value!r})"
+    return f"{call} {param} {value}".strip() if param.startswith("-") else f"{call}({param}={shown(value)})"
 
 
 def parse_dtype(value: object, call: str, param: str = "dtype") -> torch.dtype:

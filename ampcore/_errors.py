@@ -29,8 +29,13 @@ __all__ = [
     "PluginError",
     "PluginWarning",
     "closest",
+    "shown",
     "warn_at",
 ]
+
+
+#: The longest message an :class:`AmpcoreError` shows whole.
+MESSAGE_LIMIT = 2000
 
 
 class AmpcoreError(RuntimeError):
@@ -38,8 +43,17 @@ class AmpcoreError(RuntimeError):
     exceptions that keep torch's types).
 
     It derives from :class:`RuntimeError` so that code catching torch's AMP errors keeps
-    working when it switches to ampcore.
+    working when it switches to ampcore.  A message longer than :data:`MESSAGE_LIMIT`
+    characters keeps its beginning and end (what was wrong, the valid choices) and elides
+    the middle: no argument echoed in it can flood a terminal.
     """
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MESSAGE_LIMIT:
+            text = args[0]
+            head, tail = MESSAGE_LIMIT * 2 // 3, MESSAGE_LIMIT // 4
+            args = (f"{text[:head]} [... {len(text) - head - tail} characters left out ...] {text[-tail:]}",)
+        super().__init__(*args)
 
 
 class BackendUnavailableError(AmpcoreError):
@@ -70,17 +84,27 @@ class PluginWarning(AmpcoreWarning):
     """A plugin was skipped or misbehaved; ampcore goes on without it."""
 
 
-def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+def closest(name: str, choices: Iterable[str], n: int = 3, *, same_first_word: bool = False) -> list[str]:
     """The names among ``choices`` closest to ``name`` (for "did you mean" hints).
 
     Case is ignored when comparing (``"ADD"`` finds ``"add"``); an exact match in another
-    case comes first.
+    case comes first.  ``same_first_word``: for snake_case parameter names, prefer choices
+    that start with the same word (``decr_every_n_steps`` finds ``decr_every_n_nan_or_inf``,
+    not the closer-spelled ``incr_every_n_steps``), if any is close enough.
 
     Example::
 
         >>> closest("ADD", ["add", "addmm", "mm"])
         ['add', 'addmm']
+        >>> closest("decr_every_n_steps", ["incr_every_n_steps", "decr_every_n_nan_or_inf"], n=1, same_first_word=True)
+        ['decr_every_n_nan_or_inf']
     """
+    if same_first_word:
+        first = str(name).lower().split("_")[0]
+        pool = sorted(set(choices))
+        alike = [c for c in pool if c.lower().split("_")[0] == first]
+        found = difflib.get_close_matches(str(name).lower(), alike, n=n, cutoff=0.4) if alike else []
+        return found or closest(name, pool, n)
     by_lower: dict[str, str] = {}
     for choice in sorted(set(choices)):
         by_lower.setdefault(choice.lower(), choice)
@@ -90,6 +114,31 @@ def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
         found.remove(key)
         found.insert(0, key)
     return [by_lower[match] for match in found]
+
+
+#: The longest echo of a caller's value in a message (longer reprs are cut).
+SHOWN_LIMIT = 80
+
+
+def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (a long repr
+    ends in ``...`` and says what it was), so an object passed by mistake cannot flood it.
+
+    Example::
+
+        >>> shown("cpu")
+        "'cpu'"
+        >>> shown(list(range(100)), limit=20)
+        '[0, 1, 2, 3, 4, 5, 6... (list: 100 items, 390 characters)'
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    try:
+        count = "" if isinstance(value, str) else f"{len(value)} items, "  # type: ignore[arg-type]
+    except TypeError:
+        count = ""
+    return f"{text[:limit]}... ({type(value).__name__}: {count}{len(text)} characters)"
 
 
 def warn_at(

@@ -9,7 +9,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from ._errors import AmpcoreError
+from ._errors import AmpcoreError, shown
 
 
 def check_bool(call: str, name: str, value: object, expected: str = "True or False") -> bool:
@@ -23,7 +23,7 @@ def check_bool(call: str, name: str, value: object, expected: str = "True or Fal
         ampcore._errors.AmpcoreError: ampcore.decorate(master_grad=1): expected True or False
     """
     if not isinstance(value, bool):
-        raise AmpcoreError(f"{call}({name}={value!r}): expected {expected}")
+        raise AmpcoreError(f"{call}({name}={shown(value)}): expected {expected}")
     return value
 
 

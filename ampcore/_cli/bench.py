@@ -61,9 +61,11 @@ def _memory(value: int | None) -> str:
 WIDTH: Final = 100
 #: What AMP-O1 adds over the torch.autocast baseline (the guide's settings).
 O1_NOTE: Final = (
-    "AMP-O1 is torch.autocast plus the guide's custom_white_list={{'elementwise_add'}} (add, which "
-    "torch.autocast runs in its inputs' dtype, runs in {dtype}) and ampcore.GradScaler (loss "
-    "scaling where {dtype} needs it); AMP-O2 adds ampcore.decorate: {dtype} weights with fp32 "
+    "Each layer is Paddle's Linear: matmul, then a separate bias add (Xavier-uniform weights, zero "
+    "bias, as Paddle initialises them). AMP-O1 is torch.autocast plus the guide's "
+    "custom_white_list={{'elementwise_add'}}: the bias adds, which torch.autocast runs in float32 "
+    "(their widest input, the float32 bias), run in {dtype}; and ampcore.GradScaler (loss "
+    "scaling where {dtype} needs it). AMP-O2 adds ampcore.decorate: {dtype} weights with fp32 "
     "master weights."
 )
 
@@ -133,7 +135,11 @@ def format_result(result: BenchResult) -> str:
         notes.append(
             "WARNING: these speed-ups are unreliable: "
             + "; ".join(reasons)
-            + ". Re-run on a quiet machine, or with --repeats 3 to see the spread."
+            + (
+                ". Re-run on a quiet machine, or with --repeats 3 to see the spread."
+                if result.repeats < 3
+                else f". Re-run on a quiet machine (this run already had {result.repeats} repeats)."
+            )
         )
     wrapped = [textwrap.fill(note, WIDTH, break_on_hyphens=False) for note in notes]
     return head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(wrapped)

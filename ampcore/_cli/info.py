@@ -17,8 +17,8 @@ import torch
 from .._backends.backend import Backend, dtype_name
 from .._backends.plugins import ENV_STRICT, PluginManager
 from .._backends.registry import get_manager
-from .._errors import AmpcoreError
 from .._backends.support import device_dtypes
+from .._errors import AmpcoreError
 from .._policy.registration import has_native_autocast
 from .._table import format_table
 from .._version import __version__

@@ -17,11 +17,12 @@ from . import conformance as _cli_conformance
 from . import info as _cli_info
 from . import oplists as _cli_oplists
 from . import plan as _cli_plan
+from . import run as _cli_run
 
 __all__ = ["main"]
 
 #: Modules that contribute a sub-command (``add_parser(subparsers) -> None``).
-_COMMANDS = (_cli_info, _cli_bench, _cli_conformance, _cli_oplists, _cli_plan)
+_COMMANDS = (_cli_info, _cli_bench, _cli_conformance, _cli_oplists, _cli_plan, _cli_run)
 
 
 def build_parser() -> argparse.ArgumentParser:

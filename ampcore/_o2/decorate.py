@@ -24,6 +24,7 @@ from .convert import convert_models, install_masters
 from .decorate_checks import DecorateRequest, check_o2, validate
 from .mixed_norm import mixed_batch_norm
 from .model_plan import ModelPlan, default_keep_norm_fp32, plan_model
+from .no_optimizer import NO_OPTIMIZER, mark_without_masters, warn_no_optimizer, watch_optimizer_steps
 
 __all__ = ["decorate"]
 
@@ -38,7 +39,7 @@ def decorate(
     level: str = "O2",
     dtype: torch.dtype | str | None = None,
     device: DeviceLike = None,
-    master_weight: bool = True,
+    master_weight: bool | None = True,
     keep_norm_fp32: bool | None = None,
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
@@ -54,7 +55,7 @@ def decorate(
     level: str = "O2",
     dtype: torch.dtype | str | None = None,
     device: DeviceLike = None,
-    master_weight: bool = True,
+    master_weight: bool | None = True,
     keep_norm_fp32: bool | None = None,
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
@@ -69,7 +70,7 @@ def decorate(
     level: str = "O2",
     dtype: torch.dtype | str | None = None,
     device: DeviceLike = None,
-    master_weight: bool = True,
+    master_weight: bool | None = True,
     keep_norm_fp32: bool | None = None,
     excluded_layers: Any = None,
     save_dtype: torch.dtype | str | None = None,
@@ -87,9 +88,13 @@ def decorate(
         models: a module, or a list/tuple of modules.
         optimizers: ``None``, an optimizer or a list/tuple of them, holding only ``models``' parameters.
         level: ``"O0"``, ``"OD"``, ``"O1"`` or ``"O2"`` (Paddle's lower-case spelling works).
+            The default is ``"O2"`` (Paddle's ``decorate`` defaults to ``"O1"``, where it
+            changes nothing; see docs/o2.md).
         dtype: the low-precision dtype or its name (``"bf16"``...); ``None``: the backend's default.
         device: the backend; ``None``: the backend of the device the parameters are on.
-        master_weight: keep fp32 master weights for the optimizers.
+        master_weight: keep fp32 master weights for the optimizers (``None``, Paddle's
+            default, means ``True``).  At O2 without ``optimizers`` there is nothing to keep
+            them for: decorate warns (pass the optimizer, or ``master_weight=False``).
         keep_norm_fp32: keep LayerNorm/GroupNorm/InstanceNorm/RMSNorm-like layers float32
             (``None``: for float16 only); BatchNorm-like layers always stay float32.
         excluded_layers: modules or module types kept float32, run as float32 islands.
@@ -128,6 +133,9 @@ def _decorate_o2(request: DecorateRequest, models: Any, optimizers: Any) -> Any:
     """Level O2: plan -> vendor offer -> convert -> install, on a validated request."""
     check_o2(request)
     plans = _plan(request)
+    if request.master_weight and not request.optimizers:
+        warn_no_optimizer(request, plans)
+        watch_optimizer_steps()
     out_models, out_opts = list(request.models), list(request.optimizers)
     model_list, opt_list = request.models, request.optimizers
     if request.vendor_may_prepare:
@@ -137,8 +145,18 @@ def _decorate_o2(request: DecorateRequest, models: Any, optimizers: Any) -> Any:
     install_masters(request, records, opt_list)
     for model, record in zip(model_list, records, strict=True):
         record.attach(model)
+    mark_without_masters(model_list, request.low, _no_master_reason(request))
     models = _reshaped(models, out_models)
     return models if optimizers is None else (models, _reshaped(optimizers, out_opts))
+
+
+def _no_master_reason(request: DecorateRequest) -> str:
+    """Why a converted parameter of this call has no master weight (for later errors)."""
+    if not request.master_weight:
+        return "decorate was called with master_weight=False"
+    if not request.optimizers:
+        return NO_OPTIMIZER
+    return "none of the optimizers given to decorate updates it"
 
 
 def _plan(request: DecorateRequest) -> list[ModelPlan]:
@@ -202,5 +220,3 @@ def _reshaped(given: Any, items: list[Any]) -> Any:
     if isinstance(given, tuple):
         return tuple(items)
     return items[0]
-
-

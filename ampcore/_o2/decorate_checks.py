@@ -53,7 +53,7 @@ def validate(
     level: str,
     dtype: torch.dtype | str | None,
     device: DeviceLike,
-    master_weight: bool,
+    master_weight: bool | None,
     keep_norm_fp32: bool | None,
     excluded_layers: Any,
     save_dtype: torch.dtype | str | None,
@@ -64,6 +64,8 @@ def validate(
     checked_level = check_level(level, call=_CALL)
     model_list = _as_list(models, nn.Module, "models")
     opt_list = [] if optimizers is None else _as_list(optimizers, torch.optim.Optimizer, "optimizers")
+    if master_weight is None:  # Paddle's default: master weights at O2
+        master_weight = True
     check_flags(_CALL, master_weight=master_weight, master_grad=master_grad, cast_buffers=cast_buffers)
     if keep_norm_fp32 is not None:
         check_bool(_CALL, "keep_norm_fp32", keep_norm_fp32, expected="None, True or False")
@@ -71,8 +73,7 @@ def validate(
     save = None if save_dtype is None else parse_dtype(save_dtype, _CALL, "save_dtype")
     if save is not None and save not in _SAVE_DTYPES:
         raise AmpcoreError(
-            f"{_CALL}(save_dtype={save!r}): expected None or one of "
-            f"{', '.join(str(d) for d in _SAVE_DTYPES)}"
+            f"{_CALL}(save_dtype={save!r}): expected None or one of {', '.join(str(d) for d in _SAVE_DTYPES)}"
         )
     excluded_types, excluded_instances = excluded_spec(excluded_layers, _CALL)
     resolved = _resolve(device, model_list)

@@ -14,7 +14,7 @@ from .._backends.backend import Backend, dtype_name
 from .._backends.registry import DeviceLike, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
-from .._errors import AmpcoreError, closest
+from .._errors import AmpcoreError, shown
 from .compile import compile_in_use, constant_result, guard_mode, opaque
 from .key_tables import dispatch_key
 from .levels import check_level
@@ -22,9 +22,10 @@ from .lists import check_custom, compute_oplists, merge_custom
 from .op_names import canonical_ops
 from .recompute import install as install_recompute
 from .registration import OpPolicy, has_native_autocast, policy_for, route
+from .signature import bind_arguments, check_use_promote
 from .thread_state import ActiveRegion, RegionSpec, current_region, thread_state
 
-__all__ = ["autocast"]
+__all__ = ["auto_cast", "autocast"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,6 +71,14 @@ class autocast:
         custom_white_list: ops to run in ``dtype`` (they leave the black list).
         custom_black_list: ops to run in float32 (they leave the white list).
 
+    Positional arguments are read in ampcore's order (as above), torch's
+    (``autocast("cpu", torch.bfloat16, True)``: a bool third is ``enabled``, then
+    ``cache_enabled``) or Paddle's (``autocast(True, {"elementwise_add"})``: a bool first is
+    ``enable``, then ``custom_white_list``, ``custom_black_list``, ``level``, ``dtype``,
+    ``use_promote``); anything else raises.  Keyword aliases: torch's ``device_type``, Paddle's
+    ``enable`` and ``use_promote`` (ampcore's O2 does not promote: ``True`` at O2 warns).
+    ``ampcore.auto_cast`` is Paddle's name for this class.
+
     Raises:
         AmpcoreError: unknown backend (the message lists known backends and their
             availability), unavailable backend (with the adapter's reason), dtype the
@@ -110,6 +119,7 @@ class autocast:
     @opaque
     def __init__(
         self,
+        *args: Any,
         device: DeviceLike = None,
         dtype: torch.dtype | str | None = None,
         level: str = "O1",
@@ -117,17 +127,24 @@ class autocast:
         cache_enabled: bool | None = None,
         custom_white_list: Iterable[str] | None = None,
         custom_black_list: Iterable[str] | None = None,
-        *extra: Any,
         **aliases: Any,
     ) -> None:
-        if extra:
-            raise AmpcoreError(
-                f"{_CALL}() takes at most 7 positional arguments (device, dtype, level, enabled, "
-                f"cache_enabled, custom_white_list, custom_black_list); got {7 + len(extra)}: pass the "
-                "rest by keyword"
-            )
-        if aliases:
-            device, enabled = _aliases(aliases, device, enabled)
+        if args or aliases:
+            given = {
+                **aliases,
+                "device": device,
+                "dtype": dtype,
+                "level": level,
+                "enabled": enabled,
+                "cache_enabled": cache_enabled,
+                "custom_white_list": custom_white_list,
+                "custom_black_list": custom_black_list,
+            }
+            values = bind_arguments(args, given, _DEFAULTS)
+            device, dtype, level, enabled = values["device"], values["dtype"], values["level"], values["enabled"]
+            cache_enabled = values["cache_enabled"]
+            custom_white_list, custom_black_list = values["custom_white_list"], values["custom_black_list"]
+            check_use_promote(values["use_promote"], check_level(level))
         checked_level = check_level(level)
         self._auto_hooks: Any = None  # level="auto": the module hooks' module, when enabled
         if checked_level == "auto":  # AMPCORE_AUTO_BUDGET checked here, before anything changes
@@ -136,9 +153,9 @@ class autocast:
             _hooks.budget_s()
             self._auto_hooks = _hooks if enabled else None
         if not isinstance(enabled, bool):
-            raise AmpcoreError(f"{_CALL}(enabled={enabled!r}): expected True or False")
+            raise AmpcoreError(f"{_CALL}(enabled={shown(enabled)}): expected True or False")
         if cache_enabled is not None and not isinstance(cache_enabled, bool):
-            raise AmpcoreError(f"{_CALL}(cache_enabled={cache_enabled!r}): expected True, False or None")
+            raise AmpcoreError(f"{_CALL}(cache_enabled={shown(cache_enabled)}): expected True, False or None")
         if dtype is not None:
             dtype = parse_dtype(dtype, _CALL)
         white = black = _EMPTY
@@ -299,31 +316,16 @@ class autocast:
         return wrapper  # type: ignore[return-value]
 
 
-#: Other projects' keyword names -> ampcore's (torch.autocast's device_type, Paddle's enable).
-_ALIASES: Final = {"device_type": "device", "enable": "enabled"}
-_PARAMETERS: Final = ("device", "dtype", "level", "enabled", "cache_enabled", "custom_white_list", "custom_black_list")
-
-
-def _aliases(given: dict[str, Any], device: DeviceLike, enabled: bool) -> tuple[DeviceLike, bool]:
-    """Apply the accepted aliases; AmpcoreError naming a misspelled keyword and the valid ones."""
-    for name, value in given.items():
-        canonical = _ALIASES.get(name)
-        if canonical is None:
-            hints = closest(name, [*_PARAMETERS, *_ALIASES])
-            raise AmpcoreError(
-                f"{_CALL}({name}=...): unknown keyword argument"
-                + (f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else "")
-                + f" Valid: {', '.join(_PARAMETERS)} (and the aliases {', '.join(_ALIASES)})"
-            )
-        if canonical == "device":
-            if device is not None:
-                raise AmpcoreError(f"{_CALL}(device=..., device_type=...): give the device once")
-            device = value
-        else:
-            if enabled is not True:
-                raise AmpcoreError(f"{_CALL}(enabled=..., enable=...): give enabled once")
-            enabled = value
-    return device, enabled
+#: The keyword parameters of ``autocast.__init__`` and their defaults (signature.py binds calls).
+_DEFAULTS: Final = {
+    "device": None,
+    "dtype": None,
+    "level": "O1",
+    "enabled": True,
+    "cache_enabled": None,
+    "custom_white_list": None,
+    "custom_black_list": None,
+}
 
 
 #: The innermost region entered in the current context (asyncio task): a region entered in
@@ -398,3 +400,7 @@ def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, 
     if region._spec.policy is not None:
         return None
     return region.device_type, region.dtype, region.enabled, region.cache_enabled
+
+
+#: Paddle's name (``paddle.amp.auto_cast``): the same class; Paddle's positional order works.
+auto_cast = autocast

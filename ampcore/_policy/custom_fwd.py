@@ -20,7 +20,7 @@ from torch.amp.autocast_mode import _cast
 
 from .._backends.registry import DeviceLike, _parse, resolve_device
 from .._dtypes import parse_dtype
-from .._errors import AmpcoreError
+from .._errors import AmpcoreError, closest
 from .thread_state import RegionSpec, current_region
 
 __all__ = ["custom_bwd", "custom_fwd"]
@@ -39,6 +39,24 @@ def _check_device(device: object, call: str) -> None:
         raise AmpcoreError(f"{call}(device={device!r}): {str(exc).split(': ', 1)[-1]}") from None
     if not name:
         raise AmpcoreError(f"{call}(device={device!r}): expected a backend name such as 'cuda' or 'cpu', or None")
+
+
+def _device_alias(call: str, device: DeviceLike, aliases: dict[str, Any], valid: tuple[str, ...]) -> DeviceLike:
+    """``device`` or torch's ``device_type`` (given once); AmpcoreError for any other keyword."""
+    for name, value in aliases.items():
+        if name != "device_type":
+            hints = closest(name, [*valid, "device_type"])
+            raise AmpcoreError(
+                f"{call}({name}=...): unknown keyword argument"
+                + (f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else "")
+                + f" Valid: {', '.join(valid)} (and torch's device_type, an alias of device)"
+            )
+        if device is not None:
+            raise AmpcoreError(
+                f"{call}(device=..., device_type=...): give the device once (device_type is torch's name)"
+            )
+        device = value
+    return device
 
 
 def _check_function(function: object, call: str, param: str) -> None:
@@ -74,17 +92,23 @@ def _region(frame: RegionSpec) -> AbstractContextManager[Any]:
 
 
 @overload
-def custom_fwd(fwd: F, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None) -> F: ...
+def custom_fwd(
+    fwd: F, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None, device_type: DeviceLike = None
+) -> F: ...
 
 
 @overload
 def custom_fwd(
-    fwd: None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None
+    fwd: None = None,
+    *,
+    device: DeviceLike = None,
+    cast_inputs: torch.dtype | str | None = None,
+    device_type: DeviceLike = None,
 ) -> Callable[[F], F]: ...
 
 
 def custom_fwd(
-    fwd: F | None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None
+    fwd: F | None = None, *, device: DeviceLike = None, cast_inputs: torch.dtype | str | None = None, **aliases: Any
 ) -> F | Callable[[F], F]:
     """Decorate the ``forward`` of a custom ``torch.autograd.Function`` (as
     ``torch.amp.custom_fwd``, with the device found by ampcore).
@@ -92,7 +116,7 @@ def custom_fwd(
     Args:
         fwd: the forward (the decorator works with and without parentheses).
         device: the backend; ``None`` takes the innermost active ampcore region's, else the
-            best available backend.
+            best available backend.  torch's name ``device_type`` is accepted for it.
         cast_inputs: a floating dtype (``torch.float32`` or a name such as ``"float32"``,
             ``"fp32"``, ``"bf16"``): if autocast is on, the floating tensors of the device
             type are cast to it and the forward runs with autocast off; if ``None``, the
@@ -121,6 +145,7 @@ def custom_fwd(
         torch.float32
     """
     call = "ampcore.custom_fwd"
+    device = _device_alias(call, device, aliases, ("device", "cast_inputs"))
     _check_device(device, call)
     if cast_inputs is not None:
         cast_inputs = parse_dtype(cast_inputs, call, "cast_inputs")
@@ -154,14 +179,14 @@ def _decorated_fwd(fwd: F, device: DeviceLike, cast_inputs: torch.dtype | None) 
 
 
 @overload
-def custom_bwd(bwd: F, *, device: DeviceLike = None) -> F: ...
+def custom_bwd(bwd: F, *, device: DeviceLike = None, device_type: DeviceLike = None) -> F: ...
 
 
 @overload
-def custom_bwd(bwd: None = None, *, device: DeviceLike = None) -> Callable[[F], F]: ...
+def custom_bwd(bwd: None = None, *, device: DeviceLike = None, device_type: DeviceLike = None) -> Callable[[F], F]: ...
 
 
-def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callable[[F], F]:
+def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None, **aliases: Any) -> F | Callable[[F], F]:
     """Decorate the ``backward`` of a custom ``torch.autograd.Function`` whose forward is
     decorated with :func:`custom_fwd`: the backward runs under the forward's autocast state.
 
@@ -171,7 +196,8 @@ def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callab
 
     Args:
         bwd: the backward (the decorator works with and without parentheses).
-        device: only used when the forward was not decorated with :func:`custom_fwd`.
+        device: only used when the forward was not decorated with :func:`custom_fwd`
+            (torch's name ``device_type`` is accepted for it).
 
     Example::
 
@@ -191,6 +217,7 @@ def custom_bwd(bwd: F | None = None, *, device: DeviceLike = None) -> F | Callab
         >>> y.sum().backward(); x.grad
         tensor([2., 2.])
     """
+    device = _device_alias("ampcore.custom_bwd", device, aliases, ("device",))
     _check_device(device, "ampcore.custom_bwd")
     if bwd is None:
         return functools.partial(custom_bwd, device=device)

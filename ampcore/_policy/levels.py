@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from .._errors import AmpcoreError
+from .._errors import AmpcoreError, shown
 
 __all__ = ["LEVELS", "Level", "check_level"]
 
@@ -30,4 +30,4 @@ def check_level(level: object, call: str = "ampcore.autocast") -> Level:
     """
     if isinstance(level, str) and level.upper() in _CANONICAL:
         return _CANONICAL[level.upper()]
-    raise AmpcoreError(f"{call}(level={level!r}): invalid level; valid levels: {', '.join(LEVELS)}")
+    raise AmpcoreError(f"{call}(level={shown(level)}): invalid level; valid levels: {', '.join(LEVELS)}")

@@ -18,7 +18,7 @@ from typing import Final
 
 import torch
 
-from .._errors import AmpcoreError, closest
+from .._errors import AmpcoreError, closest, shown
 from .._forklock import LOCK
 
 __all__ = [
@@ -284,7 +284,7 @@ def canonical_op(name: object, call: str = "ampcore.autocast", param: str = "cus
         ('add', 'linear')
     """
     if not isinstance(name, str) or not name:
-        raise AmpcoreError(f"{call}({param}=...): op names must be non-empty strings, got {name!r}")
+        raise AmpcoreError(f"{call}({param}=...): op names must be non-empty strings, got {shown(name)}")
     base = name.removeprefix("aten::").partition(".")[0]
     schemas = _dispatcher_schemas()
     if base not in schemas:
@@ -317,11 +317,19 @@ def canonical_ops(
         return frozenset()
     if isinstance(names, str):
         names = (names,)
+    lists = getattr(names, "white", None) is not None and getattr(names, "black", None) is not None
+    if lists:  # an OpLists (or similar) object instead of a set of names
+        kind = "white" if "white" in param else "black"
+        raise AmpcoreError(
+            f"{call}({param}={type(names).__name__}(...)): expected a set or list of op names, got a whole "
+            f"{type(names).__name__} object; pass one of its lists, e.g. {param}=ampcore.oplists('cpu').{kind}, "
+            "or names such as {'add', 'mm'}"
+        )
     try:
         items = list(names)
     except TypeError:
         raise AmpcoreError(
-            f"{call}({param}={names!r}): expected a set or list of op names such as {{'add', 'mm'}}"
+            f"{call}({param}={shown(names)}): expected a set or list of op names such as {{'add', 'mm'}}"
         ) from None
     return frozenset(canonical_op(n, call, param) for n in items)
 

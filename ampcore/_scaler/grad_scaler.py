@@ -23,7 +23,7 @@ from .kernels import ScalerKernels
 from .nest import map_tensors
 from .new_scale import LossScaleAtMinimumError, raise_if_stuck, set_scale_
 from .options import ScalerOptions, accepts_paddle_option_names, check_bool
-from .paddle import PaddleScalerMethods
+from .paddle import PaddleScalerMethods, check_no_closure
 from .store import CALL as _CALL
 from .store import make_store
 from .watch import CollapseWatch
@@ -85,7 +85,9 @@ class GradScaler(PaddleScalerMethods):
 
     Paddle's names (``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``,
     ``incr_every_n_steps``, ``decr_every_n_nan_or_inf``, ``use_dynamic_loss_scaling``) are
-    accepted too; giving a parameter under both names raises.  So are Paddle's methods
+    accepted too, and Paddle's positional order (a bool first: ``GradScaler(True, 1024)``);
+    giving a parameter under both names raises.  :meth:`paddle` gives Paddle's defaults
+    (the AMP guide's 32768 / 1000 / 2 by default).  So are Paddle's methods
     (``minimize``, ``is_enable``, ``is_use_dynamic_loss_scaling``, ``get_init_loss_scaling``
     and the other ``get_*``/``set_*`` of ``paddle.amp.GradScaler``).
 
@@ -262,16 +264,19 @@ class GradScaler(PaddleScalerMethods):
         ``_step_supports_amp_scaling`` (fused Adam/AdamW/SGD), which receive
         ``grad_scale`` and ``found_inf`` tensors and skip on the device.
 
+        Closures: one rule for ``step(opt, closure=f)``, ``step(opt, f)`` and
+        ``minimize(opt, f)``: refused while the scaler is enabled (the closure would make new,
+        unscaled gradients after the check); with ``enabled=False`` passed to the optimizer.
+
         Raises:
-            AmpcoreError (a RuntimeError): step twice before update, a ``closure``, an
+            AmpcoreError (a RuntimeError): step twice before update, a closure (see above), an
             ``optimizer`` that is no optimizer (e.g. the model).  A refused call records
             nothing.
         """
         check_optimizer("step", optimizer)
         if not self._store.active:
             return optimizer.step(*args, **kwargs)
-        if "closure" in kwargs:
-            raise AmpcoreError("Closure use is not currently supported if GradScaler is enabled.")
+        check_no_closure("step", args, kwargs)
         record = self._records.get(id(optimizer)) or OptimizerRecord()
         record.check_can_step()
         scale = self._require_scale("step")

@@ -175,11 +175,7 @@ class ScalerKernels:
                     if grad is None:
                         continue
                     if not allow_fp16 and grad.dtype == torch.float16:
-                        raise AmpcoreError(
-                            "ampcore.GradScaler.unscale_(): Attempting to unscale FP16 gradients. Unscaled "
-                            "float16 gradients underflow: keep float32 master parameters for the optimizer "
-                            "(ampcore.decorate, or float32 parameters under autocast)."
-                        )
+                        raise AmpcoreError(_fp16_grads_message(param))
                     if grad.is_sparse:
                         if grad.dtype == torch.float16:  # duplicates may overflow once summed
                             param.grad = grad = grad.coalesce()
@@ -278,3 +274,20 @@ def _absorb_by_hysteresis_(
     growth_tracker.masked_fill_(overflow.logical_xor(back_off), -1)
     overflow_tracker.copy_(bad.masked_fill_(back_off, 0))
     return back_off.to(found_inf.dtype)
+
+
+def _fp16_grads_message(param: torch.Tensor) -> str:
+    """The error for float16 gradients the scaler was asked to unscale, with the fix."""
+    from .._o2.no_optimizer import FIX, no_master_reason
+
+    base = (
+        "ampcore.GradScaler.unscale_(): Attempting to unscale FP16 gradients. Unscaled float16 gradients "
+        "underflow: the optimizer must update float32 master weights."
+    )
+    reason = no_master_reason(param)
+    if reason is not None:
+        return f"{base} This float16 parameter has none because {reason}. Fix: {FIX}."
+    return (
+        f"{base} Fix: for level O2, {FIX}; for O1, keep the parameters float32 and run the forward "
+        "under ampcore.autocast."
+    )

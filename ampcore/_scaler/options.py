@@ -49,11 +49,13 @@ def accepts_paddle_option_names(init: Callable[Concatenate[S, P], None]) -> Call
     @functools.wraps(init)
     def wrapper(self: S, *args: P.args, **kwargs: P.kwargs) -> None:
         call = f"ampcore.{type(self).__name__}"
+        if args:
+            args, kwargs = _paddle_positional(call, args, kwargs)  # type: ignore[assignment]
         translated: dict[str, Any] = {}
         for name, value in kwargs.items():
             canonical = PADDLE_OPTION_NAMES.get(name, name)
             if canonical not in known:
-                hint = closest(name, [*known, *PADDLE_OPTION_NAMES], n=1)
+                hint = closest(name, [*known, *PADDLE_OPTION_NAMES], n=1, same_first_word=True)
                 raise AmpcoreError(
                     f"{call}({name}=...): unknown parameter"
                     + (f" (did you mean {hint[0]!r}?)" if hint else "")
@@ -77,6 +79,44 @@ def accepts_paddle_option_names(init: Callable[Concatenate[S, P], None]) -> Call
             raise AmpcoreError(f"{exc} ({note})") from None
 
     return cast("Callable[Concatenate[S, P], None]", wrapper)  # functools.wraps types it as _Wrapped
+
+
+#: ``paddle.amp.GradScaler``'s positional order (after ``self``).
+PADDLE_POSITIONAL: Final = (
+    "enable",
+    "init_loss_scaling",
+    "incr_ratio",
+    "decr_ratio",
+    "incr_every_n_steps",
+    "decr_every_n_nan_or_inf",
+    "use_dynamic_loss_scaling",
+)
+
+
+def _paddle_positional(
+    call: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Positional arguments in Paddle's order (a bool first: ``GradScaler(True, 1024)``) as
+    Paddle's keywords; ampcore's order (the device first) unchanged; a number first raises."""
+    first = args[0]
+    if isinstance(first, bool):
+        if len(args) > len(PADDLE_POSITIONAL):
+            raise AmpcoreError(
+                f"{call}() takes at most {len(PADDLE_POSITIONAL)} positional arguments in Paddle's order "
+                f"({', '.join(PADDLE_POSITIONAL)}); got {len(args)}"
+            )
+        named = dict(zip(PADDLE_POSITIONAL, args, strict=False))
+        twice = sorted(set(named) & set(kwargs))
+        if twice:
+            raise AmpcoreError(f"{call}(): {twice[0]!r} was given twice, by position and by keyword; give it once")
+        return (), {**named, **kwargs}
+    if isinstance(first, numbers.Number):
+        raise AmpcoreError(
+            f"{call}({first!r}, ...): the first positional argument is the device (ampcore's order) or, in "
+            "Paddle's order, enable (True/False): GradScaler(True, 1024); or pass init_loss_scaling=... "
+            "(init_scale=...) by keyword"
+        )
+    return args, kwargs
 
 
 def check_number(call: str, name: str, value: object, *, allow_none: bool = False) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any, Final
 from .._errors import AmpcoreError
 from .options import ScalerOptions, check_int, check_number
 
-__all__ = ["AMPCORE_KEYS", "TORCH_KEYS", "ScalerState", "build_state_dict", "parse_state_dict"]
+__all__ = ["AMPCORE_KEYS", "PADDLE_KEYS", "TORCH_KEYS", "ScalerState", "build_state_dict", "parse_state_dict"]
 
 #: The keys of ``torch.amp.GradScaler.state_dict()`` (same names and meanings in ours).
 TORCH_KEYS: Final = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
@@ -28,6 +28,21 @@ AMPCORE_KEYS: Final = (
     "dynamic",
     "raise_at_min_scale",
 )
+
+#: The keys of ``paddle.amp.GradScaler.state_dict()`` and the ampcore keys they load into
+#: (Paddle's ``scale`` is a one-element array; ``loss_scaling`` is accepted for it).
+PADDLE_KEYS: Final = {
+    "scale": "scale",
+    "incr_ratio": "growth_factor",
+    "decr_ratio": "backoff_factor",
+    "incr_every_n_steps": "growth_interval",
+    "decr_every_n_nan_or_inf": "hysteresis",
+    "incr_count": "_growth_tracker",
+    "decr_count": "_overflow_tracker",
+    "use_dynamic_loss_scaling": "dynamic",
+}
+#: Keys only Paddle writes: a dict holding any of them is read as Paddle's.
+_PADDLE_ONLY: Final = frozenset(PADDLE_KEYS) - {"scale"} | {"loss_scaling"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,8 @@ def parse_state_dict(call: str, state_dict: object, current: ScalerOptions) -> S
     """
     if not isinstance(state_dict, Mapping):
         raise AmpcoreError(f"{call}(): expected a dict from GradScaler.state_dict(), got {type(state_dict).__name__}")
+    if _PADDLE_ONLY & set(state_dict):
+        state_dict = _from_paddle(call, state_dict, current)
     keys = set(state_dict)
     if keys != set(TORCH_KEYS) and keys != set(TORCH_KEYS) | set(AMPCORE_KEYS):
         raise _key_error(call, {str(k) for k in keys})
@@ -121,3 +138,34 @@ def parse_state_dict(call: str, state_dict: object, current: ScalerOptions) -> S
                 "the state dict is inconsistent. The scaler was left unchanged."
             )
     return ScalerState(options, scale, growth, overflow_count)
+
+
+def _one_number(value: object) -> object:
+    """Paddle's ``scale``: a one-element array or tensor (``scale.numpy()``) as a Python number."""
+    items = value.tolist() if hasattr(value, "tolist") and not isinstance(value, (int, float)) else value
+    while isinstance(items, (list, tuple)) and len(items) == 1:
+        items = items[0]
+    return items
+
+
+def _from_paddle(call: str, state_dict: Mapping[Any, Any], current: ScalerOptions) -> dict[str, Any]:
+    """A ``paddle.amp.GradScaler`` state dict in ampcore's format (the bounds and
+    ``raise_at_min_scale`` are this scaler's: Paddle has none)."""
+    keys = {str(k) for k in state_dict}
+    if "loss_scaling" in keys and "scale" not in keys:
+        state_dict = {("scale" if k == "loss_scaling" else k): v for k, v in state_dict.items()}
+        keys = {str(k) for k in state_dict}
+    missing, extra = sorted(set(PADDLE_KEYS) - keys), sorted(keys - set(PADDLE_KEYS))
+    if missing or extra:
+        raise AmpcoreError(
+            f"{call}(): a paddle.amp.GradScaler state dict (it has Paddle's keys) but "
+            + "; ".join(p for p in (missing and f"missing keys {missing}", extra and f"unexpected keys {extra}") if p)
+            + f". Expected exactly Paddle's keys {list(PADDLE_KEYS)} ('loss_scaling' may stand for 'scale'). "
+            "The scaler was left unchanged."
+        )
+    converted = {PADDLE_KEYS[k]: v for k, v in state_dict.items()}
+    converted["scale"] = _one_number(converted["scale"])
+    converted.update(
+        min_scale=current.min_scale, max_scale=current.max_scale, raise_at_min_scale=current.raise_at_min_scale
+    )
+    return converted

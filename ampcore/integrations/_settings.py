@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .._dtypes import parse_dtype
-from .._errors import AmpcoreError
+from .._errors import AmpcoreError, closest, shown
 from .._policy.autocast import autocast
 from .._policy.levels import check_level
 from .._scaler.grad_scaler import GradScaler
@@ -19,6 +19,32 @@ __all__ = ["AmpcoreSettings"]
 
 _DEFAULT: Any = object()  # an argument not given
 _CALL = "ampcore.integrations.AmpcoreSettings"
+_PARAMETERS = ("device", "level", "dtype", "custom_white_list", "custom_black_list", "scaler", "decorate")
+
+
+def _misplaced(unknown: dict[str, Any]) -> AmpcoreError:
+    """The error for keywords AmpcoreSettings does not take: a GradScaler or decorate option
+    (Paddle's names included) is pointed to ``scaler={...}`` or ``decorate={...}``."""
+    import inspect
+
+    from .._o2.decorate import decorate
+    from .._scaler.options import PADDLE_OPTION_NAMES
+
+    scaler_names = set(inspect.signature(GradScaler.__init__).parameters) - {"self", "device", "dtype"}
+    scaler_names |= set(PADDLE_OPTION_NAMES)
+    decorate_names = set(inspect.signature(decorate).parameters) - {"models", "optimizers", "level", "dtype", "device"}
+    name, value = next(iter(unknown.items()))
+    if name in scaler_names:
+        where = f"it is a GradScaler option: pass scaler={{{name!r}: {shown(value)}}}"
+    elif name in decorate_names:
+        where = f"it is an ampcore.decorate option: pass decorate={{{name!r}: {shown(value)}}}"
+    else:
+        hints = closest(name, [*_PARAMETERS, *scaler_names, *decorate_names], n=1, same_first_word=True)
+        where = f"did you mean {hints[0]!r}?" if hints else f"valid: {', '.join(_PARAMETERS)}"
+    return AmpcoreError(
+        f"{_CALL}({name}=...): not a keyword of AmpcoreSettings; {where} "
+        f"(AmpcoreSettings takes {', '.join(_PARAMETERS)})"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,7 +98,10 @@ class AmpcoreSettings(_SettingsRecord):
         custom_black_list: Iterable[str] | None = None,
         scaler: dict[str, Any] | None = _DEFAULT,
         decorate: dict[str, Any] = _DEFAULT,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise _misplaced(unknown)
         # checked and normalised first, then stored once: the record is never changed
         checked_level = check_level(level, call=_CALL)
         checked_dtype = None if dtype is None else parse_dtype(dtype, _CALL)

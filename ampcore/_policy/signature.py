@@ -1,0 +1,128 @@
+"""The arguments of ``ampcore.autocast`` as three projects write them.
+
+ampcore's keyword names are the reference; positional calls come in three orders, told
+apart by the type of the first and third arguments (never by guessing from values):
+
+* ampcore: ``autocast(device, dtype, level, enabled, cache_enabled, custom_white_list,
+  custom_black_list)`` (first a device, third a level name);
+* torch: ``torch.autocast(device_type, dtype, enabled, cache_enabled)`` (first a device,
+  third a bool);
+* Paddle: ``paddle.amp.auto_cast(enable, custom_white_list, custom_black_list, level,
+  dtype, use_promote)`` (first a bool).
+
+Keyword aliases: torch's ``device_type``, Paddle's ``enable`` and ``use_promote``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any, Final
+
+import torch
+
+from .._errors import AmpcoreError, AmpcoreWarning, closest, shown
+
+__all__ = ["AMPCORE_ORDER", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments"]
+
+_CALL: Final = "ampcore.autocast"
+AMPCORE_ORDER: Final = (
+    "device",
+    "dtype",
+    "level",
+    "enabled",
+    "cache_enabled",
+    "custom_white_list",
+    "custom_black_list",
+)
+TORCH_ORDER: Final = ("device", "dtype", "enabled", "cache_enabled")
+PADDLE_ORDER: Final = ("enabled", "custom_white_list", "custom_black_list", "level", "dtype", "use_promote")
+#: Other projects' keyword names -> ampcore's.
+_ALIASES: Final = {"device_type": "device", "enable": "enabled"}
+_ORDERS_HELP: Final = (
+    "positional arguments are read in one of three orders: ampcore's (device, dtype, level, enabled, "
+    "cache_enabled, custom_white_list, custom_black_list), torch.autocast's (device_type, dtype, enabled, "
+    "cache_enabled: a bool third) or paddle.amp.auto_cast's (enable, custom_white_list, custom_black_list, "
+    "level, dtype, use_promote: a bool first); pass the arguments by keyword to avoid any doubt"
+)
+
+
+def _order(args: tuple[Any, ...]) -> tuple[str, tuple[str, ...]]:
+    """The name and parameter order of a positional call, from the types of its arguments."""
+    first = args[0]
+    if isinstance(first, bool):
+        return "paddle.amp.auto_cast", PADDLE_ORDER
+    if not (first is None or isinstance(first, (str, torch.device))):
+        raise AmpcoreError(
+            f"{_CALL}({shown(first)}, ...): the first positional argument must be a device (a name such as "
+            f"'cuda', a torch.device or None) or Paddle's enable (True/False), got {type(first).__name__}; "
+            + _ORDERS_HELP
+        )
+    if len(args) > 2 and isinstance(args[2], bool):
+        return "torch.autocast", TORCH_ORDER
+    if len(args) > 2 and not isinstance(args[2], str):
+        raise AmpcoreError(
+            f"{_CALL}(device, dtype, {shown(args[2])}, ...): the third positional argument is ampcore's level "
+            f"(a name such as 'O1') or torch's enabled (True/False), got {type(args[2]).__name__}; " + _ORDERS_HELP
+        )
+    return "ampcore.autocast", AMPCORE_ORDER
+
+
+def _bind_positional(args: tuple[Any, ...]) -> dict[str, Any]:
+    """Name the positional arguments ``args`` by the order their types say."""
+    where, order = _order(args)
+    if len(args) > len(order):
+        raise AmpcoreError(
+            f"{_CALL}() takes at most {len(order)} positional arguments in {where}'s order "
+            f"({', '.join(order)}); got {len(args)}: pass the rest by keyword"
+        )
+    return dict(zip(order, args, strict=False))
+
+
+def bind_arguments(args: tuple[Any, ...], keywords: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter of ``autocast`` (``defaults``' names plus ``use_promote``) from a call's
+    positional ``args`` and its ``keywords`` (aliases included); AmpcoreError naming what is wrong.
+
+    ``keywords`` hold the keyword parameters' values as bound (defaults where not given):
+    a parameter given positionally and by keyword (with a value other than the default) raises.
+    """
+    values = dict(keywords)
+    extra = {name: values.pop(name) for name in list(values) if name not in defaults}
+    values["use_promote"] = None
+    for name, value in _bind_positional(args).items() if args else ():
+        if name in defaults and values[name] is not defaults[name] and values[name] != defaults[name]:
+            raise AmpcoreError(f"{_CALL}(): {name!r} was given twice, by position and by keyword; give it once")
+        values[name] = value
+    for name, value in extra.items():
+        canonical = _ALIASES.get(name, name if name == "use_promote" else None)
+        if canonical is None:
+            valid = [*defaults, "use_promote"]
+            hints = closest(name, [*valid, *_ALIASES])
+            raise AmpcoreError(
+                f"{_CALL}({name}=...): unknown keyword argument"
+                + (f"; did you mean {', '.join(repr(h) for h in hints)}?" if hints else "")
+                + f" Valid: {', '.join(valid)} (and the aliases {', '.join(_ALIASES)})"
+            )
+        if canonical != "use_promote" and values[canonical] != defaults[canonical]:
+            raise AmpcoreError(f"{_CALL}({canonical}=..., {name}=...): give {canonical} once")
+        if canonical == "use_promote" and values["use_promote"] is not None:
+            raise AmpcoreError(f"{_CALL}(): 'use_promote' was given twice, by position and by keyword; give it once")
+        values[canonical] = value
+    return values
+
+
+def check_use_promote(use_promote: object, level: str) -> None:
+    """Paddle's ``use_promote``: accepted (a bool); at O2, ``True`` warns that ampcore's O2
+    does not promote (every op off the black list runs in the low-precision dtype)."""
+    if use_promote is None:
+        return
+    if not isinstance(use_promote, bool):
+        raise AmpcoreError(f"{_CALL}(use_promote={shown(use_promote)}): expected True or False (Paddle's option)")
+    if use_promote and level == "O2":
+        warnings.warn(
+            f"{_CALL}(level='O2', use_promote=True): ampcore's O2 does not promote ops with float32 inputs "
+            "to float32 (Paddle's use_promote): every op off the black list runs in the low-precision dtype, "
+            "as Paddle's use_promote=False. Keep ops float32 with custom_black_list (docs/levels.md).",
+            AmpcoreWarning,
+            stacklevel=4,
+        )
