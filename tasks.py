@@ -5,6 +5,9 @@
     python3 tasks.py test     # lint (ruff, mypy --strict), the whole test suite, then the
                               # conformance suite against cpu (bfloat16, float16) and the
                               # example plugin (reports/); ends with one summary of every stage
+    python3 tasks.py gpu-wheels  # build the wheels the GPU check carries (dist/gpu-wheels)
+    python3 tasks.py gpu      # on a GPU machine without network: the GPU check (<= 8 min) with
+                              # the machine's own Python and torch (benchmarks/gpu_check.py)
     python3 tasks.py compat   # the same at the oldest supported torch (2.8.0), then again
                               # with Intel Extension for PyTorch 2.8.0 imported in every
                               # process (.venv-compat; wheels cached, ~3.6 GB; args go to pytest)
@@ -372,8 +375,106 @@ def compat(args: list[str]) -> None:
         sys.exit(1)
 
 
+# -- gpu: the GPU check on a borrowed machine without network (issue 24) -----------------
+
+#: Where ``gpu-wheels`` puts the wheels to carry (``AMPCORE_GPU_WHEELS``).
+GPU_WHEELS = Path(os.environ.get("AMPCORE_GPU_WHEELS", ROOT / "dist" / "gpu-wheels"))
+#: Where ``gpu`` installs them on the GPU machine (``AMPCORE_GPU_SITE``; emptied first).
+GPU_SITE = Path(os.environ.get("AMPCORE_GPU_SITE", Path("/tmp") / "ampcore-gpu-site"))
+#: Pure-Python distributions the check needs besides torch (which the GPU machine has) and
+#: ampcore: ampcore's pluggy, pytest and hypothesis with their dependencies, pytest-xdist.
+#: Pinned to the versions in the venv where it has them.
+GPU_CHECK_DEPS = (
+    "pluggy", "pytest", "iniconfig", "packaging", "pygments", "exceptiongroup", "tomli",
+    "hypothesis", "sortedcontainers", "attrs", "pytest-xdist", "execnet",
+)  # fmt: skip
+
+
+def _venv_versions(names: tuple[str, ...]) -> dict[str, str | None]:
+    """The venv's version of each distribution (None where it has none)."""
+    probe = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
+    )
+    python = PY if PY.exists() else Path(sys.executable)
+    done = subprocess.run([str(python), "-c", probe, *names], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def gpu_wheels_commands(wheels: Path, versions: dict[str, str | None], python: str = sys.executable) -> list[list[str]]:
+    """The pip commands of ``gpu-wheels``: ampcore and the plugins built without their
+    dependencies, then :data:`GPU_CHECK_DEPS` downloaded as pure-Python wheels only."""
+    pip_cmd = [python, "-m", "pip", "--disable-pip-version-check"]
+    build = [*pip_cmd, "wheel", "--no-deps", "-w", str(wheels), str(ROOT), *(str(p) for p in PLUGINS)]
+    pins = [f"{name}=={version}" if version else name for name, version in versions.items()]
+    fetch = [*pip_cmd, "download", "--no-deps", "--only-binary=:all:", "--platform", "any",
+             "--python-version", "3.10", "-d", str(wheels), *pins]  # fmt: skip
+    return [build, fetch]
+
+
+def gpu_wheels(args: list[str]) -> None:
+    """Build the wheels the GPU check carries into ``GPU_WHEELS`` (run where there is network)."""
+    if GPU_WHEELS.exists():
+        for old in GPU_WHEELS.glob("*.whl"):
+            old.unlink()
+    GPU_WHEELS.mkdir(parents=True, exist_ok=True)
+    for command in gpu_wheels_commands(GPU_WHEELS, _venv_versions(GPU_CHECK_DEPS)):
+        sh(*command)
+    names = sorted(p.name for p in GPU_WHEELS.glob("*.whl"))
+    size = sum(p.stat().st_size for p in GPU_WHEELS.glob("*.whl"))
+    print(f"gpu-wheels: {len(names)} wheels, {size / 2**20:.1f} MiB in {GPU_WHEELS}: carry that folder "
+          f"(e.g. {os.path.relpath(GPU_WHEELS, ROOT)}), then run `python3 tasks.py gpu` there", flush=True)  # fmt: skip
+
+
+def gpu_install_command(wheels: Path, target: Path, python: str = sys.executable) -> list[str]:
+    """pip's command that installs the carried wheels into ``target`` (no index, no deps)."""
+    return [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--no-deps",
+            "--target", str(target), *sorted(str(p) for p in wheels.glob("*.whl"))]  # fmt: skip
+
+
+def install_gpu_wheels(wheels: Path, target: Path) -> None:
+    """Install the wheels of ``wheels`` into ``target`` (emptied first); without pip, unpack
+    them there (pure-Python wheels: the same files, dist-info included)."""
+    import shutil
+    import zipfile
+
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, check=False).returncode == 0:
+        sh(*gpu_install_command(wheels, target))
+        return
+    print(f"gpu: no pip in {sys.executable}; unpacking the wheels into {target}", flush=True)
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(target)
+
+
+def gpu_env(site: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of the check: ``site`` first on ``PYTHONPATH`` (its dist-info folders
+    make the adapters' entry points visible to ``importlib.metadata``)."""
+    env = dict(os.environ if environ is None else environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
+
+
+def gpu(args: list[str]) -> None:
+    """The GPU check with the Python and torch of this machine: install the carried wheels
+    (``gpu-wheels``) into ``GPU_SITE``, then ``benchmarks/gpu_check.py`` (args go to it)."""
+    wheels = list(GPU_WHEELS.glob("*.whl"))
+    if wheels:
+        install_gpu_wheels(GPU_WHEELS, GPU_SITE)
+        env = gpu_env(GPU_SITE)
+    else:
+        print(f"gpu: no wheels in {GPU_WHEELS} (python3 tasks.py gpu-wheels); using the installed ampcore", flush=True)
+        env = dict(os.environ)
+    code = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args], cwd=ROOT, env=env).returncode
+    if code:
+        sys.exit(code)
+
+
 def main() -> None:
-    commands = {"demo": demo, "test": test, "compat": compat}
+    commands = {"demo": demo, "test": test, "compat": compat, "gpu": gpu, "gpu-wheels": gpu_wheels}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: python3 tasks.py {{{'|'.join(commands)}}} [args...]")
     try:
