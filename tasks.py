@@ -468,7 +468,8 @@ def gpu(args: list[str]) -> None:
     else:
         print(f"gpu: no wheels in {GPU_WHEELS} (python3 tasks.py gpu-wheels); using the installed ampcore", flush=True)
         env = dict(os.environ)
-    code = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args], cwd=ROOT, env=env).returncode
+    check = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args]
+    code = subprocess.run(check, cwd=ROOT, env=env).returncode
     if code:
         sys.exit(code)
 

@@ -114,7 +114,7 @@ def stages(
 
 
 #: The closing lines worth a summary cell: pytest's counts, bench's table rows and speed-ups.
-_SUMMARY_LINE: Final = re.compile(r"(\d+ (passed|failed|error)|^\s*(fp32|torch\.autocast|AMP-\w+)\s+\d|wall time|^time:)")
+_SUMMARY_LINE: Final = re.compile(r"(\d+ (passed|failed|errors?)\b|^\s*AMP-O[12]\s+\d|wall time)")
 
 
 def detail_of(log_text: str, limit: int = 3) -> str:
@@ -126,7 +126,8 @@ def detail_of(log_text: str, limit: int = 3) -> str:
         '3 passed, 1 skipped in 2.0s'
     """
     found = [line.strip().strip("=").strip() for line in log_text.splitlines() if _SUMMARY_LINE.search(line)]
-    return "; ".join(" ".join(line.split()) for line in found[-limit:]) or (log_text.strip().splitlines() or [""])[-1][:200]
+    last = (log_text.strip().splitlines() or [""])[-1][:200]
+    return "; ".join(" ".join(line.split()) for line in found[-limit:]) or last
 
 
 def run_stage(stage: Stage, log: Path, timeout_s: float, env: dict[str, str] | None = None) -> StageResult:
@@ -147,7 +148,8 @@ def run_stage(stage: Stage, log: Path, timeout_s: float, env: dict[str, str] | N
     detail = detail_of(log.read_text(errors="replace"))
     if code is None:
         return StageResult(stage.name, "TIMEOUT", seconds, f"killed after {timeout_s:.0f} s; {detail}", str(log))
-    return StageResult(stage.name, "ok" if code == 0 else "FAIL", seconds, detail + ("" if code == 0 else f" (exit {code})"), str(log))
+    status, detail = ("ok", detail) if code == 0 else ("FAIL", f"{detail} (exit {code})")
+    return StageResult(stage.name, status, seconds, detail, str(log))
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
@@ -200,8 +202,9 @@ def run_check(plan: list[Stage], out: Path, budget_s: float, env: dict[str, str]
         if left < 5:
             results.append(StageResult(stage.name, "SKIPPED", 0.0, f"no time left in the {budget_s:.0f} s budget", ""))
             continue
-        print(f"gpu check: [{number}/{len(plan)}] {stage.name} (timeout {min(stage.timeout_s, left):.0f} s)", flush=True)
-        result = run_stage(stage, log, min(stage.timeout_s, left), env)
+        timeout = min(stage.timeout_s, left)
+        print(f"gpu check: [{number}/{len(plan)}] {stage.name} (timeout {timeout:.0f} s)", flush=True)
+        result = run_stage(stage, log, timeout, env)
         print(f"gpu check:   {result.status} in {result.seconds:.0f} s: {result.detail}", flush=True)
         results.append(result)
     return results

@@ -103,13 +103,20 @@ def simulate_cuda(monkeypatch: pytest.MonkeyPatch, present: bool) -> ampcore.Bac
     """
     from ampcore._backends import backend as backend_module
     from ampcore._backends import registry
+    from ampcore_backends import cuda as adapter
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: present)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: int(present))
-    if present and torch.version.cuda is None and torch.version.hip is None:
-        monkeypatch.setattr(torch.version, "cuda", "12.8")
+    if present:
+        if torch.version.cuda is None and torch.version.hip is None:
+            monkeypatch.setattr(torch.version, "cuda", "12.8")
+        if not torch.cuda.is_initialized():  # a real GPU keeps its own name and properties
+            monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Simulated GPU")
+            props = adapter.CudaDeviceProperties("Simulated GPU", 9, 0, bf16_native=True)
+            monkeypatch.setattr(adapter, "read_properties", lambda index: props)
     cuda = ampcore.get_backend("cuda")
     monkeypatch.setattr(cuda, "_reason", backend_module._MISSING)
+    monkeypatch.setattr(cuda, "_capability", {})
     monkeypatch.setattr(registry._holder, "cache", {})
     return cuda
 

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SIMULATE_CUDA_ENV, simulate_cuda
 
 import ampcore
-
-from conftest import SIMULATE_CUDA_ENV, simulate_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 
