@@ -382,35 +382,21 @@ GPU_WHEELS = Path(os.environ.get("AMPCORE_GPU_WHEELS", ROOT / "dist" / "gpu-whee
 #: Where ``gpu`` installs them on the GPU machine (``AMPCORE_GPU_SITE``; emptied first).
 GPU_SITE = Path(os.environ.get("AMPCORE_GPU_SITE", Path("/tmp") / "ampcore-gpu-site"))
 #: Pure-Python distributions the check needs besides torch (which the GPU machine has) and
-#: ampcore: ampcore's pluggy, pytest and hypothesis with their dependencies, pytest-xdist.
-#: Pinned to the versions in the venv where it has them.
+#: ampcore: ampcore's pluggy, pytest and hypothesis with their dependencies, pytest-xdist
+#: (the index's newest that suit this Python and pip's constraints).
 GPU_CHECK_DEPS = (
     "pluggy", "pytest", "iniconfig", "packaging", "pygments", "exceptiongroup", "tomli",
     "hypothesis", "sortedcontainers", "attrs", "pytest-xdist", "execnet",
 )  # fmt: skip
 
 
-def _venv_versions(names: tuple[str, ...]) -> dict[str, str | None]:
-    """The venv's version of each distribution (None where it has none)."""
-    probe = (
-        "import importlib.metadata as m, json, sys\n"
-        "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
-        "print(json.dumps({n: v(n) for n in sys.argv[1:]}))"
-    )
-    python = PY if PY.exists() else Path(sys.executable)
-    done = subprocess.run([str(python), "-c", probe, *names], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
-
-
-def gpu_wheels_commands(wheels: Path, versions: dict[str, str | None], python: str = sys.executable) -> list[list[str]]:
+def gpu_wheels_commands(wheels: Path, python: str = sys.executable) -> list[list[str]]:
     """The pip commands of ``gpu-wheels``: ampcore and the plugins built without their
     dependencies, then :data:`GPU_CHECK_DEPS` downloaded as pure-Python wheels only."""
     pip_cmd = [python, "-m", "pip", "--disable-pip-version-check"]
     build = [*pip_cmd, "wheel", "--no-deps", "-w", str(wheels), str(ROOT), *(str(p) for p in PLUGINS)]
-    pins = [f"{name}=={version}" if version else name for name, version in versions.items()]
-    fetch = [*pip_cmd, "download", "--no-deps", "--only-binary=:all:", "--platform", "any",
-             "--python-version", "3.10", "-d", str(wheels), *pins]  # fmt: skip
-    return [build, fetch]
+    fetch = [*pip_cmd, "download", "--no-deps", "--only-binary=:all:", "--platform", "any", "-d", str(wheels)]
+    return [build, [*fetch, *GPU_CHECK_DEPS]]
 
 
 def gpu_wheels(args: list[str]) -> None:
@@ -419,7 +405,7 @@ def gpu_wheels(args: list[str]) -> None:
         for old in GPU_WHEELS.glob("*.whl"):
             old.unlink()
     GPU_WHEELS.mkdir(parents=True, exist_ok=True)
-    for command in gpu_wheels_commands(GPU_WHEELS, _venv_versions(GPU_CHECK_DEPS)):
+    for command in gpu_wheels_commands(GPU_WHEELS):
         sh(*command)
     names = sorted(p.name for p in GPU_WHEELS.glob("*.whl"))
     size = sum(p.stat().st_size for p in GPU_WHEELS.glob("*.whl"))

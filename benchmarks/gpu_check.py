@@ -90,9 +90,15 @@ def fill(template: str, python: str, device: str, dtype: str, out: Path) -> tupl
 
 
 def stages(
-    device: str, out: Path, python: str = sys.executable, pytest_args: tuple[str, ...] = (), workers: int = 0
+    device: str,
+    out: Path,
+    python: str = sys.executable,
+    pytest_args: tuple[str, ...] = (),
+    workers: int = 0,
+    bench_args: tuple[str, ...] = (),
 ) -> list[Stage]:
-    """Every stage of the check, in the order it runs (the main job first, speed rows last)."""
+    """Every stage of the check, in the order it runs (the main job first, speed rows last);
+    ``bench_args`` go to every ``ampcore bench`` (e.g. smaller sizes for a dry run)."""
     conformance = [
         Stage(
             f"conformance {device} {dtype}",
@@ -104,17 +110,21 @@ def stages(
     ]
     parallel = ("-p", "xdist", "-n", str(workers)) if workers > 1 else ()
     test = (python, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *parallel, *pytest_args)
+    speed = [fill(row.command, python, device, "float16", out) for row in SPEED_ROWS]
     return [
         Stage(f"ampcore bench --device {device}", (python, "-m", "ampcore", "bench", "--device", device,
-              "--no-progress", "--json", str(out / "bench.json")), 75),  # fmt: skip
+              "--no-progress", "--json", str(out / "bench.json"), *bench_args), 75),  # fmt: skip
         *conformance,
         Stage(f"pytest -m 'not slow' ({device} present)", test, 240),
-        *(Stage(row.name, fill(row.command, python, device, "float16", out), row.timeout_s) for row in SPEED_ROWS),
+        *(
+            Stage(row.name, (*command, *bench_args) if "bench" in command else command, row.timeout_s)
+            for row, command in zip(SPEED_ROWS, speed, strict=True)
+        ),
     ]
 
 
 #: The closing lines worth a summary cell: pytest's counts, bench's table rows and speed-ups.
-_SUMMARY_LINE: Final = re.compile(r"(\d+ (passed|failed|errors?)\b|^\s*AMP-O[12]\s+\d|wall time)")
+_SUMMARY_LINE: Final = re.compile(r"(\d+ (passed|failed|errors?)\b|^\s*AMP-O[12]\s+\d|^time: wall)")
 
 
 def detail_of(log_text: str, limit: int = 3) -> str:
@@ -125,8 +135,9 @@ def detail_of(log_text: str, limit: int = 3) -> str:
         >>> detail_of("noise\\n== 3 passed, 1 skipped in 2.0s ==\\n")
         '3 passed, 1 skipped in 2.0s'
     """
-    found = [line.strip().strip("=").strip() for line in log_text.splitlines() if _SUMMARY_LINE.search(line)]
-    last = (log_text.strip().splitlines() or [""])[-1][:200]
+    lines = [line for line in log_text.splitlines() if not line.startswith("+ ")]  # not the command
+    found = [line.strip().strip("=").strip() for line in lines if _SUMMARY_LINE.search(line)]
+    last = ([line for line in lines if line.strip()] or [""])[-1].strip()[:200]
     return "; ".join(" ".join(line.split()) for line in found[-limit:]) or last
 
 
@@ -210,6 +221,22 @@ def run_check(plan: list[Stage], out: Path, budget_s: float, env: dict[str, str]
     return results
 
 
+def default_workers(cpus: int | None = None, has_xdist: bool | None = None) -> int:
+    """pytest-xdist workers for the test stage: half the CPUs, at most 8; 0 (one process)
+    below 4 CPUs or without pytest-xdist.
+
+    Example::
+
+        >>> default_workers(16, True), default_workers(2, True), default_workers(16, False)
+        (8, 0, 0)
+    """
+    import importlib.util
+
+    cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    has_xdist = importlib.util.find_spec("xdist") is not None if has_xdist is None else has_xdist
+    return min(8, cpus // 2) if has_xdist and cpus >= 4 else 0
+
+
 def describe_machine(python: str, env: dict[str, str] | None = None) -> str:
     """'NVIDIA H200, torch 2.11.0+cu130, ampcore 0.1.0' (what the stages will see)."""
     probe = (
@@ -230,13 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="the backend to check (default cuda; cpu for a dry run)")
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-check", help="summary and logs ($OUT if set)")
     parser.add_argument("--budget", type=float, default=BUDGET_S, help=f"seconds for everything (default {BUDGET_S})")
-    parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers for the test stage (0: none)")
+    parser.add_argument(
+        "--workers", type=int, default=None,
+        help="pytest-xdist workers of the test stage (0: none; default: half the CPUs, at most 8, with xdist)",
+    )  # fmt: skip
     parser.add_argument("--only", nargs="+", default=None, help="run only the stages whose name contains one of these")
+    parser.add_argument("--bench-args", default="", help="more ampcore bench arguments (dry runs: smaller sizes)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    plan = stages(args.device, out, sys.executable, tuple(args.pytest_args), args.workers)
+    bench_args = tuple(shlex.split(args.bench_args))
+    workers = default_workers() if args.workers is None else args.workers
+    plan = stages(args.device, out, sys.executable, tuple(args.pytest_args), workers, bench_args)
     if args.only:
         plan = [s for s in plan if any(word in s.name for word in args.only)]
     started = time.monotonic()

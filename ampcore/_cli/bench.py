@@ -141,7 +141,7 @@ def time_note(result: BenchResult) -> str:
     for r in result.results:
         start = f"start {r.start_s:.1f} + " if r.start_s else ""
         parts.append(f"{r.mode} {start}set-up {r.setup_s:.1f} + steps {r.steps_s:.1f}")
-    return f"time: {'; '.join(parts)} (seconds); wall time {result.wall_s:.1f} s."
+    return f"time: wall {result.wall_s:.1f} s; {'; '.join(parts)} (seconds)."
 
 
 def plot_result(result: BenchResult, path: str) -> None:
