@@ -52,7 +52,7 @@ SPEED_ROWS: Final[tuple[SpeedRow, ...]] = (
         "speed: bench interleaved",
         "{python} -m ampcore bench --device {device} --in-process --repeats 3 --warmup 2 --no-progress"
         " --json {out}/bench-interleaved.json",
-        90,
+        60,
     ),
 )
 
@@ -104,7 +104,7 @@ def stages(
             f"conformance {device} {dtype}",
             (python, "-m", "ampcore", "conformance", "--backend", device, "--dtype", dtype,
              "--report-dir", str(out / f"conformance-{device}-{dtype}"), "--", "-q", "-p", "no:cacheprovider"),
-            100,
+            120,
         )  # fmt: skip
         for dtype in ("float16", "bfloat16")
     ]
