@@ -169,7 +169,8 @@ def run_stage(stage: Stage, log: Path, timeout_s: float, env: dict[str, str] | N
     seconds = time.monotonic() - started
     detail = detail_of(log.read_text(errors="replace"))
     if code is None:
-        return StageResult(stage.name, "TIMEOUT", seconds, f"killed after {timeout_s:.0f} s; {detail}", str(log))
+        killed = f"killed after {timeout_s:.0f} s" + (f"; {detail}" if detail else "")
+        return StageResult(stage.name, "TIMEOUT", seconds, killed, str(log))
     status, detail = ("ok", detail) if code == 0 else ("FAIL", f"{detail} (exit {code})")
     return StageResult(stage.name, status, seconds, detail, str(log))
 
