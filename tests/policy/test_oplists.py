@@ -15,6 +15,7 @@ from ampcore._policy.op_names import castable_overloads, functional_overloads
 from ampcore._policy.registration import registered_keys
 from ampcore._policy.torch_tables import (
     NATIVE_TABLES,
+    TORCH_RELEASE,
     UNMIRRORED,
     dispatch_key_of,
     native_table,
@@ -264,5 +265,7 @@ def test_generated_tables_in_docs_are_up_to_date() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if TORCH_RELEASE != module.RELEASE:  # torch's own lists differ between releases (TABLE_CHANGES)
+        pytest.skip(f"docs/levels.md shows torch {module.RELEASE}'s lists; this is torch {torch.__version__}")
     text = module.DOC.read_text()
     assert module.generate() in text, "docs/levels.md is stale: run python docs/gen_oplists.py"
