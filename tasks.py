@@ -35,6 +35,7 @@ import time
 import venv
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("AMPCORE_VENV", ROOT / ".venv"))
@@ -381,79 +382,37 @@ def compat(args: list[str]) -> None:
 GPU_WHEELS = Path(os.environ.get("AMPCORE_GPU_WHEELS", ROOT / "dist" / "gpu-wheels"))
 #: Where ``gpu`` installs them on the GPU machine (``AMPCORE_GPU_SITE``; emptied first).
 GPU_SITE = Path(os.environ.get("AMPCORE_GPU_SITE", Path("/tmp") / "ampcore-gpu-site"))
-#: Pure-Python distributions the check needs besides torch (which the GPU machine has) and
-#: ampcore: ampcore's pluggy, pytest and hypothesis with their dependencies, pytest-xdist
-#: (the index's newest that suit this Python and pip's constraints).
-GPU_CHECK_DEPS = (
-    "pluggy", "pytest", "iniconfig", "packaging", "pygments", "exceptiongroup", "tomli",
-    "hypothesis", "sortedcontainers", "attrs", "pytest-xdist", "execnet",
-)  # fmt: skip
 
 
-def gpu_wheels_commands(wheels: Path, python: str = sys.executable) -> list[list[str]]:
-    """The pip commands of ``gpu-wheels``: ampcore and the plugins built without their
-    dependencies, then :data:`GPU_CHECK_DEPS` downloaded as pure-Python wheels only."""
-    pip_cmd = [python, "-m", "pip", "--disable-pip-version-check"]
-    build = [*pip_cmd, "wheel", "--no-deps", "-w", str(wheels), str(ROOT), *(str(p) for p in PLUGINS)]
-    fetch = [*pip_cmd, "download", "--no-deps", "--only-binary=:all:", "--platform", "any", "-d", str(wheels)]
-    return [build, [*fetch, *GPU_CHECK_DEPS]]
+def _gpu_wheels_module() -> ModuleType:
+    """``benchmarks/gpu_wheels.py`` (standard library only: it runs before anything is installed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ampcore_gpu_wheels", ROOT / "benchmarks" / "gpu_wheels.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def gpu_wheels(args: list[str]) -> None:
     """Build the wheels the GPU check carries into ``GPU_WHEELS`` (run where there is network)."""
-    if GPU_WHEELS.exists():
-        for old in GPU_WHEELS.glob("*.whl"):
-            old.unlink()
-    GPU_WHEELS.mkdir(parents=True, exist_ok=True)
-    for command in gpu_wheels_commands(GPU_WHEELS):
-        sh(*command)
-    names = sorted(p.name for p in GPU_WHEELS.glob("*.whl"))
-    size = sum(p.stat().st_size for p in GPU_WHEELS.glob("*.whl"))
-    print(f"gpu-wheels: {len(names)} wheels, {size / 2**20:.1f} MiB in {GPU_WHEELS}: carry that folder "
-          f"(e.g. {os.path.relpath(GPU_WHEELS, ROOT)}), then run `python3 tasks.py gpu` there", flush=True)  # fmt: skip
-
-
-def gpu_install_command(wheels: Path, target: Path, python: str = sys.executable) -> list[str]:
-    """pip's command that installs the carried wheels into ``target`` (no index, no deps)."""
-    return [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--no-deps",
-            "--target", str(target), *sorted(str(p) for p in wheels.glob("*.whl"))]  # fmt: skip
-
-
-def install_gpu_wheels(wheels: Path, target: Path) -> None:
-    """Install the wheels of ``wheels`` into ``target`` (emptied first); without pip, unpack
-    them there (pure-Python wheels: the same files, dist-info included)."""
-    import shutil
-    import zipfile
-
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, check=False).returncode == 0:
-        sh(*gpu_install_command(wheels, target))
-        return
-    print(f"gpu: no pip in {sys.executable}; unpacking the wheels into {target}", flush=True)
-    for wheel in sorted(wheels.glob("*.whl")):
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(target)
-
-
-def gpu_env(site: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of the check: ``site`` first on ``PYTHONPATH`` (its dist-info folders
-    make the adapters' entry points visible to ``importlib.metadata``)."""
-    env = dict(os.environ if environ is None else environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    return env
+    wheels = _gpu_wheels_module()
+    wheels.build(GPU_WHEELS, ROOT, PLUGINS, run=lambda command: sh(*command))
+    print(f"gpu-wheels: {wheels.describe(GPU_WHEELS)}: carry that folder ({os.path.relpath(GPU_WHEELS, ROOT)}), "
+          "then run `python3 tasks.py gpu` there", flush=True)  # fmt: skip
 
 
 def gpu(args: list[str]) -> None:
     """The GPU check with the Python and torch of this machine: install the carried wheels
     (``gpu-wheels``) into ``GPU_SITE``, then ``benchmarks/gpu_check.py`` (args go to it)."""
-    wheels = list(GPU_WHEELS.glob("*.whl"))
-    if wheels:
-        install_gpu_wheels(GPU_WHEELS, GPU_SITE)
-        env = gpu_env(GPU_SITE)
+    env = dict(os.environ)
+    if any(GPU_WHEELS.glob("*.whl")):
+        wheels = _gpu_wheels_module()
+        wheels.install(GPU_WHEELS, GPU_SITE, run=lambda command: sh(*command))
+        env = wheels.environment(GPU_SITE, env)
     else:
         print(f"gpu: no wheels in {GPU_WHEELS} (python3 tasks.py gpu-wheels); using the installed ampcore", flush=True)
-        env = dict(os.environ)
     check = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args]
     code = subprocess.run(check, cwd=ROOT, env=env).returncode
     if code:

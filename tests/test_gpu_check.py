@@ -30,6 +30,11 @@ def check() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
+def wheels() -> ModuleType:
+    return _load("ampcore_gpu_wheels", ROOT / "benchmarks" / "gpu_wheels.py")
+
+
+@pytest.fixture(scope="module")
 def tasks() -> ModuleType:
     return _load("ampcore_tasks_gpu", ROOT / "tasks.py")
 
@@ -97,8 +102,10 @@ def test_a_stage_that_no_longer_fits_the_budget_is_skipped(check: ModuleType, tm
     assert [(r.status, r.detail) for r in results] == [("SKIPPED", f"no time left in the {check.RESERVE_S} s budget")]
 
 
-def test_gpu_wheels_builds_ampcore_and_the_plugins_and_fetches_pure_python_only(tasks: ModuleType, tmp_path: Path) -> None:
-    build, fetch = tasks.gpu_wheels_commands(tmp_path, python="py")
+def test_gpu_wheels_builds_ampcore_and_the_plugins_and_fetches_pure_python_only(
+    wheels: ModuleType, tasks: ModuleType, tmp_path: Path
+) -> None:
+    build, fetch = wheels.build_commands(tmp_path, ROOT, tasks.PLUGINS, python="py")
     assert build[:5] == ["py", "-m", "pip", "--disable-pip-version-check", "wheel"] and "--no-deps" in build
     assert str(ROOT) in build and all(str(plugin) in build for plugin in tasks.PLUGINS)
     assert fetch[4] == "download" and {"--no-deps", "--only-binary=:all:"} <= set(fetch)
@@ -106,30 +113,45 @@ def test_gpu_wheels_builds_ampcore_and_the_plugins_and_fetches_pure_python_only(
     assert {"pluggy", "pytest", "hypothesis"} <= set(fetch) and "torch" not in fetch
 
 
-def test_gpu_installs_the_carried_wheels_without_an_index(tasks: ModuleType, tmp_path: Path) -> None:
+def test_gpu_wheels_replaces_the_old_wheels(wheels: ModuleType, tasks: ModuleType, tmp_path: Path) -> None:
+    (tmp_path / "stale-0.1-py3-none-any.whl").touch()
+    ran: list[list[str]] = []
+    wheels.build(tmp_path, ROOT, tasks.PLUGINS, run=ran.append)
+    assert [command[4] for command in ran] == ["wheel", "download"]
+    assert not list(tmp_path.glob("*.whl"))
+
+
+def test_gpu_installs_the_carried_wheels_without_an_index(wheels: ModuleType, tmp_path: Path) -> None:
     (tmp_path / "b-1.0-py3-none-any.whl").touch()
     (tmp_path / "a-1.0-py3-none-any.whl").touch()
-    command = tasks.gpu_install_command(tmp_path, tmp_path / "site", python="py")
+    command = wheels.install_command(tmp_path, tmp_path / "site", python="py")
     assert command[:4] == ["py", "-m", "pip", "install"]
     assert {"--no-index", "--no-deps"} <= set(command) and command[command.index("--target") + 1] == str(tmp_path / "site")
     assert [Path(c).name for c in command[-2:]] == ["a-1.0-py3-none-any.whl", "b-1.0-py3-none-any.whl"]
-    env = tasks.gpu_env(tmp_path / "site", {"PYTHONPATH": "/elsewhere"})
+    env = wheels.environment(tmp_path / "site", {"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(":") == [str(tmp_path / "site"), "/elsewhere"]
 
 
 def test_without_pip_the_wheels_are_unpacked_with_their_entry_points(
-    tasks: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    wheels: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    wheels.mkdir()
-    with zipfile.ZipFile(wheels / "ampcore_demo-1.0-py3-none-any.whl", "w") as archive:
+    carried, site = tmp_path / "wheels", tmp_path / "site"
+    carried.mkdir()
+    with zipfile.ZipFile(carried / "ampcore_demo-1.0-py3-none-any.whl", "w") as archive:
         archive.writestr("ampcore_demo/__init__.py", "")
         archive.writestr("ampcore_demo-1.0.dist-info/entry_points.txt", "[ampcore]\ndemo = ampcore_demo\n")
 
     class NoPip:
         returncode = 1
 
-    monkeypatch.setattr(tasks.subprocess, "run", lambda *args, **kwargs: NoPip())
-    tasks.install_gpu_wheels(wheels, site)
+    monkeypatch.setattr(wheels.subprocess, "run", lambda *args, **kwargs: NoPip())
+    wheels.install(carried, site, run=lambda command: pytest.fail("pip is not there"))
     assert (site / "ampcore_demo" / "__init__.py").exists()
     assert "demo = ampcore_demo" in (site / "ampcore_demo-1.0.dist-info" / "entry_points.txt").read_text()
+
+
+def test_tasks_knows_both_gpu_commands(tasks: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["tasks.py", "nosuch"])
+    with pytest.raises(SystemExit, match="gpu-wheels") as info:
+        tasks.main()
+    assert "|gpu|" in str(info.value)
