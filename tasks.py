@@ -386,12 +386,11 @@ GPU_SITE = Path(os.environ.get("AMPCORE_GPU_SITE", Path("/tmp") / "ampcore-gpu-s
 
 def _gpu_wheels_module() -> ModuleType:
     """``benchmarks/gpu_wheels.py`` (standard library only: it runs before anything is installed)."""
-    import importlib.util
+    from importlib.machinery import SourceFileLoader
 
-    spec = importlib.util.spec_from_file_location("ampcore_gpu_wheels", ROOT / "benchmarks" / "gpu_wheels.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    loader = SourceFileLoader("ampcore_gpu_wheels", str(ROOT / "benchmarks" / "gpu_wheels.py"))
+    module = ModuleType(loader.name)
+    loader.exec_module(module)
     return module
 
 
