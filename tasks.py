@@ -5,6 +5,9 @@
     python3 tasks.py test     # lint (ruff, mypy --strict), the whole test suite, then the
                               # conformance suite against cpu (bfloat16, float16) and the
                               # example plugin (reports/); ends with one summary of every stage
+    python3 tasks.py gpu-wheels  # build the wheels the GPU check carries (dist/gpu-wheels)
+    python3 tasks.py gpu      # on a GPU machine without network: the GPU check (<= 8 min) with
+                              # the machine's own Python and torch (benchmarks/gpu_check.py)
     python3 tasks.py compat   # the same at the oldest supported torch (2.8.0), then again
                               # with Intel Extension for PyTorch 2.8.0 imported in every
                               # process (.venv-compat; wheels cached, ~3.6 GB; args go to pytest)
@@ -32,6 +35,7 @@ import time
 import venv
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent
 VENV = Path(os.environ.get("AMPCORE_VENV", ROOT / ".venv"))
@@ -376,8 +380,50 @@ def compat(args: list[str]) -> None:
         sys.exit(1)
 
 
+# -- gpu: the GPU check on a borrowed machine without network (issue 24) -----------------
+
+#: Where ``gpu-wheels`` puts the wheels to carry (``AMPCORE_GPU_WHEELS``).
+GPU_WHEELS = Path(os.environ.get("AMPCORE_GPU_WHEELS", ROOT / "dist" / "gpu-wheels"))
+#: Where ``gpu`` installs them on the GPU machine (``AMPCORE_GPU_SITE``; emptied first).
+GPU_SITE = Path(os.environ.get("AMPCORE_GPU_SITE", Path("/tmp") / "ampcore-gpu-site"))
+
+
+def _gpu_wheels_module() -> ModuleType:
+    """``benchmarks/gpu_wheels.py`` (standard library only: it runs before anything is installed)."""
+    from importlib.machinery import SourceFileLoader
+
+    loader = SourceFileLoader("ampcore_gpu_wheels", str(ROOT / "benchmarks" / "gpu_wheels.py"))
+    module = ModuleType(loader.name)
+    loader.exec_module(module)
+    return module
+
+
+def gpu_wheels(args: list[str]) -> None:
+    """Build the wheels the GPU check carries into ``GPU_WHEELS`` (run where there is network)."""
+    wheels = _gpu_wheels_module()
+    wheels.build(GPU_WHEELS, ROOT, PLUGINS, run=lambda command: sh(*command))
+    print(f"gpu-wheels: {wheels.describe(GPU_WHEELS)}: carry that folder ({os.path.relpath(GPU_WHEELS, ROOT)}), "
+          "then run `python3 tasks.py gpu` there", flush=True)  # fmt: skip
+
+
+def gpu(args: list[str]) -> None:
+    """The GPU check with the Python and torch of this machine: install the carried wheels
+    (``gpu-wheels``) into ``GPU_SITE``, then ``benchmarks/gpu_check.py`` (args go to it)."""
+    env = dict(os.environ)
+    if any(GPU_WHEELS.glob("*.whl")):
+        wheels = _gpu_wheels_module()
+        wheels.install(GPU_WHEELS, GPU_SITE, run=lambda command: sh(*command))
+        env = wheels.environment(GPU_SITE, env)
+    else:
+        print(f"gpu: no wheels in {GPU_WHEELS} (python3 tasks.py gpu-wheels); using the installed ampcore", flush=True)
+    check = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *args]
+    code = subprocess.run(check, cwd=ROOT, env=env).returncode
+    if code:
+        sys.exit(code)
+
+
 def main() -> None:
-    commands = {"demo": demo, "test": test, "compat": compat}
+    commands = {"demo": demo, "test": test, "compat": compat, "gpu": gpu, "gpu-wheels": gpu_wheels}
     if len(sys.argv) < 2 or sys.argv[1] not in commands:
         sys.exit(f"usage: python3 tasks.py {{{'|'.join(commands)}}} [args...]")
     try:

@@ -20,6 +20,9 @@ BEGIN: Final = "<!-- BEGIN GENERATED OP LISTS (python docs/gen_oplists.py; do no
 END: Final = "<!-- END GENERATED OP LISTS -->"
 #: First-party backends, in the order the page shows them.
 BACKENDS: Final = ("cpu", "cuda", "xpu", "npu")
+#: The torch release the page shows the lists of (the project's pinned torch, tasks.py);
+#: other releases' lists differ by ``ampcore._policy.torch_tables.TABLE_CHANGES``.
+RELEASE: Final = (2, 13)
 
 
 def generate() -> str:

@@ -1,4 +1,7 @@
-"""Shared fixtures: fake adapter plugins registered in process and removed afterwards."""
+"""Shared fixtures: fake adapter plugins registered in process and removed afterwards, and
+the presence or absence of a CUDA GPU faked through the cuda adapter (``cuda_present``,
+``cuda_absent``; ``AMPCORE_TEST_SIMULATE_CUDA=1`` fakes a GPU for every test, as a machine
+with one would show it: tests that assume the absence of CUDA fail under it)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ from ampcore import hookimpl
 
 # level="auto" keeps measured costs on disk: never in the user's cache during tests
 os.environ.setdefault("AMPCORE_AUTO_CACHE", tempfile.mkdtemp(prefix="ampcore-auto-cache-"))
+
+
+#: Set to 1: every test runs as on a machine with one CUDA GPU (see :func:`simulate_cuda`).
+SIMULATE_CUDA_ENV = "AMPCORE_TEST_SIMULATE_CUDA"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -83,3 +90,51 @@ def no_emulation_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*runs emulated.*", category=ampcore.AmpcoreWarning)
         yield
+
+
+def simulate_cuda(monkeypatch: pytest.MonkeyPatch, present: bool) -> ampcore.Backend:
+    """Make the ``cuda`` backend report a GPU (``present``) or none, whatever the machine has.
+
+    Patches what the cuda adapter reads (``torch.cuda.is_available``, ``device_count``,
+    ``torch.version.cuda`` for a CPU-only build) and drops ampcore's cached availability and
+    device resolutions, so that ampcore asks the adapter again; ``monkeypatch`` restores
+    everything.  Nothing can run on the faked GPU: tests that need to run CUDA kernels skip
+    unless ``torch.cuda.is_available()`` is true of the real machine.
+    """
+    from ampcore._backends import backend as backend_module
+    from ampcore._backends import registry
+    from ampcore_backends import cuda as adapter
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: present)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(present))
+    if present:
+        if torch.version.cuda is None and torch.version.hip is None:
+            monkeypatch.setattr(torch.version, "cuda", "12.8")
+        if not torch.cuda.is_initialized():  # a real GPU keeps its own name and properties
+            monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Simulated GPU")
+            props = adapter.CudaDeviceProperties("Simulated GPU", 9, 0, bf16_native=True)
+            monkeypatch.setattr(adapter, "read_properties", lambda index: props)
+    cuda = ampcore.get_backend("cuda")
+    monkeypatch.setattr(cuda, "_reason", backend_module._MISSING)
+    monkeypatch.setattr(cuda, "_capability", {})
+    monkeypatch.setattr(registry._holder, "cache", {})
+    return cuda
+
+
+@pytest.fixture(autouse=True)
+def _simulated_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``AMPCORE_TEST_SIMULATE_CUDA=1`` every test sees a CUDA GPU (faked)."""
+    if os.environ.get(SIMULATE_CUDA_ENV) == "1":
+        simulate_cuda(monkeypatch, present=True)
+
+
+@pytest.fixture
+def cuda_present(monkeypatch: pytest.MonkeyPatch) -> ampcore.Backend:
+    """The cuda backend reports one GPU (faked on a machine without one)."""
+    return simulate_cuda(monkeypatch, present=True)
+
+
+@pytest.fixture
+def cuda_absent(monkeypatch: pytest.MonkeyPatch) -> ampcore.Backend:
+    """The cuda backend reports no GPU (faked on a machine with one)."""
+    return simulate_cuda(monkeypatch, present=False)

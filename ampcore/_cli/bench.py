@@ -23,7 +23,7 @@ from .experiment import (
     unreliable_reasons,
 )
 
-__all__ = ["add_parser", "check_output_path", "format_result", "plot_result"]
+__all__ = ["add_parser", "check_output_path", "format_result", "plot_result", "time_note"]
 
 
 class ProgressBar:
@@ -141,8 +141,19 @@ def format_result(result: BenchResult) -> str:
                 else f". Re-run on a quiet machine (this run already had {result.repeats} repeats)."
             )
         )
+    notes.append(time_note(result))
     wrapped = [textwrap.fill(note, WIDTH, break_on_hyphens=False) for note in notes]
     return head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(wrapped)
+
+
+def time_note(result: BenchResult) -> str:
+    """Where the run's wall time went: per mode its process start (fresh processes only),
+    set-up (data, model built on the device, decorate) and steps, then the total."""
+    parts = []
+    for r in result.results:
+        start = f"start {r.start_s:.1f} + " if r.start_s else ""
+        parts.append(f"{r.mode} {start}set-up {r.setup_s:.1f} + steps {r.steps_s:.1f}")
+    return f"time: wall {result.wall_s:.1f} s; {'; '.join(parts)} (seconds)."
 
 
 def plot_result(result: BenchResult, path: str) -> None:

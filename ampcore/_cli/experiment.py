@@ -89,10 +89,10 @@ class GuideLinear(nn.Module):
     (Paddle's default initialisers).  torch's ``nn.Linear`` fuses the add into ``addmm``, so
     a custom list naming ``add`` would change nothing there."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, device: torch.device | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(in_features, out_features)))
-        self.bias = nn.Parameter(torch.zeros(out_features))
+        self.weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(in_features, out_features, device=device)))
+        self.bias = nn.Parameter(torch.zeros(out_features, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.matmul(x, self.weight) + self.bias
@@ -101,9 +101,9 @@ class GuideLinear(nn.Module):
 class SeedNet(nn.Module):
     """The guide's network: 9 :class:`GuideLinear` ``(size, size)`` layers in a row."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, device: torch.device | None = None) -> None:
         super().__init__()
-        self.linears = nn.ModuleList(GuideLinear(size, size) for _ in range(9))
+        self.linears = nn.ModuleList(GuideLinear(size, size, device) for _ in range(9))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for linear in self.linears:
@@ -162,17 +162,21 @@ def _run_mode(
     batch: int,
     on_step: StepCallback | None,
 ) -> ModeResult:
+    began = time.perf_counter()
     device = torch.device(backend.device_type, index)
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(settings.seed)  # every device's generator: the same data and weights per mode
     # the guide's data: uniform [0, 1) inputs and labels, `batches` distinct batches cycled
     data = torch.rand(settings.batches, batch, size, device=device)
     label = torch.rand(settings.batches, batch, size, device=device)
     synchronize(backend, index)
     reset_peak_memory(backend, index)
     base = memory_in_use(backend, index)  # peak growth: weights, masters, grads, activations
-    model: nn.Module = SeedNet(size).to(device)
+    # built and initialised on the device (its generator): no host-side init and copy of 9 x size^2
+    model: nn.Module = SeedNet(size, device)
     opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=settings.lr)
     model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
+    synchronize(backend, index)
+    stepping = time.perf_counter()
     total = settings.warmup + settings.steps
     times: list[float] = []
     losses: list[float] = []
@@ -194,6 +198,7 @@ def _run_mode(
             times.append((time.perf_counter() - start) * 1e3)
         if on_step is not None:
             on_step(mode, step + 1, total)
+    steps_s = time.perf_counter() - stepping
     peak = peak_memory(backend, index)
     scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None  # None: no scaling
     del model, opt, data, label
@@ -206,6 +211,8 @@ def _run_mode(
         peak_memory=None if peak is None or base is None else max(peak - base, 0),
         loss_scale=scale,
         repeat_ms=[statistics.median(times)],
+        setup_s=stepping - began,
+        steps_s=steps_s,
     )
 
 
@@ -230,6 +237,26 @@ def _worker(
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
+#: What the fork server imports once, so that each mode's process starts without importing
+#: torch and ampcore again (and without torch._dynamo, which an optimizer imports).
+_PRELOAD: Final = ("ampcore._cli.experiment", "torch._dynamo")
+
+
+def _process_context() -> Any:
+    """The multiprocessing context of the modes' processes: a fork server that has imported
+    :data:`_PRELOAD` (it never touches a device, so each forked child initialises its own
+    device runtime), or ``spawn`` where there is no fork server (Windows) or
+    ``AMPCORE_BENCH_START_METHOD=spawn`` asks for it."""
+    import multiprocessing
+
+    method = os.environ.get("AMPCORE_BENCH_START_METHOD", "forkserver")
+    if method != "forkserver" or method not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(_PRELOAD))
+    return context
+
+
 def _run_isolated(
     mode: str,
     settings: BenchSettings,
@@ -239,12 +266,12 @@ def _run_isolated(
     batch: int,
     on_step: StepCallback | None,
 ) -> ModeResult:
-    import multiprocessing
     import queue as queues
 
-    context = multiprocessing.get_context("spawn")
+    context = _process_context()
     channel = context.Queue()
     process = context.Process(target=_worker, args=(channel, mode, settings, device, dtype, size, batch), daemon=True)
+    began = time.perf_counter()
     process.start()
     try:
         while True:
@@ -262,7 +289,11 @@ def _run_isolated(
             elif kind == "error":
                 raise AmpcoreError(f"ampcore bench: mode {mode!r} failed: {payload[0]}")
             elif kind == "result":
-                return ModeResult(**payload[0])
+                result = ModeResult(**payload[0])
+                process.join(timeout=30)
+                # the rest of the process's life: interpreter, imports, plugin loading, exit
+                result.start_s = max(time.perf_counter() - began - result.setup_s - result.steps_s, 0.0)
+                return result
     finally:
         process.join(timeout=30)
         if process.is_alive():
@@ -282,6 +313,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
 
     from .._version import __version__
 
+    began = time.perf_counter()
     _check_settings(settings)
     resolved = resolve_device(settings.device)
     backend, index = resolved.backend, resolved.index or 0
@@ -314,6 +346,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
                 runs[mode].append(_run_mode(mode, settings, backend, index, dtype, size, batch, on_step))
     result.results = [merge_repeats(runs[mode]) for mode in settings.modes]
     add_speedups(result.results, settings.repeats)
+    result.wall_s = time.perf_counter() - began
     return result
 
 

@@ -40,6 +40,12 @@ class ModeResult:
     repeat_ms: list[float] = field(default_factory=list)
     #: the fastest and slowest per-repeat speed-up (None with one repeat)
     speedup_range: list[float] | None = None
+    #: where the mode's wall time went, in seconds (summed over repeats): starting its
+    #: process (interpreter, imports, device runtime; 0 in process), setting up (data, model
+    #: built on the device, decorate, regions) and the training steps (warm-up included)
+    start_s: float = 0.0
+    setup_s: float = 0.0
+    steps_s: float = 0.0
 
 
 @dataclass
@@ -64,6 +70,8 @@ class BenchResult:
     autocast_provider: str = "native"
     #: whether the backend reports overflow through a device flag (torch's GradScaler cannot read it)
     overflow_flag: bool = False
+    #: the whole run's wall time in seconds (every mode and repeat, process starts included)
+    wall_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +110,9 @@ def merge_repeats(runs: list[ModeResult]) -> ModeResult:
         peak_memory=max(peaks) if peaks else None,
         loss_scale=first.loss_scale,
         repeat_ms=[run.ms_per_step for run in runs],
+        start_s=sum(run.start_s for run in runs),
+        setup_s=sum(run.setup_s for run in runs),
+        steps_s=sum(run.steps_s for run in runs),
     )
 
 

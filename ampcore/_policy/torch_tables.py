@@ -18,7 +18,11 @@ Membership is checked against the dispatcher of the installed torch by
 ``tests/policy/test_oplists.py`` (``torch._C._dispatch_get_registrations_for_dispatch_key``), so a
 torch upgrade that changes the lists fails that test instead of drifting silently.
 Policies were read from the torch sources of the 2.x series matching torch 2.13's
-registrations.
+registrations.  The lists differ across the supported releases (2.8 to 2.13):
+:data:`TABLE_CHANGES` records each difference with the releases that have it, and the
+tables of this module are those of the installed torch (:func:`tables_for`; the
+registrations of each release, recorded from its wheels, are checked in the tests).
+:data:`UNMIRRORED` lists the native registrations ampcore deliberately does not copy.
 
 Which table a device type uses (:data:`TABLE_OF_DEVICE_TYPE`): ``cpu``, ``cuda`` and
 ``mps`` have their own lists in torch.  ``xpu`` and ``mtia`` register torch's generic
@@ -31,8 +35,12 @@ adapter describes its differences with the ``ampcore_op_list_adjustments`` hook.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Final, Literal
+
+import torch
 
 __all__ = [
     "APPEND_DTYPE_OVERLOADS",
@@ -42,12 +50,18 @@ __all__ = [
     "DEFAULT_DISPATCH_KEY",
     "GENERIC_TABLE",
     "NATIVE_TABLES",
+    "TABLE_CHANGES",
     "TABLE_OF_DEVICE_TYPE",
     "TENSOR_DEVICE_CHECKS",
     "TORCH_KERNEL_DEVICE_TYPES",
+    "TORCH_RELEASE",
+    "UNMIRRORED",
+    "TableChange",
     "dispatch_key_of",
     "native_table",
+    "release_of",
     "table_name_of",
+    "tables_for",
 ]
 
 CastPolicy = Literal[
@@ -80,7 +94,7 @@ _GENERIC: Final[dict[CastPolicy, tuple[str, ...]]] = {
         kl_div l1_loss layer_norm log log10 log1p log2 logsumexp margin_ranking_loss
         mse_loss multi_margin_loss multilabel_margin_loss native_layer_norm nll_loss
         nll_loss2d nuclear_norm nuclear_norm.dim pdist poisson_nll_loss pow.Scalar
-        pow.Tensor_Scalar pow.Tensor_Tensor reciprocal renorm rms_norm rsqrt sinh
+        pow.Tensor_Scalar pow.Tensor_Tensor reciprocal renorm rsqrt sinh
         smooth_l1_loss soft_margin_loss softplus tan triplet_margin_loss upsample_bicubic2d
         upsample_bilinear2d upsample_linear1d upsample_nearest1d upsample_nearest2d
         upsample_nearest3d upsample_trilinear3d
@@ -131,8 +145,8 @@ _CPU: Final[dict[CastPolicy, tuple[str, ...]]] = {
 _MPS: Final[dict[CastPolicy, tuple[str, ...]]] = {
     "lower_precision_fp": _split("""
         _convolution _convolution.deprecated _mps_convolution addbmm addmm addmv addr
-        baddbmm bmm chain_matmul conv1d conv2d conv3d conv_tbc conv_transpose1d
-        conv_transpose2d.input conv_transpose3d.input convolution einsum linalg_multi_dot
+        baddbmm bmm chain_matmul conv1d conv2d conv_tbc conv_transpose1d
+        conv_transpose2d.input convolution einsum linalg_multi_dot
         linear lstm_cell matmul mm mv prelu scaled_dot_product_attention
     """),
     "fp32": _split("""
@@ -161,13 +175,81 @@ _CUDA: Final[dict[CastPolicy, tuple[str, ...]]] = {
 #: The name of the table used for device types torch has no own lists for.
 GENERIC_TABLE: Final = "generic"
 
-#: table name -> {operator overload ("mm", "softmax.int"): cast policy}.
-NATIVE_TABLES: Final[Mapping[str, Mapping[str, CastPolicy]]] = {
-    "cpu": _invert(_CPU),
-    "cuda": _invert(_CUDA),
-    "mps": _invert(_MPS),
-    GENERIC_TABLE: _invert(_GENERIC),
+Release = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TableChange:
+    """Overloads ``ops`` with ``policy`` in ``tables``, registered by torch from release
+    ``since`` (None: every supported one) up to, not including, release ``until``."""
+
+    tables: tuple[str, ...]
+    policy: CastPolicy
+    ops: tuple[str, ...]
+    since: Release | None = None
+    until: Release | None = None
+
+    def applies_to(self, release: Release) -> bool:
+        return (self.since is None or release >= self.since) and (self.until is None or release < self.until)
+
+
+_NAMED = _split("""
+    cumprod.dimname cumsum.dimname log_softmax.Dimname prod.dim_Dimname softmax.Dimname sum.dim_DimnameList
+""")
+
+#: How torch's lists changed between the supported releases (2.8 to 2.13), read from each
+#: release's dispatcher (``tests/policy/data/autocast-registrations-*.json``).
+TABLE_CHANGES: Final[tuple[TableChange, ...]] = (
+    # named-tensor overloads: gone from torch 2.13 (the operators no longer exist)
+    TableChange(("cuda", GENERIC_TABLE), "fp32_set_opt_dtype", _NAMED, until=(2, 13)),
+    TableChange(("cuda", GENERIC_TABLE), "fp32_append_dtype", ("norm.names_ScalarOpt_dim",), until=(2, 13)),
+    TableChange(("mps",), "fp32", _NAMED, until=(2, 13)),
+    TableChange(("cpu",), "fp32", ("prod.dim_Dimname",), until=(2, 13)),
+    TableChange(("cpu",), "promote", ("index_copy.dimname",), until=(2, 13)),
+    # rms_norm joined the float32 list in torch 2.12
+    TableChange(("cuda", GENERIC_TABLE), "fp32", ("rms_norm",), since=(2, 12)),
+    # MPS runs 3-d convolutions in low precision since torch 2.9
+    TableChange(("mps",), "lower_precision_fp", ("conv3d", "conv_transpose3d.input"), since=(2, 9)),
+)
+
+#: Native registrations ampcore's tables leave out on purpose: table -> {overload: why}.
+UNMIRRORED: Final[Mapping[str, Mapping[str, str]]] = {
+    "cuda": {
+        "_cudnn_rnn": "registered by torch builds with cuDNN only; its kernel casts and re-flattens the "
+        "RNN's packed weights itself, which no per-argument cast policy can copy (under a customised "
+        "region the op runs in its inputs' dtype)",
+    },
 }
+
+
+def release_of(version: str) -> Release:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``.
+
+    Example::
+
+        >>> release_of("2.11.0+cu130"), release_of("2.13.0a0+git1234")
+        ((2, 11), (2, 13))
+    """
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+#: The installed torch's release (major, minor).
+TORCH_RELEASE: Final = release_of(torch.__version__)
+
+
+def tables_for(release: Release) -> dict[str, dict[str, CastPolicy]]:
+    """Every native table as torch ``release`` registers it: ``{table: {overload: policy}}``."""
+    tables = {"cpu": _invert(_CPU), "cuda": _invert(_CUDA), "mps": _invert(_MPS), GENERIC_TABLE: _invert(_GENERIC)}
+    for change in TABLE_CHANGES:
+        if change.applies_to(release):
+            for table in change.tables:
+                tables[table].update(dict.fromkeys(change.ops, change.policy))
+    return tables
+
+
+#: table name -> {operator overload ("mm", "softmax.int"): cast policy}, for the installed torch.
+NATIVE_TABLES: Final[Mapping[str, Mapping[str, CastPolicy]]] = tables_for(TORCH_RELEASE)
 
 #: torch device type -> native table (anything else: :data:`GENERIC_TABLE`).
 TABLE_OF_DEVICE_TYPE: Final[Mapping[str, str]] = {"cpu": "cpu", "cuda": "cuda", "mps": "mps"}

@@ -256,3 +256,39 @@ def test_torch_autocast_row_says_it_is_blind_to_a_device_overflow_flag() -> None
     result.overflow_flag = True
     text = format_result(result)
     assert "torch's GradScaler, which is blind to that flag" in text and max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_the_model_is_built_on_the_device() -> None:
+    """No host-side initialisation and copy of 9 x size^2 weights (issue 24: minutes on a GPU)."""
+    from ampcore._cli.experiment import SeedNet
+
+    model = SeedNet(8, torch.device("meta"))
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def test_the_table_says_where_the_time_went() -> None:
+    result = run_bench(BenchSettings(device="cpu", size=16, batch=4, steps=2, modes=("fp32", "AMP-O1"), isolate=False))
+    for r in result.results:
+        assert r.setup_s > 0 and r.steps_s > 0 and r.start_s == 0.0  # in process: no process start
+    assert result.wall_s >= sum(r.setup_s + r.steps_s for r in result.results)
+    note = format_result(result).split("time: ")[1]
+    assert note.startswith("wall ") and "fp32 set-up " in note and "AMP-O1 set-up " in note
+
+
+@pytest.mark.slow
+def test_isolated_modes_count_their_process_start() -> None:
+    result = run_bench(BenchSettings(device="cpu", size=16, batch=4, steps=2, modes=("fp32", "AMP-O1")))
+    assert all(r.start_s > 0 for r in result.results)
+    assert "fp32 start " in format_result(result)
+
+
+def test_modes_fork_from_a_server_that_imported_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each mode's process starts without importing torch and ampcore again (spawn on request)."""
+    import multiprocessing
+
+    from ampcore._cli.experiment import _process_context
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        assert _process_context().get_start_method() == "forkserver"
+    monkeypatch.setenv("AMPCORE_BENCH_START_METHOD", "spawn")
+    assert _process_context().get_start_method() == "spawn"

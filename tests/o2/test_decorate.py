@@ -277,7 +277,8 @@ def test_a_parameter_in_two_optimizers_raises() -> None:
     assert same(before, snapshot(model, first, second))
 
 
-def test_a_wrapped_model_raises_and_explains_the_order() -> None:
+def test_a_wrapped_model_raises_and_explains_the_order(cuda_absent: ampcore.Backend) -> None:
+    # DataParallel moves the module to the only GPU when there is one: built without one
     model = nn.DataParallel(nn.Linear(4, 4))
     with pytest.raises(ampcore.AmpcoreError, match=r"already wrapped in DataParallel. Decorate first, then wrap"):
         ampcore.decorate(model, device="cpu")

@@ -13,7 +13,7 @@ from torch import nn
 import ampcore
 from ampcore._policy.thread_state import current_region
 
-from conftest import make_adapter
+from conftest import make_adapter, simulate_cuda
 
 X = torch.randn(4, 8)
 W = torch.randn(8, 8)
@@ -190,8 +190,11 @@ def test_torch_device_and_index() -> None:
 # -- bad input -------------------------------------------------------------------------
 
 
-def test_unknown_device_lists_known_backends() -> None:
-    with pytest.raises(ampcore.AmpcoreError, match="unknown backend 'tpu9'.*cpu \\(available\\).*cuda \\(unavailable: "):
+@pytest.mark.parametrize("gpu", [False, True], ids=["no-gpu", "gpu"])
+def test_unknown_device_lists_known_backends(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> None:
+    simulate_cuda(monkeypatch, present=gpu)
+    cuda = "cuda \\(available\\)" if gpu else "cuda \\(unavailable: "
+    with pytest.raises(ampcore.AmpcoreError, match=f"unknown backend 'tpu9'.*cpu \\(available\\).*{cuda}"):
         ampcore.autocast(device="tpu9")
 
 
@@ -200,7 +203,7 @@ def test_unsupported_dtype_lists_supported_dtypes() -> None:
         ampcore.autocast(device="cpu", dtype=torch.float64)
 
 
-def test_unavailable_backend_gives_the_reason() -> None:
+def test_unavailable_backend_gives_the_reason(cuda_absent: ampcore.Backend) -> None:
     # a CPU-only build says it has no CUDA; a CUDA build on a machine without a GPU says so too
     reason = "this torch build .* has no CUDA support" if torch.version.cuda is None else r"torch.cuda.is_available\(\) is False"
     with pytest.raises(ampcore.BackendUnavailableError, match=f'backend "cuda".*unavailable: {reason}'):

@@ -8,7 +8,7 @@ import torch
 import ampcore
 from ampcore._backends.registry import resolve_device
 
-from conftest import make_adapter
+from conftest import make_adapter, simulate_cuda
 
 
 @pytest.mark.parametrize(
@@ -20,20 +20,29 @@ def test_resolve_names_indices_and_torch_devices(device: object, name: str, inde
     assert (resolved.backend.name, resolved.index) == (name, index)
 
 
-def test_none_picks_the_best_available_backend(register) -> None:
-    assert resolve_device(None).backend.name == "cpu"  # cuda (priority 100) is unavailable here
+def test_none_picks_the_best_available_backend(register, cuda_absent: ampcore.Backend) -> None:
+    assert resolve_device(None).backend.name == "cpu"  # cuda (priority 100) is unavailable (faked)
     register(make_adapter("fast", priority=70), name="fast")
     assert resolve_device(None).backend.name == "fast"
     register(make_adapter("faster", priority=90, ampcore_unavailable_reason=lambda: "no chip"), name="faster")
     assert resolve_device(None).backend.name == "fast"
 
 
-def test_unknown_backend_lists_known_backends_with_availability() -> None:
+def test_none_picks_cuda_when_a_gpu_is_present(register, cuda_present: ampcore.Backend) -> None:
+    assert resolve_device(None).backend.name == "cuda"  # priority 100 beats cpu (50)
+    register(make_adapter("faster", priority=110), name="faster")
+    assert resolve_device(None).backend.name == "faster"
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["no-gpu", "gpu"])
+def test_unknown_backend_lists_known_backends_with_availability(monkeypatch: pytest.MonkeyPatch, gpu: bool) -> None:
+    simulate_cuda(monkeypatch, present=gpu)
     with pytest.raises(ampcore.AmpcoreError) as info:
         resolve_device("tpu9")
     message = str(info.value)
     assert "unknown backend 'tpu9'" in message
-    assert "cpu (available)" in message and "cuda (unavailable: " in message
+    assert "cpu (available)" in message
+    assert ("cuda (available)" if gpu else "cuda (unavailable: ") in message
 
 
 def test_unknown_backend_suggests_the_closest_name() -> None:

@@ -305,7 +305,7 @@ def test_enabled_true_forces_scaling_for_bfloat16_and_false_turns_everything_off
     assert torch.isinf(model.bias[0])
 
 
-def test_disabled_scaler_does_not_need_an_available_device() -> None:
+def test_disabled_scaler_does_not_need_an_available_device(cuda_absent: ampcore.Backend) -> None:
     with pytest.raises(ampcore.BackendUnavailableError):
         ampcore.GradScaler("cuda")
     assert not ampcore.GradScaler("cuda", enabled=False).is_enabled()
