@@ -26,13 +26,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from typing import Any, Final, NamedTuple
 
 import torch
 
 from .._backends.memory import synchronize
-from .._errors import AmpcoreWarning
+from .._errors import AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
 from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
@@ -192,11 +191,10 @@ def _measure(
     write_cache(plan)
     if _process.spent_s >= _budget_s() and not _process.exhausted_warned:
         _process.exhausted_warned = True
-        warnings.warn(
+        warn_user(
             f"ampcore.autocast(level='auto'): the warm-up budget of {_budget_s():g} s "
             f"({BUDGET_ENV}) is spent; shape classes not measured yet run with the O1 lists",
             AmpcoreWarning,
-            stacklevel=2,
         )
 
 
@@ -226,13 +224,12 @@ def _warn_once(spec: Any, plan: AutoPlan) -> None:
         return
     _process.warned = True
     where = cache_file(plan.fingerprint)
-    warnings.warn(
+    warn_user(
         "ampcore.autocast(level='auto'): measuring the costs of new shape classes; calls of a class "
         f"run with the O1 lists until it is measured (at most {_budget_s():g} s in all, {BUDGET_ENV}). "
         + (f"Decisions are cached in {where}." if where else "The disk cache is off (AMPCORE_AUTO_CACHE).")
         + " See ampcore.debugging.auto_plan_table().",
         AmpcoreWarning,
-        stacklevel=2,
     )
 
 

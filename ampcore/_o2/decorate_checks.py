@@ -87,7 +87,7 @@ def validate(
 def check_o2(request: DecorateRequest) -> None:
     """Step 1 (O2 only): the device can run the dtype, and models and optimizers can be
     decorated (not wrapped, sharded or decorated already; no foreign parameters)."""
-    request.resolved.backend.enforce_capability(request.low, request.resolved.index or 0, stacklevel=3)
+    request.resolved.backend.enforce_capability(request.low, request.resolved.index or 0)
     _check_models(request.models, request.excluded_instances)
     check_not_sharded(request.models, _CALL)
     _check_optimizers(request.models, request.optimizers)

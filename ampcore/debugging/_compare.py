@@ -24,7 +24,6 @@ reaches ops inside composite modules such as ``nn.MultiheadAttention``.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,7 +34,7 @@ from torch.utils._pytree import tree_map_only
 
 from .._backends.backend import dtype_name
 from .._backends.registry import DeviceLike
-from .._errors import AmpcoreError, AmpcoreWarning
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.autocast import autocast
 from .._table import format_table
 from .._validate import check_bool
@@ -332,11 +331,10 @@ def compare_accuracy(
     _warn_if_training(call, model, amp_model)
     recorder = _run_both(model, amp_model, inputs, per_op, reference, amp)
     if recorder.results and amp.dtype not in recorder.amp_dtypes:
-        warnings.warn(
+        warn_user(
             f"{call}(): no output of the AMP run was {amp.dtype}: is the model on the {amp.backend.name!r} "
             f"device ({amp!r})?",
             AmpcoreWarning,
-            stacklevel=2,
         )
     return _report(recorder, amp, float(threshold))
 
@@ -357,11 +355,10 @@ def _regions(
 
 def _warn_if_training(call: str, model: nn.Module, amp_model: nn.Module) -> None:
     if model.training or amp_model.training:
-        warnings.warn(
+        warn_user(
             f"{call}(): the model is in train mode: dropout differs between the two runs and "
             "batch-norm statistics are updated by both; call model.eval() first",
             AmpcoreWarning,
-            stacklevel=3,  # compare_accuracy's caller
         )
 
 

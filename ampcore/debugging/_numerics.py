@@ -8,7 +8,6 @@ every checked op, by design.  It is a debugging tool, not something to leave on.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -16,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from .._errors import AmpcoreError, AmpcoreWarning
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._validate import check_bool
 from ._module_path import ModuleTracker, autograd_node_name
 from ._ops import ObservingMode, OpFilter, leaf_tensors, op_name, quiet
@@ -276,9 +275,8 @@ class check_numerics:
                 tracker.__exit__(exc_type, exc, traceback)
         if self.findings and not self.raise_on_error:
             origins = [f for f in self.findings if f.inputs_finite] or self.findings
-            warnings.warn(
+            warn_user(
                 f"check_numerics: {len(self.findings)} op call(s) failed the check; the first where "
                 f"the inputs were finite:\n{origins[0].describe()}\n(see .findings for all)",
                 NumericsWarning,
-                stacklevel=2,
             )
