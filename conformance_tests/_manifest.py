@@ -148,5 +148,5 @@ def _tolerances(where: Path, table: object) -> Tolerances:
                 f"manifest {where} [tolerances]", key, value, low=0.0, low_open=True, entry=True
             )
         except ampcore.AmpcoreError as exc:
-            raise ManifestError(f"{exc} (a tolerance is a positive number)") from None
+            raise ManifestError(str(exc)) from None
     return replace(Tolerances(), **checked)
