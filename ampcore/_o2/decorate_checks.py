@@ -103,6 +103,19 @@ def check_o2(request: DecorateRequest) -> None:
         )
 
 
+def _check_not_inference(index: int, model: nn.Module) -> None:
+    """Inference tensors (made under ``torch.inference_mode()``) cannot be converted in place
+    or trained: refuse them before anything changes."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if tensor.is_inference():
+            raise AmpcoreError(
+                f"{_CALL}(models[{index}]): {name!r} is an inference tensor (the model was built or "
+                "loaded under torch.inference_mode()), which O2 cannot convert or train; build the "
+                "model outside torch.inference_mode() (torch.no_grad() is fine). decorate itself may "
+                "be called under torch.inference_mode(): it converts as outside it"
+            )
+
+
 def _as_list(value: Any, kind: type, name: str) -> list[Any]:
     items = list(value) if isinstance(value, (list, tuple)) else [value]
     if not items:
@@ -158,6 +171,7 @@ def _check_models(models: list[nn.Module], excluded_instances: list[nn.Module]) 
                 f"{_CALL}(models[{index}]): the model (or a submodule) was already decorated at "
                 "level O2; decorate each model once, with all of its optimizers"
             )
+        _check_not_inference(index, model)
     inside = {id(m) for model in models for m in model.modules()}
     for layer in excluded_instances:
         if id(layer) not in inside:
