@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "FLOAT32_MAX",
+    "FLOAT32_TINY",
     "INT32_MAX",
     "check_bool",
     "check_flags",
@@ -26,6 +27,8 @@ from ._errors import AmpcoreError
 
 #: The largest finite float32 (loss scales live in float32 tensors).
 FLOAT32_MAX: Final = 3.4028234663852886e38
+#: The smallest normal float32: a scale below it loses precision, and under 2**-149 is 0.
+FLOAT32_TINY: Final = 1.1754943508222875e-38
 #: The largest int32 (the scaler's step counters are int32 tensors).
 INT32_MAX: Final = 2**31 - 1
 

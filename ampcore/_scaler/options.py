@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from .._errors import AmpcoreError, closest
-from .._validate import FLOAT32_MAX, INT32_MAX, check_bool, check_integer, check_real
+from .._validate import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, check_bool, check_integer, check_real
 
 __all__ = [
     "PADDLE_OPTION_NAMES",
@@ -85,9 +85,15 @@ def check_number(call: str, name: str, value: object, *, allow_none: bool = Fals
 
 
 def check_scale(call: str, name: str, value: object, *, allow_none: bool = False) -> float | None:
-    """``value`` as a loss scale: a positive number a float32 can hold (the scale lives in a
-    float32 tensor), or ``None`` when allowed."""
-    return check_real(call, name, value, low=0.0, high=FLOAT32_MAX, low_open=True, allow_none=allow_none)
+    """``value`` as a loss scale: a positive number a float32 holds (the scale lives in a
+    float32 tensor: a larger one would be inf, a tiny one 0), or ``None`` when allowed."""
+    scale = check_real(call, name, value, low=0.0, high=FLOAT32_MAX, low_open=True, allow_none=allow_none)
+    if scale is not None and scale < FLOAT32_TINY:
+        raise AmpcoreError(
+            f"{call}({name}={value!r}): expected a positive finite number from {FLOAT32_TINY:g} up to "
+            f"{FLOAT32_MAX:g} (the scale is kept in float32)"
+        )
+    return scale
 
 
 def check_int(call: str, name: str, value: object, minimum: int, maximum: int | None = None) -> int:

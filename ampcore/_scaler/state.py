@@ -112,8 +112,8 @@ def _parse(call: str, state_dict: object, current: ScalerOptions) -> ScalerState
     if (bounds[0] is not None and scale < bounds[0]) or (bounds[1] is not None and scale > bounds[1]):
         raise AmpcoreError(
             f"{call}(): 'scale' {scale!r} lies outside the bounds [min_scale, max_scale] = "
-            f"[{bounds[0]}, {bounds[1]}]; construct the GradScaler with bounds that include it "
-            "(max_scale=None for no upper bound). The scaler was left unchanged."
+            f"[{bounds[0]}, {bounds[1]}], within which it must lie; construct the GradScaler with bounds "
+            "that include it (max_scale=None for no upper bound). The scaler was left unchanged."
         )
     options = current.with_values(call, init_scale=scale, **settings)
     growth = check_int(call, "_growth_tracker", state_dict["_growth_tracker"], 0)

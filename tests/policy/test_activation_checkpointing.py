@@ -97,14 +97,14 @@ class _ResidualBlock(torch.nn.Module):
 
 def _stem_grads(region: dict[str, object], mode: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
-    stem, block = torch.nn.Conv2d(3, 8, 3, padding=1), _ResidualBlock()
+    stem, block = torch.nn.Parameter(torch.rand(1, 8, 1, 1) + 0.5), _ResidualBlock()  # a float32 stem
     torch.manual_seed(1)
-    x = torch.randn(2, 3, 16, 16)
+    x = torch.randn(2, 8, 16, 16, requires_grad=True)
     with ampcore.autocast(device="cpu", **region):  # type: ignore[arg-type]
-        h = stem(x).float()  # the block's float32 input: computed, not a leaf
+        h = x * stem  # the block's float32 input: computed, not a leaf
         y = block(h) if mode == "plain" else checkpoint(block, h, use_reentrant=mode == "reentrant")
     (y.float() ** 2).sum().backward()
-    return [p.grad for p in stem.parameters()]  # type: ignore[misc]
+    return [stem.grad, x.grad]  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
