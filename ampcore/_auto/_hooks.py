@@ -31,8 +31,9 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from .._backends.memory import synchronize
-from .._errors import AmpcoreWarning, warn_user
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
+from .._validate import check_real
 from ._costs import Costs, measure
 from ._plan import AutoPlan, cache_file, current_plan, fingerprint, write_cache
 from ._shapes import planned_ops, shape_class
@@ -206,9 +207,11 @@ def adapter_costs(backend: Any, key: str, dtype: torch.dtype) -> Costs | None:
     raw = hook(shape_class=key, dtype=dtype)
     if raw is None:
         return None
-    try:
-        return Costs(float(raw["fp32_ms"]), float(raw["low_ms"]), float(raw.get("cast_ms", 0.0)))
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    try:  # finite, non-negative numbers (nan or "a" would decide every class wrongly)
+        values = {"fp32_ms": raw["fp32_ms"], "low_ms": raw["low_ms"], "cast_ms": raw.get("cast_ms", 0.0)}
+        checked = [check_real("ampcore_auto_costs()", k, v, low=0.0, entry=True) or 0.0 for k, v in values.items()]
+        return Costs(checked[0], checked[1], checked[2])
+    except (KeyError, TypeError, ValueError, AttributeError, AmpcoreError) as exc:
         from .._errors import PluginError
 
         raise PluginError(
