@@ -272,7 +272,7 @@ def test_check_numerics(kwargs: dict[str, Any]) -> None:
             "dtype": DTYPES,
             "device": DEVICES,
             "per_op": [False, True, "yes"],
-            "threshold": [0.1, 0.0, -1.0, float("nan"), "0.1", None],
+            "threshold": [0.1, 0.0, -1.0, float("nan"), "0.1", None, 10**400, float("inf"), 2**63],
         }
     )
 )

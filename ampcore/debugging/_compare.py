@@ -37,7 +37,7 @@ from .._backends.registry import DeviceLike
 from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.autocast import autocast
 from .._table import format_table
-from .._validate import check_bool
+from .._validate import check_bool, check_real
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
 
@@ -381,8 +381,7 @@ def _check_arguments(call: str, model: object, amp_model: object, per_op: object
         if value is not None and not isinstance(value, nn.Module):
             raise AmpcoreError(f"{call}({name}={type(value).__name__}): expected a torch.nn.Module")
     check_bool(call, "per_op", per_op)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise AmpcoreError(f"{call}(threshold={threshold!r}): expected a non-negative number such as 0.1")
+    check_real(call, "threshold", threshold, low=0.0)  # 10**400 would overflow float() later
 
 
 def _report(recorder: _Recorder, amp: autocast, threshold: float) -> AccuracyReport:
