@@ -19,6 +19,7 @@ Not every exception that leaves ampcore is an :class:`AmpcoreError`:
 from __future__ import annotations
 
 import difflib
+import sys
 import warnings
 from collections.abc import Iterable
 
@@ -30,8 +31,15 @@ __all__ = [
     "PluginWarning",
     "closest",
     "shown",
+    "user_stacklevel",
     "warn_at",
+    "warn_user",
 ]
+
+#: Packages whose frames a warning never points at: ampcore, its first-party adapters, and
+#: the layers between them and the caller (pluggy's hook calls, torch's module calls and
+#: dispatcher, contextlib's ``with`` helpers).
+_PASS_THROUGH = frozenset({"ampcore", "ampcore_backends", "pluggy", "torch", "contextlib"})
 
 
 #: The longest message an :class:`AmpcoreError` shows whole.
@@ -131,7 +139,10 @@ def shown(value: object, limit: int = SHOWN_LIMIT) -> str:
         >>> shown(list(range(100)), limit=20)
         '[0, 1, 2, 3, 4, 5, 6... (list: 100 items, 390 characters)'
     """
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits() cannot even be printed
+        return f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else f"<a {type(value).__name__}>"
     if len(text) <= limit:
         return text
     try:
@@ -146,13 +157,42 @@ def warn_at(
     category: type[Warning],
     filename: str | None,
     lineno: int = 1,
-    stacklevel: int = 3,
+    stacklevel: int | None = None,
 ) -> None:
     """Warn pointing at ``filename`` (e.g. a plugin's own file) when it is known.
 
-    Falls back to a normal warning attributed to the caller ``stacklevel`` frames up.
+    Falls back to a normal warning attributed to the caller ``stacklevel`` frames up (``None``:
+    the first frame outside ampcore, as :func:`warn_user`).
     """
     if filename:
         warnings.warn_explicit(message, category, filename, lineno)
     else:
-        warnings.warn(message, category, stacklevel=stacklevel)
+        warnings.warn(message, category, stacklevel=user_stacklevel() if stacklevel is None else stacklevel)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes ``warnings.warn``, called by the caller of this function,
+    point at the first frame outside ampcore (and the layers in :data:`_PASS_THROUGH`): the
+    user's line, however deep inside ampcore the warning starts."""
+    frame = sys._getframe(1)  # the function that calls warnings.warn
+    level = 1
+    while frame.f_back is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] in _PASS_THROUGH:
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` pointing at the user's line (see :func:`user_stacklevel`), never at
+    ampcore's own: the one way ampcore's public entry points warn.
+
+    Example::
+
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_user("careful", AmpcoreWarning)
+        >>> caught[0].filename.endswith("_errors.py")
+        False
+    """
+    warnings.warn(message, category, stacklevel=user_stacklevel())

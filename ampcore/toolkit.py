@@ -6,6 +6,9 @@ Everything here is a stable, documented entry to something the core already uses
   call accepts, and its errors), :func:`device_dtypes` (the declared dtypes a device runs);
 * torch's own autocast: :func:`native_table`, :func:`dispatch_key_of`,
   :func:`has_native_autocast`;
+* values read from files, the environment or the command line: :func:`check_real`,
+  :func:`check_integer` (ampcore's own validators: type, finiteness, range, and a message
+  naming the source);
 * a backend's device: :func:`memory_in_use`, :func:`peak_memory`, :func:`reset_peak_memory`,
   :func:`device_memory`, :func:`synchronize` (the adapter's ``ampcore_memory`` /
   ``ampcore_synchronize`` hooks, else ``torch.accelerator``).
@@ -31,8 +34,11 @@ from ._dtypes import parse_declared_dtype as _parse_declared_dtype
 from ._dtypes import parse_dtype as _parse_dtype
 from ._policy import registration as _registration
 from ._policy import torch_tables as _torch_tables
+from ._validate import check_integer, check_real
 
 __all__ = [
+    "check_integer",
+    "check_real",
     "device_dtypes",
     "device_memory",
     "dispatch_key_of",

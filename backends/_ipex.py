@@ -181,7 +181,7 @@ def _import_ipex() -> tuple[ModuleType | None, str | None]:
     """Import IPEX once per process: ``(module, None)`` or ``(None, why it failed)``."""
     try:
         return importlib.import_module(MODULE), None
-    except Exception as exc:  # e.g. its CPU instruction-set check or missing libraries
+    except (Exception, SystemExit) as exc:  # its CPU check calls sys.exit (IPEX 2.8), missing libraries...
         return None, f"{type(exc).__name__}: {exc}"
 
 

@@ -28,6 +28,9 @@ from typing import Any, Final, Literal
 
 import tomllib
 
+import ampcore
+from ampcore import toolkit
+
 __all__ = ["Manifest", "ManifestEntry", "ManifestError", "Tolerances", "load_manifest"]
 
 Action = Literal["skip", "xfail"]
@@ -88,10 +91,12 @@ def _read(path: Path) -> Mapping[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ManifestError(f"cannot read manifest {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:  # e.g. a UTF-16 file (bytes \xff\xfe...)
+        raise ManifestError(f"manifest {path} is not UTF-8 text: {exc}; save it as UTF-8") from exc
+    kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
     try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        kind = "JSON" if path.suffix.lower() == ".json" else "TOML"
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+    except (ValueError, RecursionError) as exc:  # the decode errors, and nesting too deep to parse
         raise ManifestError(f"manifest {path} is not valid {kind}: {exc}") from exc
     if not isinstance(data, dict):
         raise ManifestError(f"manifest {path}: expected a table/object at the top level")
@@ -136,7 +141,12 @@ def _tolerances(where: Path, table: object) -> Tolerances:
     unknown = sorted(set(table) - valid)
     if unknown:
         raise ManifestError(f"manifest {where}: unknown tolerance(s) {unknown}; valid: {', '.join(sorted(valid))}")
+    checked = {}
     for key, value in table.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ManifestError(f"manifest {where}: tolerance {key} = {value!r}; expected a positive number")
-    return replace(Tolerances(), **{key: float(value) for key, value in table.items()})
+        try:  # JSON reads NaN and Infinity; TOML nan and inf
+            checked[key] = toolkit.check_real(
+                f"manifest {where} [tolerances]", key, value, low=0.0, low_open=True, entry=True
+            )
+        except ampcore.AmpcoreError as exc:
+            raise ManifestError(str(exc)) from None
+    return replace(Tolerances(), **checked)

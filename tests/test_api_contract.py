@@ -9,8 +9,13 @@ the whole file runs in seconds; failures print the arguments hypothesis found.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import tempfile
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -267,7 +272,7 @@ def test_check_numerics(kwargs: dict[str, Any]) -> None:
             "dtype": DTYPES,
             "device": DEVICES,
             "per_op": [False, True, "yes"],
-            "threshold": [0.1, 0.0, -1.0, float("nan"), "0.1", None],
+            "threshold": [0.1, 0.0, -1.0, float("nan"), "0.1", None, 10**400, float("inf"), 2**63],
         }
     )
 )
@@ -314,3 +319,132 @@ def test_contract_helper_catches_escaping_errors() -> None:
     with pytest.raises(AssertionError, match="names none of"), _contract({"param_q": 1}):
         raise ampcore.AmpcoreError("something expected")
 
+
+
+# -- issue 28: extreme numbers, non-ASCII digits, wrong types, damaged files, plugin hooks
+
+#: Numbers beyond what a float, a float32 or an int32 holds, non-finite ones, and non-numbers.
+EXTREME_NUMBERS = st.one_of(
+    st.sampled_from([10**20, 10**30, 10**400, -(10**400), 2**31, 2**31 - 1, 2**63, 1e39, 1e-320, -0.0]),
+    st.sampled_from([float("nan"), float("inf"), float("-inf"), Decimal("2"), Fraction(3, 2), 1j, b"2", "2", [2.0], None, True]),
+    st.integers(min_value=-(10**450), max_value=10**450),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+SCALER_NUMBERS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale", "max_scale")
+
+
+def _train_steps(scaler: ampcore.GradScaler, steps: int = 2) -> None:
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()  # an OverflowError here used to leave the scaler stuck
+
+
+@FAST
+@given(name=st.sampled_from(SCALER_NUMBERS), value=EXTREME_NUMBERS, dtype=st.sampled_from([torch.float16, torch.bfloat16]))
+def test_grad_scaler_extreme_numbers(name: str, value: Any, dtype: torch.dtype) -> None:
+    with _contract({name: value}):
+        scaler = ampcore.GradScaler("cpu", dtype=dtype, enabled=True, **{name: value})
+        _train_steps(scaler)
+        state = scaler.state_dict()
+        ampcore.GradScaler("cpu", dtype=dtype, enabled=True, **{name: value}).load_state_dict(state)
+
+
+@FAST
+@given(key=st.sampled_from(["scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker",
+                            "hysteresis", "_overflow_tracker", "min_scale", "max_scale"]), value=EXTREME_NUMBERS)  # fmt: skip
+def test_grad_scaler_state_dict_extreme_numbers(key: str, value: Any) -> None:
+    scaler = ampcore.GradScaler("cpu", enabled=True)
+    state = scaler.state_dict()
+    with _contract({key: value}, state=scaler.state_dict):
+        scaler.load_state_dict({**state, key: value})
+    _train_steps(scaler, 1)  # never stuck, whatever was refused
+
+
+@FAST
+@given(method=st.sampled_from(["set_growth_factor", "set_backoff_factor", "set_growth_interval", "set_hysteresis", "update"]),
+       value=EXTREME_NUMBERS)  # fmt: skip
+def test_grad_scaler_setters_extreme_numbers(method: str, value: Any) -> None:
+    scaler = ampcore.GradScaler("cpu", enabled=True)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    scaler.step(opt)
+    name = {"update": "new_scale", "set_growth_factor": "growth_factor", "set_backoff_factor": "backoff_factor",
+            "set_growth_interval": "growth_interval", "set_hysteresis": "hysteresis"}[method]  # fmt: skip
+    with _contract({name: value}, state=scaler.state_dict):
+        getattr(scaler, method)(value)
+    if method != "update" or scaler._iteration_started:  # noqa: SLF001 - a refused update keeps the iteration
+        scaler.update()
+    _train_steps(scaler, 1)
+
+
+#: Device strings whose index is no ASCII integer: other scripts' digits, signs, spaces, junk.
+ODD_INDICES = st.one_of(
+    st.text(alphabet=st.characters(categories=["Nd", "No", "Nl"]), min_size=1, max_size=3),
+    st.sampled_from(["-1", " 0", "0 ", "1.0", "+1", "0x1", "", "1e3", "\x00", "99999999999999999999999"]),
+)
+
+
+@FAST
+@given(index=ODD_INDICES, query=st.sampled_from(["autocast", "GradScaler", "oplists", "get_backend", "auto_plan"]))
+def test_device_strings_with_odd_indices(index: str, query: str) -> None:
+    device = f"cpu:{index}"
+    call = {"autocast": lambda: ampcore.autocast(device=device), "GradScaler": lambda: ampcore.GradScaler(device),
+            "oplists": lambda: ampcore.oplists(device), "get_backend": lambda: ampcore.get_backend(device),
+            "auto_plan": lambda: ampcore.auto_plan(device)}[query]  # fmt: skip
+    with _contract({"device": device}):
+        call()
+
+
+@FAST
+@given(
+    data=st.one_of(
+        st.binary(max_size=64),
+        st.sampled_from([b"\xff\xfe[\x00s\x00", b"\xef\xbb\xbf[skip]\n", b"[" * 5000, b"x = " + b"[" * 3000, b"\x00" * 8]),
+        st.builds(lambda key, value: f"[tolerances]\n{key} = {value}\n".encode(),
+                  st.sampled_from(["op_eps", "grad_rtol", "convergence_rtol", "bogus"]),
+                  st.sampled_from(["nan", "inf", "-inf", "0", "-1", '"1"', "true", "[1]", "1e400", "1" + "0" * 400, "0.5"])),
+        st.builds(lambda value: json.dumps({"tolerances": {"op_eps": value}}).encode(), EXTREME_NUMBERS.filter(
+            lambda v: isinstance(v, (int, float, str, list, bool)) or v is None)),
+    ),
+    suffix=st.sampled_from([".toml", ".json"]),
+)  # fmt: skip
+def test_conformance_manifest_files(data: bytes, suffix: str) -> None:
+    from ampcore_conformance._manifest import ManifestError, load_manifest
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"manifest{suffix}"
+        path.write_bytes(data)
+        try:
+            manifest = load_manifest(path)
+        except ManifestError as exc:
+            assert str(path) in str(exc), exc
+            return
+        except Exception as exc:  # noqa: BLE001 - the contract
+            pytest.fail(f"{type(exc).__name__} escaped instead of a ManifestError: {exc!r}")
+        for value in vars(manifest.tolerances).values():
+            assert isinstance(value, float) and math.isfinite(value) and value > 0
+
+
+#: What a misbehaving adapter's hooks return instead of what the contract says.
+HOOK_RETURNS = st.sampled_from([None, -1, 10**30, float("nan"), "two", b"2", [1], {"a": 1}, object(), True, 2.5])
+
+
+@FAST
+@given(hook=st.sampled_from(["ampcore_device_count", "ampcore_check_capability", "ampcore_op_list_adjustments",
+                             "ampcore_device_name"]), value=HOOK_RETURNS)  # fmt: skip
+def test_misbehaving_plugin_hooks(hook: str, value: Any) -> None:
+    from conftest import make_adapter
+
+    adapter = make_adapter("contractprobe", **{hook: (lambda: value)})
+    try:
+        with _contract({"contractprobe": None, hook: None}):
+            backend = ampcore.register_plugin(adapter, name="contractprobe")
+            backend.device_count(), backend.device_name(0), backend.capability_issues(torch.bfloat16)
+            ampcore.oplists("contractprobe")
+    finally:
+        if "contractprobe" in {p.name for p in ampcore.list_plugins()}:
+            ampcore.unregister_plugin("contractprobe")

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Final, Literal
 
+from .._errors import shown
+
 __all__ = [
     "MARGIN",
     "Costs",
@@ -83,6 +85,15 @@ _NUMBERS: Final = {"fp32_ms": True, "low_ms": True, "cast_ms": False, "fp32_spre
 _FLAGS: Final = ("estimated", "checked")
 
 
+def _finite(value: float) -> bool:
+    """``math.isfinite``, also for an int too large for a float (a JSON ``1`` followed by
+    400 zeros), which is not finite as a cost."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def costs_from_mapping(raw: object) -> Costs:
     """:class:`Costs` from a mapping read from a file, a cache or an adapter.
 
@@ -112,11 +123,11 @@ def costs_from_mapping(raw: object) -> Costs:
                 raise ValueError(f"costs: {name!r} is missing")
             continue
         value = raw[name]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
         if not ok or value < 0 or (positive and value == 0):
             what = "milliseconds" if name.endswith("_ms") else "a spread"
             bound = "> 0" if positive else ">= 0"
-            raise ValueError(f"costs[{name!r}] = {value!r}: expected a finite number of {what} {bound}")
+            raise ValueError(f"costs[{name!r}] = {shown(value)}: expected a finite number of {what} {bound}")
         values[name] = float(value)
     values.setdefault("cast_ms", 0.0)
     for name in _FLAGS:

@@ -33,17 +33,16 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from typing import Any, Final, NamedTuple
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from .._errors import AmpcoreWarning
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
-from .._validate import env_number
+from .._validate import check_real, env_number
 from ._cache import cache_file, current_plan, write_cache
-from ._costs import Costs, costs_from_mapping, merge
+from ._costs import Costs, merge
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._shapes import planned_ops, shape_class
@@ -216,11 +215,10 @@ def _decide(
     write_cache(plan)
     if _process.spent_s >= budget_s() and not _process.exhausted_warned:
         _process.exhausted_warned = True
-        warnings.warn(
+        warn_user(
             f"ampcore.autocast(level='auto'): the warm-up budget of {budget_s():g} s "
             f"({BUDGET_ENV}) is spent; shape classes not measured yet run with the O1 lists",
             AmpcoreWarning,
-            stacklevel=3,
         )
 
 
@@ -246,9 +244,11 @@ def adapter_costs(backend: Any, key: str, dtype: torch.dtype) -> Costs | None:
     raw = hook(shape_class=key, dtype=dtype)
     if raw is None:
         return None
-    try:
-        return costs_from_mapping(raw)
-    except ValueError as exc:
+    try:  # finite, non-negative numbers (nan or "a" would decide every class wrongly)
+        values = {"fp32_ms": raw["fp32_ms"], "low_ms": raw["low_ms"], "cast_ms": raw.get("cast_ms", 0.0)}
+        checked = [check_real("ampcore_auto_costs()", k, v, low=0.0, entry=True) or 0.0 for k, v in values.items()]
+        return Costs(checked[0], checked[1], checked[2])
+    except (KeyError, TypeError, ValueError, AttributeError, AmpcoreError) as exc:
         from .._errors import PluginError
 
         raise PluginError(
@@ -264,13 +264,12 @@ def _warn_once(spec: Any, plan: AutoPlan) -> None:
         return
     _process.warned = True
     where = cache_file(plan.fingerprint)
-    warnings.warn(
+    warn_user(
         "ampcore.autocast(level='auto'): measuring the costs of new shape classes; calls of a class "
         f"run with the O1 lists until it is measured (at most {budget_s():g} s in all, {BUDGET_ENV}). "
         + (f"Decisions are cached in {where}." if where else "The disk cache is off (AMPCORE_AUTO_CACHE).")
         + " See ampcore.debugging.auto_plan_table().",
         AmpcoreWarning,
-        stacklevel=2,
     )
 
 
@@ -279,12 +278,11 @@ def _warn_untimed(spec: Any) -> None:
     if name in _process.untimed_warned:
         return
     _process.untimed_warned.add(name)
-    warnings.warn(
+    warn_user(
         f"ampcore.autocast(level='auto'): the {name!r} device can be neither timed with events nor "
         "synchronised (no ampcore_synchronize hook, not torch's current accelerator): nothing is "
         "measured, and level='auto' runs as torch.autocast (the O1 lists) there",
         AmpcoreWarning,
-        stacklevel=3,
     )
 
 

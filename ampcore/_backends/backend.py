@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
 
@@ -12,7 +11,7 @@ import pluggy
 import torch
 
 from .._dtypes import parse_dtype
-from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError
+from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, warn_user
 from .._forklock import LOCK
 from .._policy.op_names import canonical_ops
 from ..hookspec import BackendSpec
@@ -361,8 +360,9 @@ class Backend:
             self._capability[key] = issues
         return issues
 
-    def enforce_capability(self, dtype: torch.dtype, device_index: int = 0, stacklevel: int = 2) -> None:
-        """Raise on error findings; warn once per (device, dtype, message) on warnings."""
+    def enforce_capability(self, dtype: torch.dtype, device_index: int = 0) -> None:
+        """Raise on error findings; warn once per (device, dtype, message) on warnings (pointing
+        at the user's call, however deep in ampcore this runs)."""
         for issue in self.capability_issues(dtype, device_index):
             if issue.severity == "error":
                 raise AmpcoreError(
@@ -371,7 +371,7 @@ class Backend:
             key = (device_index, dtype, issue.message)
             if key not in self._warned:
                 self._warned.add(key)
-                warnings.warn(issue.message, AmpcoreWarning, stacklevel=stacklevel + 1)
+                warn_user(issue.message, AmpcoreWarning)
 
     def op_list_adjustments(self, dtype: torch.dtype) -> Mapping[str, frozenset[str]]:
         """The adapter's op-list changes for ``dtype`` (``{"white"|"black"|"promote": ops}``,

@@ -122,8 +122,12 @@ def _parse(device: DeviceLike) -> tuple[str | None, int | None]:
     name, sep, index = device.strip().partition(":")
     if not sep:
         return name, None
-    if not index.isdigit():
-        raise AmpcoreError(f"device={device!r}: the device index after ':' must be a non-negative integer")
+    # str.isdigit() is True for '²' and '٣', which int() refuses or reads: ASCII digits only
+    if not (index.isascii() and index.isdigit()):
+        raise AmpcoreError(
+            f"device={device!r}: the index must be a non-negative integer in ASCII digits after ':' "
+            "(e.g. 'cuda:0')"
+        )
     return name, int(index)
 
 

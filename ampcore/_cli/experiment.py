@@ -36,6 +36,7 @@ from .._backends.registry import resolve_device
 from .._backends.support import resolve_dtype
 from .._errors import AmpcoreError
 from .._policy.registration import has_native_autocast
+from .bench_limits import check_bench_fits, host_memory
 from .results import BenchResult, ModeResult, add_speedups, load_average, merge_repeats, unreliable_reasons
 
 __all__ = [
@@ -320,6 +321,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     dtype = resolve_dtype(backend, settings.dtype, index, "ampcore bench")
     size, batch = default_sizes(backend, index)
     size, batch = settings.size or size, settings.batch or batch
+    check_sizes(settings, backend, index, size, batch)  # before anything is allocated
     result = BenchResult(
         backend=backend.name,
         device_name=backend.device_name(index),
@@ -348,6 +350,13 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     add_speedups(result.results, settings.repeats)
     result.wall_s = time.perf_counter() - began
     return result
+
+
+def check_sizes(settings: BenchSettings, backend: Backend, index: int, size: int, batch: int) -> None:
+    """Refuse sizes the device's memory (host RAM for host backends) cannot hold, naming the option."""
+    memory = device_memory(backend, index)
+    where = f"{backend.name}:{index} ({backend.device_name(index)})" if memory is not None else "host RAM"
+    check_bench_fits(size, batch, settings.batches, memory if memory is not None else host_memory(), where)
 
 
 def _check_settings(settings: BenchSettings) -> None:

@@ -126,7 +126,10 @@ def decorate(
     )  # fmt: skip
     if request.level != "O2":
         return models if optimizers is None else (models, optimizers)
-    return _decorate_o2(request, models, optimizers)
+    # under torch.inference_mode() the converted parameters and the masters would be
+    # inference tensors, which no training step can use: convert as outside it
+    with torch.inference_mode(False):
+        return _decorate_o2(request, models, optimizers)
 
 
 def _decorate_o2(request: DecorateRequest, models: Any, optimizers: Any) -> Any:

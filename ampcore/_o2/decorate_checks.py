@@ -89,7 +89,7 @@ def validate(
 def check_o2(request: DecorateRequest) -> None:
     """Step 1 (O2 only): the device can run the dtype, and models and optimizers can be
     decorated (not wrapped, sharded or decorated already; no foreign parameters)."""
-    request.resolved.backend.enforce_capability(request.low, request.resolved.index or 0, stacklevel=3)
+    request.resolved.backend.enforce_capability(request.low, request.resolved.index or 0)
     _check_models(request.models, request.excluded_instances)
     check_not_sharded(request.models, _CALL)
     _check_optimizers(request.models, request.optimizers)
@@ -103,6 +103,19 @@ def check_o2(request: DecorateRequest) -> None:
             f"{_CALL}(master_grad=True) needs Tensor.grad_dtype, which torch {torch.__version__} "
             "lacks; upgrade torch or use master_grad=False"
         )
+
+
+def _check_not_inference(index: int, model: nn.Module) -> None:
+    """Inference tensors (made under ``torch.inference_mode()``) cannot be converted in place
+    or trained: refuse them before anything changes."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        if tensor.is_inference():
+            raise AmpcoreError(
+                f"{_CALL}(models[{index}]): {name!r} is an inference tensor (the model was built or "
+                "loaded under torch.inference_mode()), which O2 cannot convert or train; build the "
+                "model outside torch.inference_mode() (torch.no_grad() is fine). decorate itself may "
+                "be called under torch.inference_mode(): it converts as outside it"
+            )
 
 
 def _as_list(value: Any, kind: type, name: str) -> list[Any]:
@@ -160,6 +173,7 @@ def _check_models(models: list[nn.Module], excluded_instances: list[nn.Module]) 
                 f"{_CALL}(models[{index}]): the model (or a submodule) was already decorated at "
                 "level O2; decorate each model once, with all of its optimizers"
             )
+        _check_not_inference(index, model)
     inside = {id(m) for model in models for m in model.modules()}
     for layer in excluded_instances:
         if id(layer) not in inside:

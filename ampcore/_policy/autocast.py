@@ -175,7 +175,7 @@ class autocast:
         self.custom_white_list = white
         self.custom_black_list = black
         if self.enabled:
-            backend.enforce_capability(self.dtype, self.device_index or 0, stacklevel=2)
+            backend.enforce_capability(self.dtype, self.device_index or 0)
         policy = self._policy_of(white, black)
         self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, policy)
 
@@ -232,7 +232,8 @@ class autocast:
         found = None
         if policy is not None:
             found = route(device_type, _provider(self.backend))
-            install_recompute()  # activation checkpointing keeps the policy (once per process)
+        if self.enabled:
+            install_recompute()  # activation checkpointing keeps the policy and casts (once per process)
         # Every change below is undone if a later step fails or is interrupted.
         torch_region = torch.autocast(
             device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled

@@ -12,16 +12,13 @@ listing the composite itself.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
 import torch
 
-from .._errors import AmpcoreWarning
+from .._errors import AmpcoreWarning, warn_user
 
 __all__ = ["FusedKernelWarning", "SWALLOWING", "check_swallowed"]
 
@@ -57,23 +54,9 @@ def check_swallowed(overload: str, policy: Any, args: tuple[Any, ...], kwargs: d
     if not named or overload in seen or not fused(args, kwargs):
         return
     seen.add(overload)
-    warnings.warn(
+    warn_user(
         f"ampcore.autocast: the custom list names {sorted(named)}, but this call of "
         f"{overload} runs a fused kernel in which they are not separate ops, so the list does "
         f"not apply inside it; {hint}",
         FusedKernelWarning,
-        stacklevel=_caller_outside_ampcore(),
     )
-
-
-_PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _caller_outside_ampcore() -> int:
-    """The ``stacklevel`` of the innermost frame, seen from the function calling this one,
-    that is not ampcore's (the dispatcher's C++ frames between a call and its kernel are
-    invisible to Python, so this is the code that called the op)."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return level

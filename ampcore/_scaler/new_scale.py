@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .._errors import AmpcoreError
-from .options import ScalerOptions, check_number
+from .options import ScalerOptions, check_scale
 from .store import CALL, ScaleTensors
 
 __all__ = ["LossScaleAtMinimumError", "raise_if_stuck", "set_scale_"]
@@ -39,8 +39,8 @@ def set_scale_(scale: torch.Tensor, new_scale: float | torch.Tensor, options: Sc
             clamped = candidate.clamp(min=options.min_scale, max=options.max_scale)
         scale.copy_(torch.where((candidate > 0) & torch.isfinite(clamped), clamped, scale))
         return
-    value = check_number(f"{CALL}.update", "new_scale", new_scale)
-    if value is None or value <= 0.0 or not options.in_bounds(value):
+    value = check_scale(f"{CALL}.update", "new_scale", new_scale)
+    if value is None or not options.in_bounds(value):
         raise AmpcoreError(
             f"{CALL}.update(new_scale={new_scale!r}): expected a positive number within "
             f"[min_scale, max_scale] = [{options.min_scale}, {options.max_scale}]"

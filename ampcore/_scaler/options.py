@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from .._errors import AmpcoreError, closest
-from .._validate import check_bool
+from .._validate import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, check_bool, check_integer, check_real
 
 __all__ = [
     "PADDLE_OPTION_NAMES",
@@ -20,6 +19,7 @@ __all__ = [
     "check_bool",
     "check_int",
     "check_number",
+    "check_scale",
 ]
 
 #: Paddle's ``paddle.amp.GradScaler`` parameter names and the ampcore names they stand for.
@@ -120,20 +120,26 @@ def _paddle_positional(
 
 
 def check_number(call: str, name: str, value: object, *, allow_none: bool = False) -> float | None:
-    """``value`` as a finite float (``None`` passes when allowed); raise for anything else."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        expected = "a finite number" + (" or None" if allow_none else "")
-        raise AmpcoreError(f"{call}({name}={value!r}): expected {expected}")
-    return float(value)
+    """``value`` as a finite float (``None`` passes when allowed); raise for anything else,
+    numbers too large for a float (``10**400``) included."""
+    return check_real(call, name, value, allow_none=allow_none)
 
 
-def check_int(call: str, name: str, value: object, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``; raise for anything else (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise AmpcoreError(f"{call}({name}={value!r}): expected an int >= {minimum}")
-    return int(value)
+def check_scale(call: str, name: str, value: object, *, allow_none: bool = False) -> float | None:
+    """``value`` as a loss scale: a positive number a float32 holds (the scale lives in a
+    float32 tensor: a larger one would be inf, a tiny one 0), or ``None`` when allowed."""
+    scale = check_real(call, name, value, low=0.0, high=FLOAT32_MAX, low_open=True, allow_none=allow_none)
+    if scale is not None and scale < FLOAT32_TINY:
+        raise AmpcoreError(
+            f"{call}({name}={value!r}): expected a positive finite number from {FLOAT32_TINY:g} up to "
+            f"{FLOAT32_MAX:g} (the scale is kept in float32)"
+        )
+    return scale
+
+
+def check_int(call: str, name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; raise for anything else (bools included)."""
+    return check_integer(call, name, value, minimum, maximum)
 
 
 @dataclass(frozen=True)
@@ -155,22 +161,19 @@ class ScalerOptions:
         """Check every value and the relations between them; raise :class:`AmpcoreError`."""
         growth = check_number(call, "growth_factor", values["growth_factor"])
         backoff = check_number(call, "backoff_factor", values["backoff_factor"])
-        init = check_number(call, "init_scale", values["init_scale"])
-        min_scale = check_number(call, "min_scale", values["min_scale"], allow_none=True)
-        max_scale = check_number(call, "max_scale", values["max_scale"], allow_none=True)
+        init = check_scale(call, "init_scale", values["init_scale"])
+        min_scale = check_scale(call, "min_scale", values["min_scale"], allow_none=True)
+        max_scale = check_scale(call, "max_scale", values["max_scale"], allow_none=True)
         if growth is None or growth <= 1.0:
             raise AmpcoreError(f"{call}(growth_factor={growth!r}): the growth factor must be > 1.0")
         if backoff is None or not 0.0 < backoff < 1.0:
             raise AmpcoreError(f"{call}(backoff_factor={backoff!r}): the backoff factor must be in (0, 1)")
-        for name, bound in (("min_scale", min_scale), ("max_scale", max_scale)):
-            if bound is not None and bound <= 0.0:
-                raise AmpcoreError(f"{call}({name}={bound!r}): expected a positive number or None")
         if min_scale is not None and max_scale is not None and min_scale > max_scale:
             raise AmpcoreError(
                 f"{call}(min_scale={min_scale!r}, max_scale={max_scale!r}): min_scale must not exceed max_scale"
             )
-        if init is None or init <= 0.0:
-            raise AmpcoreError(f"{call}(init_scale={init!r}): the initial scale must be a positive number")
+        if init is None:  # check_scale allows None only when asked to
+            raise AmpcoreError(f"{call}(init_scale=None): expected a positive number")
         if (min_scale is not None and init < min_scale) or (max_scale is not None and init > max_scale):
             raise AmpcoreError(
                 f"{call}(init_scale={init!r}): outside [min_scale, max_scale] = [{min_scale}, {max_scale}]; "
@@ -186,8 +189,9 @@ class ScalerOptions:
             init_scale=init,
             growth_factor=growth,
             backoff_factor=backoff,
-            growth_interval=check_int(call, "growth_interval", values["growth_interval"], 1),
-            hysteresis=check_int(call, "hysteresis", values["hysteresis"], 1),
+            # the step counters are int32 tensors: a larger limit could never be reached
+            growth_interval=check_int(call, "growth_interval", values["growth_interval"], 1, INT32_MAX),
+            hysteresis=check_int(call, "hysteresis", values["hysteresis"], 1, INT32_MAX),
             min_scale=min_scale,
             max_scale=max_scale,
             dynamic=check_bool(call, "dynamic", values["dynamic"]),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from .._errors import AmpcoreError
-from .options import ScalerOptions, check_int, check_number
+from .options import ScalerOptions, check_int, check_scale
 
 __all__ = ["AMPCORE_KEYS", "PADDLE_KEYS", "TORCH_KEYS", "ScalerState", "build_state_dict", "parse_state_dict"]
 
@@ -89,11 +89,21 @@ def _key_error(call: str, keys: set[str]) -> AmpcoreError:
 
 
 def parse_state_dict(call: str, state_dict: object, current: ScalerOptions) -> ScalerState:
-    """Check ``state_dict`` completely and return what it restores; raise on any problem.
+    """Check ``state_dict`` completely and return what it restores; raise on any problem
+    (an :class:`AmpcoreError` ending "The scaler was left unchanged.").
 
     A torch state dict (its five keys only) keeps ``current``'s hysteresis, bounds and
     flags and starts the overflow counter at 0.
     """
+    try:
+        return _parse(call, state_dict, current)
+    except AmpcoreError as exc:
+        if str(exc).endswith("left unchanged."):
+            raise
+        raise AmpcoreError(f"{exc}. The scaler was left unchanged.") from None
+
+
+def _parse(call: str, state_dict: object, current: ScalerOptions) -> ScalerState:
     if not isinstance(state_dict, Mapping):
         raise AmpcoreError(f"{call}(): expected a dict from GradScaler.state_dict(), got {type(state_dict).__name__}")
     if _PADDLE_ONLY & set(state_dict):
@@ -101,9 +111,9 @@ def parse_state_dict(call: str, state_dict: object, current: ScalerOptions) -> S
     keys = set(state_dict)
     if keys != set(TORCH_KEYS) and keys != set(TORCH_KEYS) | set(AMPCORE_KEYS):
         raise _key_error(call, {str(k) for k in keys})
-    scale = check_number(call, "scale", state_dict["scale"])
-    if scale is None or scale <= 0.0:
-        raise AmpcoreError(f"{call}(): 'scale' is {scale!r}; expected a positive finite number")
+    scale = check_scale(call, "scale", state_dict["scale"])
+    if scale is None:  # check_scale allows None only when asked to
+        raise AmpcoreError(f"{call}(): 'scale' is None; expected a positive number")
     settings: dict[str, Any] = {
         name: state_dict[name] for name in ("growth_factor", "backoff_factor", "growth_interval")
     }
@@ -113,19 +123,16 @@ def parse_state_dict(call: str, state_dict: object, current: ScalerOptions) -> S
         settings.update({name: state_dict[name] for name in AMPCORE_KEYS if not name.startswith("_")})
         overflow = state_dict["_overflow_tracker"]
     bounds = [
-        check_number(call, name, settings.get(name, getattr(current, name)), allow_none=True)
+        check_scale(call, name, settings.get(name, getattr(current, name)), allow_none=True)
         for name in ("min_scale", "max_scale")
     ]
     if (bounds[0] is not None and scale < bounds[0]) or (bounds[1] is not None and scale > bounds[1]):
         raise AmpcoreError(
             f"{call}(): 'scale' {scale!r} lies outside the bounds [min_scale, max_scale] = "
-            f"[{bounds[0]}, {bounds[1]}]; construct the GradScaler with bounds that include it "
-            "(max_scale=None for no upper bound). The scaler was left unchanged."
+            f"[{bounds[0]}, {bounds[1]}], within which it must lie; construct the GradScaler with bounds "
+            "that include it (max_scale=None for no upper bound). The scaler was left unchanged."
         )
-    try:
-        options = current.with_values(call, init_scale=scale, **settings)
-    except AmpcoreError as exc:
-        raise AmpcoreError(f"{exc}. The scaler was left unchanged.") from None
+    options = current.with_values(call, init_scale=scale, **settings)
     growth = check_int(call, "_growth_tracker", state_dict["_growth_tracker"], 0)
     overflow_count = check_int(call, "_overflow_tracker", overflow, 0)
     for name, count, limit, setting in (

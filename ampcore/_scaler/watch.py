@@ -11,11 +11,10 @@ them warns (:class:`LossScaleCollapseWarning`) or raises, with a hint that point
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Final
 
-from .._errors import AmpcoreError, AmpcoreWarning
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .options import check_int
 
 __all__ = ["ON_COLLAPSE", "CollapseWatch", "LossScaleCollapseWarning"]
@@ -67,4 +66,4 @@ class CollapseWatch:
         )
         if self.action == "raise":
             raise error(message + " (on_collapse='raise')")
-        warnings.warn(message, LossScaleCollapseWarning, stacklevel=3)
+        warn_user(message, LossScaleCollapseWarning)

@@ -24,7 +24,6 @@ reaches ops inside composite modules such as ``nn.MultiheadAttention``.
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,10 +34,10 @@ from torch.utils._pytree import tree_map_only
 
 from .._backends.backend import dtype_name
 from .._backends.registry import DeviceLike
-from .._errors import AmpcoreError, AmpcoreWarning
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.autocast import autocast
 from .._table import format_table
-from .._validate import check_bool
+from .._validate import check_bool, check_real
 from ._module_path import ModuleTracker
 from ._ops import ObservingMode, leaf_tensors, op_name, quiet
 
@@ -332,11 +331,10 @@ def compare_accuracy(
     _warn_if_training(call, model, amp_model)
     recorder = _run_both(model, amp_model, inputs, per_op, reference, amp)
     if recorder.results and amp.dtype not in recorder.amp_dtypes:
-        warnings.warn(
+        warn_user(
             f"{call}(): no output of the AMP run was {amp.dtype}: is the model on the {amp.backend.name!r} "
             f"device ({amp!r})?",
             AmpcoreWarning,
-            stacklevel=2,
         )
     return _report(recorder, amp, float(threshold))
 
@@ -357,11 +355,10 @@ def _regions(
 
 def _warn_if_training(call: str, model: nn.Module, amp_model: nn.Module) -> None:
     if model.training or amp_model.training:
-        warnings.warn(
+        warn_user(
             f"{call}(): the model is in train mode: dropout differs between the two runs and "
             "batch-norm statistics are updated by both; call model.eval() first",
             AmpcoreWarning,
-            stacklevel=3,  # compare_accuracy's caller
         )
 
 
@@ -384,8 +381,7 @@ def _check_arguments(call: str, model: object, amp_model: object, per_op: object
         if value is not None and not isinstance(value, nn.Module):
             raise AmpcoreError(f"{call}({name}={type(value).__name__}): expected a torch.nn.Module")
     check_bool(call, "per_op", per_op)
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise AmpcoreError(f"{call}(threshold={threshold!r}): expected a non-negative number such as 0.1")
+    check_real(call, "threshold", threshold, low=0.0)  # 10**400 would overflow float() later
 
 
 def _report(recorder: _Recorder, amp: autocast, threshold: float) -> AccuracyReport:

@@ -10,7 +10,6 @@ every checked op, by design.  It is a debugging tool, not something to leave on.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
@@ -18,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from .._errors import AmpcoreError, AmpcoreWarning
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._validate import check_bool
 from ._device_flags import DeviceFlags
 from ._module_path import ModuleTracker, autograd_node_name
@@ -216,18 +215,16 @@ def _restore_flags(flags: DeviceFlags) -> None:
     before = [str(d) for d in flags.raised_before]
     failed = [str(d) for d in flags.restore()]
     if before:
-        warnings.warn(
+        warn_user(
             f"check_numerics: the overflow flag of {', '.join(before)} was already raised when the region began "
             "(an op before it overflowed); ops of the region were checked after clearing it",
             NumericsWarning,
-            stacklevel=3,
         )
     if failed:
-        warnings.warn(
+        warn_user(
             f"check_numerics: could not raise the overflow flag of {', '.join(failed)} again after reading it: "
             "a GradScaler step of this iteration will not see that overflow",
             NumericsWarning,
-            stacklevel=3,
         )
 
 
@@ -335,9 +332,8 @@ class check_numerics:
             _restore_flags(mode.flags)
         if self.findings and not self.raise_on_error:
             origins = [f for f in self.findings if f.inputs_finite] or self.findings
-            warnings.warn(
+            warn_user(
                 f"check_numerics: {len(self.findings)} op call(s) failed the check; the first where "
                 f"the inputs were finite:\n{origins[0].describe()}\n(see .findings for all)",
                 NumericsWarning,
-                stacklevel=2,
             )

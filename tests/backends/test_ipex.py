@@ -240,3 +240,30 @@ def test_opted_in_ipex_optimize_that_fails_warns_once_and_leaves_o2_to_the_core(
         out_model, out_opt = ampcore.decorate(model, opt, level="O2", dtype=torch.bfloat16, device="cpu")
     assert out_model is model and out_opt is opt and model.weight.dtype == torch.bfloat16
     assert opt.param_groups[0]["params"][0].dtype == torch.float32
+
+
+# -- issue 28, row 14: an IPEX whose import calls sys.exit (IPEX 2.8 on a CPU without AVX2)
+
+
+@pytest.fixture
+def exiting_ipex(installed: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A matching IPEX on sys.path whose import calls ``sys.exit(1)``; opted in."""
+    package = tmp_path / _ipex.MODULE
+    package.mkdir()
+    (package / "__init__.py").write_text("import sys\nprint('no AVX2')\nsys.exit(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, _ipex.MODULE, raising=False)
+    installed(torch.__version__, mode="optimize")
+
+
+@pytest.mark.skipif(IMPORTED_BY_THE_PROGRAM, reason="this process imported a real IPEX")
+def test_an_ipex_that_exits_at_import_warns_once_and_leaves_o2_to_the_core(exiting_ipex: None) -> None:
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(ampcore.AmpcoreWarning, match=r"importing intel-extension-for-pytorch failed \(SystemExit: 1\)"):
+        out_model, out_opt = ampcore.decorate(model, opt, level="O2", dtype=torch.bfloat16, device="cpu")
+    assert out_model is model and out_opt is opt and model.weight.dtype == torch.bfloat16  # the core's O2
+    from ampcore._cli.info import collect_info
+
+    (cpu,) = [b for b in collect_info()["backends"] if b["name"] == "cpu"]  # `ampcore info`: no exit either
+    assert cpu["info"]["ipex"].startswith("incompatible") and "(SystemExit: 1)" in cpu["info"]["ipex"]

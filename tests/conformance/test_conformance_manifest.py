@@ -53,7 +53,7 @@ def test_patterns_treat_brackets_literally(tmp_path: Path) -> None:
         ('[skip]\n"test_a" = 3\n', "needs a reason"),
         ('[skips]\n"test_a" = "r"\n', "unknown section(s) ['skips']"),
         ("[tolerances]\nop_rtol = 1\n", "unknown tolerance(s) ['op_rtol']"),
-        ("[tolerances]\nop_eps = -1\n", "expected a positive number"),
+        ("[tolerances]\nop_eps = -1\n", "expected a positive finite number"),
         ("[skip\n", "not valid TOML"),
     ],
 )
@@ -179,3 +179,67 @@ def test_missing_features_skip_only_on_an_unexpected_keyword() -> None:
     with pytest.raises(TypeError, match="unsupported operand"):
         require_argument(broken, "custom_white_list", "custom lists", custom_white_list=())
     require_argument(lambda **kwargs: None, "custom_white_list", "custom lists", custom_white_list=())
+
+
+# -- issue 28, rows 12 and 13: damaged files and tolerances that are no positive finite number
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "key"),
+    [
+        ("m.toml", "op_eps = nan", "op_eps = nan"),
+        ("m.toml", "op_eps = inf", "op_eps = inf"),
+        ("m.toml", "op_eps = -inf", "op_eps = -inf"),
+        ("m.toml", "grad_rtol = 0", "grad_rtol = 0"),
+        ("m.toml", "grad_rtol = 0.0", "grad_rtol = 0.0"),
+        ("m.toml", 'grad_rtol = "0.1"', "grad_rtol = '0.1'"),
+        ("m.toml", "grad_rtol = true", "grad_rtol = True"),
+        ("m.toml", "grad_rtol = [0.1]", "grad_rtol = [0.1]"),
+        ("m.json", '{"tolerances": {"grad_rtol": NaN}}', "grad_rtol = nan"),
+        ("m.json", '{"tolerances": {"grad_rtol": Infinity}}', "grad_rtol = inf"),
+        ("m.json", '{"tolerances": {"grad_rtol": 1e400}}', "grad_rtol = inf"),
+        ("m.json", '{"tolerances": {"op_eps": 1' + "0" * 400 + "}}", "op_eps = <a number too large for a float>"),
+        ("m.json", '{"tolerances": {"op_eps": null}}', "op_eps = None"),
+    ],
+)
+def test_tolerances_must_be_positive_finite_numbers(tmp_path: Path, name: str, text: str, key: str) -> None:
+    body = text if name.endswith(".json") else f"[tolerances]\n{text}\n"
+    path = _write(tmp_path, name, body)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(path)
+    assert str(info.value).startswith(f"manifest {path} [tolerances]: {key}: expected a positive finite number")
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "words"),
+    [
+        ("m.toml", b"\xff\xfe[\x00s\x00k\x00i\x00p\x00]\x00", "is not UTF-8 text"),  # saved as UTF-16
+        ("m.json", b"\xff\xfe{\x00}\x00", "is not UTF-8 text"),
+        ("m.toml", b"\x00\x01\x02binary", "is not valid TOML"),
+        ("m.json", b"[" * 100_000 + b"]" * 100_000, "is not valid JSON"),  # nested too deep to parse
+        ("m.json", b"[1, 2]", "expected a table/object at the top level"),
+        ("m.toml", b"x = " + b"[" * 5_000 + b"]" * 5_000, "m.toml"),
+    ],
+)
+def test_damaged_manifests_are_a_manifest_error_naming_the_file(
+    tmp_path: Path, name: str, data: bytes, words: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ManifestError, match=re.escape(words)) as info:
+        load_manifest(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_damaged_manifest_is_a_usage_error_exit_4(tmp_path: Path) -> None:
+    import subprocess
+
+    path = tmp_path / "m.toml"
+    path.write_bytes(b"\xff\xfe[\x00s\x00k\x00i\x00p\x00]\x00")
+    run = subprocess.run(
+        [sys.executable, "-m", "ampcore", "conformance", "--backend", "cpu", "--manifest", str(path)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    output = run.stdout + run.stderr
+    assert run.returncode == 4, output  # pytest's usage error, not an INTERNALERROR (3)
+    assert "INTERNALERROR" not in output and f"manifest {path} is not UTF-8 text" in output

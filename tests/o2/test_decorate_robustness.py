@@ -88,3 +88,32 @@ def test_decorated_optimizer_load_state_dict_checks_the_dict(garbage: object, ex
         opt.load_state_dict(garbage)  # type: ignore[arg-type]
     opt.load_state_dict(opt.state_dict())  # the real thing still loads
 
+
+
+# -- issue 28, row 11: decorate under torch.inference_mode() --------------------------------
+
+
+def test_decorate_under_inference_mode_converts_as_outside_it_and_trains() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torch.inference_mode():
+        model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
+    tensors = [*model.parameters(), *(p for g in opt.param_groups for p in g["params"])]
+    assert not any(t.is_inference() for t in tensors)
+    assert model[0].weight.dtype == torch.bfloat16
+    before = model[0].weight.detach().clone()
+    scaler = ampcore.GradScaler("cpu")
+    with ampcore.autocast("cpu", level="O2"):
+        loss = (model(torch.randn(2, 4)).float() * torch.arange(4.0)).sum()
+    scaler.scale(loss).backward()  # "Inference tensors cannot be saved for backward" before
+    scaler.step(opt)
+    scaler.update()
+    assert not torch.equal(model[0].weight, before)
+
+
+def test_a_model_built_under_inference_mode_is_refused_and_left_unchanged() -> None:
+    with torch.inference_mode():
+        model = torch.nn.Linear(4, 4)
+    with pytest.raises(ampcore.AmpcoreError, match=r"'weight' is an inference tensor .*torch\.inference_mode\(\)"):
+        ampcore.decorate(model, level="O2", device="cpu")
+    assert model.weight.dtype == torch.float32

@@ -78,3 +78,63 @@ def test_checkpoint_outside_regions_is_untouched() -> None:
         want = net(x)
     assert z.dtype == want.dtype == torch.bfloat16
     torch.testing.assert_close(z, want, rtol=0, atol=0)
+
+
+# -- issue 28, row 16: a reentrant recomputation's inputs stay out of the weight-cast cache
+
+
+class _ResidualBlock(torch.nn.Module):
+    """A CNN block whose input feeds both the main conv and the shortcut conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.main = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.shortcut = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.main(x)) + self.shortcut(x)
+
+
+def _stem_grads(region: dict[str, object], mode: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    stem, block = torch.nn.Parameter(torch.rand(1, 8, 1, 1) + 0.5), _ResidualBlock()  # a float32 stem
+    torch.manual_seed(1)
+    x = torch.randn(2, 8, 16, 16, requires_grad=True)
+    with ampcore.autocast(device="cpu", **region):  # type: ignore[arg-type]
+        h = x * stem  # the block's float32 input: computed, not a leaf
+        y = block(h) if mode == "plain" else checkpoint(block, h, use_reentrant=mode == "reentrant")
+    (y.float() ** 2).sum().backward()
+    return [stem.grad, x.grad]  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+@pytest.mark.parametrize("region", ["OD", "O1", "black-linear"])
+def test_a_block_input_used_twice_is_cast_per_use_in_the_recomputation(region: str, mode: str) -> None:
+    # reentrant recomputation detaches the input into a leaf that requires grad: the cast
+    # cache took it for a weight, both convs shared one bf16 cast and the stem's gradients
+    # were summed in bf16 (up to 2.4e-4 off)
+    plain = _stem_grads(REGIONS[region], "plain")
+    for want, got in zip(plain, _stem_grads(REGIONS[region], mode), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_several_checkpointed_steps_under_custom_lists_equal_plain_ones() -> None:
+    # docs/integrations.md used to list this as a known limit: the recomputation's casts
+    # of the weights outlived it and the next step's forward reused them
+    def losses(checkpointed: bool) -> list[float]:
+        net = _net()
+        opt = torch.optim.SGD(net.parameters(), lr=0.5)
+        torch.manual_seed(1)
+        x = torch.randn(4, 8, requires_grad=True)
+        out = []
+        for _ in range(4):
+            with ampcore.autocast(device="cpu", custom_white_list={"gelu", "add"}):
+                y = checkpoint(net, x, use_reentrant=True) if checkpointed else net(x)
+                loss = (y.float() * torch.arange(8.0)).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    assert losses(True) == losses(False)

@@ -101,3 +101,67 @@ def test_fp16_gradients_refused_by_unscale_leave_no_record() -> None:
     copy.deepcopy(scaler)
     with pytest.raises(ampcore.AmpcoreError, match="No inf checks"):
         scaler.update()
+
+
+# -- issue 28, rows 8 and 9: numbers beyond what the scaler's tensors hold ----------------
+
+#: (parameter, value, words of the message): refused up front, naming the parameter
+HUGE_SETTINGS = [
+    ("growth_interval", 10**20, "expected an int in [1, 2147483647]"),
+    ("hysteresis", 10**20, "expected an int in [1, 2147483647]"),
+    ("growth_interval", 2**31, "expected an int in [1, 2147483647]"),
+    ("init_scale", 10**400, "init_scale=<a number too large for a float>"),
+    ("init_scale", 1e39, "positive finite number up to 3.40282e+38"),  # beyond float32: the scale tensor would hold inf
+    ("growth_factor", 10**400, "growth_factor=<a number too large for a float>"),
+    ("backoff_factor", -(10**400), "backoff_factor=<a number too large for a float>"),
+    ("min_scale", 10**400, "min_scale=<a number too large for a float>"),
+    ("max_scale", 10**400, "max_scale=<a number too large for a float>"),
+    ("growth_factor", float("inf"), "growth_factor=inf"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "words"), HUGE_SETTINGS)
+def test_settings_too_large_for_the_scalers_tensors_are_refused_up_front(name: str, value: object, words: str) -> None:
+    with pytest.raises(ampcore.AmpcoreError, match=rf"ampcore\.GradScaler\({name}=") as info:
+        ampcore.GradScaler("cpu", dtype=torch.float16, **{name: value})  # type: ignore[arg-type]
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["growth_interval", "hysteresis"])
+def test_the_largest_counter_limit_works_and_never_sticks(name: str) -> None:
+    scaler = ampcore.GradScaler("cpu", dtype=torch.float16, **{name: 2**31 - 1})  # type: ignore[arg-type]
+    for _ in range(2):
+        _stepped(scaler)
+        scaler.update()  # OverflowError here left the scaler stuck ("step() has already been called")
+    assert scaler.get_scale() == 65536.0
+
+
+@pytest.mark.parametrize("value", [10**400, float("nan"), "2", True, 1e400])
+def test_set_growth_factor_refuses_numbers_a_float_cannot_hold(value: object) -> None:
+    scaler = _scaler()
+    with pytest.raises(ampcore.AmpcoreError, match=r"set_growth_factor\(growth_factor="):
+        scaler.set_growth_factor(value)  # type: ignore[arg-type]
+    assert scaler.get_growth_factor() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("growth_interval", 10**30), ("hysteresis", 10**30), ("scale", 10**400), ("scale", 1e39), ("max_scale", 10**400)],
+)
+def test_a_state_dict_with_huge_numbers_is_refused_and_changes_nothing(key: str, value: object) -> None:
+    scaler = _scaler()
+    state = scaler.state_dict()
+    with pytest.raises(ampcore.AmpcoreError, match=rf"load_state_dict\({key}=.*left unchanged"):
+        scaler.load_state_dict({**state, key: value})
+    assert scaler.state_dict() == state
+    _stepped(scaler)
+    scaler.update()  # not stuck
+
+
+def test_update_with_a_huge_float_scale_is_refused() -> None:
+    scaler = _scaler()
+    _stepped(scaler)
+    for value in (10**400, 1e39):
+        with pytest.raises(ampcore.AmpcoreError, match=r"update\(new_scale="):
+            scaler.update(new_scale=value)
+    scaler.update()
