@@ -376,7 +376,7 @@ def test_grad_scaler_setters_extreme_numbers(method: str, value: Any) -> None:
             "set_growth_interval": "growth_interval", "set_hysteresis": "hysteresis"}[method]  # fmt: skip
     with _contract({name: value}, state=scaler.state_dict):
         getattr(scaler, method)(value)
-    if method != "update" or scaler._iteration_started:  # noqa: SLF001 - a refused update keeps the iteration
+    if method != "update" or scaler._records:  # noqa: SLF001 - a refused update keeps the iteration's records
         scaler.update()
     _train_steps(scaler, 1)
 
