@@ -51,7 +51,7 @@ from .op_names import SEALED_COMPOSITES, generated_overloads, is_composite
 from .thread_state import thread_state
 from .torch_tables import APPEND_DTYPE_OVERLOADS, BANNED_MESSAGES
 
-__all__ = ["ACTION_TABLE", "Choose", "OverloadSpec", "Plan", "kernel", "plan"]
+__all__ = ["ACTION_TABLE", "Choose", "Decision", "OverloadSpec", "Plan", "decide", "kernel", "plan"]
 
 _FLOAT32: Final = torch.float32
 
@@ -209,11 +209,11 @@ def _decompose(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: An
     if k.spec.swallows:
         check_swallowed(k.spec.name, policy, args, kwargs)
     device_type = client.device_type
-    _state.policies[device_type] = policy.inner or policy  # an inner policy is its own inner
+    _state.set_policy(device_type, policy.inner or policy)  # an inner policy is its own inner
     try:
         return k.redispatch(below, *args, **kwargs)
     finally:
-        _state.policies[device_type] = policy
+        _state.set_policy(device_type, policy)
 
 
 def _to_low(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
@@ -275,12 +275,28 @@ class Choose(NamedTuple):
     otherwise: Any
 
 
-def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
-    """The step a kernel keeps for ``policy`` (see :func:`as_step` and :class:`Choose`)."""
+class Decision(NamedTuple):
+    """The action table's entry of one op under one policy, read by both executors: ``step``
+    (a :class:`Plan` or :class:`~ampcore._policy.lists.Action`; never ``CHOOSE``), and
+    whether a call passing a dtype is kept as called instead (``choose``)."""
+
+    step: str
+    choose: bool
+
+
+def decide(spec: OverloadSpec, policy: Any, client: Client) -> Decision:
+    """What the kernel of ``spec`` does under ``policy`` for ``client`` (decided once per policy)."""
     decided = plan(spec, policy, client)
     if decided is Plan.CHOOSE:
-        return Choose(as_step(_descend(spec, policy, unlisted(spec, policy))))
-    return as_step(_descend(spec, policy, decided))
+        return Decision(_descend(spec, policy, unlisted(spec, policy)), True)
+    return Decision(_descend(spec, policy, decided), False)
+
+
+def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
+    """The step a Python kernel keeps for ``policy`` (see :func:`as_step` and :class:`Choose`)."""
+    decision = decide(spec, policy, client)
+    step = as_step(decision.step)
+    return Choose(step) if decision.choose else step
 
 
 def _descend(spec: OverloadSpec, policy: Any, decided: str) -> str:

@@ -59,6 +59,8 @@ import torch
 from .._errors import AmpcoreError
 from .._forklock import LOCK
 from .casting import device_check
+from .compiled import PYTHON_ROUTED, CompiledKernels
+from .executor import compiled_module
 from .kernels import kernel
 from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
@@ -182,6 +184,15 @@ class _Registry:
         self._progress: dict[str, int] = {}  # key -> overloads registered so far
         self._libraries: list[torch.library.Library] = []  # kept alive: never removed
         self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
+        self._executor: tuple[CompiledKernels | None] | None = None  # chosen at the first registration
+        self._compiled_keys: set[str] = set()  # keys whose kernels are the compiled ones
+
+    def _compiled(self) -> CompiledKernels | None:
+        """The compiled executor, or None where the Python kernels run (chosen once)."""
+        if self._executor is None:
+            module = compiled_module()
+            self._executor = (None if module is None else CompiledKernels(module),)
+        return self._executor[0]
 
     def in_use(self, key: str) -> bool:
         """Whether something other than ampcore's shadow kernels gives ``key`` a meaning."""
@@ -218,6 +229,8 @@ class _Registry:
         if not resident:
             # the highest-priority device key first, as the dispatcher would choose
             table.clients = tuple(sorted((*table.clients, client), key=lambda c: -int(c.key.value)))
+            if key in self._compiled_keys:
+                self._compiled().set_clients(table)
 
         route = Route(device_type, key, resident)
         self.routes[device_type] = route
@@ -235,13 +248,18 @@ class _Registry:
             fallback.fallback(torch.library.fallthrough_kernel, key)
             self._libraries.append(fallback)
             self._fallbacks.add(key)
+        compiled = self._compiled()
+        if compiled is not None:  # the C++ kernels, all at once; the Python-routed ones below
+            compiled.register(table)
+            self._compiled_keys.add(key)
         library = torch.library.Library("aten", "IMPL")
         self._libraries.append(library)
         overload = ""
         try:
             with _quiet():
                 for overload in overloads[done:]:
-                    library.impl(overload, kernel(table, overload), key, with_keyset=True)
+                    if compiled is None or overload in PYTHON_ROUTED:
+                        library.impl(overload, kernel(table, overload), key, with_keyset=True)
                     done += 1
         except Exception as exc:
             raise AmpcoreError(
