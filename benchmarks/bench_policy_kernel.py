@@ -88,7 +88,9 @@ def case_per_call(b: Bench) -> None:
     variants = {
         "torch.autocast: add (on no list)": _calls(b.torch_region, lambda: x + y, n),
         'custom_black_list={"mul"}: add (on no list, no cast)': _calls(other, lambda: x + y, n),
-        "torch.autocast: x.to(low) + y.to(low) (casts by hand)": _calls(b.torch_region, lambda: x.to(low) + y.to(low), n),
+        "torch.autocast: x.to(low) + y.to(low) (casts by hand)": _calls(
+            b.torch_region, lambda: x.to(low) + y.to(low), n
+        ),
         'custom_white_list={"add"}: add (two casts)': _calls(b.region(custom_white_list={"add"}), lambda: x + y, n),
         "torch.autocast: 8x8 mm (white list)": _calls(b.torch_region, lambda: torch.mm(small, small), n),
         'custom_black_list={"mul"}: 8x8 mm (torch\'s action)': _calls(other, lambda: torch.mm(small, small), n),
@@ -160,7 +162,12 @@ def case_steps(b: Bench) -> None:
     }
     variants = {name: _step(b, model, region, o2) for name, (region, o2) in regions.items()}
     medians = b.interleaved(variants, warmup=3)
-    _table(f"Training step: TransformerEncoder d_model 32, 2 layers, batch 1 x 8 tokens, AdamW ({b.rounds} rounds)", medians, "ms", 1e3)
+    _table(
+        f"Training step: TransformerEncoder d_model 32, 2 layers, batch 1 x 8 tokens, AdamW ({b.rounds} rounds)",
+        medians,
+        "ms",
+        1e3,
+    )
 
 
 def _table(title: str, medians: dict[str, float], unit: str, scale: float) -> None:
@@ -185,7 +192,9 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.child:
-        print(f"torch {torch.__version__}, ampcore {ampcore.__version__}, {torch.get_num_threads()} threads, device {args.device}, load {os.getloadavg()[0]:.2f}")
+        print(
+            f"torch {torch.__version__}, ampcore {ampcore.__version__}, {torch.get_num_threads()} threads, device {args.device}, load {os.getloadavg()[0]:.2f}"
+        )
         for name in args.executors:
             print(f"\n### executor: {name}")
             sys.stdout.flush()

@@ -15,6 +15,7 @@ import torch
 
 from .._backends.backend import Backend, dtype_name
 from .._backends.registry import get_manager
+from .._policy.executor import describe as describe_executor
 from .._policy.registration import has_native_autocast
 from .._table import format_table
 from .._version import __version__
@@ -75,6 +76,7 @@ def collect_info() -> dict[str, Any]:
         "plugins": [vars(p).copy() for p in plugins],
         "backends": backends,
         "load_warnings": [str(w.message) for w in caught],
+        "policy_kernel": describe_executor(),
     }
 
 
@@ -116,7 +118,9 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         *_table(rows, width),
         "  (dtypes: the default first; bf16 = bfloat16, fp16 = float16. autocast: 'native' = the",
         "   device's own kernels, ampcore's only in customised regions; 'ampcore' = ampcore's",
-        "   kernels provide it, ~3-8 us per op)",
+        "   kernels provide it)",
+        "",
+        *_wrapped([f"Policy kernels (custom lists, OD, O2): {info['policy_kernel']}"], width, hanging=2),
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]

@@ -23,8 +23,8 @@ from typing import Any, Final
 import torch
 
 from .fused import SWALLOWING
-from .key_tables import Client, KeyTable, all_autocast_keys
 from .kernels import Decision, OverloadSpec, Plan, decide
+from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
 from .op_names import castable_overloads
 from .thread_state import MIRRORS
@@ -138,4 +138,3 @@ class CompiledKernels:
     def _new_table(self, policy: Any, client: Client, inner: int) -> int:
         codes = bytes(encode(decide(spec, policy, client), spec, policy, self.codes) for spec in specs())
         return int(self.module.new_table(codes, inner, bool(policy.cache)))
-

@@ -16,6 +16,7 @@ is built at install time.  ``ampcore info`` prints :func:`describe`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -29,7 +30,16 @@ import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning
 
-__all__ = ["ENV", "EXECUTORS", "CompiledKernelWarning", "Executor", "compiled_module", "describe", "executor", "executor_chosen"]
+__all__ = [
+    "ENV",
+    "EXECUTORS",
+    "CompiledKernelWarning",
+    "Executor",
+    "compiled_module",
+    "describe",
+    "executor",
+    "executor_chosen",
+]
 
 #: The environment variable that chooses the executor.
 ENV: Final = "AMPCORE_POLICY_KERNEL"
@@ -101,11 +111,8 @@ def _missing_tools() -> str | None:
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None and shutil.which("g++") is None:
         return f"no C++ compiler ({compiler}) on PATH"
-    if shutil.which("ninja") is None:
-        try:
-            import ninja  # noqa: F401
-        except ImportError:
-            return "ninja (needed by torch.utils.cpp_extension) is not installed"
+    if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
+        return "ninja (needed by torch.utils.cpp_extension) is not installed"
     return None
 
 

@@ -193,6 +193,8 @@ def _casting(
             try:
                 _set_excluded(device, True)
                 args, kwargs = cast(k, args, kwargs, policy, client)
+                if k.spec.slots:  # numbers are never cast: wrapped after the casts, as torch's are
+                    args, kwargs = wrap_numbers(args, kwargs, k.spec.slots, k.spec.slot_names)
                 if not (policy.reach and k.spec.composite):
                     return k.redispatch(below, *args, **kwargs)  # below autocast, as torch calls it
             finally:
@@ -260,6 +262,10 @@ ACTION_TABLE: Final[Mapping[str, Step]] = {
     Action.FP32_SET_OPT_DTYPE: _casting(_set_fp32_dtype),
     Action.FP32_APPEND_DTYPE: _append_fp32_dtype,
 }
+#: The steps that cast (they wrap Python numbers after casting: numbers are never cast).
+_CASTING_STEPS: Final = frozenset(
+    ACTION_TABLE[a] for a in (Action.LOW, Action.FP32, Action.PROMOTE, Action.FP32_SET_OPT_DTYPE)
+)
 
 
 def as_step(decided: str) -> Any:
@@ -331,7 +337,14 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                 if policy is None and client.provider is not None:
                     policy = client.provider(get_dtype(client.device_type))
                 break
-        if slots:
+        step: Any = None
+        if policy is not None:
+            step = steps.get(policy)
+            if step is None:
+                step = steps[policy] = decided_step(spec, policy, client)  # type: ignore[arg-type]
+            if type(step) is Choose:  # an explicit dtype= is kept; otherwise as the op's level says
+                step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else step.otherwise
+        if slots and step not in _CASTING_STEPS:  # a casting step wraps numbers after its casts
             for i in slots:  # Python numbers arrive where torch had wrapped-number tensors
                 if i < len(args) and type(args[i]) in _NUMBERS:
                     args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
@@ -341,11 +354,6 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                     args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
         if policy is None:
             return redispatch(after, *args, **kwargs)
-        step: Any = steps.get(policy)
-        if step is None:
-            step = steps[policy] = decided_step(spec, policy, client)  # type: ignore[arg-type]
-        if type(step) is Choose:  # an explicit dtype= is kept; otherwise as the op's level says
-            step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else step.otherwise
         if step is passing or step is follow:
             # this key off (a flag, not a guard object: half the cost): torch's kernel (PASS)
             # excludes only its own key, and a kernel's internals (FOLLOW) get the device's lists

@@ -229,8 +229,9 @@ class _Registry:
         if not resident:
             # the highest-priority device key first, as the dispatcher would choose
             table.clients = tuple(sorted((*table.clients, client), key=lambda c: -int(c.key.value)))
-            if key in self._compiled_keys:
-                self._compiled().set_clients(table)
+            compiled = self._compiled()
+            if compiled is not None and key in self._compiled_keys:
+                compiled.set_clients(table)
 
         route = Route(device_type, key, resident)
         self.routes[device_type] = route
