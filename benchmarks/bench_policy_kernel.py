@@ -13,7 +13,7 @@ torch.autocast measured in the same process.  ``torch.autocast (again)`` is the 
    8 tokens, AdamW: nearly all per-op cost), custom lists / OD / O2 + decorate against
    torch.autocast.
 
-    python benchmarks/bench_policy_kernel.py                          # both executors, CPU
+    python benchmarks/bench_policy_kernel.py --threads 1              # both executors, CPU
     python benchmarks/bench_policy_kernel.py --device cuda --dtype float16 --rounds 15
     python benchmarks/bench_policy_kernel.py --executors compiled --cases steps
 """
@@ -189,6 +189,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21, help="timed rounds per case (default 21)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--executors", nargs="+", choices=("compiled", "python"), default=["compiled", "python"])
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.child:
@@ -201,6 +202,8 @@ def main() -> None:
             command = [sys.executable, __file__, "--child", *sys.argv[1:]]
             subprocess.run(command, env={**os.environ, "AMPCORE_POLICY_KERNEL": name}, check=True)
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     warnings.simplefilter("ignore")  # bf16 runs emulated on CPUs without bf16 instructions
     bench = Bench(args.device, getattr(torch, args.dtype), args.rounds)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
@@ -79,7 +78,9 @@ class CompiledKernels:
         )
         self._keys: dict[str, int] = {}
         self._slots: dict[str, int] = {}
-        self._ids: dict[int, weakref.WeakKeyDictionary[Any, int]] = {}
+        # slot -> policy -> table id: kept for the process, as the C++ tables are (policies
+        # are few: one per distinct lists, and their own cache holds them already)
+        self._ids: dict[int, dict[Any, int]] = {}
         self._lock = threading.Lock()
 
     def register(self, table: KeyTable) -> int:
@@ -121,7 +122,7 @@ class CompiledKernels:
         if found is not None:
             return found
         with self._lock:
-            ids = self._ids.setdefault(slot, weakref.WeakKeyDictionary())
+            ids = self._ids.setdefault(slot, {})
             found = ids.get(policy)
             if found is None:
                 inner = 0 if policy.inner is None else self.table_id_locked(policy.inner, client, slot)
