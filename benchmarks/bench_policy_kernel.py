@@ -46,6 +46,7 @@ class Bench:
     def __init__(self, device: str, dtype: torch.dtype, rounds: int) -> None:
         self.device, self.dtype, self.rounds = device, dtype, rounds
         self.sync: Callable[[], None] = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
+        self.best: dict[str, float] = {}
 
     def torch_region(self) -> Any:
         return torch.autocast(torch.device(self.device).type, dtype=self.dtype)
@@ -65,6 +66,7 @@ class Bench:
                 self.sync()
                 if r >= warmup:
                     times[name].append(time.perf_counter() - start)
+        self.best = {name: min(values) for name, values in times.items()}  # the fastest round
         return {name: statistics.median(values) for name, values in times.items()}
 
 
@@ -98,13 +100,15 @@ def case_per_call(b: Bench) -> None:
         "O2: add of low-precision inputs (no cast)": _calls(b.region(level="O2"), lambda: low_x + low_y, n),
     }
     medians = {name: value / n for name, value in b.interleaved(variants).items()}
+    best = {name: value / n for name, value in b.best.items()}
     names = list(medians)
     print(f"\nAdded cost per op call (64x64 unless said, {n} calls per sample, {b.rounds} rounds)\n")
-    print("| variant | us per call | added us |")
-    print("|---|---:|---:|")
+    print("| variant | us per call, median | added us, median | added us, fastest rounds |")
+    print("|---|---:|---:|---:|")
     for i, name in enumerate(names):
-        base = medians[names[i - i % 2]]
-        print(f"| {name} | {medians[name] * 1e6:.2f} | {(medians[name] - base) * 1e6:+.2f} |")
+        base = names[i - i % 2]
+        added, added_best = (medians[name] - medians[base]) * 1e6, (best[name] - best[base]) * 1e6
+        print(f"| {name} | {medians[name] * 1e6:.2f} | {added:+.2f} | {added_best:+.2f} |")
 
 
 def case_regions(b: Bench) -> None:

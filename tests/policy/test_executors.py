@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 import ampcore
 from ampcore._policy import executor as executor_module
 from ampcore._policy.executor import ENV, CompiledKernelWarning, describe, executor
-
-from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 
