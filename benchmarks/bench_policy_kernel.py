@@ -198,7 +198,8 @@ def main() -> None:
     args = parser.parse_args()
     if not args.child:
         print(
-            f"torch {torch.__version__}, ampcore {ampcore.__version__}, {torch.get_num_threads()} threads, device {args.device}, load {os.getloadavg()[0]:.2f}"
+            f"torch {torch.__version__}, ampcore {ampcore.__version__}, {torch.get_num_threads()} threads, "
+            f"device {args.device}, load {os.getloadavg()[0]:.2f}"
         )
         for name in args.executors:
             print(f"\n### executor: {name}")

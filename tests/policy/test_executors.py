@@ -118,7 +118,9 @@ REGIONS = {
     "O1": lambda: ampcore.autocast("cpu"),
     "white_add": lambda: ampcore.autocast("cpu", custom_white_list={"add", "cumsum"}),
     "black_mm_softmax": lambda: ampcore.autocast("cpu", custom_black_list={"mm", "softmax", "mul"}),
-    "reach": lambda: ampcore.autocast("cpu", custom_white_list={"addmm", "bmm"}, custom_black_list={"linear", "layer_norm"}),
+    "reach": lambda: ampcore.autocast(
+        "cpu", custom_white_list={"addmm", "bmm"}, custom_black_list={"linear", "layer_norm"}
+    ),
     "OD": lambda: ampcore.autocast("cpu", level="OD"),
     "O2": lambda: ampcore.autocast("cpu", level="O2"),
     "O2_black": lambda: ampcore.autocast("cpu", level="O2", custom_black_list={"softmax", "sum"}),
