@@ -16,6 +16,7 @@
 #include <pybind11/stl.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -106,31 +107,34 @@ at::Tensor cast_tensor(const at::Tensor& t, at::ScalarType to, c10::DeviceType d
   return t.to(to);
 }
 
+bool needs_cast(const IValue& item, at::ScalarType to, c10::DeviceType device_type) {
+  return item.isTensor() && eligible(item.toTensor(), device_type) && item.toTensor().scalar_type() != to;
+}
+
+// A list (Tensor[] or Tensor?[]) with its eligible tensors cast; the list itself when none
+// needs a cast (int lists, lists already in ``to``): nothing is copied then.
+void cast_list(IValue& value, at::ScalarType to, c10::DeviceType device_type, bool cache) {
+  const auto items = value.toListRef();
+  if (std::none_of(items.begin(), items.end(), [&](const IValue& item) { return needs_cast(item, to, device_type); })) {
+    return;
+  }
+  c10::impl::GenericList cast(value.toList().elementType());
+  for (const IValue& item : items) {
+    cast.push_back(needs_cast(item, to, device_type) ? IValue(cast_tensor(item.toTensor(), to, device_type, cache)) : item);
+  }
+  value = IValue(std::move(cast));
+}
+
 // Every eligible tensor among the call's arguments (also in lists) cast to ``to``.
 void cast_arguments(Stack* stack, size_t count, at::ScalarType to, c10::DeviceType device_type, bool cache) {
   for (size_t i = stack->size() - count; i < stack->size(); ++i) {
     IValue& value = (*stack)[i];
     if (value.isTensor()) {
-      const at::Tensor& t = value.toTensor();
-      if (eligible(t, device_type) && t.scalar_type() != to) {
-        value = cast_tensor(t, to, device_type, cache);
+      if (needs_cast(value, to, device_type)) {
+        value = cast_tensor(value.toTensor(), to, device_type, cache);
       }
-    } else if (value.isTensorList()) {
-      c10::List<at::Tensor> cast;
-      for (const at::Tensor& t : value.toTensorList()) {
-        cast.push_back(eligible(t, device_type) && t.scalar_type() != to ? cast_tensor(t, to, device_type, cache) : t);
-      }
-      value = IValue(std::move(cast));
-    } else if (value.isList()) {  // Tensor?[]
-      c10::impl::GenericList cast(value.toList().elementType());
-      for (const IValue& item : value.toListRef()) {
-        if (item.isTensor() && eligible(item.toTensor(), device_type) && item.toTensor().scalar_type() != to) {
-          cast.push_back(IValue(cast_tensor(item.toTensor(), to, device_type, cache)));
-        } else {
-          cast.push_back(item);
-        }
-      }
-      value = IValue(std::move(cast));
+    } else if (value.isList()) {  // Tensor[], Tensor?[] (and int lists, left alone)
+      cast_list(value, to, device_type, cache);
     }
   }
 }
@@ -149,9 +153,7 @@ std::optional<at::ScalarType> widest_of(const Stack* stack, size_t count, c10::D
     const IValue& value = (*stack)[i];
     if (value.isTensor()) {
       widen(value.toTensor(), device_type, widest);
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) widen(t, device_type, widest);
-    } else if (value.isList()) {
+    } else if (value.isList()) {  // Tensor[], Tensor?[]
       for (const IValue& item : value.toListRef()) {
         if (item.isTensor()) widen(item.toTensor(), device_type, widest);
       }
