@@ -1,4 +1,8 @@
-"""Policy kernels: one Python kernel per operator overload on one dispatch key.
+"""Policy kernels: the action table (:func:`decide`, once per policy) and its Python executor,
+one Python kernel per operator overload on one dispatch key.
+
+The compiled executor (:mod:`ampcore._policy.compiled`, ``policy_kernel.cpp``) carries out the
+same decisions in C++; :mod:`ampcore._policy.executor` chooses which one a process runs.
 
 A kernel serves every device type routed to its key (a :class:`KeyTable` lists them as
 :class:`Client`\\ s; :mod:`ampcore._policy.registration` decides the routes).  On each call it
@@ -28,7 +32,8 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
     a policy with custom lists are instead decomposed with autocast on and the policy's
     *inner* policy in force, so that custom-listed ops inside them are reached.
 
-Python numbers in Tensor slots are repaired first (:func:`ampcore._policy.casting.wrap_numbers`).
+Python numbers in Tensor slots are repaired (:func:`ampcore._policy.casting.wrap_numbers`)
+before the call goes on, and by a casting step after its casts: numbers are never cast.
 ``FOLLOW`` and ``PASS`` run inline in the kernel: they are most calls of a region, and each
 function call there costs per op.
 """

@@ -3,7 +3,9 @@ live in the dispatcher.
 
 torch's autocast is a set of C++ kernels registered per operator on the autocast dispatch
 key of a device type (``AutocastCPU``...), which sits above autograd.  ampcore's policy
-kernels (:mod:`ampcore._policy.kernels`) read the calling thread's :class:`OpPolicy`; an
+kernels read the calling thread's :class:`OpPolicy`: the C++ ones of
+:mod:`ampcore._policy.compiled` or the Python ones of :mod:`ampcore._policy.kernels`, one
+executor per process (:mod:`ampcore._policy.executor`), registered the same way; an
 uncustomised O1 region has no policy and involves no ampcore kernel: it *is*
 ``torch.autocast``.
 
