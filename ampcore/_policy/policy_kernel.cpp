@@ -367,11 +367,6 @@ int32_t new_table(const pybind11::bytes& codes, int32_t inner, bool cache) {
   return id;
 }
 
-void set_inner(int32_t id, int32_t inner) {  // a table whose inner table is built after it
-  const Table* table = g_tables.at(id).load();
-  g_tables[id].store(new Table{table->codes, inner, table->cache}, std::memory_order_release);
-}
-
 void set_current(int slot, int32_t id) { t_current.at(slot) = id; }
 int32_t current(int slot) { return t_current.at(slot); }
 uint64_t entries() { return t_entries; }
@@ -384,7 +379,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_kernels", &register_kernels);
   m.def("set_clients", &set_clients);
   m.def("new_table", &new_table);
-  m.def("set_inner", &set_inner);
   m.def("set_current", &set_current);
   m.def("current", &current);
   m.def("entries", &entries);
