@@ -245,13 +245,13 @@ class _Registry:
         done = self._progress.get(key, 0)
         if done == len(overloads):
             return
+        compiled = self._compiled()  # first: a bad AMPCORE_POLICY_KERNEL changes nothing
         if not torch._C._dispatch_has_backend_fallback(dispatch_key(key)):
             # ops without a kernel pass through (torch registers no fallback for these keys)
             fallback = torch.library.Library("_", "IMPL")
             fallback.fallback(torch.library.fallthrough_kernel, key)
             self._libraries.append(fallback)
             self._fallbacks.add(key)
-        compiled = self._compiled()
         if compiled is not None:  # the C++ kernels, all at once; the Python-routed ones below
             compiled.register(table)
             self._compiled_keys.add(key)

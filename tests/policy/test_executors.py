@@ -185,3 +185,25 @@ def test_both_executors_give_identical_results(tmp_path: Path) -> None:
             continue
         if region == "O1" or (region == "black_mm_softmax" and call in ("add", "add_bf16", "linear", "layer")):
             assert _same(value, compiled["torch", call]), key
+
+
+BAD_VALUE = """
+import torch, ampcore
+from ampcore._policy.registration import registered_keys, routes
+try:
+    with ampcore.autocast("cpu", level="O2"):
+        pass
+except ampcore.AmpcoreError as exc:
+    print("error:", exc)
+key = torch._C.DispatchKey.AutocastIPU
+assert registered_keys() == {} and routes() == {} and not torch.is_autocast_enabled("cpu")
+assert not torch._C._dispatch_has_backend_fallback(key) and not torch._C._dispatch_tls_is_dispatch_key_included(key)
+"""
+
+
+def test_a_bad_executor_value_fails_the_first_policy_region_changing_nothing() -> None:
+    env = {**os.environ, ENV: "fast"}
+    command = [sys.executable, "-c", BAD_VALUE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"error: {ENV}='fast': expected one of auto, compiled, python" in done.stdout
