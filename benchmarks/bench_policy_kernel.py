@@ -14,6 +14,7 @@ torch.autocast measured in the same process.  ``torch.autocast (again)`` is the 
    torch.autocast.
 
     python benchmarks/bench_policy_kernel.py --threads 1              # both executors, CPU
+    python benchmarks/bench_policy_kernel.py --threads 1 --clock cpu  # a loaded CPU host
     python benchmarks/bench_policy_kernel.py --device cuda --dtype float16 --rounds 15
     python benchmarks/bench_policy_kernel.py --executors compiled --cases steps
 """
@@ -43,8 +44,10 @@ CASES: Final = ("per-call", "regions", "steps")
 class Bench:
     """The device, dtype and round count of one run."""
 
-    def __init__(self, device: str, dtype: torch.dtype, rounds: int) -> None:
+    def __init__(self, device: str, dtype: torch.dtype, rounds: int, clock: str = "wall") -> None:
         self.device, self.dtype, self.rounds = device, dtype, rounds
+        #: ``cpu``: the thread's CPU time (blind to preemption on a loaded host; CPU only)
+        self.clock: Callable[[], float] = time.thread_time if clock == "cpu" else time.perf_counter
         self.sync: Callable[[], None] = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
         self.best: dict[str, float] = {}
 
@@ -61,11 +64,11 @@ class Bench:
         for r in range(self.rounds + warmup):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 self.sync()
-                start = time.perf_counter()
+                start = self.clock()
                 variants[name]()
                 self.sync()
                 if r >= warmup:
-                    times[name].append(time.perf_counter() - start)
+                    times[name].append(self.clock() - start)
         self.best = {name: min(values) for name, values in times.items()}  # the fastest round
         return {name: statistics.median(values) for name, values in times.items()}
 
@@ -157,11 +160,13 @@ def case_steps(b: Bench) -> None:
     regions: dict[str, tuple[Region, bool]] = {
         "torch.autocast": (b.torch_region, False),
         "torch.autocast (again)": (b.torch_region, False),
+        'custom list changing no op (white {"mm"}): kernel cost only': (b.region(custom_white_list={"mm"}), False),
         'custom lists (white {"add"}, black {"softmax"})': (
             b.region(custom_white_list={"add"}, custom_black_list={"softmax"}),
             False,
         ),
         "OD": (b.region(level="OD"), False),
+        "O2 region, float32 parameters (no decorate)": (b.region(level="O2"), False),
         "O2 + decorate": (b.region(level="O2"), True),
     }
     variants = {name: _step(b, model, region, o2) for name, (region, o2) in regions.items()}
@@ -194,6 +199,12 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--executors", nargs="+", choices=("compiled", "python"), default=["compiled", "python"])
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: thread CPU time (a loaded CPU host; not for GPUs)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.child:
@@ -211,7 +222,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     warnings.simplefilter("ignore")  # bf16 runs emulated on CPUs without bf16 instructions
-    bench = Bench(args.device, getattr(torch, args.dtype), args.rounds)
+    bench = Bench(args.device, getattr(torch, args.dtype), args.rounds, args.clock)
     with ampcore.autocast(device=args.device, dtype=bench.dtype, custom_white_list={"add"}):
         pass  # registers the kernels (and builds the compiled ones at their first use)
     print(f"executor: {ampcore._policy.executor.describe()}")
