@@ -6,9 +6,10 @@ per (policy, device type) for every castable overload and handed to C++ as one b
 overload (:func:`encode`).  A thread's policy reaches C++ as that table's id, set per device
 type whenever the thread's policy changes (:attr:`ampcore._policy.thread_state.MIRRORS`).
 
-Overloads the C++ kernel does not carry out run their Python kernel on the same key
-(:data:`PYTHON_ROUTED`: composites whose fused kernels may swallow custom-listed ops, whose
-check calls back into Python).
+Overloads the C++ kernel does not carry out would run their Python kernel on the same key
+(:data:`PYTHON_ROUTED`: none today).  The one piece of Python left on an op path is the
+fused-kernel warning (:mod:`ampcore._policy.fused`): C++ asks ``_fused_sdp_choice`` itself
+and calls Python only to warn, once per policy.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Final
 
 import torch
 
-from .fused import SWALLOWING
+from .fused import FUSED_CHOICE, named_swallowed, warn_swallowed
 from .kernels import Decision, OverloadSpec, Plan, decide
 from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
@@ -31,8 +32,8 @@ from .torch_tables import APPEND_DTYPE_OVERLOADS
 
 __all__ = ["PYTHON_ROUTED", "CompiledKernels", "encode", "specs"]
 
-#: Overloads whose Python kernel runs under the compiled executor too.
-PYTHON_ROUTED: Final = frozenset(SWALLOWING)
+#: Overloads whose Python kernel runs under the compiled executor too (none today).
+PYTHON_ROUTED: Final[frozenset[str]] = frozenset()
 
 #: Steps that cast (or may) and then call the op below autocast, or decompose it.
 _CASTING: Final = frozenset({Action.LOW, Action.FP32, Action.PROMOTE, Action.FP32_SET_OPT_DTYPE, "as_called"})
@@ -56,6 +57,8 @@ def encode(decision: Decision, spec: OverloadSpec, policy: Any, codes: dict[str,
         code |= codes["choose"]
     if step in _CASTING and policy.reach and spec.composite:
         code |= codes["decompose"]
+        if spec.swallows and named_swallowed(spec.name, policy):
+            code |= codes["check_fused"]
     return code
 
 
@@ -74,13 +77,16 @@ class CompiledKernels:
             [-1 if s.dtype_arg is None else s.dtype_arg[0] for s in every],
             [APPEND_DTYPE_OVERLOADS.get(s.name, "") for s in every],
             [s.banned for s in every],
+            [FUSED_CHOICE.get(s.name, ("", 0)) if s.swallows else ("", 0) for s in every],
             all_autocast_keys().raw_repr(),
+            self._warn,
         )
         self._keys: dict[str, int] = {}
         self._slots: dict[str, int] = {}
         # slot -> policy -> table id: kept for the process, as the C++ tables are (policies
         # are few: one per distinct lists, and their own cache holds them already)
         self._ids: dict[int, dict[Any, int]] = {}
+        self._policies: dict[int, Any] = {}  # table id -> policy (for the fused-kernel warning)
         self._lock = threading.Lock()
 
     def register(self, table: KeyTable) -> int:
@@ -138,4 +144,10 @@ class CompiledKernels:
 
     def _new_table(self, policy: Any, client: Client, inner: int) -> int:
         codes = bytes(encode(decide(spec, policy, client), spec, policy, self.codes) for spec in specs())
-        return int(self.module.new_table(codes, inner, bool(policy.cache)))
+        found = int(self.module.new_table(codes, inner, bool(policy.cache)))
+        self._policies[found] = policy
+        return found
+
+    def _warn(self, index: int, table: int) -> None:
+        """C++ found a call taking a fused kernel that swallows custom-listed ops."""
+        warn_swallowed(specs()[index].name, self._policies[table])

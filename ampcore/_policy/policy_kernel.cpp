@@ -45,7 +45,8 @@ enum Code : uint8_t {
   APPEND_DTYPE = 9,   // the overload with a dtype argument, dtype float32
   AS_CALLED = 10,     // no cast, below autocast (a cast action's path with nothing to cast)
 };
-constexpr uint8_t kActionMask = 0x3f;
+constexpr uint8_t kActionMask = 0x1f;
+constexpr uint8_t kCheckFused = 0x20;  // before decomposing: warn (Python) if a fused kernel runs
 constexpr uint8_t kChoose = 0x40;     // KEEP when the call passes a dtype
 constexpr uint8_t kDecompose = 0x80;  // after casting, decompose under the inner table
 
@@ -56,6 +57,7 @@ struct Table {
   std::vector<uint8_t> codes;  // per op index
   int32_t inner;               // the table inside a decomposed composite
   bool cache;                  // weight casts through torch's autocast cache
+  mutable std::atomic<bool> warned{false};  // the fused-kernel warning was given (kCheckFused)
 };
 
 struct Client {
@@ -81,6 +83,8 @@ struct Op {
   int dtype_arg;  // position of its dtype argument, -1: none
   std::optional<c10::OperatorHandle> append_to;
   std::string banned;
+  std::optional<c10::OperatorHandle> fused_choice;  // which kernel a call takes (kCheckFused)
+  int64_t unfused = 0;                              // its value for the unfused path
 };
 
 std::array<std::atomic<const Table*>, kMaxTables> g_tables{};
@@ -89,6 +93,7 @@ std::vector<Op> g_ops;                 // set once, before any kernel is registe
 std::vector<std::unique_ptr<Key>> g_keys;
 DispatchKeySet g_autocast_keys;
 std::mutex g_mutex;  // registration only
+pybind11::object* g_warn = nullptr;  // Python: warn(op index, table id); never freed
 thread_local std::array<int32_t, kMaxSlots> t_current{};
 thread_local uint64_t t_entries = 0;  // kernel entries of this thread (tests count them)
 
@@ -169,6 +174,19 @@ struct CurrentTable {  // the thread's table of a slot, restored on scope exit
   ~CurrentTable() { t_current[slot] = saved; }
 };
 
+// A composite whose fused kernel may swallow custom-listed ops: when this call takes it, the
+// warning (once per table) is given by Python, which names the ops and the way out.
+void check_fused(const Op& info, int32_t table_id, const Table& table, const Stack* stack, size_t count) {
+  Stack args(stack->end() - count, stack->end());
+  info.fused_choice->callBoxed(&args);
+  if (args.at(0).toInt() == info.unfused || g_warn == nullptr) {
+    return;
+  }
+  table.warned.store(true, std::memory_order_relaxed);
+  pybind11::gil_scoped_acquire gil;
+  (*g_warn)(static_cast<int64_t>(&info - g_ops.data()), table_id);
+}
+
 void cast_and_call(const Key& key, const Client& client, const Table& table, uint8_t code, const Op& info,
                    const c10::OperatorHandle& op, DispatchKeySet ks, Stack* stack) {
   const size_t count = op.schema().arguments().size();
@@ -198,6 +216,9 @@ void cast_and_call(const Key& key, const Client& client, const Table& table, uin
     }
   }
   const int32_t current = t_current[client.slot];
+  if ((code & kCheckFused) && !table.warned.load(std::memory_order_relaxed)) {
+    check_fused(info, current, table, stack, count);
+  }
   CurrentTable inner(client.slot, table.inner ? table.inner : current);
   op.redispatchBoxed(ks & key.below, stack);
 }
@@ -288,24 +309,29 @@ class PolicyKernel final : public c10::OperatorKernel {
 
 // -- the Python side (ampcore/_policy/compiled.py) -----------------------------------------
 
+c10::OperatorHandle find_op(const std::string& overload) {  // "name.overload" or "name"
+  const auto dot = overload.find('.');
+  return c10::Dispatcher::singleton().findSchemaOrThrow(
+      ("aten::" + overload.substr(0, dot)).c_str(), dot == std::string::npos ? "" : overload.substr(dot + 1).c_str());
+}
+
 void set_ops(const std::vector<std::string>& names, const std::vector<int>& dtype_args,
              const std::vector<std::string>& append_to, const std::vector<std::string>& banned,
-             uint64_t autocast_keys) {
+             const std::vector<std::pair<std::string, int64_t>>& fused_choice, uint64_t autocast_keys,
+             const pybind11::object& warn) {
   std::lock_guard<std::mutex> lock(g_mutex);
   TORCH_CHECK(g_ops.empty() || g_ops.size() == names.size(), "ampcore: the op list is set once per process");
   if (!g_ops.empty()) return;
   g_autocast_keys = DispatchKeySet(DispatchKeySet::RAW, autocast_keys);
   std::vector<Op> ops;
   for (size_t i = 0; i < names.size(); ++i) {
-    Op op{names[i], dtype_args[i], std::nullopt, banned[i]};
-    if (!append_to[i].empty()) {
-      const auto dot = append_to[i].find('.');
-      op.append_to = c10::Dispatcher::singleton().findSchemaOrThrow(
-          ("aten::" + append_to[i].substr(0, dot)).c_str(), dot == std::string::npos ? "" : append_to[i].substr(dot + 1).c_str());
-    }
+    Op op{names[i], dtype_args[i], std::nullopt, banned[i], std::nullopt, fused_choice[i].second};
+    if (!append_to[i].empty()) op.append_to = find_op(append_to[i]);
+    if (!fused_choice[i].first.empty()) op.fused_choice = find_op(fused_choice[i].first);
     ops.push_back(std::move(op));
   }
   g_ops = std::move(ops);
+  g_warn = new pybind11::object(warn);
 }
 
 int add_key(int64_t key) {
@@ -390,5 +416,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::arg("fp32_set_opt_dtype") = static_cast<int>(SET_OPT_DTYPE),
       pybind11::arg("fp32_append_dtype") = static_cast<int>(APPEND_DTYPE),
       pybind11::arg("as_called") = static_cast<int>(AS_CALLED), pybind11::arg("choose") = static_cast<int>(kChoose),
-      pybind11::arg("decompose") = static_cast<int>(kDecompose));
+      pybind11::arg("decompose") = static_cast<int>(kDecompose),
+      pybind11::arg("check_fused") = static_cast<int>(kCheckFused));
 }
