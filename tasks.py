@@ -211,20 +211,27 @@ def conformance() -> list[Stage]:
     return stages
 
 
-def run_pytest(args: list[str]) -> Stage:
-    """pytest on the configured test paths, streamed; the stage carries its final counts line."""
+def run_pytest(args: list[str], env: dict[str, str] | None = None, name: str = "pytest") -> Stage:
+    """pytest on the configured test paths (``env``: variables added), streamed; the stage
+    carries its final counts line."""
     command = [str(PY), "-m", "pytest", *args]
-    print("+", " ".join(command), flush=True)
+    print("+", " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *command]), flush=True)
     last = ""
-    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1) as process:
+    environ = {**os.environ, **(env or {})}
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, bufsize=1, env=environ) as process:
         for line in process.stdout or ():
             print(line, end="", flush=True)
             if re.search(r"\b(passed|failed|errors?|skipped|no tests ran)\b.* in [\d.]+s", line):
                 last = line.strip().strip("=").strip()
     code = process.returncode
     if code == 5:  # pytest: no tests collected; zero tests never reads as green
-        return Stage("pytest", False, f"no tests were collected (pytest exit 5) {last}".strip())
-    return Stage("pytest", code == 0, (last or "no summary line") + ("" if code == 0 else f" (exit {code})"))
+        return Stage(name, False, f"no tests were collected (pytest exit 5) {last}".strip())
+    return Stage(name, code == 0, (last or "no summary line") + ("" if code == 0 else f" (exit {code})"))
+
+
+#: The second executor's run in CI (issue 26): the policy tests again with the Python policy
+#: kernels, since the main run uses the compiled ones wherever a compiler is available.
+SECOND_EXECUTOR_RUN: tuple[list[str], dict[str, str]] = (["tests/policy", "-q", "-p", "no:cacheprovider"], {"AMPCORE_POLICY_KERNEL": "python"})
 
 
 #: The lint stage's commands (venv tools; configured in pyproject.toml's [tool.ruff] and
@@ -280,6 +287,9 @@ def test(args: list[str]) -> None:
     setup()
     stages = [lint()] if LINT_MODE == "always" or (LINT_MODE == "auto" and not args) else []
     stages.append(run_pytest(args))
+    if not args:
+        second_args, env = SECOND_EXECUTOR_RUN
+        stages.append(run_pytest(second_args, env, name="pytest tests/policy, Python policy kernels"))
     if not args or CONFORMANCE_MODE == "always":
         stages += conformance()
     if not summarize(stages, started):

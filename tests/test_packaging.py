@@ -51,7 +51,7 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: tuple[zipfile.ZipFile
     for source, package in (("ampcore", "ampcore"), ("backends", "ampcore_backends"), ("conformance_tests", "ampcore_conformance")):
         for path in (ROOT / source).rglob("*.py"):
             assert f"{package}/{path.relative_to(ROOT / source).as_posix()}" in names, path
-    for data in ("ampcore/py.typed", "ampcore_backends/py.typed", "ampcore_conformance/data/pytest.ini"):
+    for data in ("ampcore/py.typed", "ampcore/_policy/policy_kernel.cpp", "ampcore_backends/py.typed", "ampcore_conformance/data/pytest.ini"):
         assert data in names
     assert not any(name.startswith(("tests/", "docs/", "examples/", "benchmarks/", "plugins/")) for name in names)
     (info,) = {name.split("/")[0] for name in names if ".dist-info/" in name}

@@ -156,11 +156,15 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     monkeypatch.setattr(tasks, "LINT_MODE", mode)
     monkeypatch.setattr(tasks, "setup", lambda: None)
     monkeypatch.setattr(tasks, "lint", lambda: tasks.Stage("lint", True, "clean"))
-    monkeypatch.setattr(tasks, "run_pytest", lambda args: tasks.Stage("pytest", True, "1 passed"))
+    runs: list[tuple[list[str], dict[str, str] | None]] = []
+    monkeypatch.setattr(tasks, "run_pytest", lambda args, env=None, name="pytest": runs.append((args, env)) or tasks.Stage(name, True, "1 passed"))
     monkeypatch.setattr(tasks, "conformance", lambda: [tasks.Stage("conformance cpu-bfloat16", True, "1 passed")])
     monkeypatch.setattr(tasks, "summarize", lambda stages, started: summarized.append([s.name for s in stages]) or True)
     tasks.test(args)
     assert ("lint" in summarized[0]) is linted and "pytest" in summarized[0]
+    # CI (no arguments) runs the policy tests a second time with the other policy-kernel executor
+    assert (runs[1:] == [tasks.SECOND_EXECUTOR_RUN]) is (not args)
+    assert tasks.SECOND_EXECUTOR_RUN[1] == {"AMPCORE_POLICY_KERNEL": "python"}
 
 
 def test_compat_runs_do_not_lint(tasks: ModuleType) -> None:

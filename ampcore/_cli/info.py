@@ -19,6 +19,7 @@ from .._backends.plugins import ENV_STRICT, PluginManager
 from .._backends.registry import get_manager
 from .._backends.support import device_dtypes
 from .._errors import AmpcoreError
+from .._policy.executor import describe as describe_executor
 from .._policy.registration import has_native_autocast
 from .._table import format_table
 from .._version import __version__
@@ -96,6 +97,7 @@ def collect_info() -> dict[str, Any]:
         "backends": backends,
         "load_warnings": strict + [str(w.message) for w in caught],
         "strict_error": strict[0] if strict else None,
+        "policy_kernel": describe_executor(),
     }
 
 
@@ -139,8 +141,9 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         *_table(rows, width),
         "  (dtypes: those device 0 runs, the default first; 'not': declared, refused by the device;",
         "   bf16 = bfloat16, fp16 = float16. autocast: 'native' = the device's own kernels,",
-        "   ampcore's only in customised regions; 'ampcore' = ampcore's kernels provide it, ~3-8 us",
-        "   per op)",
+        "   ampcore's only in customised regions; 'ampcore' = ampcore's kernels provide it)",
+        "",
+        *_wrapped([f"Policy kernels (custom lists, OD, O2): {info['policy_kernel']}"], width, hanging=2),
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]

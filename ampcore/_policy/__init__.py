@@ -9,8 +9,11 @@ Read in this order:
   custom lists), and the per-overload *actions* they give.
 * ``autocast``: the ``ampcore.autocast`` context manager; ``region``: ``active_region``.
 * ``thread_state``: the per-thread region stack and policies.
-* ``kernels``: the Python policy kernels; ``registration``: where in the dispatcher they are
-  registered (once per process, never removed) and the runtime :class:`OpPolicy`.
+* ``kernels``: the action table (:func:`kernels.decide`, once per policy) and the Python
+  executor of it; ``compiled`` + ``policy_kernel.cpp``: the C++ executor of the same table;
+  ``executor``: which one runs (``AMPCORE_POLICY_KERNEL``) and building the C++ one;
+  ``registration``: where in the dispatcher the kernels are registered (once per process,
+  never removed) and the runtime :class:`OpPolicy`.
 * ``key_tables``: a kernel key's device types and each call's route on it.
 * ``casting``: how a kernel casts the arguments of one call.
 * ``fused``, ``compile``, ``recompute``, ``custom_fwd``: fused kernels that swallow listed

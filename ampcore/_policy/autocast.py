@@ -256,7 +256,7 @@ class autocast:
                 mode = guard_mode(policy)  # graphs per policy
                 mode.__enter__()
             if policy is not None or previous is not None:
-                state.policies[device_type] = policy
+                state.set_policy(device_type, policy)
             region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
             stack.append(region)
             _innermost.set(region)
@@ -354,10 +354,7 @@ def _restore(
     exc_info: tuple[Any, Any, Any] | None,
 ) -> None:
     """Undo what entering a region changed, innermost change first."""
-    if previous is None:
-        state.policies.pop(device_type, None)
-    else:
-        state.policies[device_type] = previous
+    state.set_policy(device_type, previous, keep_none=False)
     try:
         if mode is not None:
             mode.__exit__(None, None, None)

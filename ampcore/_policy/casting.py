@@ -160,10 +160,20 @@ def widest(args: tuple[Any, ...], kwargs: dict[str, Any], on_device: OnDevice) -
     return widest
 
 
+#: A number's own precision as a 0-dim tensor (never castable: not a low-precision float).
+_EXACT: Final = {bool: torch.bool, int: torch.int64, float: torch.float64}
+
+
 def wrap_numbers(
     args: tuple[Any, ...], kwargs: dict[str, Any], slots: tuple[int, ...], names: frozenset[str]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Python numbers in Tensor slots -> 0-dim tensors promoting as torch's wrapped numbers do."""
+    """Python numbers in Tensor slots -> 0-dim tensors promoting as torch's wrapped numbers do.
+
+    Where a dimensioned floating tensor decides the result dtype, a number keeps its own
+    precision (``x * 0.1`` computes with 0.1, not with its bfloat16 rounding), as torch's
+    wrapped numbers do; otherwise it takes the dtype torch's type promotion gives the call.
+    Casting steps wrap numbers after their casts, so that a number is never cast.
+    """
     in_args = any(i < len(args) and type(args[i]) in _NUMBERS for i in slots)
     in_kwargs = bool(kwargs) and any(type(kwargs.get(n)) in _NUMBERS for n in names)
     if not (in_args or in_kwargs):
@@ -172,8 +182,12 @@ def wrap_numbers(
     # the operand that decides the result dtype: a dimensioned one beats 0-dim ones
     reference = next((t for t in tensors if t.dim()), tensors[0] if tensors else None)
 
+    decides = reference is not None and reference.dim() > 0 and reference.is_floating_point()
+
     def tensor(value: Any) -> torch.Tensor:
         # a CPU scalar joins tensors of any device, as a wrapped number does
+        if decides and type(value) in _EXACT:
+            return torch.scalar_tensor(value, dtype=_EXACT[type(value)])
         dtype = torch.result_type(reference, value) if reference is not None else None
         return torch.scalar_tensor(value, dtype=dtype)
 

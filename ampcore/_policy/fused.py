@@ -20,7 +20,7 @@ import torch
 
 from .._errors import AmpcoreWarning, warn_user
 
-__all__ = ["FusedKernelWarning", "SWALLOWING", "check_swallowed"]
+__all__ = ["FUSED_CHOICE", "FusedKernelWarning", "SWALLOWING", "check_swallowed", "named_swallowed", "warn_swallowed"]
 
 
 class FusedKernelWarning(AmpcoreWarning):
@@ -45,13 +45,33 @@ SWALLOWING: Final[dict[str, tuple[Callable[[tuple[Any, ...], dict[str, Any]], bo
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
+#: composite overload -> (the op that says which kernel a call takes, the value for the
+#: unfused path): what the compiled policy kernel calls itself for :data:`SWALLOWING`.
+FUSED_CHOICE: Final = {
+    "scaled_dot_product_attention": ("_fused_sdp_choice", int(torch.nn.attention.SDPBackend.MATH.value))
+}
+
+
+def named_swallowed(overload: str, policy: Any) -> frozenset[str]:
+    """The ops ``policy``'s custom lists name that a fused kernel of ``overload`` swallows."""
+    lists = policy.lists
+    named: frozenset[str] = (lists.custom_white | lists.custom_black) & SWALLOWING[overload][1]
+    return named
+
+
 def check_swallowed(overload: str, policy: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Warn when ``policy``'s custom lists name ops that this call's fused kernel swallows."""
-    fused, inner_ops, hint = SWALLOWING[overload]
-    lists = policy.lists
-    named = (lists.custom_white | lists.custom_black) & inner_ops
+    if not named_swallowed(overload, policy) or overload in _warned.get(policy, ()):
+        return
+    if SWALLOWING[overload][0](args, kwargs):
+        warn_swallowed(overload, policy)
+
+
+def warn_swallowed(overload: str, policy: Any) -> None:
+    """The warning of a call of ``overload`` that takes a fused kernel (once per policy)."""
+    named, hint = named_swallowed(overload, policy), SWALLOWING[overload][2]
     seen = _warned.setdefault(policy, set())
-    if not named or overload in seen or not fused(args, kwargs):
+    if not named or overload in seen:
         return
     seen.add(overload)
     warn_user(

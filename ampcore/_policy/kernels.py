@@ -1,4 +1,8 @@
-"""Policy kernels: one Python kernel per operator overload on one dispatch key.
+"""Policy kernels: the action table (:func:`decide`, once per policy) and its Python executor,
+one Python kernel per operator overload on one dispatch key.
+
+The compiled executor (:mod:`ampcore._policy.compiled`, ``policy_kernel.cpp``) carries out the
+same decisions in C++; :mod:`ampcore._policy.executor` chooses which one a process runs.
 
 A kernel serves every device type routed to its key (a :class:`KeyTable` lists them as
 :class:`Client`\\ s; :mod:`ampcore._policy.registration` decides the routes).  On each call it
@@ -28,7 +32,8 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
     a policy with custom lists are instead decomposed with autocast on and the policy's
     *inner* policy in force, so that custom-listed ops inside them are reached.
 
-Python numbers in Tensor slots are repaired first (:func:`ampcore._policy.casting.wrap_numbers`).
+Python numbers in Tensor slots are repaired (:func:`ampcore._policy.casting.wrap_numbers`)
+before the call goes on, and by a casting step after its casts: numbers are never cast.
 ``FOLLOW`` and ``PASS`` run inline in the kernel: they are most calls of a region, and each
 function call there costs per op.
 """
@@ -51,7 +56,7 @@ from .op_names import SEALED_COMPOSITES, generated_overloads, is_composite
 from .thread_state import thread_state
 from .torch_tables import APPEND_DTYPE_OVERLOADS, BANNED_MESSAGES
 
-__all__ = ["ACTION_TABLE", "Choose", "OverloadSpec", "Plan", "kernel", "plan"]
+__all__ = ["ACTION_TABLE", "Choose", "Decision", "OverloadSpec", "Plan", "decide", "kernel", "plan"]
 
 _FLOAT32: Final = torch.float32
 
@@ -193,6 +198,8 @@ def _casting(
             try:
                 _set_excluded(device, True)
                 args, kwargs = cast(k, args, kwargs, policy, client)
+                if k.spec.slots:  # numbers are never cast: wrapped after the casts, as torch's are
+                    args, kwargs = wrap_numbers(args, kwargs, k.spec.slots, k.spec.slot_names)
                 if not (policy.reach and k.spec.composite):
                     return k.redispatch(below, *args, **kwargs)  # below autocast, as torch calls it
             finally:
@@ -209,11 +216,11 @@ def _decompose(k: _Kernel, below: KeySet, args: Args, kwargs: Kwargs, policy: An
     if k.spec.swallows:
         check_swallowed(k.spec.name, policy, args, kwargs)
     device_type = client.device_type
-    _state.policies[device_type] = policy.inner or policy  # an inner policy is its own inner
+    _state.set_policy(device_type, policy.inner or policy)  # an inner policy is its own inner
     try:
         return k.redispatch(below, *args, **kwargs)
     finally:
-        _state.policies[device_type] = policy
+        _state.set_policy(device_type, policy)
 
 
 def _to_low(k: _Kernel, args: Args, kwargs: Kwargs, policy: Any, client: Client) -> Called:
@@ -260,6 +267,10 @@ ACTION_TABLE: Final[Mapping[str, Step]] = {
     Action.FP32_SET_OPT_DTYPE: _casting(_set_fp32_dtype),
     Action.FP32_APPEND_DTYPE: _append_fp32_dtype,
 }
+#: The steps that cast (they wrap Python numbers after casting: numbers are never cast).
+_CASTING_STEPS: Final = frozenset(
+    ACTION_TABLE[a] for a in (Action.LOW, Action.FP32, Action.PROMOTE, Action.FP32_SET_OPT_DTYPE)
+)
 
 
 def as_step(decided: str) -> Any:
@@ -275,12 +286,28 @@ class Choose(NamedTuple):
     otherwise: Any
 
 
-def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
-    """The step a kernel keeps for ``policy`` (see :func:`as_step` and :class:`Choose`)."""
+class Decision(NamedTuple):
+    """The action table's entry of one op under one policy, read by both executors: ``step``
+    (a :class:`Plan` or :class:`~ampcore._policy.lists.Action`; never ``CHOOSE``), and
+    whether a call passing a dtype is kept as called instead (``choose``)."""
+
+    step: str
+    choose: bool
+
+
+def decide(spec: OverloadSpec, policy: Any, client: Client) -> Decision:
+    """What the kernel of ``spec`` does under ``policy`` for ``client`` (decided once per policy)."""
     decided = plan(spec, policy, client)
     if decided is Plan.CHOOSE:
-        return Choose(as_step(_descend(spec, policy, unlisted(spec, policy))))
-    return as_step(_descend(spec, policy, decided))
+        return Decision(_descend(spec, policy, unlisted(spec, policy)), True)
+    return Decision(_descend(spec, policy, decided), False)
+
+
+def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
+    """The step a Python kernel keeps for ``policy`` (see :func:`as_step` and :class:`Choose`)."""
+    decision = decide(spec, policy, client)
+    step = as_step(decision.step)
+    return Choose(step) if decision.choose else step
 
 
 def _descend(spec: OverloadSpec, policy: Any, decided: str) -> str:
@@ -315,7 +342,14 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                 if policy is None and client.provider is not None:
                     policy = client.provider(get_dtype(client.device_type))
                 break
-        if slots:
+        step: Any = None
+        if policy is not None:
+            step = steps.get(policy)
+            if step is None:
+                step = steps[policy] = decided_step(spec, policy, client)  # type: ignore[arg-type]
+            if type(step) is Choose:  # an explicit dtype= is kept; otherwise as the op's level says
+                step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else step.otherwise
+        if slots and step not in _CASTING_STEPS:  # a casting step wraps numbers after its casts
             for i in slots:  # Python numbers arrive where torch had wrapped-number tensors
                 if i < len(args) and type(args[i]) in _NUMBERS:
                     args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
@@ -325,11 +359,6 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
                     args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
         if policy is None:
             return redispatch(after, *args, **kwargs)
-        step: Any = steps.get(policy)
-        if step is None:
-            step = steps[policy] = decided_step(spec, policy, client)  # type: ignore[arg-type]
-        if type(step) is Choose:  # an explicit dtype= is kept; otherwise as the op's level says
-            step = keep if explicit_dtype(args, kwargs, spec.dtype_arg) else step.otherwise
         if step is passing or step is follow:
             # this key off (a flag, not a guard object: half the cost): torch's kernel (PASS)
             # excludes only its own key, and a kernel's internals (FOLLOW) get the device's lists

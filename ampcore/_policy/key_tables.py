@@ -23,6 +23,7 @@ from .torch_tables import AUTOCAST_DISPATCH_KEYS, DEFAULT_DISPATCH_KEY
 __all__ = ["Client", "KeyTable", "Routed", "all_autocast_keys", "dispatch_key"]
 
 
+@functools.lru_cache(maxsize=64)  # regions switch keys by name on entry: parsed once
 def dispatch_key(name: str) -> torch._C.DispatchKey:
     """The dispatch key called ``name``; AmpcoreError when this torch has none."""
     key = torch._C._parse_dispatch_key(name)

@@ -54,7 +54,7 @@ def _restored(policies: dict[str, Any]) -> Iterator[None]:
         saved.append((key, included, torch._C._dispatch_tls_is_dispatch_key_excluded(key)))
         torch._C._dispatch_tls_set_dispatch_key_included(key, True)
         torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-    state.policies.update(policies)
+    state.replace_policies({**previous, **policies})
     # a recomputation has its own weight-cast cache: one filled here (typically in backward,
     # outside any region) would otherwise outlive it and hand the next step's forward the
     # previous step's cast weights
@@ -63,8 +63,7 @@ def _restored(policies: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         state.cast_cache = outer_cache
-        state.policies.clear()
-        state.policies.update(previous)
+        state.replace_policies(previous)
         for key, included, excluded in saved:
             torch._C._dispatch_tls_set_dispatch_key_included(key, included)
             torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)

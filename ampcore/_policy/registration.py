@@ -3,7 +3,9 @@ live in the dispatcher.
 
 torch's autocast is a set of C++ kernels registered per operator on the autocast dispatch
 key of a device type (``AutocastCPU``...), which sits above autograd.  ampcore's policy
-kernels (:mod:`ampcore._policy.kernels`) read the calling thread's :class:`OpPolicy`; an
+kernels read the calling thread's :class:`OpPolicy`: the C++ ones of
+:mod:`ampcore._policy.compiled` or the Python ones of :mod:`ampcore._policy.kernels`, one
+executor per process (:mod:`ampcore._policy.executor`), registered the same way; an
 uncustomised O1 region has no policy and involves no ampcore kernel: it *is*
 ``torch.autocast``.
 
@@ -67,6 +69,8 @@ import torch
 from .._errors import AmpcoreError
 from .._forklock import LOCK
 from .casting import device_check
+from .compiled import PYTHON_ROUTED, CompiledKernels
+from .executor import compiled_module
 from .kernels import kernel
 from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
@@ -191,6 +195,15 @@ class _Registry:
         self._libraries: list[torch.library.Library] = []  # kept alive: never removed
         self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
         self.vendor_ops: dict[str, frozenset[str]] = {}  # resident device type -> its vendor's kernels
+        self._executor: tuple[CompiledKernels | None] | None = None  # chosen at the first registration
+        self._compiled_keys: set[str] = set()  # keys whose kernels are the compiled ones
+
+    def _compiled(self) -> CompiledKernels | None:
+        """The compiled executor, or None where the Python kernels run (chosen once)."""
+        if self._executor is None:
+            module = compiled_module()
+            self._executor = (None if module is None else CompiledKernels(module),)
+        return self._executor[0]
 
     def in_use(self, key: str) -> bool:
         """Whether something other than ampcore's shadow kernels gives ``key`` a meaning."""
@@ -230,6 +243,9 @@ class _Registry:
         if not resident:
             # the highest-priority device key first, as the dispatcher would choose
             table.clients = tuple(sorted((*table.clients, client), key=lambda c: -int(c.key.value)))
+            compiled = self._compiled()
+            if compiled is not None and key in self._compiled_keys:
+                compiled.set_clients(table)
 
         route = Route(device_type, key, resident)
         self.routes[device_type] = route
@@ -241,19 +257,24 @@ class _Registry:
         done = self._progress.get(key, 0)
         if done == len(overloads):
             return
+        compiled = self._compiled()  # first: a bad AMPCORE_POLICY_KERNEL changes nothing
         if not torch._C._dispatch_has_backend_fallback(dispatch_key(key)):
             # ops without a kernel pass through (torch registers no fallback for these keys)
             fallback = torch.library.Library("_", "IMPL")
             fallback.fallback(torch.library.fallthrough_kernel, key)
             self._libraries.append(fallback)
             self._fallbacks.add(key)
+        if compiled is not None:  # the C++ kernels, all at once; the Python-routed ones below
+            compiled.register(table)
+            self._compiled_keys.add(key)
         library = torch.library.Library("aten", "IMPL")
         self._libraries.append(library)
         overload = ""
         try:
             with _quiet():
                 for overload in overloads[done:]:
-                    library.impl(overload, kernel(table, overload), key, with_keyset=True)
+                    if compiled is None or overload in PYTHON_ROUTED:
+                        library.impl(overload, kernel(table, overload), key, with_keyset=True)
                     done += 1
         except Exception as exc:
             raise AmpcoreError(

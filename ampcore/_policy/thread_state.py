@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from .._backends.backend import Backend
     from .levels import Level
 
-__all__ = ["ActiveRegion", "RegionSpec", "ThreadState", "current_region", "thread_state"]
+__all__ = ["MIRRORS", "ActiveRegion", "RegionSpec", "ThreadState", "current_region", "thread_state"]
 
 
 class RegionSpec(NamedTuple):
@@ -55,13 +56,45 @@ class ActiveRegion(NamedTuple):
     context_outer: Any  # the innermost region of the entering context (asyncio task) before it
 
 
+#: device type -> the function that hands its policy to the compiled kernel's thread-local
+#: state (:mod:`ampcore._policy.compiled`), for the device types routed to compiled kernels.
+#: Process-global because the dispatcher registrations it mirrors are; it only grows.
+MIRRORS: dict[str, Callable[[Any], None]] = {}
+
+
 class ThreadState(threading.local):
-    """Per-thread state: region stack, active policy per device type, weight-cast cache."""
+    """Per-thread state: region stack, active policy per device type, weight-cast cache.
+
+    Policies change through :meth:`set_policy` / :meth:`replace_policies` only, which also
+    hand them to the compiled kernel when it serves the device type (``policies`` is read
+    directly by the Python kernels).
+    """
 
     def __init__(self) -> None:
         self.stack: list[ActiveRegion] = []
         self.policies: dict[str, Any] = {}
         self.cast_cache: dict[tuple[int, torch.dtype], tuple[weakref.ref[torch.Tensor], torch.Tensor]] = {}
+
+    def set_policy(self, device_type: str, policy: Any, keep_none: bool = True) -> None:
+        """Put ``policy`` in force for ``device_type`` in this thread (``None``: no policy;
+        removed from :attr:`policies` unless ``keep_none``)."""
+        if policy is None and not keep_none:
+            self.policies.pop(device_type, None)
+        else:
+            self.policies[device_type] = policy
+        mirror = MIRRORS.get(device_type)
+        if mirror is not None:
+            mirror(policy)
+
+    def replace_policies(self, policies: dict[str, Any]) -> None:
+        """Put exactly ``policies`` in force (the others removed)."""
+        changed = set(self.policies) | set(policies)
+        self.policies.clear()
+        self.policies.update(policies)
+        for device_type in changed:
+            mirror = MIRRORS.get(device_type)
+            if mirror is not None:
+                mirror(policies.get(device_type))
 
 
 _state = ThreadState()

@@ -11,6 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ampcore._policy.executor import compiled_module, executor_chosen
 from ampcore._policy.registration import SHADOW_KEYS
 from ampcore._policy.thread_state import thread_state
 
@@ -21,6 +22,9 @@ def no_lingering_kernels() -> Iterator[None]:
     shadow key left switched on."""
     yield
     assert thread_state().stack == [] and thread_state().policies == {}
+    compiled = compiled_module() if executor_chosen() else None
+    if compiled is not None:  # the compiled kernels' thread-local tables: none in force
+        assert [compiled.current(slot) for slot in range(8)] == [0] * 8
     for key in SHADOW_KEYS:
         parsed = torch._C._parse_dispatch_key(key)
         if parsed is not None:

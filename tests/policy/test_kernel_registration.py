@@ -169,9 +169,12 @@ INTERRUPTS = """
     from ampcore._policy.op_names import castable_overloads
     from ampcore._policy.thread_state import thread_state
     x = torch.randn(4, 4)
-    # plugins loaded and ATen's schemas read (one-time work of ~30 ms that an interrupt
-    # every few ms would restart forever); the kernels are not registered yet
+    # plugins loaded, ATen's schemas read and the policy-kernel executor chosen (for the
+    # compiled one: its extension loaded and the overloads' specs read; one-time work of
+    # 30 ms to seconds that an interrupt every few ms would restart forever); the kernels
+    # are not registered yet
     ampcore.get_backend("cpu"), castable_overloads(), ampcore._policy.op_names.generated_overloads()
+    ampcore._policy.executor.executor(), ampcore._policy.compiled.specs()
     armed = [False]
     def interrupt(signum, frame):
         if armed[0]:  # one KeyboardInterrupt per round, at a random bytecode
@@ -183,9 +186,9 @@ INTERRUPTS = """
     for i, (level, custom) in enumerate(rounds * 10):  # on a loaded machine: more rounds
         if i >= len(rounds) and registered_keys().get("AutocastIPU") == len(castable_overloads()):
             break
-        armed[0] = True
-        signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, 0.003))
-        try:
+        try:  # the timer is set inside: on a loaded machine it may fire before the loop starts
+            armed[0] = True
+            signal.setitimer(signal.ITIMER_REAL, random.uniform(0.00005, 0.003))
             for _ in range(100):
                 with ampcore.autocast("cpu", level=level, custom_white_list=custom):
                     x + x

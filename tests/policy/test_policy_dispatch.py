@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import ampcore
 from ampcore._policy import registration as _dispatch
 from ampcore._policy.autocast import _switch_on
+from ampcore._policy.executor import compiled_module
 from ampcore._policy.registration import OpPolicy, registered_keys, route, routes
 from ampcore._policy.lists import Action
 from ampcore._policy.op_names import castable_overloads
@@ -174,11 +175,11 @@ def test_kernels_reproduce_torch_where_no_policy_is_active(call: Callable[[], to
     region = ampcore.autocast(device="cpu", custom_white_list={"relu"}, level="O1")
     with region:  # switches the kernels' shadow key on in this thread
         assert routes()["cpu"].key in registered_keys()
-        thread_state().policies.clear()  # this thread now behaves like one with no policy
+        thread_state().replace_policies({})  # this thread now behaves like one with no policy
         torch.manual_seed(0)
         with torch.autocast("cpu", dtype=BF16):
             got = call()
-        thread_state().policies["cpu"] = region._spec.policy
+        thread_state().set_policy("cpu", region._spec.policy)
     assert got.dtype == expected.dtype
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
@@ -323,11 +324,11 @@ def _hand_made_policy(actions: dict[str, str]) -> Iterator[None]:
     key = route("cpu", lambda dtype: None).key
     with torch.autocast("cpu", dtype=BF16):
         shadow = _switch_on(key)
-        thread_state().policies["cpu"] = policy
+        thread_state().set_policy("cpu", policy)
         try:
             yield
         finally:
-            thread_state().policies.clear()
+            thread_state().replace_policies({})
             torch._C._dispatch_tls_set_dispatch_key_included(shadow[0], shadow[1])
             torch._C._dispatch_tls_set_dispatch_key_excluded(shadow[0], shadow[2])
 
@@ -400,18 +401,22 @@ Region = Callable[[], contextlib.AbstractContextManager[object]]
 
 
 def _entries_and_result(region: Region, call: Callable[[], torch.Tensor]) -> tuple[int, torch.Tensor]:
-    """How often ``call`` enters a policy kernel in ``region`` (after a first call), and its result."""
+    """How often ``call`` enters a policy kernel in ``region`` (after a first call), and its
+    result: Python kernels counted through their key table, compiled ones by the extension."""
+    compiled = compiled_module()
     with region():
         call()
         table = _dispatch._registry.tables[_dispatch.routes()["cpu"].key]
         saved = table.state
         table.state = (saved[0], _CountingRoutes(saved[1]))
         _CountingRoutes.entries = 0
+        before = compiled.entries() if compiled is not None else 0
         try:
             result = call()
         finally:
             table.state = saved
-    return _CountingRoutes.entries, result
+        after = compiled.entries() if compiled is not None else 0
+    return _CountingRoutes.entries + after - before, result
 
 
 class _CountingRoutes(dict):  # type: ignore[type-arg]
