@@ -124,6 +124,14 @@ class BackendSpec:
         priority: rank for ``device=None``: the available backend with the highest priority
             wins (ties: alphabetical name).  First-party values: ``cpu`` 0, ``xpu`` 80,
             ``cuda`` and ``npu`` 100; templates -10.
+        master_update_chunk_elements: how O2's own master-weight updates (momentum-free
+            SGD, Adam, AdamW) walk large parameters: ``None`` (the default) updates whole
+            tensors, a few multi-tensor ops per param group (what a GPU-like device with
+            costly kernel launches wants); a positive int splits each parameter larger
+            than that many elements into chunks updated one after another, so that a
+            chunk stays in the CPU's caches between the optimizer's passes (the CPU
+            adapter's choice).  Optional; added to contract 2 with a default, so adapters
+            that predate it keep working.
 
     Example::
 
@@ -138,6 +146,7 @@ class BackendSpec:
     dtypes: Sequence[torch.dtype]
     default_dtype: torch.dtype | None = None
     priority: int = 50
+    master_update_chunk_elements: int | None = None
 
 
 @hookspec
