@@ -12,10 +12,10 @@ backend (``BackendSpec.master_update_chunk_elements``):
   adapters): per param group, the low-precision gradients are widened into float32 in one
   multi-tensor ``_foreach_copy_``, torch's Adam runs once on all the group's masters, and
   the low-precision parameters are refreshed in one ``_foreach_copy_``: with the foreach
-  or fused flavour that is a handful of multi-tensor kernels per group, whatever the
-  parameters' sizes.  torch's Adam kernels take gradients in the parameters' dtype only,
-  so the widened gradients (4 bytes per parameter) exist during the step and are dropped
-  at its end.
+  or fused flavour that is a handful of multi-tensor kernels per group (per 64M
+  parameters), whatever the parameters' sizes.  torch's Adam kernels take gradients in the
+  parameters' dtype only, so widened gradients exist during the step: at most
+  :data:`WIDEN_ELEMENTS` at a time (or one larger tensor), not a full-size copy.
 * **chunks** (a number of elements: the CPU): a parameter larger than a chunk goes chunk
   by chunk, widening each chunk of the low-precision gradient into a small float32 scratch
   buffer and writing the low-precision parameter chunk from the master chunk while it is
@@ -44,7 +44,12 @@ import torch
 from .._errors import AmpcoreError
 from .master_sgd import step_hooks_free
 
-__all__ = ["fused_adam_applies", "fused_adam_update"]
+__all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
+
+#: Whole-tensor updates widen at most this many gradient elements at a time (256 MiB of
+#: float32), so the transient float32 gradients stay a small share of a large model's memory
+#: while a step stays a few multi-tensor ops per 64M parameters.
+WIDEN_ELEMENTS: Final = 1 << 26
 
 _ADAM_TYPES: Final = (torch.optim.Adam, torch.optim.AdamW)
 #: The param-group keys of the torch versions whose Adam this module reproduces.
@@ -156,15 +161,25 @@ def fused_adam_update(
     return own
 
 
-def _whole(
-    adam: Any,
-    options: dict[str, bool],
-    group: Mapping[str, Any],
-    work: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]],
-) -> None:
-    """One param group on whole tensors: the low-precision gradients widened in one
-    multi-tensor copy, one call of torch's Adam, the low-precision parameters refreshed
-    in one multi-tensor copy."""
+_Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
+
+
+def _whole(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: _Work) -> None:
+    """One param group on whole tensors, in slices of at most :data:`WIDEN_ELEMENTS`
+    widened elements (a single larger tensor makes a slice of its own): per slice, the
+    low-precision gradients widened in one multi-tensor copy, one call of torch's Adam,
+    the low-precision parameters refreshed in one multi-tensor copy."""
+    start, widened = 0, 0
+    for index, (param, grad, *_) in enumerate(work):
+        size = param.numel() if grad.dtype != param.dtype else 0
+        if widened and widened + size > WIDEN_ELEMENTS:
+            _whole_slice(adam, options, group, work[start:index])
+            start, widened = index, 0
+        widened += size
+    _whole_slice(adam, options, group, work[start:])
+
+
+def _whole_slice(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: _Work) -> None:
     params = [param for param, *_ in work]
     grads = [grad for _, grad, *_ in work]
     narrow = [index for index, (param, grad, *_) in enumerate(work) if grad.dtype != param.dtype]

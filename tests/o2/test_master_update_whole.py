@@ -191,3 +191,25 @@ def test_momentum_free_sgd_makes_no_float32_gradient_copy(device: str, monkeypat
     assert counter.ops["_to_copy"] == 0  # (the generic path's copies are _to_copy calls)
     weights = master_weights_of(opt)
     assert weights is not None and all(p.grad is None for p in weights.masters)
+
+
+def test_whole_tensor_adam_widens_the_gradients_in_bounded_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No full-size float32 gradient copy: at most WIDEN_ELEMENTS (or one larger tensor)
+    widened at a time; the slices give torch's values exactly."""
+    import ampcore._o2.master_adam as master_adam
+
+    monkeypatch.setattr(master_adam, "WIDEN_ELEMENTS", 1)  # every low-precision tensor a slice
+    adamw: MakeOpt = lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True)  # noqa: E731
+    model, opt = decorated(adamw, 96)
+    for step in range(3):
+        opt.zero_grad()
+        backward(model, WHOLE, step)
+        if step < 2:
+            opt.step()
+            continue
+        with _CountOps() as counter:
+            opt.step()
+    assert counter.ops["_foreach_copy_"] == 2 * 6  # 3 weights + 3 biases: widened, refreshed
+    masters = [p for g in opt.param_groups for p in g["params"]]
+    for master, expected in zip(masters, reference(adamw, 96, 3, BF16), strict=True):
+        assert torch.equal(master, expected)
