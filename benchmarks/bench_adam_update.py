@@ -28,6 +28,7 @@ import torch
 import ampcore
 from ampcore._cli.experiment import SeedNet
 from ampcore._o2.master import master_weights_of
+from ampcore._o2.update_walk import UpdateWalk
 
 OPTIMIZERS: Final = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
@@ -46,7 +47,7 @@ def setup(kind: str, optimizer: str, width: int, chunk: int | None = None) -> Ca
             model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
         weights = master_weights_of(opt)
         if weights is not None:
-            weights.chunk = chunk or None
+            weights.walk = UpdateWalk(chunk or None, adaptive=False)
     params = list(model.parameters())
     grads = [torch.randn_like(p) for p in params]
 

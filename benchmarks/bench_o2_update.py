@@ -10,8 +10,9 @@ initial weights and its own optimizer:
 * ``pure``: the model in the low-precision dtype, the optimizer on it (the limit).
 
 ``--chunks`` compares ways of walking the parameters in O2's update (one O2 mode each: a
-number of elements per chunk, or 0 for whole tensors; default: the backend's own choice,
-``BackendSpec.master_update_chunk_elements``).
+number of elements per chunk, 0 for whole tensors, -1 (the default) for what users get, the
+backend's ``BackendSpec.master_update_chunk_elements``: on the CPU chunks or whole tensors,
+whichever times faster, ``ampcore/_o2/update_walk.py``).
 
 Sizes: on the CPU 7 x ``Linear(1664)``, batch 416, bfloat16; elsewhere the seed network
 9 x ``Linear(8192)``, batch 2048, the backend's default dtype (float16 on CUDA).
@@ -26,7 +27,7 @@ equal torch's optimizer on float32 masters fed the same gradients upcast, bit fo
 
     python benchmarks/bench_o2_update.py                            # CPU rows, AdamW and SGD
     python benchmarks/bench_o2_update.py --optimizers adamw --busy --rounds 9
-    python benchmarks/bench_o2_update.py --chunks 262144 0 --busy     # chunks against whole tensors
+    python benchmarks/bench_o2_update.py --chunks -1 262144 0 --busy     # chunks against whole tensors
     python benchmarks/bench_o2_update.py --device cuda --quick --memory --check   # ~1 minute
 """
 
@@ -52,6 +53,7 @@ from torch import nn
 import ampcore
 from ampcore._backends.memory import memory_in_use, peak_memory, reset_peak_memory, synchronize
 from ampcore._o2.master import master_weights_of
+from ampcore._o2.update_walk import UpdateWalk
 
 OPTIMIZERS: Final[dict[str, Callable[..., torch.optim.Optimizer]]] = {
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01),
@@ -87,7 +89,7 @@ def make_step(base: nn.Module, kind: str, mode: str, backend: ampcore.Backend, x
         region = lambda: ampcore.autocast(device=backend.name, level="O2", dtype=low)  # noqa: E731
         weights = master_weights_of(opt)
         if chunk is not None and weights is not None:
-            weights.chunk = chunk or None
+            weights.walk = UpdateWalk(chunk or None, adaptive=False)
     elif mode == "O1":
         region = lambda: ampcore.autocast(device=backend.name, level="O1", dtype=low)  # noqa: E731
 
@@ -137,11 +139,12 @@ def measure(steps: dict[str, Step], rounds: int, warmup: int, backend: ampcore.B
 
 
 def o2_modes(chunks: list[int] | None, backend: ampcore.Backend) -> dict[str, int | None]:
-    """O2 mode name -> its chunk setting (see :func:`make_step`)."""
-    if not chunks:
-        own = backend.master_update_chunk_elements
-        return {f"O2 ({'whole tensors' if own is None else f'{own}-element chunks'})": None}
-    return {f"O2 ({f'{c}-element chunks' if c else 'whole tensors'})": c for c in chunks}
+    """O2 mode name -> its chunk setting for :func:`make_step` (-1 or no ``--chunks``: the
+    backend's own walk, None)."""
+    own = backend.master_update_chunk_elements
+    default = "whole tensors" if own is None else f"{own}-element chunks or whole, timed"
+    names = {0: "whole tensors", -1: default}
+    return {f"O2 ({names.get(c, f'{c}-element chunks')})": None if c == -1 else c for c in chunks or [-1]}
 
 
 def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:

@@ -22,7 +22,8 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   In both, a master gets an fp32 copy only if something reads the param groups between
   backward and the step (GradScaler, clipping the optimizer's parameters), and the update
   walks whole tensors (a few multi-tensor ops per param group) or, where the backend asks
-  for it (``BackendSpec.master_update_chunk_elements``: the CPU), cache-sized chunks.
+  for it (``BackendSpec.master_update_chunk_elements``: the CPU), cache-sized chunks
+  whenever they time faster than whole tensors (``update_walk.py``).
 * ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
   accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
 
@@ -45,6 +46,7 @@ from .._errors import AmpcoreError
 from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
 from .master_sgd import fused_sgd_applies, fused_sgd_update
+from .update_walk import UpdateWalk
 
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
@@ -142,9 +144,9 @@ class MasterWeights:
         chunk: int | None = None,
     ) -> None:
         self.optimizer = optimizer
-        #: elements per chunk of ampcore's own updates; None: whole tensors (the backend's
-        #: ``BackendSpec.master_update_chunk_elements``)
-        self.chunk = chunk
+        #: how ampcore's own updates walk the parameters: the backend's chunks
+        #: (``BackendSpec.master_update_chunk_elements``), measured against whole tensors
+        self.walk = UpdateWalk(chunk)
         self.pairs = pairs
         self.master_grad = master_grad
         #: how the masters get their gradients, chosen once (``grad_modes.py``)
@@ -298,14 +300,14 @@ class MasterWeights:
         own step runs with the gradients hidden, an update of nothing, for its bookkeeping
         (LR schedulers' step counting, profiling)."""
         groups = self.optimizer.param_groups
-        own = fused_sgd_update(groups, self.low_of, self.chunk)
+        own = self.walk.run(lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
         return self._bookkeeping_step(own)
 
     def _fused_adam_step(self) -> Any:
         """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
         the masters hold already); then torch's own step runs with the gradients hidden, as
         for SGD."""
-        own = fused_adam_update(self.optimizer, self.low_of, self.chunk)
+        own = self.walk.run(lambda chunk: fused_adam_update(self.optimizer, self.low_of, chunk))
         return self._bookkeeping_step(own)
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:

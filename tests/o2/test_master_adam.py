@@ -144,7 +144,8 @@ def test_update_is_bit_identical_to_torch_on_fp32_masters(name: str, device: str
     original = master_module.fused_adam_update
     monkeypatch.setattr(master_module, "fused_adam_update", lambda *a: calls.append(a[2]) or original(*a))
     model, opt = train_decorated(ADAMS[name], 4, device=device)
-    assert calls == [ADAM_CHUNK if device == "cpu" else None] * 4
+    # the CPU adapter's walk: an untimed step and a timed one in chunks, one whole, then the faster
+    assert calls[:3] == ([ADAM_CHUNK, ADAM_CHUNK, None] if device == "cpu" else [None] * 3) and len(calls) == 4
     want, ref_opt = reference(ADAMS[name], 4)
     for master, expected, param in zip(masters_of(opt), want, model.parameters()):
         assert master.dtype == FP32 and torch.equal(master, expected)
