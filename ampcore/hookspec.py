@@ -130,8 +130,10 @@ class BackendSpec:
             costly kernel launches wants); a positive int splits each parameter larger
             than that many elements into chunks updated one after another, so that a
             chunk stays in the CPU's caches between the optimizer's passes (the CPU
-            adapter's choice).  Optional; added to contract 2 with a default, so adapters
-            that predate it keep working.
+            adapter's choice); ampcore then times its update on the host clock against
+            whole tensors and keeps the faster walk, so give a number only where updates
+            run synchronously on the host.  Optional; added to contract 2 with a default,
+            so adapters that predate it keep working.
 
     Example::
 

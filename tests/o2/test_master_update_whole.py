@@ -29,7 +29,8 @@ WHOLE = "wholecpu"
 MakeOpt = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
 #: ops that allocate or describe tensors: no kernel launch on any device
 _NOT_KERNELS = (
-    "empty", "empty_like", "empty_strided", "detach", "alias", "view", "_local_scalar_dense", "lift_fresh",
+    "empty", "empty_like", "empty_strided", "detach", "alias", "view", "slice", "as_strided", "_local_scalar_dense",
+    "lift_fresh",
     "_record_function_enter_new", "_record_function_exit",
 )
 
