@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import gc
 import os
 import signal
 import statistics
@@ -162,6 +163,7 @@ def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dty
             del base
             medians = measure(steps, args.rounds, args.warmup, backend, set_busy, args.busy)
             del steps
+            gc.collect()  # (an O2 optimizer and its master weights refer to each other)
             for condition in (False, True) if args.busy else (False,):
                 o1, pure = (medians[mode, condition] for mode in BASELINES)
                 label = "one busy sibling" if condition else "quiet"
@@ -175,6 +177,7 @@ def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dty
 def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
     """Peak memory of 3 SGD steps, O2 / float32 training (fresh models, one after the other)."""
     _return_freed_memory()
+    gc.collect()
     x = torch.rand(args.batch, args.width, device=args.device)
     y = torch.rand(args.batch, args.width, device=args.device)
     peaks: dict[str, int | None] = {}
@@ -199,6 +202,7 @@ def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
         peak = peak_memory(backend)
         peaks[mode] = None if peak is None or before is None else peak - before
         del model, opt
+        gc.collect()
     fp32, o2 = peaks["fp32"], peaks["O2"]
     if fp32 is None or o2 is None:
         print("\npeak memory: the backend cannot tell")
