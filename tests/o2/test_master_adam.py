@@ -20,7 +20,6 @@ from torch.utils._pytree import tree_leaves
 
 import ampcore
 from ampcore._o2.master import master_weights_of
-from conftest import make_adapter
 
 BF16, FP32 = torch.bfloat16, torch.float32
 Params = Iterable[torch.Tensor]
@@ -45,6 +44,8 @@ def _quiet() -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _whole_tensor_adapter() -> Iterator[None]:
+    from conftest import make_adapter  # (not at import: the resume test runs this file as a script)
+
     ampcore.register_plugin(make_adapter(WHOLE), name=WHOLE)
     try:
         yield
