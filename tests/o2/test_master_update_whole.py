@@ -214,3 +214,35 @@ def test_whole_tensor_adam_widens_the_gradients_in_bounded_slices(monkeypatch: p
     masters = [p for g in opt.param_groups for p in g["params"]]
     for master, expected in zip(masters, reference(adamw, 96, 3, BF16), strict=True):
         assert torch.equal(master, expected)
+
+
+class _ChunkAdapter:
+    AMPCORE_CONTRACT = 2
+
+    def __init__(self, chunk: object) -> None:
+        self.chunk = chunk
+
+    @ampcore.hookimpl
+    def ampcore_backend(self) -> ampcore.BackendSpec:
+        return ampcore.BackendSpec("chunky", "cpu", [BF16], master_update_chunk_elements=self.chunk)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunk", [0, -4, True, 2.5, "262144"])
+def test_a_wrong_master_update_chunk_fails_the_load(chunk: object) -> None:
+    with pytest.raises(ampcore.PluginError, match=r"master_update_chunk_elements=.*expected None \(whole-tensor"):
+        ampcore.register_plugin(_ChunkAdapter(chunk), name="chunky")
+    assert "chunky" not in {p.name for p in ampcore.list_plugins()}
+
+
+def test_an_adapter_chooses_the_walk_and_the_defaults_are_whole_tensors() -> None:
+    assert ampcore.BackendSpec("x", "x", [BF16]).master_update_chunk_elements is None
+    assert ampcore.get_backend(WHOLE).master_update_chunk_elements is None
+    ampcore.register_plugin(_ChunkAdapter(4096), name="chunky")
+    try:
+        model, opt = decorated(FOREACH["adamw"], 64, device="chunky")
+        weights = master_weights_of(opt)
+        assert weights is not None and weights.walk.chunk == 4096 and weights.walk.adaptive
+        whole = master_weights_of(decorated(FOREACH["adamw"], 64)[1])
+        assert whole is not None and whole.walk.chunk is None and not whole.walk.adaptive
+    finally:
+        ampcore.unregister_plugin("chunky")
