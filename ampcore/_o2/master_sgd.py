@@ -9,7 +9,9 @@ How it walks the parameters is the backend's choice (``BackendSpec.master_update
 
 * whole tensors (``None``, GPU-like devices): every parameter of a param group in a few
   ``_foreach_`` calls (the gradient read once, the master read and written, the parameter
-  written: a handful of kernel launches per group, none per chunk);
+  written), none per chunk.  A list mixing float32 masters and low-precision gradients
+  takes no multi-tensor fast path, so on a GPU torch runs those calls tensor by tensor:
+  O(tensors) launches, as many as torch's own single-tensor SGD;
 * chunks (the CPU): a parameter larger than the chunk goes chunk by chunk, so that the
   master chunk just written is still in cache when the model parameter is refreshed from
   it: the gradient read once (2 bytes), the master read and written once (8) and the
