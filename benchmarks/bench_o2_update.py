@@ -269,6 +269,7 @@ def main() -> None:
     parser.add_argument("--skip-time", action="store_true")
     args = parser.parse_args()
     backend = ampcore.get_backend(args.device)
+    backend.require_available()  # an unavailable device: its reason, not a torch error
     cpu = backend.device_type == "cpu"
     args.device = backend.device_type
     args.width = args.width or (1664 if cpu else 8192)
