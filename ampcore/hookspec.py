@@ -111,6 +111,16 @@ class BackendSpec:
             wins (ties: alphabetical name).  Default 50; first-party values: ``cpu`` 0,
             ``xpu`` 80, ``cuda`` and ``npu`` 100; the in-repo templates and test devices
             -10 (never chosen over a real device, not even over ``cpu``).
+        master_update_chunk_elements: how O2's own master-weight updates (momentum-free
+            SGD, Adam, AdamW) walk large parameters: ``None`` (the default) updates whole
+            tensors, a few multi-tensor ops per param group (what a GPU-like device with
+            costly kernel launches wants); a positive int splits each parameter larger
+            than that many elements into chunks updated one after another, so that a
+            chunk stays in the CPU's caches between the optimizer's passes (the CPU
+            adapter's choice); ampcore then times its update on the host clock against
+            whole tensors and keeps the faster walk, so give a number only where updates
+            run synchronously on the host.  Optional; added to contract 2 with a default,
+            so adapters that predate it keep working.
 
     Example::
 
@@ -125,6 +135,7 @@ class BackendSpec:
     dtypes: Sequence[torch.dtype]
     default_dtype: torch.dtype | None = None
     priority: int = 50
+    master_update_chunk_elements: int | None = None
 
 
 @hookspec

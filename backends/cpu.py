@@ -32,6 +32,13 @@ NATIVE_FEATURES: Final[Mapping[torch.dtype, tuple[str, ...]]] = {
 }
 
 
+#: Elements per chunk of O2's own master-weight updates (``BackendSpec.master_update_chunk_elements``):
+#: a 256K-element float32 chunk (1 MiB) of the master, each optimizer state and the widened
+#: gradient stays in the last-level cache between torch's passes over it (docs/performance.md,
+#: issues 17 and 31).
+MASTER_UPDATE_CHUNK: Final = 1 << 18
+
+
 #: Where Linux lists the CPU's feature flags (read when torch cannot report them).
 CPUINFO: Final = "/proc/cpuinfo"
 
@@ -118,7 +125,13 @@ def cpu_capability_issues(capabilities: Mapping[str, object], dtype: torch.dtype
 
 @hookimpl
 def ampcore_backend() -> BackendSpec:
-    return BackendSpec(name="cpu", device_type="cpu", dtypes=[torch.bfloat16, torch.float16], priority=0)
+    return BackendSpec(
+        name="cpu",
+        device_type="cpu",
+        dtypes=[torch.bfloat16, torch.float16],
+        priority=0,
+        master_update_chunk_elements=MASTER_UPDATE_CHUNK,
+    )
 
 
 @hookimpl

@@ -99,7 +99,14 @@ def unavailable_reason(
 
 @hookimpl
 def ampcore_backend() -> BackendSpec:
-    return BackendSpec(name="cuda", device_type="cuda", dtypes=[torch.float16, torch.bfloat16], priority=100)
+    # O2's master-weight updates on whole tensors: a few multi-tensor kernels per param group
+    return BackendSpec(
+        name="cuda",
+        device_type="cuda",
+        dtypes=[torch.float16, torch.bfloat16],
+        priority=100,
+        master_update_chunk_elements=None,
+    )
 
 
 @hookimpl

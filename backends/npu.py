@@ -186,7 +186,14 @@ def _uses_float_status(device: torch.device) -> bool:
 
 @hookimpl
 def ampcore_backend() -> BackendSpec:
-    return BackendSpec(name="npu", device_type="npu", dtypes=[torch.float16, torch.bfloat16], priority=100)
+    # O2's master-weight updates on whole tensors: a few multi-tensor kernels per param group
+    return BackendSpec(
+        name="npu",
+        device_type="npu",
+        dtypes=[torch.float16, torch.bfloat16],
+        priority=100,
+        master_update_chunk_elements=None,
+    )
 
 
 @hookimpl

@@ -122,7 +122,14 @@ def _compiled() -> bool:
 
 @hookimpl
 def ampcore_backend() -> BackendSpec:
-    return BackendSpec(name="xpu", device_type="xpu", dtypes=[torch.float16, torch.bfloat16], priority=80)
+    # O2's master-weight updates on whole tensors: a few multi-tensor kernels per param group
+    return BackendSpec(
+        name="xpu",
+        device_type="xpu",
+        dtypes=[torch.float16, torch.bfloat16],
+        priority=80,
+        master_update_chunk_elements=None,
+    )
 
 
 @hookimpl

@@ -6,7 +6,8 @@ The seed network's parameters (9 x ``Linear(WIDTH, WIDTH)``) with fixed random g
 each round runs one ``optimizer.step()`` of every setup (O2 once per chunk size), in an order
 that rotates per round.  The table gives the median of the timed rounds and the ratios
 against the float32 and the bfloat16 update of the same run.  The chunk size is an
-experiment knob (``ampcore._o2.master_adam.ADAM_CHUNK`` is patched for the O2 rows).
+experiment knob (set on each O2 optimizer's master weights; 0: whole tensors, as the GPU
+adapters ask for; the CPU adapter's own value by default).
 
     python benchmarks/bench_adam_update.py                      # AdamW, torch's threads
     python benchmarks/bench_adam_update.py --optimizer adam --threads 1 --chunks 262144 1048576
@@ -25,13 +26,14 @@ from typing import Final
 import torch
 
 import ampcore
-import ampcore._o2.master_adam as master_adam
 from ampcore._cli.experiment import SeedNet
+from ampcore._o2.master import master_weights_of
+from ampcore._o2.update_walk import UpdateWalk
 
 OPTIMIZERS: Final = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
-def setup(kind: str, optimizer: str, width: int, chunk: int = 0) -> Callable[[], None]:
+def setup(kind: str, optimizer: str, width: int, chunk: int | None = None) -> Callable[[], None]:
     """One optimizer step of a fresh seed network of ``kind`` (fp32, bf16, O2), its
     gradients set before every step (outside the timed call)."""
     torch.manual_seed(0)
@@ -43,18 +45,16 @@ def setup(kind: str, optimizer: str, width: int, chunk: int = 0) -> Callable[[],
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # bf16 emulated on CPUs without bf16 instructions
             model, opt = ampcore.decorate(model, opt, level="O2", device="cpu")
+        weights = master_weights_of(opt)
+        if weights is not None:
+            weights.walk = UpdateWalk(chunk or None, adaptive=False)
     params = list(model.parameters())
     grads = [torch.randn_like(p) for p in params]
-    default_chunk = master_adam.ADAM_CHUNK
 
     def step() -> None:
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-        master_adam.ADAM_CHUNK = chunk or default_chunk  # type: ignore[misc]
-        try:
-            opt.step()
-        finally:
-            master_adam.ADAM_CHUNK = default_chunk  # type: ignore[misc]
+        opt.step()
 
     return step
 
@@ -63,7 +63,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adamw")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--chunks", type=int, nargs="+", default=[master_adam.ADAM_CHUNK], help="O2 chunk sizes")
+    cpu_chunk = ampcore.get_backend("cpu").master_update_chunk_elements
+    parser.add_argument("--chunks", type=int, nargs="+", default=[cpu_chunk or 0], help="O2 chunk sizes (0: whole)")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (after one warm-up round)")
     parser.add_argument("--width", type=int, default=2048)
     args = parser.parse_args()
@@ -76,7 +77,8 @@ def main() -> None:
         f"bf16 {name} (bf16 params and states)": setup("bf16", args.optimizer, args.width),
     }
     for chunk in args.chunks:
-        steps[f"O2 chunked, {chunk} elements"] = setup("O2", args.optimizer, args.width, chunk)
+        label = f"O2 chunked, {chunk} elements" if chunk else "O2 whole tensors"
+        steps[label] = setup("O2", args.optimizer, args.width, chunk)
     names = list(steps)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.rounds + 1):

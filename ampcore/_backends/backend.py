@@ -196,11 +196,19 @@ class Backend:
         priority = spec.priority
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise self._error(f"ampcore_backend() gave priority={priority!r}; expected an int")
+        chunk = getattr(spec, "master_update_chunk_elements", None)
+        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
+            raise self._error(
+                f"ampcore_backend() gave master_update_chunk_elements={chunk!r}; expected None "
+                "(whole-tensor master-weight updates) or a positive number of elements such as 262144"
+            )
         self.name: str = name
         self.device_type: str = device_type
         self.supported_dtypes: tuple[torch.dtype, ...] = dtypes
         self.default_dtype: torch.dtype = default
         self.priority: int = priority
+        #: elements per chunk of O2's master-weight updates; None: whole tensors (BackendSpec)
+        self.master_update_chunk_elements: int | None = chunk
 
     def _validate_dtype_hooks(self) -> None:
         """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin

@@ -5,8 +5,9 @@
   installation of the master weights.
 * ``model_plan``: which modules O2 converts and which stay in float32 (``fp32_modules``).
 * ``master``: the fp32 master weights an optimizer steps; ``grad_modes``: how the masters
-  get their gradients (a strategy chosen once); ``master_sgd`` and ``master_adam``: fused
-  one-pass updates for SGD and Adam/AdamW.
+  get their gradients (a strategy chosen once); ``master_sgd`` and ``master_adam``:
+  ampcore's own updates for momentum-free SGD and Adam/AdamW, on whole tensors or in
+  chunks; ``update_walk``: which of the two, by the backend and by timing.
 * ``checkpoint``: state dicts that resume exactly; ``fsdp``: FSDP2's refusal.
 """
 

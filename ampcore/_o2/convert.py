@@ -37,12 +37,15 @@ def install_masters(
 ) -> None:
     """Step 5: give each optimizer its master weights (and their checkpoint hooks)."""
     pairs = {pair.model: pair for record in records for pair in record.pairs.values()}
-    may_share = not request.resolved.backend.needs_loss_scaling(request.low)
+    backend = request.resolved.backend
+    may_share = not backend.needs_loss_scaling(request.low)
     for opt in optimizers:
         own = [pairs[p] for g in opt.param_groups for p in g["params"] if p in pairs]
         if not own:  # master_weight=False, or only float32 parameters: nothing to do
             continue
-        weights = MasterWeights(opt, own, request.master_grad, may_share=may_share)
+        weights = MasterWeights(
+            opt, own, request.master_grad, may_share=may_share, chunk=backend.master_update_chunk_elements
+        )
         weights.install()
         OptimizerCheckpointHooks(weights).register(opt)
         for record in records:

@@ -13,13 +13,17 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   read of ``group["params"]`` after they changed (by ``GradScaler.unscale_``, by the step
   itself, by clipping over the optimizer's parameters) gives each master an fp32 copy.  The
   copies are released after the step.
-  Exception: momentum-free torch SGD in a dtype that needs no loss scaling reads the
-  low-precision gradient itself (the masters get ``grad_dtype=None``), and without step
-  hooks ampcore runs that update in one pass (``_master_sgd.py``).
-  Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself, chunk
-  by chunk, widening each chunk of the low-precision gradient into a small scratch buffer
-  (``_master_adam.py``); a master gets an fp32 copy only if something reads the param
-  groups between backward and the step (GradScaler, clipping the optimizer's parameters).
+  Exception: momentum-free torch SGD without step hooks: ampcore runs the update itself,
+  reading the low-precision gradients directly (``master_sgd.py``); in a dtype that needs
+  no loss scaling the masters' ``.grad`` even *is* the low-precision gradient
+  (``grad_dtype=None``).
+  Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself
+  (``master_adam.py``), widening the low-precision gradients as it goes.
+  In both, a master gets an fp32 copy only if something reads the param groups between
+  backward and the step (GradScaler, clipping the optimizer's parameters), and the update
+  walks whole tensors (a few multi-tensor ops per param group) or, where the backend asks
+  for it (``BackendSpec.master_update_chunk_elements``: the CPU), cache-sized chunks
+  whenever they time faster than whole tensors (``update_walk.py``).
 * ``master_grad=True``: the model's parameters get ``grad_dtype=float32``, so backward
   accumulates fp32 gradients on them, and each master's ``.grad`` *is* that tensor.
 
@@ -42,6 +46,7 @@ from .._errors import AmpcoreError
 from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
 from .master_sgd import fused_sgd_applies, fused_sgd_update
+from .update_walk import UpdateWalk
 
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
@@ -131,9 +136,17 @@ class MasterWeights:
     """The master-weight machinery of one optimizer (created by ``ampcore.decorate``)."""
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, pairs: list[MasterPair], master_grad: bool, may_share: bool = False
+        self,
+        optimizer: torch.optim.Optimizer,
+        pairs: list[MasterPair],
+        master_grad: bool,
+        may_share: bool = False,
+        chunk: int | None = None,
     ) -> None:
         self.optimizer = optimizer
+        #: how ampcore's own updates walk the parameters: the backend's chunks
+        #: (``BackendSpec.master_update_chunk_elements``), measured against whole tensors
+        self.walk = UpdateWalk(chunk)
         self.pairs = pairs
         self.master_grad = master_grad
         #: how the masters get their gradients, chosen once (``grad_modes.py``)
@@ -246,8 +259,9 @@ class MasterWeights:
             if fused_adam_applies(self.optimizer):
                 self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
                 return self._fused_adam_step()
-            if self.grad_mode.shares_low_grads(self) and fused_sgd_applies(self.optimizer):
-                return self._fused_sgd_step()  # reads the model's gradients: nothing to share
+            if fused_sgd_applies(self.optimizer):
+                self.sync_grads(copy_missing=False)
+                return self._fused_sgd_step()
         self.sync_grads()
         if args and callable(args[0]):
             args = (self._wrap_closure(args[0]), *args[1:])
@@ -282,18 +296,18 @@ class MasterWeights:
             self.release_grads()
 
     def _fused_sgd_step(self) -> Any:
-        """Momentum-free SGD in one pass (``_master_sgd``); then torch's own step runs with
-        the gradients hidden, an update of nothing, for its bookkeeping (LR schedulers'
-        step counting, profiling)."""
+        """Momentum-free SGD from the low-precision gradients (``master_sgd``); then torch's
+        own step runs with the gradients hidden, an update of nothing, for its bookkeeping
+        (LR schedulers' step counting, profiling)."""
         groups = self.optimizer.param_groups
-        own = fused_sgd_update(groups, self.low_of)
+        own = self.walk.run(lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
         return self._bookkeeping_step(own)
 
     def _fused_adam_step(self) -> Any:
-        """Adam/AdamW chunk by chunk (``_master_adam``), from the low-precision gradients
-        (or the fp32 ones the masters hold already); then torch's own step runs with the
-        gradients hidden, as for SGD."""
-        own = fused_adam_update(self.optimizer, self.low_of)
+        """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
+        the masters hold already); then torch's own step runs with the gradients hidden, as
+        for SGD."""
+        own = self.walk.run(lambda chunk: fused_adam_update(self.optimizer, self.low_of, chunk))
         return self._bookkeeping_step(own)
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:

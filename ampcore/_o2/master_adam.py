@@ -1,19 +1,29 @@
-"""A one-pass-per-chunk master-weight update for ``torch.optim.Adam`` and ``AdamW``.
+"""ampcore's own master-weight update for ``torch.optim.Adam`` and ``AdamW``.
 
 The generic master-weight step gives every master an fp32 copy of its low-precision gradient
-(a full-size tensor per parameter), lets the optimizer make its passes over the masters and
-states, then refreshes the low-precision parameters in another pass.  For Adam and AdamW
-ampcore runs the update itself, chunk by chunk: the low-precision gradient chunk is widened
-into a small float32 scratch buffer, torch's own Adam (the flavour the param group asks
-for: single-tensor, foreach or fused) updates the master, ``exp_avg``, ``exp_avg_sq`` (and
-``max_exp_avg_sq``) chunks, and the low-precision parameter chunk is written from the master
-chunk while it is still in cache.  No full-size float32 gradient exists; each chunk of the
-gradient is read once (2 bytes per parameter), the master and the states read and written
-once (24, or 32 with amsgrad) and the parameter written once (2).  A parameter of at most
-one chunk (biases, norms, the layers of a small model) goes whole, with its own step count;
-such parameters share one call of torch's Adam per chunk's worth of elements, and their
-low-precision copies are refreshed in one ``_foreach_copy_``, so a model of many small
-tensors pays about one extra op per tensor over torch's own float32 step.
+(a full-size tensor per parameter, made one tensor at a time when the param groups are
+read), lets the optimizer make its passes over the masters and states, then refreshes the
+low-precision parameters in another pass.  For Adam and AdamW ampcore runs the update
+itself, calling torch's own Adam function (the flavour the param group asks for:
+single-tensor, foreach or fused) on the fp32 masters, in one of two ways chosen by the
+backend (``BackendSpec.master_update_chunk_elements``):
+
+* **whole tensors** (``None``: GPU-like devices, and the default for third-party
+  adapters): per param group, the low-precision gradients are widened into float32 in one
+  multi-tensor ``_foreach_copy_``, torch's Adam runs once on all the group's masters, and
+  the low-precision parameters are refreshed in one ``_foreach_copy_``: with the foreach
+  or fused flavour that is a handful of multi-tensor kernels per group (per 64M
+  parameters), whatever the parameters' sizes.  torch's Adam kernels take gradients in the
+  parameters' dtype only, so widened gradients exist during the step: at most
+  :data:`WIDEN_ELEMENTS` at a time (or one larger tensor), not a full-size copy.
+* **chunks** (a number of elements: the CPU): a parameter larger than a chunk goes chunk
+  by chunk, widening each chunk of the low-precision gradient into a small float32 scratch
+  buffer and writing the low-precision parameter chunk from the master chunk while it is
+  still in cache.  No full-size float32 gradient exists; each chunk of the gradient is
+  read once (2 bytes per parameter), the master and the states read and written once (24,
+  or 32 with amsgrad) and the parameter written once (2).  Parameters of at most one chunk
+  go whole, with their own step counts, in one call of torch's Adam per chunk's worth of
+  elements.
 
 Adam is elementwise, so running torch's own Adam on chunks gives, element for element, the
 results of running it on the whole tensors with the upcast gradients: the same kernels with
@@ -34,11 +44,12 @@ import torch
 from .._errors import AmpcoreError
 from .master_sgd import step_hooks_free
 
-__all__ = ["ADAM_CHUNK", "fused_adam_applies", "fused_adam_update"]
+__all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
 
-#: Elements per chunk: the master, state and scratch chunks (1 MiB each in float32) and the
-#: single-tensor flavour's temporaries stay in the last-level cache.
-ADAM_CHUNK: Final = 1 << 18
+#: Whole-tensor updates widen at most this many gradient elements at a time (256 MiB of
+#: float32), so the transient float32 gradients stay a small share of a large model's memory
+#: while a step stays a few multi-tensor ops per 64M parameters.
+WIDEN_ELEMENTS: Final = 1 << 26
 
 _ADAM_TYPES: Final = (torch.optim.Adam, torch.optim.AdamW)
 #: The param-group keys of the torch versions whose Adam this module reproduces.
@@ -69,6 +80,8 @@ def fused_adam_applies(optimizer: torch.optim.Optimizer) -> bool:
 class _Batch:
     """Chunks waiting for one call of torch's Adam (small parameters share a call)."""
 
+    #: elements per chunk (and per call)
+    chunk: int
     scratch: torch.Tensor | None = None
     used: int = 0
     params: list[torch.Tensor] = field(default_factory=list)
@@ -104,15 +117,16 @@ class _Batch:
 def fused_adam_update(
     optimizer: torch.optim.Optimizer,
     low_of: Mapping[torch.Tensor, torch.Tensor],
+    chunk: int | None,
 ) -> list[torch.Tensor]:
     """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`).
 
     For a master (a key of ``low_of``) the gradient is the master's own ``.grad`` where it
     has one (an fp32 copy made earlier, e.g. for clipping, or the shared fp32 gradient of
-    ``master_grad=True``), else its low-precision parameter's gradient, widened chunk by
-    chunk; the low-precision parameter is refreshed chunk by chunk.  Other parameters
-    (float32 ones, e.g. norms) are updated whole with their own gradients.  Returns those
-    other parameters that were updated.
+    ``master_grad=True``), else its low-precision parameter's gradient, widened (whole, or
+    chunk by chunk with ``chunk`` elements); the low-precision parameter is refreshed from
+    its master.  Other parameters (float32 ones, e.g. norms) are updated whole with their
+    own gradients.  Returns those other parameters that were updated.
     """
     adam = _adam_function()
     if adam is None:  # fused_adam_applies() checks this before the step comes here
@@ -133,15 +147,51 @@ def fused_adam_update(
             if not work:
                 continue
             options = _options(group, [param for param, *_ in work])
-            batch = _Batch()
+            own.extend(param for param, _, low, _ in work if low is None)
+            if chunk is None:
+                _whole(adam, options, group, work)
+                continue
+            batch = _Batch(chunk)
             for param, grad, low, state in work:
                 if low is None:
-                    own.append(param)
                     _call(adam, options, group, [param], [grad], [state])
                     continue
                 _chunks(adam, options, group, param, grad, low, state, batch)
             _flush(adam, options, group, batch)
     return own
+
+
+_Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
+
+
+def _whole(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: _Work) -> None:
+    """One param group on whole tensors, in slices of at most :data:`WIDEN_ELEMENTS`
+    widened elements (a single larger tensor makes a slice of its own): per slice, the
+    low-precision gradients widened in one multi-tensor copy, one call of torch's Adam,
+    the low-precision parameters refreshed in one multi-tensor copy."""
+    start, widened = 0, 0
+    for index, (param, grad, *_) in enumerate(work):
+        size = param.numel() if grad.dtype != param.dtype else 0
+        if widened and widened + size > WIDEN_ELEMENTS:
+            _whole_slice(adam, options, group, work[start:index])
+            start, widened = index, 0
+        widened += size
+    _whole_slice(adam, options, group, work[start:])
+
+
+def _whole_slice(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: _Work) -> None:
+    params = [param for param, *_ in work]
+    grads = [grad for _, grad, *_ in work]
+    narrow = [index for index, (param, grad, *_) in enumerate(work) if grad.dtype != param.dtype]
+    if narrow:
+        wide = [torch.empty_like(params[index]) for index in narrow]
+        torch._foreach_copy_(wide, [grads[index] for index in narrow])
+        for index, tensor in zip(narrow, wide, strict=True):
+            grads[index] = tensor
+    _call(adam, options, group, params, grads, [state for *_, state in work])
+    refreshed = [(low, param) for param, _, low, _ in work if low is not None]
+    if refreshed:
+        torch._foreach_copy_([low for low, _ in refreshed], [param for _, param in refreshed])
 
 
 def _adam_function() -> Any:
@@ -203,11 +253,11 @@ def _chunks(
     advancing once, after its last chunk (every chunk updates with a copy of the count from
     before the step)."""
     widen = grad.dtype != master.dtype
-    total = master.numel()
-    if total <= ADAM_CHUNK:
+    total, size_of = master.numel(), batch.chunk
+    if total <= size_of:
         # one chunk: the whole tensors, with the real step count (torch's Adam advances it,
         # as for a parameter without master); the batch's float32 gradients stay within a chunk
-        if batch.used + total > ADAM_CHUNK:
+        if batch.used + total > size_of:
             _flush(adam, options, group, batch)
         batch.add(master, grad.to(master.dtype) if widen else grad, low, _states(group, state), state["step"])
         return
@@ -221,10 +271,10 @@ def _chunks(
         return
     flat = [t.view(-1) for t in tensors]
     before = state["step"]
-    for start in range(0, total, ADAM_CHUNK):
-        stop = min(start + ADAM_CHUNK, total)
+    for start in range(0, total, size_of):
+        stop = min(start + size_of, total)
         size = stop - start
-        if batch.used + size > ADAM_CHUNK:
+        if batch.used + size > size_of:
             _flush(adam, options, group, batch)
         views = [t[start:stop] for t in flat]
         if widen:
@@ -232,7 +282,7 @@ def _chunks(
                 _flush(adam, options, group, batch)
                 batch.scratch = None
             if batch.scratch is None:
-                batch.scratch = torch.empty(ADAM_CHUNK, dtype=master.dtype, device=master.device)
+                batch.scratch = torch.empty(size_of, dtype=master.dtype, device=master.device)
             wide = batch.scratch[batch.used : batch.used + size].copy_(views[1])
         else:
             wide = views[1]

@@ -1,32 +1,38 @@
 """A one-pass master-weight update for momentum-free ``torch.optim.SGD``.
 
-The generic master-weight step lets the optimizer update the fp32 masters and then refreshes
-the low-precision model parameters from them: two passes over the masters (16 bytes of
-memory traffic per parameter with bf16 gradients read directly, 24 with an fp32 gradient
-copy).  For plain SGD (no momentum) ampcore does the update itself, chunk by chunk, so that
-the master chunk it has just written is still in cache when the model parameter is
-refreshed from it: the gradient is read once (2 bytes), the master read and written once (8)
-and the parameter written once (2): 12 bytes per parameter, the minimum.
+The generic master-weight step gives every master a float32 copy of its low-precision
+gradient, lets the optimizer update the fp32 masters and then refreshes the low-precision
+model parameters from them.  For plain SGD (no momentum) ampcore does the update itself and
+reads the low-precision gradient directly: no float32 gradient copy exists.
 
-The arithmetic is torch's single-tensor SGD, in the same order and in float32, so the
-results are bit-identical: ``d = -g if maximize else g``; ``d = d + weight_decay * master``;
-``master -= lr * d`` (a bf16 ``g`` converts to float32 exactly).  Parameters of up to
-:data:`CHUNK` elements (biases, norms, small layers: most of a small model's tensors) are
-updated all at once with ``_foreach_`` calls, so a model of many small tensors pays a few
-Python calls per step rather than a dozen per tensor.
+How it walks the parameters is the backend's choice (``BackendSpec.master_update_chunk_elements``):
+
+* whole tensors (``None``, GPU-like devices): every parameter of a param group in a few
+  ``_foreach_`` calls (the gradient read once, the master read and written, the parameter
+  written), none per chunk.  A list mixing float32 masters and low-precision gradients
+  takes no multi-tensor fast path, so on a GPU torch runs those calls tensor by tensor:
+  O(tensors) launches, as many as torch's own single-tensor SGD;
+* chunks (the CPU): a parameter larger than the chunk goes chunk by chunk, so that the
+  master chunk just written is still in cache when the model parameter is refreshed from
+  it: the gradient read once (2 bytes), the master read and written once (8) and the
+  parameter written once (2): 12 bytes per parameter, the minimum.  Smaller parameters
+  go together in ``_foreach_`` calls as above.
+
+The arithmetic is torch's SGD (single-tensor and foreach run the same ops), in the same order
+and in float32, so the results are bit-identical: ``d = -g if maximize else g``;
+``d = d + weight_decay * master``; ``master -= lr * d`` (a bf16 ``g`` converts to float32
+exactly).  Where a master already holds a float32 gradient (a copy made for GradScaler or
+clipping, or the shared one of ``master_grad=True``) that gradient is used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import torch
 
-__all__ = ["CHUNK", "fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
-
-#: Elements per chunk: 4 MiB of fp32 scratch plus the master chunk stay in cache.
-CHUNK: Final = 1 << 20
+__all__ = ["fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
 
 
 def step_hooks_free(optimizer: torch.optim.Optimizer) -> bool:
@@ -44,26 +50,36 @@ def step_hooks_free(optimizer: torch.optim.Optimizer) -> bool:
 
 
 def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ampcore may run ``optimizer``'s step itself: nothing observes the step
-    from inside (no step hooks) and every group is plain SGD with float hyperparameters."""
-    if not step_hooks_free(optimizer):
+    """Whether ampcore may run ``optimizer``'s step itself: exactly ``torch.optim.SGD`` (a
+    subclass may change ``step``), nothing observes the step from inside (no step hooks),
+    no GradScaler hands it ``grad_scale``/``found_inf``, and every group is momentum-free,
+    single-tensor or foreach (not fused, not differentiable) with float hyperparameters."""
+    if type(optimizer) is not torch.optim.SGD or not step_hooks_free(optimizer):
         return False
+    if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
+        return False
+    groups = optimizer.param_groups  # .get() does not trigger a gradient sync
     return all(
-        not isinstance(group.get("weight_decay"), torch.Tensor)
+        group.get("momentum", 0) == 0
+        and not group.get("fused")
+        and not group.get("differentiable")
+        and not isinstance(group.get("weight_decay"), torch.Tensor)
         and not (isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad)
-        for group in optimizer.param_groups
+        for group in groups
     )
 
 
 def fused_sgd_update(
-    groups: Iterable[Mapping[str, Any]], low_of: Mapping[torch.Tensor, torch.Tensor]
+    groups: Iterable[Mapping[str, Any]], low_of: Mapping[torch.Tensor, torch.Tensor], chunk: int | None
 ) -> list[torch.Tensor]:
-    """Update every parameter with a gradient; for a master (a key of ``low_of``) read the
-    gradient of its low-precision parameter and refresh that parameter.  Returns the
-    parameters updated in place whose own ``.grad`` was used (float32 parameters).
+    """Update every parameter with a gradient; for a master (a key of ``low_of``) read its
+    own gradient if it has one, else the gradient of its low-precision parameter, and
+    refresh that parameter.  Returns the parameters updated in place whose own ``.grad``
+    was used (float32 parameters).
 
-    Parameters of up to :data:`CHUNK` elements are updated together, a few ``_foreach_`` calls
-    per group (:func:`_update_small`); larger ones chunk by chunk (:func:`_chunked`).
+    Parameters of up to ``chunk`` elements (all of them for ``chunk=None``) are updated
+    together, a few ``_foreach_`` calls per group (:func:`_update_small`); larger ones
+    chunk by chunk (:func:`_chunked`).
     """
     own: list[torch.Tensor] = []
     scratch: torch.Tensor | None = None
@@ -76,13 +92,13 @@ def fused_sgd_update(
             small = _Small()
             for param in params:
                 low = low_of.get(param)
-                grad = (low if low is not None else param).grad
+                grad = param.grad if param.grad is not None or low is None else low.grad
                 if grad is None:
                     continue
                 if low is None:
                     own.append(param)
-                if grad.is_sparse or param.numel() > CHUNK:
-                    scratch = _update_large(param, grad, low, lr, decay, maximize, scratch)
+                if grad.is_sparse or (chunk is not None and param.numel() > chunk):
+                    scratch = _update_large(param, grad, low, lr, decay, maximize, scratch, chunk)
                 else:
                     small.add(param, grad, low)
             _update_small(small, lr, decay, maximize)
@@ -97,16 +113,17 @@ def _update_large(
     decay: float,
     maximize: bool,
     scratch: torch.Tensor | None,
+    chunk: int | None,
 ) -> torch.Tensor | None:
     """One large (or sparse-gradient) parameter; the master chunk by chunk through
     ``scratch`` (allocated on first use and returned for the next one)."""
-    if low is None or grad.is_sparse:
+    if low is None or grad.is_sparse or chunk is None:
         _update(param, grad, lr, decay, maximize, None)
         if low is not None:
             low.copy_(param)
         return scratch
     if scratch is None:
-        scratch = torch.empty(CHUNK, dtype=param.dtype, device=param.device)
+        scratch = torch.empty(chunk, dtype=param.dtype, device=param.device)
     _chunked(param, grad, low, lr, decay, maximize, scratch)
     return scratch
 
@@ -176,8 +193,9 @@ def _chunked(
         return
     flat_master, flat_grad, flat_low = master.view(-1), grad.view(-1), low.view(-1)
     total = flat_master.numel()
-    for start in range(0, total, CHUNK):
-        stop = min(start + CHUNK, total)
+    size = scratch.numel()
+    for start in range(0, total, size):
+        stop = min(start + size, total)
         chunk = flat_master[start:stop]
         _update(chunk, flat_grad[start:stop], lr, decay, maximize, scratch[: stop - start])
         flat_low[start:stop].copy_(chunk)

@@ -1,4 +1,6 @@
-"""Adam and AdamW master-weight updates chunk by chunk: exact, copy-free, resumable."""
+"""Adam and AdamW master-weight updates, chunk by chunk (the CPU adapter) and on whole
+tensors (an adapter that leaves ``master_update_chunk_elements`` at its default, as GPU
+adapters do): exact, copy-free where chunked, resumable."""
 
 from __future__ import annotations
 
@@ -18,15 +20,19 @@ from torch.utils._pytree import tree_leaves
 
 import ampcore
 from ampcore._o2.master import master_weights_of
-from ampcore._o2.master_adam import ADAM_CHUNK
 
 BF16, FP32 = torch.bfloat16, torch.float32
 Params = Iterable[torch.Tensor]
 MakeOpt = Callable[[Params], torch.optim.Optimizer]
 
+#: The CPU adapter's chunk of the master-weight update (elements).
+ADAM_CHUNK = ampcore.get_backend("cpu").master_update_chunk_elements
+assert isinstance(ADAM_CHUNK, int)
 #: One Linear weight spans several chunks and ends in a partial one (odd sizes: SIMD tails).
 BIG_IN, BIG_OUT = 1031, 601
 assert BIG_IN * BIG_OUT > 2 * ADAM_CHUNK and (BIG_IN * BIG_OUT) % ADAM_CHUNK
+#: A CPU adapter with BackendSpec's defaults: whole-tensor master-weight updates.
+WHOLE = "wholecpu"
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +40,17 @@ def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*runs emulated", ampcore.AmpcoreWarning)
         yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _whole_tensor_adapter() -> Iterator[None]:
+    from conftest import make_adapter  # (not at import: the resume test runs this file as a script)
+
+    ampcore.register_plugin(make_adapter(WHOLE), name=WHOLE)
+    try:
+        yield
+    finally:
+        ampcore.unregister_plugin(WHOLE)
 
 
 def make_model(norm: bool = True) -> nn.Module:
@@ -87,10 +104,12 @@ def reference(make_opt: MakeOpt, steps: int, norm: bool = True) -> tuple[list[to
     return masters, opt
 
 
-def train_decorated(make_opt: MakeOpt, steps: int, generic: bool = False, norm: bool = True) -> tuple[nn.Module, torch.optim.Optimizer]:
+def train_decorated(
+    make_opt: MakeOpt, steps: int, generic: bool = False, norm: bool = True, device: str = "cpu"
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = make_model(norm)
     opt = make_opt(model.parameters())
-    model, opt = ampcore.decorate(model, opt, device="cpu")
+    model, opt = ampcore.decorate(model, opt, device=device)
     if generic:  # a step hook makes ampcore leave the step to torch (fp32 gradient copies)
         opt.register_step_pre_hook(lambda *args: None)
     for x, y in batches(steps):
@@ -117,15 +136,17 @@ def assert_same_state(got: torch.optim.Optimizer, want: torch.optim.Optimizer) -
             assert torch.equal(value, other), (index, key)
 
 
+@pytest.mark.parametrize("device", ["cpu", WHOLE], ids=["chunks", "whole"])
 @pytest.mark.parametrize("name", list(ADAMS))
-def test_chunked_update_is_bit_identical_to_torch_on_fp32_masters(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_update_is_bit_identical_to_torch_on_fp32_masters(name: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import ampcore._o2.master as master_module
 
-    calls: list[int] = []
+    calls: list[int | None] = []
     original = master_module.fused_adam_update
-    monkeypatch.setattr(master_module, "fused_adam_update", lambda *a: calls.append(1) or original(*a))
-    model, opt = train_decorated(ADAMS[name], 4)
-    assert len(calls) == 4
+    monkeypatch.setattr(master_module, "fused_adam_update", lambda *a: calls.append(a[2]) or original(*a))
+    model, opt = train_decorated(ADAMS[name], 4, device=device)
+    # the CPU adapter's walk: an untimed step and a timed one in chunks, one whole, then the faster
+    assert calls[:3] == ([ADAM_CHUNK, ADAM_CHUNK, None] if device == "cpu" else [None] * 3) and len(calls) == 4
     want, ref_opt = reference(ADAMS[name], 4)
     for master, expected, param in zip(masters_of(opt), want, model.parameters()):
         assert master.dtype == FP32 and torch.equal(master, expected)
@@ -133,10 +154,11 @@ def test_chunked_update_is_bit_identical_to_torch_on_fp32_masters(name: str, mon
     assert_same_state(opt, ref_opt)
 
 
+@pytest.mark.parametrize("device", ["cpu", WHOLE], ids=["chunks", "whole"])
 @pytest.mark.parametrize("name", ["adam-wd-amsgrad-maximize", "adamw-foreach-maximize-amsgrad", "adamw-fused-wd"])
-def test_the_generic_path_gives_the_same_weights_and_state(name: str) -> None:
-    fast_model, fast = train_decorated(ADAMS[name], 3)
-    slow_model, slow = train_decorated(ADAMS[name], 3, generic=True)
+def test_the_generic_path_gives_the_same_weights_and_state(name: str, device: str) -> None:
+    fast_model, fast = train_decorated(ADAMS[name], 3, device=device)
+    slow_model, slow = train_decorated(ADAMS[name], 3, generic=True, device=device)
     for a, b in zip([*masters_of(fast), *fast_model.parameters()], [*masters_of(slow), *slow_model.parameters()]):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert_same_state(fast, slow)

@@ -389,12 +389,12 @@ def test_a_param_group_of_model_parameters_added_after_decorate_is_refused() -> 
 def _sgd_model(chunked: bool) -> nn.Module:
     """A BatchNorm (float32 parameters of the group) between small layers; ``chunked`` adds a
     weight of more than one chunk of the one-pass update (ending in a partial chunk)."""
-    from ampcore._o2.master_sgd import CHUNK
-
+    chunk = ampcore.get_backend("cpu").master_update_chunk_elements
+    assert isinstance(chunk, int)
     torch.manual_seed(0)
     if not chunked:
         return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
-    wide = CHUNK // 16 + 37
+    wide = chunk // 16 + 37
     return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, wide), nn.ReLU(), nn.Linear(wide, 4))
 
 

@@ -1,0 +1,300 @@
+"""O2's master-weight update against O1 and the pure low-precision loop (issue 31's table).
+
+Every row is a ratio of medians measured in one process, interleaved (one training step of
+every mode per round, in an order that rotates per round): forward, MSE loss in float32,
+backward, ``optimizer.step()``, ``zero_grad``.  Modes, each with its own model from the same
+initial weights and its own optimizer:
+
+* ``O2``: ``ampcore.decorate`` + ``ampcore.autocast(level="O2")`` (fp32 master weights);
+* ``O1``: float32 parameters + ``ampcore.autocast(level="O1")`` (torch.autocast's lists);
+* ``pure``: the model in the low-precision dtype, the optimizer on it (the limit).
+
+``--chunks`` compares ways of walking the parameters in O2's update (one O2 mode each: a
+number of elements per chunk, 0 for whole tensors, -1 (the default) for what users get, the
+backend's ``BackendSpec.master_update_chunk_elements``: on the CPU chunks or whole tensors,
+whichever times faster, ``ampcore/_o2/update_walk.py``).
+
+Sizes: on the CPU 7 x ``Linear(1664)``, batch 416, bfloat16; elsewhere the seed network
+9 x ``Linear(8192)``, batch 2048, the backend's default dtype (float16 on CUDA).
+
+``--busy`` adds the contention rows: a sibling process spinning (``while True: pass``, as
+a data-loader worker would be) is paused with SIGSTOP and resumed with SIGCONT per round,
+so quiet and busy steps interleave in the same run.  ``--memory``: peak memory of a few SGD
+steps, O2 / float32 training (the device's allocator; on the CPU the resident set's
+high-water mark, glibc told to return freed blocks).  ``--check``: whether O2's masters
+equal torch's optimizer on float32 masters fed the same gradients upcast, bit for bit, after
+3 steps (on the device's own kernels).
+
+    python benchmarks/bench_o2_update.py                            # CPU rows, AdamW and SGD
+    python benchmarks/bench_o2_update.py --optimizers adamw --busy --rounds 9
+    python benchmarks/bench_o2_update.py --chunks -1 262144 0 --busy     # chunks against whole tensors
+    python benchmarks/bench_o2_update.py --device cuda --quick --memory --check   # ~1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import ctypes
+import gc
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+import ampcore
+from ampcore._backends.memory import memory_in_use, peak_memory, reset_peak_memory, synchronize
+from ampcore._o2.master import master_weights_of
+from ampcore._o2.update_walk import UpdateWalk
+
+OPTIMIZERS: Final[dict[str, Callable[..., torch.optim.Optimizer]]] = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-4),
+    "sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=1e-4, momentum=0.9),
+}
+BASELINES: Final = ("O1", "pure")
+#: the issue's targets: O2 / O1, O2 / pure
+TARGETS: Final = (0.90, 1.15)
+Step = Callable[[], None]
+
+
+def network(width: int, layers: int, device: str) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Linear(width, width, device=device) for _ in range(layers)))
+
+
+def make_step(base: nn.Module, kind: str, mode: str, backend: ampcore.Backend, x: torch.Tensor, low: torch.dtype,
+              y: torch.Tensor, chunk: int | None = None) -> Step:
+    """One training step of a private copy of ``base`` in ``mode`` (see the module docstring);
+    for O2, ``chunk`` elements per chunk of the master update (0: whole tensors; None: the
+    backend's choice)."""
+    model = copy.deepcopy(base)
+    region: Callable[[], Any] = contextlib.nullcontext
+    inputs = x
+    if mode == "pure":
+        model.to(low)
+        inputs = x.to(low)
+    opt = OPTIMIZERS[kind](model.parameters())
+    if mode.startswith("O2"):
+        model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
+        region = lambda: ampcore.autocast(device=backend.name, level="O2", dtype=low)  # noqa: E731
+        weights = master_weights_of(opt)
+        if chunk is not None and weights is not None:
+            weights.walk = UpdateWalk(chunk or None, adaptive=False)
+    elif mode == "O1":
+        region = lambda: ampcore.autocast(device=backend.name, level="O1", dtype=low)  # noqa: E731
+
+    def step() -> None:
+        with region():
+            out = model(inputs)
+        nn.functional.mse_loss(out.float(), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+@contextlib.contextmanager
+def sibling(busy: bool) -> Iterator[Callable[[bool], None]]:
+    """A spinning sibling process (stopped while quiet); yields ``set_busy(flag)``."""
+    if not busy:
+        yield lambda flag: None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield lambda flag: os.kill(proc.pid, signal.SIGCONT if flag else signal.SIGSTOP)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.terminate()
+        proc.wait()
+
+
+def measure(steps: dict[str, Step], rounds: int, warmup: int, backend: ampcore.Backend,
+            set_busy: Callable[[bool], None], busy: bool) -> dict[tuple[str, bool], float]:
+    """Median ms per step of each (mode, busy), interleaved, after ``warmup`` rounds."""
+    names = list(steps)
+    conditions = (False, True) if busy else (False,)
+    times: dict[tuple[str, bool], list[float]] = {(n, c): [] for n in names for c in conditions}
+    for r in range(rounds + warmup):
+        for condition in conditions:
+            set_busy(condition)
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                synchronize(backend)
+                start = time.perf_counter()
+                steps[name]()
+                synchronize(backend)
+                if r >= warmup:
+                    times[name, condition].append((time.perf_counter() - start) * 1e3)
+    set_busy(False)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def o2_modes(chunks: list[int] | None, backend: ampcore.Backend) -> dict[str, int | None]:
+    """O2 mode name -> its chunk setting for :func:`make_step` (-1 or no ``--chunks``: the
+    backend's own walk, None)."""
+    own = backend.master_update_chunk_elements
+    default = "whole tensors" if own is None else f"{own}-element chunks or whole, timed"
+    names = {0: "whole tensors", -1: default}
+    return {f"O2 ({names.get(c, f'{c}-element chunks')})": None if c == -1 else c for c in chunks or [-1]}
+
+
+def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
+    print("| optimizer | condition | O2 update | O2 ms | O1 ms | pure ms | O2 / O1 (<= 0.90) | O2 / pure (<= 1.15) |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    variants = o2_modes(args.chunks, backend)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(args.batch, args.width, generator=gen).to(args.device)
+    y = torch.rand(args.batch, args.width, generator=gen).to(args.device)
+    with sibling(args.busy) as set_busy:
+        for kind in args.optimizers:
+            base = network(args.width, args.layers, args.device)
+            steps = {mode: make_step(base, kind, mode, backend, x, low, y) for mode in BASELINES}
+            steps.update({mode: make_step(base, kind, mode, backend, x, low, y, c) for mode, c in variants.items()})
+            del base
+            medians = measure(steps, args.rounds, args.warmup, backend, set_busy, args.busy)
+            del steps
+            gc.collect()  # (an O2 optimizer and its master weights refer to each other)
+            for condition in (False, True) if args.busy else (False,):
+                o1, pure = (medians[mode, condition] for mode in BASELINES)
+                label = "one busy sibling" if condition else "quiet"
+                for mode in variants:
+                    o2 = medians[mode, condition]
+                    print(f"| {kind} | {label} | {mode[4:-1]} | {o2:.1f} | {o1:.1f} | {pure:.1f} | {o2 / o1:.3f} "
+                          f"| {o2 / pure:.3f} |")
+            sys.stdout.flush()
+
+
+def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
+    """Peak memory of 3 SGD steps, O2 / float32 training (fresh models, one after the other)."""
+    _return_freed_memory()
+    gc.collect()
+    x = torch.rand(args.batch, args.width, device=args.device)
+    y = torch.rand(args.batch, args.width, device=args.device)
+    peaks: dict[str, int | None] = {}
+    for mode in ("fp32", "O2"):
+        synchronize(backend)
+        before = memory_in_use(backend)
+        reset_peak_memory(backend)
+        model = network(args.width, args.layers, args.device)
+        opt = OPTIMIZERS["sgd"](model.parameters())
+        region: Callable[[], Any] = contextlib.nullcontext
+        if mode == "O2":
+            model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
+            region = lambda: ampcore.autocast(device=backend.name, level="O2", dtype=low)  # noqa: E731
+        for _ in range(3):
+            with region():
+                out = model(x)
+            nn.functional.mse_loss(out.float(), y).backward()
+            del out
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        synchronize(backend)
+        peak = peak_memory(backend)
+        peaks[mode] = None if peak is None or before is None else peak - before
+        del model, opt
+        gc.collect()
+    fp32, o2 = peaks["fp32"], peaks["O2"]
+    if fp32 is None or o2 is None:
+        print("\npeak memory: the backend cannot tell")
+        return
+    gib = 1 << 30
+    print(f"\npeak memory growth of building the model and 3 SGD steps: fp32 {fp32 / gib:.3f} GiB, "
+          f"O2 {o2 / gib:.3f} GiB, O2 / fp32 {o2 / fp32:.3f} (target <= 0.75)")
+
+
+def _return_freed_memory() -> None:
+    """glibc: serve blocks above 64 KiB by mmap, so freed tensors leave the resident set."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD
+
+
+def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
+    """Bit-identity of O2's masters with torch's optimizer on float32 masters, 3 steps."""
+    print()
+    for kind in args.optimizers:
+        torch.manual_seed(0)
+        layers = [nn.Linear(1031, 601, device=args.device), nn.Linear(601, 7, device=args.device)]
+        base = nn.Sequential(*layers)
+        model = copy.deepcopy(base)
+        opt = OPTIMIZERS[kind](model.parameters())
+        model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
+        masters = [p.detach().clone().requires_grad_() for p in base.parameters()]
+        ref = OPTIMIZERS[kind](masters)
+        lowm = ampcore.decorate(copy.deepcopy(base), level="O2", device=backend.name, dtype=low, master_weight=False)
+        for step in range(3):
+            x = torch.randn(16, 1031, generator=torch.Generator().manual_seed(step)).to(args.device)
+            for net in (model, lowm):
+                net.zero_grad()
+                with ampcore.autocast(device=backend.name, level="O2", dtype=low):
+                    loss = net(x).float().pow(2).mean()
+                loss.backward()
+            opt.step()
+            for master, param in zip(masters, lowm.parameters(), strict=True):
+                master.grad = param.grad.float()
+            ref.step()
+            with torch.no_grad():
+                for param, master in zip(lowm.parameters(), masters, strict=True):
+                    param.copy_(master)
+        got = [p for g in opt.param_groups for p in g["params"]]
+        same = all(torch.equal(a, b) for a, b in zip(got, masters, strict=True))
+        verdict = "yes" if same else "NO"
+        print(f"{kind}: O2 masters bit-identical to torch's {type(ref).__name__} on fp32 masters: {verdict}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="an ampcore backend name (cpu, cuda, ...)")
+    parser.add_argument("--optimizers", nargs="+", choices=tuple(OPTIMIZERS), default=None)
+    parser.add_argument("--rounds", type=int, default=0, help="timed rounds (default: 7, --quick 4)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--width", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--layers", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--chunks", type=int, nargs="+", default=None, help="O2 update chunks (0: whole tensors)")
+    parser.add_argument("--busy", action="store_true", help="also rows with one busy sibling process")
+    parser.add_argument("--memory", action="store_true", help="the peak-memory row (SGD)")
+    parser.add_argument("--check", action="store_true", help="bit-identity with torch on fp32 masters")
+    parser.add_argument("--quick", action="store_true", help="every optimizer, 4 rounds, 1 warm-up (GPU check)")
+    parser.add_argument("--skip-time", action="store_true")
+    args = parser.parse_args()
+    backend = ampcore.get_backend(args.device)
+    backend.require_available()  # an unavailable device: its reason, not a torch error
+    cpu = backend.device_type == "cpu"
+    args.device = backend.device_type
+    args.width = args.width or (1664 if cpu else 8192)
+    args.batch = args.batch or (416 if cpu else 2048)
+    args.layers = args.layers or (7 if cpu else 9)
+    args.rounds = args.rounds or (4 if args.quick else 7)
+    args.warmup = 1 if args.quick else args.warmup
+    args.optimizers = args.optimizers or (list(OPTIMIZERS) if args.quick else ["adamw", "sgd"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    warnings.simplefilter("ignore")  # bf16 runs emulated on CPUs without bf16 instructions
+    low = backend.default_dtype
+    name = backend.device_name(0) if backend.is_available else backend.name
+    print(f"\n{args.layers} x Linear({args.width}), batch {args.batch}, {str(low).removeprefix('torch.')}, on {name}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.rounds} rounds, "
+          f"load average {os.getloadavg()[0]:.2f}, master update chunk {backend.master_update_chunk_elements}\n")
+    if not args.skip_time:
+        time_rows(args, backend, low)
+        print(f"\nload average after the timed rows {os.getloadavg()[0]:.2f}")
+    if args.memory:
+        memory_row(args, backend, low)
+    if args.check:
+        check_rows(args, backend, low)
+
+
+if __name__ == "__main__":
+    main()
