@@ -45,14 +45,34 @@ class SpeedRow:
     timeout_s: int
 
 
-#: The speed tables of the check, one row each.  Issue 26 (policy-kernel overhead), 31 (O2
-#: master updates) and 27 (level auto) add theirs here once their benchmarks take a device.
+#: The speed tables of the check, one row each: the main job interleaved, issue 26 (the
+#: policy kernel's cost over torch.autocast per call, region and training step), issue 31
+#: (O2's master-weight update against O1 and the pure low-precision loop, with peak memory
+#: and a bit-identity check against torch's optimizer on the device) and issue 27 (level
+#: auto on a model mixing large GEMMs with many small layers).  They run last: when the
+#: budget is spent, ``--only speed`` runs them alone in a second command.
 SPEED_ROWS: Final[tuple[SpeedRow, ...]] = (
     SpeedRow(
         "speed: bench interleaved",
         "{python} -m ampcore bench --device {device} --in-process --repeats 3 --warmup 2 --no-progress"
         " --json {out}/bench-interleaved.json",
         60,
+    ),
+    SpeedRow(
+        "speed: policy kernel (issue 26)",
+        "{python} benchmarks/bench_policy_kernel.py --device {device} --dtype {dtype} --rounds 15 --threads 1"
+        " --executors compiled",
+        75,
+    ),
+    SpeedRow(
+        "speed: O2 master update (issue 31)",
+        "{python} benchmarks/bench_o2_update.py --device {device} --quick --memory --check",
+        75,
+    ),
+    SpeedRow(
+        "speed: level auto (issue 27)",
+        "{python} benchmarks/bench_auto.py --device {device} --models gpu-mixed --rounds 5 --tables",
+        90,
     ),
 )
 
@@ -128,7 +148,7 @@ def stages(
         *conformance,
         Stage(f"pytest -m 'not slow' ({device} present)", test, 240),
         *(
-            Stage(row.name, (*command, *bench_args) if "bench" in command else command, row.timeout_s)
+            Stage(row.name, (*command, *bench_args) if command[1:3] == ("-m", "ampcore") else command, row.timeout_s)
             for row, command in zip(SPEED_ROWS, speed, strict=True)
         ),
     ]
