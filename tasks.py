@@ -281,10 +281,19 @@ def summarize(stages: list[Stage], started: float) -> bool:
     return not failed
 
 
+def build_policy_kernel() -> None:
+    """Choose the policy-kernel executor once before the tests, building the compiled one
+    (20-60 s on a fresh machine, then cached per torch version) so that no test's own time
+    limit pays for the build; prints which executor runs and why."""
+    code = "from ampcore._policy.executor import executor; e = executor(); print(f'policy kernels: {e.name} ({e.reason})')"
+    subprocess.run([str(PY), "-c", code], cwd=ROOT, check=False)
+
+
 def test(args: list[str]) -> None:
     """Lint, pytest on tests/ (with ``args``); without args, lint and the conformance runs (CI)."""
     started = time.monotonic()
     setup()
+    build_policy_kernel()
     stages = [lint()] if LINT_MODE == "always" or (LINT_MODE == "auto" and not args) else []
     stages.append(run_pytest(args))
     if not args:

@@ -155,6 +155,7 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     summarized: list[list[str]] = []
     monkeypatch.setattr(tasks, "LINT_MODE", mode)
     monkeypatch.setattr(tasks, "setup", lambda: None)
+    monkeypatch.setattr(tasks, "build_policy_kernel", lambda: None)
     monkeypatch.setattr(tasks, "lint", lambda: tasks.Stage("lint", True, "clean"))
     runs: list[tuple[list[str], dict[str, str] | None]] = []
     monkeypatch.setattr(tasks, "run_pytest", lambda args, env=None, name="pytest": runs.append((args, env)) or tasks.Stage(name, True, "1 passed"))

@@ -143,7 +143,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         "   bf16 = bfloat16, fp16 = float16. autocast: 'native' = the device's own kernels,",
         "   ampcore's only in customised regions; 'ampcore' = ampcore's kernels provide it)",
         "",
-        *_wrapped([f"Policy kernels (custom lists, OD, O2): {info['policy_kernel']}"], width, hanging=2),
+        *_wrapped([f"Policy kernels (custom lists, OD, O2): {info.get('policy_kernel', '-')}"], width, hanging=2),
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]

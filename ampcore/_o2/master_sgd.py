@@ -32,21 +32,30 @@ from typing import Any
 
 import torch
 
-__all__ = ["fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
+__all__ = ["MASTER_BLIND_HOOKS", "fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
+
+
+#: Global step pre-hooks of ampcore's own that return at once for an optimizer with master
+#: weights (the no-optimizer watcher of :mod:`.no_optimizer`): they observe nothing that
+#: ampcore's own update of such an optimizer skips, so they leave it on its fast path.
+MASTER_BLIND_HOOKS: set[Any] = set()
 
 
 def step_hooks_free(optimizer: torch.optim.Optimizer) -> bool:
     """Whether nothing observes ``optimizer``'s step from inside (no step pre/post hooks,
-    global or its own); False on a torch that keeps its hooks elsewhere."""
+    global or its own, but :data:`MASTER_BLIND_HOOKS`); False on a torch that keeps its
+    hooks elsewhere."""
     from torch.optim import optimizer as optim_module
 
     hooks = [
         getattr(optimizer, "_optimizer_step_pre_hooks", None),
         getattr(optimizer, "_optimizer_step_post_hooks", None),
-        getattr(optim_module, "_global_optimizer_pre_hooks", None),
         getattr(optim_module, "_global_optimizer_post_hooks", None),
     ]
-    return not any(h is None or len(h) for h in hooks)
+    global_pre = getattr(optim_module, "_global_optimizer_pre_hooks", None)
+    if global_pre is None or any(h is None or len(h) for h in hooks):
+        return False
+    return all(hook in MASTER_BLIND_HOOKS for hook in global_pre.values())
 
 
 def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:

@@ -24,6 +24,7 @@ from .._backends.backend import dtype_name
 from .._errors import AmpcoreWarning
 from .decorate_checks import CALL, DecorateRequest
 from .master import master_of, master_weights_of
+from .master_sgd import MASTER_BLIND_HOOKS
 from .model_plan import ModelPlan
 
 __all__ = [
@@ -96,6 +97,7 @@ def watch_optimizer_steps() -> None:
     if not _WATCH:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+        MASTER_BLIND_HOOKS.add(_check_first_step)  # returns at once for an optimizer with masters
         _WATCH.append(register_optimizer_step_pre_hook(_check_first_step))
 
 

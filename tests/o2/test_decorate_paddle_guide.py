@@ -145,3 +145,23 @@ def test_inference_in_eval_mode_gets_no_warning_until_an_optimizer_steps() -> No
     model(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum().backward()
     with pytest.warns(ampcore.NoMasterWeightsWarning, match=r"SGD\.step\(\)"):
         opt.step()
+
+
+def test_the_no_optimizer_watcher_leaves_decorated_optimizers_on_their_fast_path() -> None:
+    """The step pre-hook that names an optimizer decorated without it is global; it returns
+    at once for an optimizer with master weights, so such optimizers keep ampcore's own
+    update (a foreign global hook still sends them to torch's step)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from ampcore._o2.master_sgd import step_hooks_free
+
+    with pytest.warns(ampcore.NoMasterWeightsWarning):
+        ampcore.decorate(torch.nn.Linear(4, 4), level="O2", device="cpu")  # installs the watcher
+    model = torch.nn.Linear(4, 4)
+    _, opt = ampcore.decorate(model, torch.optim.AdamW(model.parameters()), level="O2", device="cpu")
+    assert step_hooks_free(opt)
+    handle = register_optimizer_step_pre_hook(lambda *args: None)
+    try:
+        assert not step_hooks_free(opt)
+    finally:
+        handle.remove()
