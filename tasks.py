@@ -231,18 +231,24 @@ def run_pytest(args: list[str], env: dict[str, str] | None = None, name: str = "
 
 #: The second executor's run in CI (issue 26): the policy tests again with the Python policy
 #: kernels, since the main run uses the compiled ones wherever a compiler is available.
-SECOND_EXECUTOR_RUN: tuple[list[str], dict[str, str]] = (["tests/policy", "-q", "-p", "no:cacheprovider"], {"AMPCORE_POLICY_KERNEL": "python"})
+SECOND_EXECUTOR_RUN: tuple[list[str], dict[str, str]] = (
+    ["tests/policy", "-q", "-p", "no:cacheprovider"],
+    {"AMPCORE_POLICY_KERNEL": "python"},
+)
 
 
 #: The lint stage's commands (venv tools; configured in pyproject.toml's [tool.ruff] and
 #: [tool.mypy]): any finding fails the stage.
 LINT_COMMANDS: tuple[tuple[str, ...], ...] = (
-    ("ruff", "check", "ampcore", "backends", "conformance_tests", "plugins"),
+    ("ruff", "check", "."),
+    ("ruff", "format", "--check", "."),
     ("mypy", "--strict", "ampcore"),
 )
 #: Their closing lines: ruff's "All checks passed!" / "Found 3 errors.", mypy's
 #: "Success: no issues found ..." / "Found 2 errors in 1 file ...".
-_LINT_SUMMARY = re.compile(r"^(All checks passed|Found \d+ error|Success: )")
+_LINT_SUMMARY = re.compile(
+    r"^(All checks passed|Found \d+ error|Success: |\d+ files? (already formatted|would be reformatted))"
+)
 
 
 def lint() -> Stage:
@@ -276,7 +282,11 @@ def summarize(stages: list[Stage], started: float) -> bool:
         print(f"  {'ok  ' if stage.ok else 'FAIL'}  {stage.name.ljust(width)}  {stage.detail}")
     failed = [stage.name for stage in stages if not stage.ok]
     minutes, seconds = divmod(round(time.monotonic() - started), 60)
-    verdict = f"FAILED: {', '.join(failed)}" if failed else ("all {} stages passed".format(len(stages)) if len(stages) > 1 else "passed")
+    verdict = (
+        f"FAILED: {', '.join(failed)}"
+        if failed
+        else (f"all {len(stages)} stages passed" if len(stages) > 1 else "passed")
+    )
     print(f"{verdict} in {minutes}m{seconds:02d}s", flush=True)
     return not failed
 

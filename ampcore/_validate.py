@@ -100,9 +100,7 @@ def env_number(
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value < minimum:
-        raise AmpcoreError(
-            f"{name}={raw!r}: expected {unit} as a finite number >= {minimum:g} (unset: {default:g})"
-        )
+        raise AmpcoreError(f"{name}={raw!r}: expected {unit} as a finite number >= {minimum:g} (unset: {default:g})")
     return value
 
 

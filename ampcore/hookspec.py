@@ -293,9 +293,7 @@ def ampcore_clear_device_overflow_flag(device: torch.device) -> None:
 
 
 @hookspec
-def ampcore_memory(
-    device_index: int, reset_peak: bool
-) -> Mapping[str, int | None] | None:
+def ampcore_memory(device_index: int, reset_peak: bool) -> Mapping[str, int | None] | None:
     """Memory of device ``device_index`` in bytes: ``{"in_use": ..., "peak": ..., "total": ...}``
     (any key may be left out or ``None`` when the backend cannot tell), or ``None``: the
     backend cannot tell any of them (the same as ``{}``; ``ampcore bench`` prints ``-``).

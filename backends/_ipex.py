@@ -47,8 +47,7 @@ MODES: Final = ("off", "optimize")
 
 #: Why decorate does not use ``ipex.optimize`` unless asked (shown by ``ampcore info``).
 WHY_NOT_USED: Final = (
-    "ipex.optimize breaks decorate's contract (not in place, no fp32 masters, inexact resume); "
-    f"{ENV}=optimize opts in"
+    f"ipex.optimize breaks decorate's contract (not in place, no fp32 masters, inexact resume); {ENV}=optimize opts in"
 )
 
 _MAJOR_MINOR: Final = re.compile(r"^\s*(\d+)\.(\d+)")

@@ -55,8 +55,7 @@ def cuda_capability_issues(props: CudaDeviceProperties, dtype: torch.dtype) -> l
         return [
             CapabilityIssue(
                 "warning",
-                f"AMP only supports NVIDIA GPUs with compute capability 7.0 or higher; {where}: "
-                "expect no speed-up",
+                f"AMP only supports NVIDIA GPUs with compute capability 7.0 or higher; {where}: expect no speed-up",
             )
         ]
     if dtype == torch.bfloat16:

@@ -196,8 +196,11 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
 
         return run
 
-    cases = {"O1 region enter/exit": enter(o1), "auto region enter/exit": enter(auto),
-             "plain 3-module call after auto": lambda: model(x)}
+    cases = {
+        "O1 region enter/exit": enter(o1),
+        "auto region enter/exit": enter(auto),
+        "plain 3-module call after auto": lambda: model(x),
+    }
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, run in cases.items():
@@ -258,8 +261,20 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
     rounds = args.rounds if args.cache in (phase, "both") else 1  # a cold run only to fill the cache
-    cmd = [sys.executable, __file__, "--child", name, "--device", args.device, "--rounds", str(rounds),
-           "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        name,
+        "--device",
+        args.device,
+        "--rounds",
+        str(rounds),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{name} ({phase}) failed:\n{done.stderr}")
@@ -272,12 +287,16 @@ def _print(r: dict[str, Any], tables: bool) -> None:
     med = r["median_ms"]
     isa = f", ONEDNN_MAX_CPU_ISA={r['isa']}" if r["isa"] else ""
     low = sum(1 for d in r["decisions"].values() if d == "low")
-    print(f"\n{r['model']}{isa}, {r['phase']} cache, {r['device']} ({r['threads']} threads), "
-          f"median of {len(r['times']['fp32'])} interleaved rounds")
+    print(
+        f"\n{r['model']}{isa}, {r['phase']} cache, {r['device']} ({r['threads']} threads), "
+        f"median of {len(r['times']['fp32'])} interleaved rounds"
+    )
     print(f"{'mode':<16}{'ms/step':>10}{'/ fp32':>9}{'/ torch.autocast':>18}{'final loss':>12}")
     for mode in MODES:
-        print(f"{mode:<16}{med[mode]:>10.1f}{med[mode] / med['fp32']:>9.2f}"
-              f"{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}")
+        print(
+            f"{mode:<16}{med[mode]:>10.1f}{med[mode] / med['fp32']:>9.2f}"
+            f"{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}"
+        )
     best = min(med["fp32"], med["torch.autocast"])
     verdict = "ok" if med["auto"] <= 1.03 * best else "OVER"
     print(f"auto / min(fp32, torch.autocast) = {med['auto'] / best:.2f} ({verdict}; target <= 1.03)")

@@ -79,7 +79,9 @@ def table(title: str, medians: dict[str, float], baseline: str, unit: str = "ms"
         print(f"| {name} | {value * scale:.3f} | {value / base:.3f} |")
 
 
-def training_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, region: Region) -> Callable[[], None]:
+def training_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, region: Region
+) -> Callable[[], None]:
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         with region():
@@ -108,11 +110,20 @@ def case_seed(rounds: int) -> None:
     size, batch = SEED_SHAPE
     x, y = torch.rand(batch, size), torch.rand(batch, size)
     make = lambda: nn.Sequential(*[nn.Linear(size, size) for _ in range(9)])  # noqa: E731
-    regions = {"torch.autocast": torch_region, "torch.autocast (again)": torch_region, "ampcore O1": o1_region, 'ampcore O1 custom_white_list={"add"}': custom_add_region}
+    regions = {
+        "torch.autocast": torch_region,
+        "torch.autocast (again)": torch_region,
+        "ampcore O1": o1_region,
+        'ampcore O1 custom_white_list={"add"}': custom_add_region,
+    }
     variants = {}
-    for (name, region), model in zip(regions.items(), _models(make, len(regions))):
+    for (name, region), model in zip(regions.items(), _models(make, len(regions)), strict=False):
         variants[name] = training_step(model, torch.optim.SGD(model.parameters(), lr=1e-4), x, y, region)
-    table(f"Seed network: 9 x Linear({size}) batch {batch}, bf16 training step ({rounds} rounds)", interleaved(variants, rounds), "torch.autocast")
+    table(
+        f"Seed network: 9 x Linear({size}) batch {batch}, bf16 training step ({rounds} rounds)",
+        interleaved(variants, rounds),
+        "torch.autocast",
+    )
 
 
 def case_transformer(rounds: int) -> None:
@@ -121,9 +132,14 @@ def case_transformer(rounds: int) -> None:
     x, y = torch.randn(16, 64, 256), torch.randn(16, 64, 256)
     regions = {"torch.autocast": torch_region, "torch.autocast (again)": torch_region, "ampcore O1": o1_region}
     variants = {}
-    for (name, region), model in zip(regions.items(), _models(make, len(regions))):
+    for (name, region), model in zip(regions.items(), _models(make, len(regions)), strict=False):
         variants[name] = training_step(model, torch.optim.SGD(model.parameters(), lr=1e-4), x, y, region)
-    table(f"Small-op model: 4-layer TransformerEncoder d_model 256, batch 16 x 64 tokens, training step ({rounds} rounds)", interleaved(variants, rounds), "torch.autocast")
+    table(
+        "Small-op model: 4-layer TransformerEncoder d_model 256, batch 16 x 64 tokens, "
+        f"training step ({rounds} rounds)",
+        interleaved(variants, rounds),
+        "torch.autocast",
+    )
 
 
 def case_levels(rounds: int) -> None:
@@ -138,9 +154,13 @@ def case_levels(rounds: int) -> None:
         "ampcore O2 (op side; float32 parameters)": lambda: ampcore.autocast(device="cpu", level="O2"),
     }
     variants = {}
-    for (name, region), model in zip(regions.items(), _models(make, len(regions))):
+    for (name, region), model in zip(regions.items(), _models(make, len(regions)), strict=False):
         variants[name] = training_step(model, torch.optim.SGD(model.parameters(), lr=1e-4), x, y, region)
-    table(f"Policy kernels on a small-op model: the TransformerEncoder step of case 2 ({rounds} rounds)", interleaved(variants, rounds), "torch.autocast")
+    table(
+        f"Policy kernels on a small-op model: the TransformerEncoder step of case 2 ({rounds} rounds)",
+        interleaved(variants, rounds),
+        "torch.autocast",
+    )
 
 
 def _calls(region: Region, call: Callable[[], Any], n: int) -> Callable[[], None]:
@@ -205,9 +225,18 @@ def case_regions(rounds: int) -> None:
         "ampcore OD": entries(od),
     }
     medians = {name: value / n for name, value in interleaved(variants, rounds).items()}
-    table(f"Region entry + exit ({n} per sample, {rounds} rounds; kernels registered once per process)", medians, "torch.autocast", unit="us", scale=1e6)
+    table(
+        f"Region entry + exit ({n} per sample, {rounds} rounds; kernels registered once per process)",
+        medians,
+        "torch.autocast",
+        unit="us",
+        scale=1e6,
+    )
     first = [_child("first-region") for _ in range(3)]
-    print(f"\nOne-time registration: first customised region of a fresh process, entry + exit: {statistics.median(first) * 1e3:.1f} ms (median of 3 processes)")
+    print(
+        "\nOne-time registration: first customised region of a fresh process, entry + exit: "
+        f"{statistics.median(first) * 1e3:.1f} ms (median of 3 processes)"
+    )
 
 
 def _child(kind: str, rounds: int = 0) -> float:
@@ -248,14 +277,15 @@ def child(kind: str, rounds: int) -> None:
 def case_after(rounds: int, repeats: int = 5) -> None:
     samples: dict[str, list[float]] = {"plain-fresh": [], "plain-after": []}
     for i in range(repeats):  # alternate which goes first
-        for kind in (("plain-fresh", "plain-after") if i % 2 == 0 else ("plain-after", "plain-fresh")):
+        for kind in ("plain-fresh", "plain-after") if i % 2 == 0 else ("plain-after", "plain-fresh"):
             samples[kind].append(_child(kind, rounds))
     medians = {
         "torch.autocast, fresh process": statistics.median(samples["plain-fresh"]),
         "torch.autocast after O1-custom, OD and O2 regions": statistics.median(samples["plain-after"]),
     }
     table(
-        f"Plain torch.autocast after ampcore's regions: TransformerEncoder step of case 2 ({repeats} process pairs x {rounds} rounds)",
+        "Plain torch.autocast after ampcore's regions: TransformerEncoder step of case 2 "
+        f"({repeats} process pairs x {rounds} rounds)",
         medians,
         "torch.autocast, fresh process",
     )
@@ -275,7 +305,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=9, help="timed rounds per case (default 9)")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
-    parser.add_argument("--seed-size", nargs=2, type=int, metavar=("WIDTH", "BATCH"), default=SEED_SHAPE, help="seed network shape (default 2048 512)")
+    parser.add_argument(
+        "--seed-size",
+        nargs=2,
+        type=int,
+        metavar=("WIDTH", "BATCH"),
+        default=SEED_SHAPE,
+        help="seed network shape (default 2048 512)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     SEED_SHAPE[:] = args.seed_size

@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 import ampcore
-from ampcore._cli.experiment import SeedNet
 from ampcore._backends.memory import memory_in_use, peak_memory, reset_peak_memory
+from ampcore._cli.experiment import SeedNet
 
 BF16: Final = torch.bfloat16
 TIME_MODES: Final = ("fp32", "O1", "torch.autocast", "bf16 loop", "bf16 loop + master", "O2", "O2 no master")
@@ -100,10 +100,10 @@ def master_loop_step(model: nn.Module, lr: float, kind: str) -> Callable[[torch.
         with torch.no_grad():
             grads = [p.grad for p in params]
             if opt is None:
-                for master, grad in zip(masters, grads):
+                for master, grad in zip(masters, grads, strict=False):
                     master.add_(grad, alpha=-lr)  # reads bf16 grads directly: no fp32 copy
             else:
-                for master, grad in zip(masters, grads):
+                for master, grad in zip(masters, grads, strict=False):
                     master.grad = grad.float()
                 opt.step()
                 for master in masters:
@@ -154,8 +154,12 @@ def run_time(steps: int, warmup: int, size: int, batch: int, lr: float, kind: st
             mode.losses.append(float(loss.detach()))
             if step >= warmup:
                 mode.times.append(elapsed * 1e3)
-        print(f"round {step}: " + ", ".join(f"{m.name} {m.times[-1]:.0f} ms" for m in modes if m.times and step >= warmup),
-              file=sys.stderr, flush=True)  # partial results survive a killed run
+        print(
+            f"round {step}: "
+            + ", ".join(f"{m.name} {m.times[-1]:.0f} ms" for m in modes if m.times and step >= warmup),
+            file=sys.stderr,
+            flush=True,
+        )  # partial results survive a killed run
     return modes
 
 
@@ -163,21 +167,29 @@ def print_time(modes: list[Mode], args: argparse.Namespace) -> None:
     by = {m.name: statistics.median(m.times) for m in modes}
     fp32_loss = modes[0].losses[-1]
     name = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}[args.optimizer]
-    print(f"\n## Step time: 9 x Linear({args.size}), batch {args.batch}, {name} lr {args.lr}, bf16, "
-          "O2: decorate + autocast level O2")
+    print(
+        f"\n## Step time: 9 x Linear({args.size}), batch {args.batch}, {name} lr {args.lr}, bf16, "
+        "O2: decorate + autocast level O2"
+    )
     load = ", load average " + " ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else ""
-    print(f"medians of {len(modes[0].times)} interleaved rounds (after {args.warmup} warm-up), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads{load}\n")
+    print(
+        f"medians of {len(modes[0].times)} interleaved rounds (after {args.warmup} warm-up), "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads{load}\n"
+    )
     print(f"| mode | ms/step | / fp32 | / torch.autocast | / bf16 loop | loss after {args.steps} steps | vs fp32 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for m in modes:
         ms, loss = by[m.name], m.losses[-1]
-        print(f"| {m.name} | {ms:.1f} | {ms / by['fp32']:.3f} | {ms / by['torch.autocast']:.3f} | "
-              f"{ms / by['bf16 loop']:.3f} | {loss:.6f} | {100 * (loss - fp32_loss) / fp32_loss:+.3f}% |")
+        print(
+            f"| {m.name} | {ms:.1f} | {ms / by['fp32']:.3f} | {ms / by['torch.autocast']:.3f} | "
+            f"{ms / by['bf16 loop']:.3f} | {loss:.6f} | {100 * (loss - fp32_loss) / fp32_loss:+.3f}% |"
+        )
     o1, bf16 = by["O2"] / by["torch.autocast"], by["O2"] / by["bf16 loop"]
     if args.optimizer == "sgd":
-        print(f"\ntargets: O2 / torch.autocast <= 0.90: {o1:.3f}; O2 / bf16 loop <= 1.25: {bf16:.3f}; "
-              f"O2 no master / bf16 loop <= 1.05: {by['O2 no master'] / by['bf16 loop']:.3f}")
+        print(
+            f"\ntargets: O2 / torch.autocast <= 0.90: {o1:.3f}; O2 / bf16 loop <= 1.25: {bf16:.3f}; "
+            f"O2 no master / bf16 loop <= 1.05: {by['O2 no master'] / by['bf16 loop']:.3f}"
+        )
     else:
         print(f"\ntargets ({name}): O2 / torch.autocast <= 0.90: {o1:.3f}; O2 / bf16 loop <= 1.15: {bf16:.3f}")
 
@@ -203,11 +215,15 @@ def memory_child(mode: str, size: int, batch: int, lr: float, kind: str = "sgd")
 
 
 def run_memory(repeats: int, lr: float, kind: str = "sgd", configs: tuple[str, ...] = tuple(CONFIGS)) -> None:
-    print(f"\n## Peak memory growth of training steps with {kind} (fresh process per run, "
-          f"MALLOC_MMAP_THRESHOLD_=65536; median of {repeats})\n")
-    print("steps: VmHWM during 3 steps - VmRSS after building model and optimizer (activations, "
-          "gradients, optimizer state);\ntotal: the same peak - VmRSS before building (adds the "
-          "weights: fp32, or fp32 masters + low-precision copies)\n")
+    print(
+        f"\n## Peak memory growth of training steps with {kind} (fresh process per run, "
+        f"MALLOC_MMAP_THRESHOLD_=65536; median of {repeats})\n"
+    )
+    print(
+        "steps: VmHWM during 3 steps - VmRSS after building model and optimizer (activations, "
+        "gradients, optimizer state);\ntotal: the same peak - VmRSS before building (adds the "
+        "weights: fp32, or fp32 masters + low-precision copies)\n"
+    )
     print("| configuration | mode | steps MiB | steps / fp32 | total MiB | total / fp32 |")
     print("|---|---|---:|---:|---:|---:|")
     for config in configs:
@@ -217,9 +233,11 @@ def run_memory(repeats: int, lr: float, kind: str = "sgd", configs: tuple[str, .
             runs = []
             for _ in range(repeats):
                 out = subprocess.run(
-                    [sys.executable, __file__, "--memory-child", mode, str(size), str(batch),
-                     "--optimizer", kind],
-                    check=True, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV},
+                    [sys.executable, __file__, "--memory-child", mode, str(size), str(batch), "--optimizer", kind],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    env={**os.environ, **MALLOC_ENV},
                 )
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
             got[mode] = (
@@ -229,8 +247,11 @@ def run_memory(repeats: int, lr: float, kind: str = "sgd", configs: tuple[str, .
             steps, total = got[mode]
             base_steps, base_total = got["fp32"]
             params = 9 * (size * size + size) / 1e6
-            print(f"| {config}: 9 x Linear({size}), batch {batch}, {params:.1f}M params | {mode} | "
-                  f"{steps:.0f} | {steps / base_steps:.3f} | {total:.0f} | {total / base_total:.3f} |", flush=True)
+            print(
+                f"| {config}: 9 x Linear({size}), batch {batch}, {params:.1f}M params | {mode} | "
+                f"{steps:.0f} | {steps / base_steps:.3f} | {total:.0f} | {total / base_total:.3f} |",
+                flush=True,
+            )
 
 
 def main() -> None:

@@ -73,8 +73,16 @@ def network(width: int, layers: int, device: str) -> nn.Module:
     return nn.Sequential(*(nn.Linear(width, width, device=device) for _ in range(layers)))
 
 
-def make_step(base: nn.Module, kind: str, mode: str, backend: ampcore.Backend, x: torch.Tensor, low: torch.dtype,
-              y: torch.Tensor, chunk: int | None = None) -> Step:
+def make_step(
+    base: nn.Module,
+    kind: str,
+    mode: str,
+    backend: ampcore.Backend,
+    x: torch.Tensor,
+    low: torch.dtype,
+    y: torch.Tensor,
+    chunk: int | None = None,
+) -> Step:
     """One training step of a private copy of ``base`` in ``mode`` (see the module docstring);
     for O2, ``chunk`` elements per chunk of the master update (0: whole tensors; None: the
     backend's choice)."""
@@ -119,8 +127,14 @@ def sibling(busy: bool) -> Iterator[Callable[[bool], None]]:
         proc.wait()
 
 
-def measure(steps: dict[str, Step], rounds: int, warmup: int, backend: ampcore.Backend,
-            set_busy: Callable[[bool], None], busy: bool) -> dict[tuple[str, bool], float]:
+def measure(
+    steps: dict[str, Step],
+    rounds: int,
+    warmup: int,
+    backend: ampcore.Backend,
+    set_busy: Callable[[bool], None],
+    busy: bool,
+) -> dict[tuple[str, bool], float]:
     """Median ms per step of each (mode, busy), interleaved, after ``warmup`` rounds."""
     names = list(steps)
     conditions = (False, True) if busy else (False,)
@@ -128,7 +142,7 @@ def measure(steps: dict[str, Step], rounds: int, warmup: int, backend: ampcore.B
     for r in range(rounds + warmup):
         for condition in conditions:
             set_busy(condition)
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 synchronize(backend)
                 start = time.perf_counter()
                 steps[name]()
@@ -169,8 +183,10 @@ def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dty
                 label = "one busy sibling" if condition else "quiet"
                 for mode in variants:
                     o2 = medians[mode, condition]
-                    print(f"| {kind} | {label} | {mode[4:-1]} | {o2:.1f} | {o1:.1f} | {pure:.1f} | {o2 / o1:.3f} "
-                          f"| {o2 / pure:.3f} |")
+                    print(
+                        f"| {kind} | {label} | {mode[4:-1]} | {o2:.1f} | {o1:.1f} | {pure:.1f} | {o2 / o1:.3f} "
+                        f"| {o2 / pure:.3f} |"
+                    )
             sys.stdout.flush()
 
 
@@ -208,8 +224,10 @@ def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
         print("\npeak memory: the backend cannot tell")
         return
     gib = 1 << 30
-    print(f"\npeak memory growth of building the model and 3 SGD steps: fp32 {fp32 / gib:.3f} GiB, "
-          f"O2 {o2 / gib:.3f} GiB, O2 / fp32 {o2 / fp32:.3f} (target <= 0.75)")
+    print(
+        f"\npeak memory growth of building the model and 3 SGD steps: fp32 {fp32 / gib:.3f} GiB, "
+        f"O2 {o2 / gib:.3f} GiB, O2 / fp32 {o2 / fp32:.3f} (target <= 0.75)"
+    )
 
 
 def _return_freed_memory() -> None:
@@ -284,9 +302,11 @@ def main() -> None:
     warnings.simplefilter("ignore")  # bf16 runs emulated on CPUs without bf16 instructions
     low = backend.default_dtype
     name = backend.device_name(0) if backend.is_available else backend.name
-    print(f"\n{args.layers} x Linear({args.width}), batch {args.batch}, {str(low).removeprefix('torch.')}, on {name}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.rounds} rounds, "
-          f"load average {os.getloadavg()[0]:.2f}, master update chunk {backend.master_update_chunk_elements}\n")
+    print(
+        f"\n{args.layers} x Linear({args.width}), batch {args.batch}, {str(low).removeprefix('torch.')}, on {name}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.rounds} rounds, "
+        f"load average {os.getloadavg()[0]:.2f}, master update chunk {backend.master_update_chunk_elements}\n"
+    )
     if not args.skip_time:
         time_rows(args, backend, low)
         print(f"\nload average after the timed rows {os.getloadavg()[0]:.2f}")

@@ -85,12 +85,15 @@ def run(rounds: int, warmup: int) -> list[Row]:
     ``{"total": [...], "scale": [...], ...}``."""
     rows = []
     for title, optimizer, options in CASES:
+
         def torch_scaler() -> Any:
             return torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=10**9)
 
         def ampcore_scaler(options: dict[str, Any] = options) -> Any:
             settings = {k: v for k, v in options.items() if k != PORTABLE}
-            scaler = ampcore.GradScaler("cpu", dtype=torch.float16, init_scale=2.0**10, growth_interval=10**9, **settings)
+            scaler = ampcore.GradScaler(
+                "cpu", dtype=torch.float16, init_scale=2.0**10, growth_interval=10**9, **settings
+            )
             if options.get(PORTABLE):
                 scaler._kernels._native_update["cpu"] = False  # noqa: SLF001 - the probe's answer on such a device
             return scaler
@@ -123,8 +126,10 @@ def main() -> None:
     parser.add_argument("--parts", action="store_true", help="also print the median of each call, in microseconds")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds, "
-          f"{N_TENSORS} tensors x {TENSOR_NUMEL} = {N_TENSORS * TENSOR_NUMEL:,} parameters")
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds, "
+        f"{N_TENSORS} tensors x {TENSOR_NUMEL} = {N_TENSORS * TENSOR_NUMEL:,} parameters"
+    )
     rows = run(args.rounds, args.warmup)
     print(f"{'case':<42} {'torch ms':>9} {'ampcore ms':>11} {'ratio':>7}")
     for title, base, ours in rows:

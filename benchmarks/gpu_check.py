@@ -131,8 +131,22 @@ def stages(
     conformance = [
         Stage(
             f"conformance {device} {dtype}",
-            (python, "-m", "ampcore", "conformance", "--backend", device, "--dtype", dtype,
-             "--report-dir", str(out / f"conformance-{device}-{dtype}"), "--", "-q", "-p", "no:cacheprovider"),
+            (
+                python,
+                "-m",
+                "ampcore",
+                "conformance",
+                "--backend",
+                device,
+                "--dtype",
+                dtype,
+                "--report-dir",
+                str(out / f"conformance-{device}-{dtype}"),
+                "--",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ),
             120,
         )  # fmt: skip
         for dtype in ("float16", "bfloat16")
@@ -143,8 +157,22 @@ def stages(
     test += pytest_args
     speed = [fill(row.command, python, device, "float16", out) for row in SPEED_ROWS]
     return [
-        Stage(f"ampcore bench --device {device}", (python, "-m", "ampcore", "bench", "--device", device,
-              "--no-progress", "--json", str(out / "bench.json"), *bench_args), 75),  # fmt: skip
+        Stage(
+            f"ampcore bench --device {device}",
+            (
+                python,
+                "-m",
+                "ampcore",
+                "bench",
+                "--device",
+                device,
+                "--no-progress",
+                "--json",
+                str(out / "bench.json"),
+                *bench_args,
+            ),
+            75,
+        ),  # fmt: skip
         *conformance,
         Stage(f"pytest -m 'not slow' ({device} present)", test, 240),
         *(

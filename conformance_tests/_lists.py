@@ -115,9 +115,7 @@ def category(lists: ampcore.OpLists, op: str) -> str:
 def overlaps(lists: ampcore.OpLists) -> dict[str, list[str]]:
     """Ops named on more than one list, by pair (``{"white/black": [...]}``)."""
     found = {
-        f"{a}/{b}": sorted(getattr(lists, a) & getattr(lists, b))
-        for i, a in enumerate(_LISTS)
-        for b in _LISTS[i + 1 :]
+        f"{a}/{b}": sorted(getattr(lists, a) & getattr(lists, b)) for i, a in enumerate(_LISTS) for b in _LISTS[i + 1 :]
     }
     return {pair: ops for pair, ops in found.items() if ops}
 

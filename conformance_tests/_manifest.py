@@ -124,7 +124,7 @@ def load_manifest(path: str | Path | None) -> Manifest:
     for action in ("skip", "xfail"):
         table = data.get(action, {})
         if not isinstance(table, dict):
-            raise ManifestError(f'manifest {where}: [{action}] must map test patterns to reasons')
+            raise ManifestError(f"manifest {where}: [{action}] must map test patterns to reasons")
         for pattern, reason in table.items():
             if not isinstance(reason, str) or not reason.strip():
                 raise ManifestError(

@@ -140,4 +140,3 @@ def test_scaler_mode_follows_the_backend(
         assert not loop.scaler.is_enabled() and loop.scaler.get_scale() == 1.0
     assert not loop.step((0, 1, float("inf"))), "a step with an inf gradient was not skipped"
     assert loop.step()
-

@@ -78,7 +78,10 @@ def main() -> None:
     data = torch.randn(args.batch, args.size, device=device)
     target = data[:, :1].clone()
 
-    print(f"\nbackend {region.backend.name} ({region.backend.device_name(region.device_index or 0)}), dtype {region.dtype}")
+    print(
+        f"\nbackend {region.backend.name} ({region.backend.device_name(region.device_index or 0)}), "
+        f"dtype {region.dtype}"
+    )
     print(f"{'mode':<6} {'ms/step':>8} {'speed-up':>8} {'final loss':>11} {'loss scale':>10}")
     fp32_ms, fp32_loss = train(copy.deepcopy(base), data, target, args.steps, None, None)
     o1_ms, o1_loss = train(copy.deepcopy(base), data, target, args.steps, region, scaler)

@@ -48,7 +48,9 @@ def make_adapter(
     """A plugin object targeting the current contract: ``ampcore_backend`` (a BackendSpec of
     the arguments) plus any optional ``ampcore_*`` hooks given as keyword arguments
     (functions taking the hook's parameters by name)."""
-    spec = ampcore.BackendSpec(name, device_type, list(dtypes) if isinstance(dtypes, tuple) else dtypes, default_dtype, priority)
+    spec = ampcore.BackendSpec(
+        name, device_type, list(dtypes) if isinstance(dtypes, tuple) else dtypes, default_dtype, priority
+    )
     namespace: dict[str, Any] = {
         "AMPCORE_CONTRACT": ampcore.hookspec.CONTRACT_VERSION,
         "ampcore_backend": hookimpl(lambda self: spec),

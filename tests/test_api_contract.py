@@ -13,11 +13,11 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -39,7 +39,23 @@ FAST = settings(
 )
 
 #: Words by which a message says what is valid.
-VALID_WORDS = ("expected", "valid", "did you mean", "supported", "must", "one of", "known", "choose", "use ", "within", "remove ", "need", "instead", "pass ")
+VALID_WORDS = (
+    "expected",
+    "valid",
+    "did you mean",
+    "supported",
+    "must",
+    "one of",
+    "known",
+    "choose",
+    "use ",
+    "within",
+    "remove ",
+    "need",
+    "instead",
+    "pass ",
+)
+
 
 @contextmanager
 def _contract(given_args: dict[str, Any], *, state: Callable[[], Any] | None = None) -> Iterator[None]:
@@ -73,7 +89,9 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, (list, tuple)):
-        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return (
+            isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     return bool(a == b) or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
@@ -84,7 +102,21 @@ def _kwargs(space: dict[str, list[Any]]) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries({}, optional={name: st.sampled_from(values) for name, values in space.items()})
 
 
-OPS = ["add", "mm", "linear", "softmax", "elementwise_add", "ADD", "linaer", "add.Tensor", "add.bogus", "add_", "aten::mm", 5, ""]
+OPS = [
+    "add",
+    "mm",
+    "linear",
+    "softmax",
+    "elementwise_add",
+    "ADD",
+    "linaer",
+    "add.Tensor",
+    "add.bogus",
+    "add_",
+    "aten::mm",
+    5,
+    "",
+]
 OP_LISTS = [None, set(), {"add"}, {"mm", "softmax"}, ["linear"], "add", *({op} for op in OPS), 5, [5], {"add": 1}]
 DTYPES = [None, torch.bfloat16, torch.float16, torch.float32, torch.int8, "bf16", "float16", "fp8", "bfloat", 16]
 DEVICES = [None, "cpu", "cpu:0", "cpu:x", "cpux", "CPU", "cpu:99", torch.device("cpu"), 5, ""]
@@ -166,12 +198,30 @@ def _trained_scaler() -> tuple[ampcore.GradScaler, torch.nn.Linear, torch.optim.
 
 
 SCALER_CALLS = [
-    ("update", "new_scale", [8.0, 0.0, -1.0, float("nan"), 2.0**40, "8", True, torch.tensor([1.0, 2.0]), torch.tensor(4, dtype=torch.int32)]),
+    (
+        "update",
+        "new_scale",
+        [
+            8.0,
+            0.0,
+            -1.0,
+            float("nan"),
+            2.0**40,
+            "8",
+            True,
+            torch.tensor([1.0, 2.0]),
+            torch.tensor(4, dtype=torch.int32),
+        ],
+    ),
     ("set_growth_factor", "new_factor", [3.0, 1.0, 0.5, float("nan"), "3", None]),
     ("set_backoff_factor", "new_factor", [0.25, 1.0, 0.0, 2.0, None]),
     ("set_growth_interval", "new_interval", [10, 0, -1, 2.5, None, True]),
     ("set_hysteresis", "new_hysteresis", [2, 0, -1, 1.5, None]),
-    ("load_state_dict", "state_dict", [{}, {"scale": 8.0}, {"scale": "8"}, None, [], "garbage", {"scale": float("nan"), "growth_factor": 2.0}]),
+    (
+        "load_state_dict",
+        "state_dict",
+        [{}, {"scale": 8.0}, {"scale": "8"}, None, [], "garbage", {"scale": float("nan"), "growth_factor": 2.0}],
+    ),
     ("step", "optimizer", [torch.nn.Linear(2, 2), None, "sgd", [torch.nn.Parameter(torch.ones(1))]]),
     ("unscale_", "optimizer", [torch.nn.Linear(2, 2), None, 5]),
     ("scale", "outputs", [torch.ones(2), [torch.ones(1)], {"a": torch.ones(1)}, None, 5, "loss"]),
@@ -233,7 +283,9 @@ def test_decorate(kwargs: dict[str, Any], with_optimizer: bool) -> None:
 
 @FAST
 @given(
-    models=st.sampled_from([torch.nn.Linear(2, 2), [torch.nn.Linear(2, 2)], [], None, "model", [torch.nn.Linear(2, 2), 5]]),
+    models=st.sampled_from(
+        [torch.nn.Linear(2, 2), [torch.nn.Linear(2, 2)], [], None, "model", [torch.nn.Linear(2, 2), 5]]
+    ),
     optimizers=st.sampled_from([None, "opt", 5, [], [None]]),
 )
 def test_decorate_models_and_optimizers(models: Any, optimizers: Any) -> None:
@@ -320,17 +372,26 @@ def test_contract_helper_catches_escaping_errors() -> None:
         raise ampcore.AmpcoreError("something expected")
 
 
-
 # -- issue 28: extreme numbers, non-ASCII digits, wrong types, damaged files, plugin hooks
 
 #: Numbers beyond what a float, a float32 or an int32 holds, non-finite ones, and non-numbers.
 EXTREME_NUMBERS = st.one_of(
     st.sampled_from([10**20, 10**30, 10**400, -(10**400), 2**31, 2**31 - 1, 2**63, 1e39, 1e-320, -0.0]),
-    st.sampled_from([float("nan"), float("inf"), float("-inf"), Decimal("2"), Fraction(3, 2), 1j, b"2", "2", [2.0], None, True]),
+    st.sampled_from(
+        [float("nan"), float("inf"), float("-inf"), Decimal("2"), Fraction(3, 2), 1j, b"2", "2", [2.0], None, True]
+    ),
     st.integers(min_value=-(10**450), max_value=10**450),
     st.floats(allow_nan=True, allow_infinity=True),
 )
-SCALER_NUMBERS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale", "max_scale")
+SCALER_NUMBERS = (
+    "init_scale",
+    "growth_factor",
+    "backoff_factor",
+    "growth_interval",
+    "hysteresis",
+    "min_scale",
+    "max_scale",
+)
 
 
 def _train_steps(scaler: ampcore.GradScaler, steps: int = 2) -> None:
@@ -343,7 +404,9 @@ def _train_steps(scaler: ampcore.GradScaler, steps: int = 2) -> None:
 
 
 @FAST
-@given(name=st.sampled_from(SCALER_NUMBERS), value=EXTREME_NUMBERS, dtype=st.sampled_from([torch.float16, torch.bfloat16]))
+@given(
+    name=st.sampled_from(SCALER_NUMBERS), value=EXTREME_NUMBERS, dtype=st.sampled_from([torch.float16, torch.bfloat16])
+)
 def test_grad_scaler_extreme_numbers(name: str, value: Any, dtype: torch.dtype) -> None:
     with _contract({name: value}):
         scaler = ampcore.GradScaler("cpu", dtype=dtype, enabled=True, **{name: value})
@@ -354,7 +417,8 @@ def test_grad_scaler_extreme_numbers(name: str, value: Any, dtype: torch.dtype) 
 
 @FAST
 @given(key=st.sampled_from(["scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker",
-                            "hysteresis", "_overflow_tracker", "min_scale", "max_scale"]), value=EXTREME_NUMBERS)  # fmt: skip
+                            "hysteresis", "_overflow_tracker", "min_scale", "max_scale"]),
+       value=EXTREME_NUMBERS)  # fmt: skip
 def test_grad_scaler_state_dict_extreme_numbers(key: str, value: Any) -> None:
     scaler = ampcore.GradScaler("cpu", enabled=True)
     state = scaler.state_dict()
@@ -364,7 +428,8 @@ def test_grad_scaler_state_dict_extreme_numbers(key: str, value: Any) -> None:
 
 
 @FAST
-@given(method=st.sampled_from(["set_growth_factor", "set_backoff_factor", "set_growth_interval", "set_hysteresis", "update"]),
+@given(method=st.sampled_from(["set_growth_factor", "set_backoff_factor", "set_growth_interval", "set_hysteresis",
+                               "update"]),
        value=EXTREME_NUMBERS)  # fmt: skip
 def test_grad_scaler_setters_extreme_numbers(method: str, value: Any) -> None:
     scaler = ampcore.GradScaler("cpu", enabled=True)
@@ -403,10 +468,12 @@ def test_device_strings_with_odd_indices(index: str, query: str) -> None:
 @given(
     data=st.one_of(
         st.binary(max_size=64),
-        st.sampled_from([b"\xff\xfe[\x00s\x00", b"\xef\xbb\xbf[skip]\n", b"[" * 5000, b"x = " + b"[" * 3000, b"\x00" * 8]),
+        st.sampled_from([b"\xff\xfe[\x00s\x00", b"\xef\xbb\xbf[skip]\n", b"[" * 5000, b"x = " + b"[" * 3000,
+                         b"\x00" * 8]),
         st.builds(lambda key, value: f"[tolerances]\n{key} = {value}\n".encode(),
                   st.sampled_from(["op_eps", "grad_rtol", "convergence_rtol", "bogus"]),
-                  st.sampled_from(["nan", "inf", "-inf", "0", "-1", '"1"', "true", "[1]", "1e400", "1" + "0" * 400, "0.5"])),
+                  st.sampled_from(["nan", "inf", "-inf", "0", "-1", '"1"', "true", "[1]", "1e400", "1" + "0" * 400,
+                                   "0.5"])),
         st.builds(lambda value: json.dumps({"tolerances": {"op_eps": value}}).encode(), EXTREME_NUMBERS.filter(
             lambda v: isinstance(v, (int, float, str, list, bool)) or v is None)),
     ),

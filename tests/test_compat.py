@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore._dtypes import DTYPE_NAMES, parse_dtype
-from conftest import make_adapter
 
 pytestmark = pytest.mark.usefixtures("no_emulation_warning")
 
@@ -38,7 +38,10 @@ def test_parse_dtype_refuses_with_the_call_param_and_valid_names(bad: object) ->
 
 
 def test_parse_dtype_names_a_command_line_option_as_typed() -> None:
-    with pytest.raises(ampcore.AmpcoreError, match=r"^ampcore conformance --dtype bfloat61: unknown dtype name \(did you mean 'bfloat16'\?\)"):
+    with pytest.raises(
+        ampcore.AmpcoreError,
+        match=r"^ampcore conformance --dtype bfloat61: unknown dtype name \(did you mean 'bfloat16'\?\)",
+    ):
         parse_dtype("bfloat61", "ampcore conformance", "--dtype")
 
 

@@ -11,8 +11,8 @@ need what this machine may lack start with an explicit marker comment:
 """
 
 from __future__ import annotations
-
 import __future__
+
 import doctest
 import importlib
 import importlib.util
@@ -123,7 +123,9 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
-def test_doc_block_runs(block: Block, pages: _Pages, scratch: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_doc_block_runs(
+    block: Block, pages: _Pages, scratch: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     reason = _skip_reason(block)
     if reason is not None:
         pytest.skip(reason)

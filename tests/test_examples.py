@@ -27,11 +27,17 @@ def _example() -> ModuleType:
 
 @pytest.mark.parametrize(("dtype", "scaling"), [("float16", True), ("bfloat16", False)])
 def test_training_uses_a_grad_scaler(
-    dtype: str, scaling: bool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], no_emulation_warning: None
+    dtype: str,
+    scaling: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    no_emulation_warning: None,
 ) -> None:
     scaled: list[bool] = []
     real_scale = ampcore.GradScaler.scale
-    monkeypatch.setattr(ampcore.GradScaler, "scale", lambda self, loss: scaled.append(self.is_enabled()) or real_scale(self, loss))
+    monkeypatch.setattr(
+        ampcore.GradScaler, "scale", lambda self, loss: scaled.append(self.is_enabled()) or real_scale(self, loss)
+    )
     argv = ["train_o1.py", "--device", "cpu", "--dtype", dtype, "--steps", "3", "--size", "16", "--batch", "8"]
     monkeypatch.setattr(sys, "argv", argv)
     _example().main()
@@ -50,7 +56,9 @@ def _unavailable() -> str:
 @pytest.mark.parametrize("device", ["unavailable", "tpu"])
 def test_a_backend_that_cannot_run_gives_a_clear_message(device: str) -> None:
     name = _unavailable() if device == "unavailable" else device
-    run = subprocess.run([sys.executable, str(SCRIPT), "--device", name], capture_output=True, text=True, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", name], capture_output=True, text=True, timeout=120, check=False
+    )
     assert run.returncode == 1
     assert "Traceback" not in run.stderr, run.stderr
     last = run.stderr.strip().splitlines()[-1]

@@ -67,7 +67,9 @@ def test_workers_and_dry_run_arguments_reach_their_commands(check: ModuleType, t
 
 
 def test_a_speed_row_is_one_line_of_data(check: ModuleType, tmp_path: Path) -> None:
-    row = check.SpeedRow("speed: o2 masters", "{python} benchmarks/bench_o2.py --device {device} --json {out}/o2.json", 60)
+    row = check.SpeedRow(
+        "speed: o2 masters", "{python} benchmarks/bench_o2.py --device {device} --json {out}/o2.json", 60
+    )
     assert check.fill(row.command, "py", "cuda", "float16", tmp_path) == (
         "py", "benchmarks/bench_o2.py", "--device", "cuda", "--json", f"{tmp_path}/o2.json",
     )  # fmt: skip
@@ -98,7 +100,9 @@ def test_each_stage_has_its_own_timeout(check: ModuleType, tmp_path: Path) -> No
 
 
 def test_a_stage_that_no_longer_fits_the_budget_is_skipped(check: ModuleType, tmp_path: Path) -> None:
-    results = check.run_check([check.Stage("late", (sys.executable, "-c", "pass"), 60)], tmp_path, budget_s=check.RESERVE_S)
+    results = check.run_check(
+        [check.Stage("late", (sys.executable, "-c", "pass"), 60)], tmp_path, budget_s=check.RESERVE_S
+    )
     assert [(r.status, r.detail) for r in results] == [("SKIPPED", f"no time left in the {check.RESERVE_S} s budget")]
 
 
@@ -126,7 +130,9 @@ def test_gpu_installs_the_carried_wheels_without_an_index(wheels: ModuleType, tm
     (tmp_path / "a-1.0-py3-none-any.whl").touch()
     command = wheels.install_command(tmp_path, tmp_path / "site", python="py")
     assert command[:4] == ["py", "-m", "pip", "install"]
-    assert {"--no-index", "--no-deps"} <= set(command) and command[command.index("--target") + 1] == str(tmp_path / "site")
+    assert {"--no-index", "--no-deps"} <= set(command) and command[command.index("--target") + 1] == str(
+        tmp_path / "site"
+    )
     assert [Path(c).name for c in command[-2:]] == ["a-1.0-py3-none-any.whl", "b-1.0-py3-none-any.whl"]
     env = wheels.environment(tmp_path / "site", {"PYTHONPATH": "/elsewhere"})
     assert env["PYTHONPATH"].split(":") == [str(tmp_path / "site"), "/elsewhere"]

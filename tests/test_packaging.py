@@ -30,7 +30,8 @@ def test_license_is_an_spdx_expression_with_its_file() -> None:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[zipfile.ZipFile, str]:
     out = tmp_path_factory.mktemp("wheel")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-v", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-v",
+         "-w", str(out), str(ROOT)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     if build.returncode != 0:
@@ -48,10 +49,19 @@ def test_the_build_gives_no_packaging_warnings(wheel: tuple[zipfile.ZipFile, str
 def test_the_wheel_holds_every_module_and_data_file(wheel: tuple[zipfile.ZipFile, str]) -> None:
     archive, _ = wheel
     names = set(archive.namelist())
-    for source, package in (("ampcore", "ampcore"), ("backends", "ampcore_backends"), ("conformance_tests", "ampcore_conformance")):
+    for source, package in (
+        ("ampcore", "ampcore"),
+        ("backends", "ampcore_backends"),
+        ("conformance_tests", "ampcore_conformance"),
+    ):
         for path in (ROOT / source).rglob("*.py"):
             assert f"{package}/{path.relative_to(ROOT / source).as_posix()}" in names, path
-    for data in ("ampcore/py.typed", "ampcore/_policy/policy_kernel.cpp", "ampcore_backends/py.typed", "ampcore_conformance/data/pytest.ini"):
+    for data in (
+        "ampcore/py.typed",
+        "ampcore/_policy/policy_kernel.cpp",
+        "ampcore_backends/py.typed",
+        "ampcore_conformance/data/pytest.ini",
+    ):
         assert data in names
     assert not any(name.startswith(("tests/", "docs/", "examples/", "benchmarks/", "plugins/")) for name in names)
     (info,) = {name.split("/")[0] for name in names if ".dist-info/" in name}

@@ -10,11 +10,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore import CapabilityIssue
-
-from conftest import make_adapter
 
 
 @pytest.fixture
@@ -22,7 +21,9 @@ def slow() -> Iterator[str]:
     """A backend on the CPU whose capability check warns for every dtype."""
     check = lambda dtype: [CapabilityIssue("warning", f"slow {dtype} here")]  # noqa: E731
     name = "slowcap"
-    ampcore.register_plugin(make_adapter(name, dtypes=(torch.bfloat16, torch.float16), ampcore_check_capability=check), name=name)
+    ampcore.register_plugin(
+        make_adapter(name, dtypes=(torch.bfloat16, torch.float16), ampcore_check_capability=check), name=name
+    )
     yield name
     ampcore.unregister_plugin(name)
 
@@ -35,7 +36,11 @@ def _caught(call: Callable[[], object]) -> list[warnings.WarningMessage]:
 
 
 def test_decorates_capability_warning_points_at_the_caller(slow: str) -> None:
-    (warning,) = _caught(lambda: ampcore.decorate(torch.nn.Linear(2, 2), level="O2", dtype=torch.float16, device=slow, master_weight=False))
+    (warning,) = _caught(
+        lambda: ampcore.decorate(
+            torch.nn.Linear(2, 2), level="O2", dtype=torch.float16, device=slow, master_weight=False
+        )
+    )
     assert "slow torch.float16 here" in str(warning.message)
     assert warning.filename == __file__, warning.filename
 

@@ -116,7 +116,7 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
     entries = data.get("entries")
     plan = AutoPlan(fp)
     dropped: list[str] = []
-    for key, raw in (entries.items() if isinstance(entries, Mapping) else ()):
+    for key, raw in entries.items() if isinstance(entries, Mapping) else ():
         try:
             entry = entry_from_mapping(key, raw, "cache")
         except ValueError as exc:

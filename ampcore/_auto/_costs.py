@@ -199,8 +199,7 @@ def implausible(costs: Costs, neighbours: Iterable[Costs] = ()) -> str | None:
     for other in neighbours:
         if max(ratio, other.ratio) > NEIGHBOUR_BOUND * min(ratio, other.ratio):
             return (
-                f"low/fp32 {ratio:.2f} disagrees with {other.ratio:.2f} of the same module on inputs of "
-                "another dtype"
+                f"low/fp32 {ratio:.2f} disagrees with {other.ratio:.2f} of the same module on inputs of another dtype"
             )
     return None
 

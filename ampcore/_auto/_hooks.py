@@ -47,7 +47,7 @@ from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._shapes import planned_ops, shape_class
 
-__all__ = ["BUDGET_ENV", "budget_s", "installed", "region_entered", "region_exited"]
+__all__ = ["BUDGET_ENV", "budget_s", "check", "installed", "region_entered", "region_exited"]
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
@@ -284,6 +284,12 @@ def _warn_untimed(spec: Any) -> None:
         "measured, and level='auto' runs as torch.autocast (the O1 lists) there",
         AmpcoreWarning,
     )
+
+
+def check() -> None:
+    """A ``level="auto"`` region is being made: its settings must be valid before anything
+    changes (:func:`budget_s` raises for a bad ``AMPCORE_AUTO_BUDGET``)."""
+    budget_s()
 
 
 def region_entered() -> None:

@@ -35,17 +35,33 @@ PLANNED_OPS: Final[dict[type[nn.Module], tuple[Callable[[nn.Module], str], froze
     nn.Linear: (_linear, frozenset({"linear", "addmm", "mm", "matmul"})),
     nn.modules.conv._ConvNd: (
         _linear,
-        frozenset({
-            "conv1d", "conv2d", "conv3d", "convolution", "_convolution",
-            "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-        }),
+        frozenset(
+            {
+                "conv1d",
+                "conv2d",
+                "conv3d",
+                "convolution",
+                "_convolution",
+                "conv_transpose1d",
+                "conv_transpose2d",
+                "conv_transpose3d",
+            }
+        ),
     ),
     nn.MultiheadAttention: (
         _attention,
-        frozenset({
-            "linear", "addmm", "mm", "matmul", "bmm", "baddbmm",
-            "scaled_dot_product_attention", "_native_multi_head_attention",
-        }),
+        frozenset(
+            {
+                "linear",
+                "addmm",
+                "mm",
+                "matmul",
+                "bmm",
+                "baddbmm",
+                "scaled_dot_product_attention",
+                "_native_multi_head_attention",
+            }
+        ),
     ),
 }
 
@@ -94,9 +110,12 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     describe = module.__dict__.get(_DESCRIPTION)
     if describe is None:  # read once per module object (the hot path); not a parameter or buffer
         describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
-    signature = (describe, torch.is_grad_enabled(), device_type, *[
-        (a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)
-    ])
+    signature = (
+        describe,
+        torch.is_grad_enabled(),
+        device_type,
+        *[(a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)],
+    )
     try:
         return _CLASSES[signature]
     except KeyError:

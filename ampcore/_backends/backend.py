@@ -13,7 +13,7 @@ import torch
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, warn_user
 from .._forklock import LOCK
-from .._policy.op_names import canonical_ops
+from .._op_names import canonical_ops
 from ..hookspec import BackendSpec
 from .capability import CapabilityIssue
 from .checks import device_type_problem, indexed_device, privateuse1_name, result_problem, torch_knows
@@ -226,9 +226,7 @@ class Backend:
         if raw is None:
             return {}
         if not isinstance(raw, Mapping):
-            raise self._error(
-                f"{hook} returned {raw!r}; expected None or a dict such as {{'black': ['layer_norm']}}"
-            )
+            raise self._error(f"{hook} returned {raw!r}; expected None or a dict such as {{'black': ['layer_norm']}}")
         bad = [key for key in raw if key not in ADJUSTMENT_KEYS]
         if bad:
             raise self._error(f"{hook} returned keys {bad!r}; valid keys: 'white', 'black', 'promote'")

@@ -29,6 +29,4 @@ class CapabilityIssue:
 
     def __post_init__(self) -> None:
         if self.severity not in ("warning", "error"):
-            raise ValueError(
-                f"CapabilityIssue(severity={self.severity!r}): severity must be 'warning' or 'error'"
-            )
+            raise ValueError(f"CapabilityIssue(severity={self.severity!r}): severity must be 'warning' or 'error'")

@@ -23,9 +23,7 @@ SPEC_NAMES: Final = frozenset(
 
 
 def _changes_since(version: int) -> str:
-    return "; ".join(
-        f"contract {n}: {text}" for n, text in sorted(_hookspec.CONTRACT_CHANGES.items()) if n > version
-    )
+    return "; ".join(f"contract {n}: {text}" for n, text in sorted(_hookspec.CONTRACT_CHANGES.items()) if n > version)
 
 
 def check_contract(plugin: object, name: str, distribution: str | None) -> int:

@@ -125,9 +125,7 @@ class PluginManager:
                 "points, or None for the installed ones"
             )
         self._environ = os.environ if environ is None else environ
-        self._entry_points = entry_points or (
-            lambda: importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        )
+        self._entry_points = entry_points or (lambda: importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
         self._pm = self._new_pluggy()
         self._lock = LOCK  # a fork never interrupts plugin loading (see ampcore._forklock)
         self._loaded = False

@@ -1,7 +1,14 @@
-"""The process-wide plugin manager and device resolution (``"cuda:1"`` -> backend, index)."""
+"""The process-wide plugin manager and device resolution (``"cuda:1"`` -> backend, index).
+
+This layer knows nothing of the policy engine above it: it announces every backend it finds
+available to the listeners of :func:`on_backend_available` (the policy layer subscribes at
+import, to provide autocast for device types without kernels of their own), so every
+import arrow between the subpackages points one way (``tests/test_house.py``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +25,7 @@ __all__ = [
     "get_manager",
     "list_backends",
     "list_plugins",
+    "on_backend_available",
     "register_plugin",
     "resolve_device",
     "unregister_plugin",
@@ -45,6 +53,24 @@ class _Holder:
 
 
 _holder = _Holder()
+
+#: Called with every backend found available, in subscription order.  Process-wide, as the
+#: dispatcher registrations the policy layer's listener makes.
+_available_listeners: list[Callable[[Backend], None]] = []
+
+
+def on_backend_available(listener: Callable[[Backend], None]) -> None:
+    """Call ``listener(backend)`` whenever :func:`resolve_device` or :func:`get_backend`
+    finds ``backend`` available, from then on (once per listener however often it
+    subscribes).  A listener must be idempotent: it hears of a backend on every resolution
+    that is not cached."""
+    if listener not in _available_listeners:
+        _available_listeners.append(listener)
+
+
+def _announce_available(backend: Backend) -> None:
+    for listener in _available_listeners:
+        listener(backend)
 
 
 def get_manager() -> PluginManager:
@@ -125,8 +151,7 @@ def _parse(device: DeviceLike) -> tuple[str | None, int | None]:
     # str.isdigit() is True for '²' and '٣', which int() refuses or reads: ASCII digits only
     if not (index.isascii() and index.isdigit()):
         raise AmpcoreError(
-            f"device={device!r}: the index must be a non-negative integer in ASCII digits after ':' "
-            "(e.g. 'cuda:0')"
+            f"device={device!r}: the index must be a non-negative integer in ASCII digits after ':' (e.g. 'cuda:0')"
         )
     return name, int(index)
 
@@ -210,7 +235,7 @@ def resolve_device(device: DeviceLike) -> ResolvedDevice:
     name, index = _parse(device)
     backend = _best(manager) if name is None else _lookup(manager, name, device)
     backend.require_available()
-    _provide_autocast(backend)
+    _announce_available(backend)
     if index is not None:
         count = backend.device_count()
         if index >= count:
@@ -239,18 +264,5 @@ def get_backend(device: DeviceLike = None) -> Backend:
     name, _ = _parse(device)
     backend = _best(manager) if name is None else _lookup(manager, name, device)
     if backend.is_available:
-        _provide_autocast(backend)
+        _announce_available(backend)
     return backend
-
-
-def _provide_autocast(backend: Backend) -> None:
-    """Once ampcore knows an available backend whose device type has no autocast kernels
-    of its own, ampcore's kernels provide its autocast from then on (for plain
-    ``torch.autocast`` too), so results never depend on whether an ampcore region ran."""
-    from .._policy.registration import has_native_autocast, route  # noqa: PLC0415 (the dispatcher only when needed)
-
-    if has_native_autocast(backend.device_type):
-        return
-    from .._policy.autocast import _provider  # noqa: PLC0415
-
-    route(backend.device_type, _provider(backend))

@@ -61,8 +61,7 @@ def _check(args: argparse.Namespace) -> int:
         for key in diff:
             print(f"{key}: plan {plan.fingerprint.get(key)!r}, here {here.get(key)!r}")
         print(
-            f"{args.file}: made for another setting "
-            "(load it with ampcore.load_plan(..., check=False) to use it anyway)"
+            f"{args.file}: made for another setting (load it with ampcore.load_plan(..., check=False) to use it anyway)"
         )
         return 1
     print(f"{args.file}: {len(plan.entries)} decisions, made for this setting")

@@ -23,6 +23,7 @@ LOAD_LIMIT: Final = 0.5
 #: Relative spread (step-time interquartile range / median; repeat speed-ups) that counts as wide.
 SPREAD_LIMIT: Final = 0.25
 
+
 @dataclass
 class ModeResult:
     """One mode's measurements (times in milliseconds, memory in bytes)."""

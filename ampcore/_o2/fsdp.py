@@ -48,8 +48,7 @@ def check_not_sharded(models: list[nn.Module], call: str) -> None:
         if is_sharded(model):
             raise AmpcoreError(
                 f"{call}(models[{index}]): the model (or a submodule) is already sharded by FSDP2's "
-                f"fully_shard, whose parameters are DTensors that decorate cannot give master weights. "
-                + FSDP2_ADVICE
+                f"fully_shard, whose parameters are DTensors that decorate cannot give master weights. " + FSDP2_ADVICE
             )
 
 

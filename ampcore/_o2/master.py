@@ -319,6 +319,7 @@ class MasterWeights:
 
         return evaluate
 
+
 def _low_precision(tensor: torch.Tensor) -> bool:
     return tensor.is_floating_point() and torch.promote_types(tensor.dtype, torch.float32) != tensor.dtype
 

@@ -54,8 +54,19 @@ WIDEN_ELEMENTS: Final = 1 << 26
 _ADAM_TYPES: Final = (torch.optim.Adam, torch.optim.AdamW)
 #: The param-group keys of the torch versions whose Adam this module reproduces.
 _KEYS: Final = frozenset(
-    ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "foreach", "capturable", "differentiable", "fused",
-     "decoupled_weight_decay")
+    (
+        "lr",
+        "betas",
+        "eps",
+        "weight_decay",
+        "amsgrad",
+        "maximize",
+        "foreach",
+        "capturable",
+        "differentiable",
+        "fused",
+        "decoupled_weight_decay",
+    )
 )
 
 
@@ -92,8 +103,14 @@ class _Batch:
     steps: list[torch.Tensor] = field(default_factory=list)
     refresh: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
-    def add(self, master: torch.Tensor, wide: torch.Tensor, low: torch.Tensor, states: list[torch.Tensor],
-            step: torch.Tensor) -> None:
+    def add(
+        self,
+        master: torch.Tensor,
+        wide: torch.Tensor,
+        low: torch.Tensor,
+        states: list[torch.Tensor],
+        step: torch.Tensor,
+    ) -> None:
         """Queue one (chunk of a) master with its float32 gradient, its ``exp_avg``,
         ``exp_avg_sq`` (and ``max_exp_avg_sq``) in ``states``, its step count, and the
         low-precision (chunk of the) parameter to refresh from it."""
@@ -300,8 +317,17 @@ def _states(group: Mapping[str, Any], state: Mapping[str, Any]) -> list[torch.Te
 def _flush(adam: Any, options: dict[str, bool], group: Mapping[str, Any], batch: _Batch) -> None:
     if not batch.params:
         return
-    _run(adam, options, group, batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
-         batch.max_exp_avg_sqs, batch.steps)
+    _run(
+        adam,
+        options,
+        group,
+        batch.params,
+        batch.grads,
+        batch.exp_avgs,
+        batch.exp_avg_sqs,
+        batch.max_exp_avg_sqs,
+        batch.steps,
+    )
     # the low-precision parameters from their masters in one call (a rounding copy, exact
     # whichever kernel runs it)
     torch._foreach_copy_([low for low, _ in batch.refresh], [master for _, master in batch.refresh])
@@ -317,8 +343,17 @@ def _call(
     states: list[dict[str, Any]],
 ) -> None:
     """torch's Adam on whole tensors with their own step counts (advanced by torch)."""
-    _run(adam, options, group, params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-         [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [], [s["step"] for s in states])
+    _run(
+        adam,
+        options,
+        group,
+        params,
+        grads,
+        [s["exp_avg"] for s in states],
+        [s["exp_avg_sq"] for s in states],
+        [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [],
+        [s["step"] for s in states],
+    )
 
 
 def _run(

@@ -44,6 +44,7 @@ __all__ = [
     "plan_model",
 ]
 
+
 def default_keep_norm_fp32(backend: Backend, dtype: torch.dtype) -> bool:
     """Whether LayerNorm/GroupNorm/InstanceNorm/RMSNorm stay float32 for ``dtype`` on
     ``backend``: float16 only, as Paddle does (the user's ``keep_norm_fp32`` overrides it)."""
@@ -97,9 +98,7 @@ def plan_model(
             (plan.mixed_norms if mixed else plan.norm_modules).append(module)
         kept.update(id(sub) for sub in module.modules())
     plan.root_kept = id(model) in kept
-    keep_params = {
-        id(p) for m in model.modules() if id(m) in kept for p in m._parameters.values() if p is not None
-    }
+    keep_params = {id(p) for m in model.modules() if id(m) in kept for p in m._parameters.values() if p is not None}
     seen: set[int] = set()
     for module in model.modules():
         if id(module) in kept:

@@ -4,7 +4,8 @@ Read in this order:
 
 * ``levels``: the AMP levels (O0, OD, O1, O2, auto).
 * ``torch_tables``: torch's own autocast lists, as data, per device type.
-* ``op_names``: op names users write (ATen, Paddle aliases) and the castable overloads.
+* ``ampcore._op_names`` (shared with the backends' list adjustments, one layer down): op
+  names users write (ATen, Paddle aliases) and the castable overloads.
 * ``lists``: :class:`OpLists`, the lists of one region (a level, the backend's lists, the
   custom lists), and the per-overload *actions* they give.
 * ``autocast``: the ``ampcore.autocast`` context manager; ``region``: ``active_region``.

@@ -11,15 +11,16 @@ from typing import Any, Final, TypeVar
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .._backends.registry import DeviceLike, resolve_device
+from .._backends.registry import DeviceLike, on_backend_available, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, shown
+from .._op_names import canonical_ops
 from .compile import compile_in_use, constant_result, guard_mode, opaque
 from .key_tables import dispatch_key
+from .level_hooks import level_hooks
 from .levels import check_level
 from .lists import check_custom, compute_oplists, merge_custom
-from .op_names import canonical_ops
 from .recompute import install as install_recompute
 from .registration import OpPolicy, has_native_autocast, policy_for, route
 from .signature import bind_arguments, check_use_promote
@@ -146,12 +147,10 @@ class autocast:
             custom_white_list, custom_black_list = values["custom_white_list"], values["custom_black_list"]
             check_use_promote(values["use_promote"], check_level(level))
         checked_level = check_level(level)
-        self._auto_hooks: Any = None  # level="auto": the module hooks' module, when enabled
-        if checked_level == "auto":  # AMPCORE_AUTO_BUDGET checked here, before anything changes
-            from .._auto import _hooks
-
-            _hooks.budget_s()
-            self._auto_hooks = _hooks if enabled else None
+        hooks = level_hooks(checked_level)  # level="auto": its module hooks (ampcore._auto)
+        if hooks is not None:  # AMPCORE_AUTO_BUDGET checked here, before anything changes
+            hooks.check()
+        self._level_hooks = hooks if enabled else None
         if not isinstance(enabled, bool):
             raise AmpcoreError(f"{_CALL}(enabled={shown(enabled)}): expected True or False")
         if cache_enabled is not None and not isinstance(cache_enabled, bool):
@@ -260,8 +259,8 @@ class autocast:
             region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
             stack.append(region)
             _innermost.set(region)
-            if self._auto_hooks is not None:  # its plan's module hooks, while it is active
-                self._auto_hooks.region_entered()
+            if self._level_hooks is not None:  # level auto: its plan's module hooks, while it is active
+                self._level_hooks.region_entered()
         except BaseException:
             if stack and stack[-1].torch_region is torch_region:
                 _innermost.set(stack.pop().context_outer)
@@ -292,8 +291,8 @@ class autocast:
             )
         stack.pop()
         _innermost.set(region.context_outer)
-        if self._auto_hooks is not None:
-            self._auto_hooks.region_exited()
+        if self._level_hooks is not None:
+            self._level_hooks.region_exited()
         if not stack and state.cast_cache:
             state.cast_cache.clear()
         _restore(
@@ -402,3 +401,14 @@ def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, 
 
 #: Paddle's name (``paddle.amp.auto_cast``): the same class; Paddle's positional order works.
 auto_cast = autocast
+
+
+def _provide_autocast(backend: Backend) -> None:
+    """Once ampcore knows an available backend whose device type has no autocast kernels
+    of its own, ampcore's kernels provide its autocast from then on (for plain
+    ``torch.autocast`` too), so results never depend on whether an ampcore region ran."""
+    if not has_native_autocast(backend.device_type):
+        route(backend.device_type, _provider(backend))
+
+
+on_backend_available(_provide_autocast)

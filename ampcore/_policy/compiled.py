@@ -22,11 +22,11 @@ from typing import Any, Final
 
 import torch
 
+from .._op_names import castable_overloads
 from .fused import FUSED_CHOICE, named_swallowed, warn_swallowed
 from .kernels import Decision, OverloadSpec, Plan, decide
 from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
-from .op_names import castable_overloads
 from .thread_state import MIRRORS
 from .torch_tables import APPEND_DTYPE_OVERLOADS
 

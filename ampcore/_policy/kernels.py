@@ -21,7 +21,7 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
     internally (a bfloat16 ``mean``'s upcasts) get the device's own lists without a Python
     round trip each, while a composite's inner ops still reach their kernels (``DESCEND``),
     except inside a composite of ops levels never cast under a policy without custom lists
-    (``batch_norm``: :data:`~ampcore._policy.op_names.SEALED_COMPOSITES`);
+    (``batch_norm``: :data:`~ampcore._op_names.SEALED_COMPOSITES`);
   - ``PASS`` (the policy does what the device's own, torch's, C++ kernel does): the call goes
     on to that kernel, with this kernel's key excluded so the op it calls does not come back;
   - a cast action (``LOW``, ``FP32``, ``PROMOTE``...): :data:`ACTION_TABLE` casts the
@@ -48,11 +48,11 @@ from typing import Any, Final, NamedTuple
 
 import torch
 
+from .._op_names import SEALED_COMPOSITES, generated_overloads, is_composite
 from .casting import _NUMBERS, cast_all, eligible, explicit_dtype, set_opt_dtype, widest, wrap_numbers
 from .fused import SWALLOWING, check_swallowed
 from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
-from .op_names import SEALED_COMPOSITES, generated_overloads, is_composite
 from .thread_state import thread_state
 from .torch_tables import APPEND_DTYPE_OVERLOADS, BANNED_MESSAGES
 
@@ -91,7 +91,7 @@ class OverloadSpec:
     name: str
     op: torch._ops.OpOverload
     composite: bool  # CompositeImplicitAutograd: made of other ops
-    sealed: frozenset[str]  # the ops a composite of ops levels never cast calls (op_names.SEALED_COMPOSITES)
+    sealed: frozenset[str]  # the ops a composite of ops levels never cast calls (_op_names.SEALED_COMPOSITES)
     level_casts: bool  # levels OD/O2 cast it when it is on no list
     swallows: bool  # a fused kernel of it may swallow custom-listed ops
     dtype_arg: tuple[int, bool] | None  # (position, keyword-only) of its ``dtype`` argument
@@ -118,9 +118,7 @@ class OverloadSpec:
             banned=BANNED_MESSAGES.get(overload.partition(".")[0], f"{overload} is banned under autocast"),
             slots=tuple(i for i in single if not arguments[i].kwarg_only),
             slot_names=frozenset(arguments[i].name for i in single),
-            tensor_positions=tuple(
-                i for i, a in enumerate(arguments) if "Tensor" in str(a.type) and not a.kwarg_only
-            ),
+            tensor_positions=tuple(i for i, a in enumerate(arguments) if "Tensor" in str(a.type) and not a.kwarg_only),
         )
 
 

@@ -28,8 +28,8 @@ from .._backends.backend import Backend, dtype_name
 from .._backends.registry import DeviceLike, get_backend
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
+from .._op_names import canonical_ops, functional_overloads, lookup_op
 from .levels import Level, check_level
-from .op_names import canonical_ops, functional_overloads, lookup_op
 from .torch_tables import CastPolicy, dispatch_key_of, native_table, table_name_of
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "native_action",
     "oplists",
 ]
+
 
 class Action(str, enum.Enum):
     """What a policy does to one op call (a ``str``: lists print and serialise as their values)."""

@@ -68,13 +68,13 @@ import torch
 
 from .._errors import AmpcoreError
 from .._forklock import LOCK
+from .._op_names import castable_overloads
 from .casting import device_check
 from .compiled import PYTHON_ROUTED, CompiledKernels
 from .executor import compiled_module
 from .kernels import kernel
 from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
-from .op_names import castable_overloads
 from .torch_tables import (
     NATIVE_TABLES,
     TENSOR_DEVICE_CHECKS,
@@ -375,4 +375,3 @@ def _native_kernels(key: str, table: str) -> bool:
 def registered_keys() -> dict[str, int]:
     """Dispatch key name -> number of ampcore kernels registered on it in this process."""
     return {key: count for key, count in _registry._progress.items() if count}
-

@@ -64,9 +64,7 @@ __all__ = [
     "tables_for",
 ]
 
-CastPolicy = Literal[
-    "lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned"
-]
+CastPolicy = Literal["lower_precision_fp", "fp32", "fp32_set_opt_dtype", "fp32_append_dtype", "promote", "banned"]
 
 
 def _split(text: str) -> tuple[str, ...]:
@@ -168,8 +166,7 @@ _MPS: Final[dict[CastPolicy, tuple[str, ...]]] = {
 
 _CUDA: Final[dict[CastPolicy, tuple[str, ...]]] = {
     **_GENERIC,
-    "lower_precision_fp": _GENERIC["lower_precision_fp"]
-    + _split("cudnn_convolution cudnn_convolution_transpose"),
+    "lower_precision_fp": _GENERIC["lower_precision_fp"] + _split("cudnn_convolution cudnn_convolution_transpose"),
 }
 
 #: The name of the table used for device types torch has no own lists for.

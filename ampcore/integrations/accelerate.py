@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from accelerate import Accelerator  # type: ignore[import-untyped]
-from accelerate.optimizer import AcceleratedOptimizer  # type: ignore[import-untyped]
+from accelerate import Accelerator
+from accelerate.optimizer import AcceleratedOptimizer
 from torch import nn
 
 from .._errors import AmpcoreError
@@ -29,7 +29,7 @@ from ._settings import AmpcoreSettings
 __all__ = ["AmpcoreAccelerator"]
 
 
-class AmpcoreAccelerator(Accelerator):  # type: ignore[misc]
+class AmpcoreAccelerator(Accelerator):
     """``accelerate.Accelerator`` running ampcore's regions and scaler.
 
     Args:

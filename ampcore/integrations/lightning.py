@@ -91,7 +91,7 @@ class AmpcoreFabricPrecision(_Shared, FabricPrecision):
         >>> fabric.backward(out.float().sum()); opt.step(); opt.zero_grad()
     """
 
-    precision = "ampcore"  # type: ignore[assignment]  # not one of Lightning's names
+    precision = "ampcore"  # not one of Lightning's names
 
     def __init__(self, settings: AmpcoreSettings | None = None, **kwargs: Any) -> None:
         self.settings = _settings(settings, kwargs, "AmpcoreFabricPrecision")
@@ -117,7 +117,6 @@ class AmpcoreFabricPrecision(_Shared, FabricPrecision):
         return result
 
 
-
 class AmpcorePrecision(_Shared, TrainerPrecision):
     """``Trainer(plugins=[AmpcorePrecision(device="cpu", level="O1", ...)])``.
 
@@ -138,7 +137,7 @@ class AmpcorePrecision(_Shared, TrainerPrecision):
         ('OD', False)
     """
 
-    precision = "ampcore"  # type: ignore[assignment]  # not one of Lightning's names
+    precision = "ampcore"  # not one of Lightning's names
 
     def __init__(self, settings: AmpcoreSettings | None = None, **kwargs: Any) -> None:
         self.settings = _settings(settings, kwargs, "AmpcorePrecision")
@@ -164,11 +163,10 @@ class AmpcorePrecision(_Shared, TrainerPrecision):
             yield
 
     def pre_backward(self, tensor: torch.Tensor, module: Any) -> torch.Tensor:
-        return super().pre_backward(self._scale(tensor), module)
+        scaled: torch.Tensor = super().pre_backward(self._scale(tensor), module)
+        return scaled
 
-    def optimizer_step(  # type: ignore[override]
-        self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any
-    ) -> Any:
+    def optimizer_step(self, optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
         if self.scaler is None:
             return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
         if isinstance(optimizer, torch.optim.LBFGS):

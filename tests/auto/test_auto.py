@@ -91,8 +91,12 @@ def _output_dtypes(model: nn.Module, run: Any) -> dict[str, torch.dtype]:
 @pytest.mark.parametrize(
     ("fp32", "low", "expected"),
     [
-        (10.0, 5.0, "low"), (10.0, 9.6, "low"), (10.0, 10.0, "low"), (10.0, 10.2, "low"),
-        (10.0, 10.4, "fp32"), (1.0, 30.0, "fp32"),
+        (10.0, 5.0, "low"),
+        (10.0, 9.6, "low"),
+        (10.0, 10.0, "low"),
+        (10.0, 10.2, "low"),
+        (10.0, 10.4, "fp32"),
+        (1.0, 30.0, "fp32"),
     ],
 )
 def test_decide_is_a_pure_function_of_the_costs(fp32: float, low: float, expected: str) -> None:
@@ -141,7 +145,11 @@ def test_fp32_module_gets_float32_inputs_and_gradients_flow() -> None:
         out_x, out_y = model(x, y.bfloat16())  # a low-precision input reaches a float32 layer
     assert out_y.dtype == torch.float32
     (out_x.float().sum() + out_y.sum()).backward()
-    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters() if p is not model.down.weight and p is not model.down.bias)
+    assert all(
+        p.grad is not None and p.grad.dtype == torch.float32
+        for p in model.parameters()
+        if p is not model.down.weight and p is not model.down.bias
+    )
 
 
 def test_custom_lists_override_the_plan() -> None:
@@ -283,7 +291,14 @@ print(json.dumps({"measured": measured, "decisions": {k: e.decision for k, e in 
 
 def _child(mode: str, path: Path, cache: str) -> dict[str, Any]:
     env = {**os.environ, "AMPCORE_AUTO_CACHE": cache}
-    result = subprocess.run([sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, timeout=300, env=env, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
@@ -327,7 +342,9 @@ def test_cli_plan_show_check_export(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_bench_has_an_amp_auto_mode() -> None:
     from ampcore._cli.experiment import BenchSettings, run_bench
 
-    result = run_bench(BenchSettings(device="cpu", size=16, batch=4, steps=2, isolate=False, modes=("fp32", "AMP-auto")))
+    result = run_bench(
+        BenchSettings(device="cpu", size=16, batch=4, steps=2, isolate=False, modes=("fp32", "AMP-auto"))
+    )
     assert [r.mode for r in result.results] == ["fp32", "AMP-auto"]
     assert result.results[1].final_loss == pytest.approx(result.results[0].final_loss, rel=0.05)
 

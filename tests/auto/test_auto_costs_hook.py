@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_adapter
 from torch import nn
 
 import ampcore
-
-from conftest import make_adapter
 
 
 @pytest.mark.parametrize(

@@ -278,8 +278,11 @@ def test_plan_clear_removes_the_cache_and_this_process_measures_again(capsys: py
 
 def test_plan_show_gives_spread_runs_and_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     costs = {"fp32_ms": 26.9, "low_ms": 11.4, "cast_ms": 3.0, "fp32_spread": 0.04, "low_spread": 0.02, "runs": 5}
-    plan = {"format": 2, "fingerprint": ampcore.auto_plan("cpu").fingerprint,
-            "entries": {BIG.format(""): {"decision": "low", "costs": costs}}}
+    plan = {
+        "format": 2,
+        "fingerprint": ampcore.auto_plan("cpu").fingerprint,
+        "entries": {BIG.format(""): {"decision": "low", "costs": costs}},
+    }
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     assert main(["plan", "show", str(path)]) == 0
@@ -316,12 +319,22 @@ def test_a_plan_file_with_wrong_types_is_refused_naming_the_file_and_entry(
 
 @pytest.mark.parametrize(
     "costs",
-    [{"fp32_ms": float("nan"), "low_ms": 1.0}, {"fp32_ms": 1.0, "low_ms": -1.0}, {"fp32_ms": True, "low_ms": 1.0},
-     {"fp32_ms": 1.0}, {"fp32_ms": 1.0, "low_ms": 1.0, "runs": "5"}, {"fp32_ms": 1, "low_ms": 1, "speed": 2}, [1, 2]],
+    [
+        {"fp32_ms": float("nan"), "low_ms": 1.0},
+        {"fp32_ms": 1.0, "low_ms": -1.0},
+        {"fp32_ms": True, "low_ms": 1.0},
+        {"fp32_ms": 1.0},
+        {"fp32_ms": 1.0, "low_ms": 1.0, "runs": "5"},
+        {"fp32_ms": 1, "low_ms": 1, "speed": 2},
+        [1, 2],
+    ],
 )
 def test_plan_costs_are_checked(costs: Any) -> None:
-    plan = {"format": 2, "fingerprint": ampcore.auto_plan("cpu").fingerprint,
-            "entries": {"k": {"decision": "low", "costs": costs}}}
+    plan = {
+        "format": 2,
+        "fingerprint": ampcore.auto_plan("cpu").fingerprint,
+        "entries": {"k": {"decision": "low", "costs": costs}},
+    }
     with pytest.raises(ampcore.AmpcoreError, match="plan: entry 'k': costs"):
         ampcore.load_plan(plan)
 

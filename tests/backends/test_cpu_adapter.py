@@ -11,8 +11,20 @@ import ampcore
 from ampcore_backends import cpu
 from ampcore_backends.cpu import capabilities_from_cpuinfo, cpu_capability_issues, read_capabilities
 
-SAPPHIRE_RAPIDS = {"cpu_name": "Intel Xeon Platinum 8480+", "avx512_bf16": True, "amx_bf16": True, "amx_fp16": True, "avx512_fp16": True}
-ICE_LAKE = {"cpu_name": "Intel Xeon Platinum 8380", "avx512_bf16": False, "amx_bf16": False, "amx_fp16": False, "avx512_fp16": False}
+SAPPHIRE_RAPIDS = {
+    "cpu_name": "Intel Xeon Platinum 8480+",
+    "avx512_bf16": True,
+    "amx_bf16": True,
+    "amx_fp16": True,
+    "avx512_fp16": True,
+}
+ICE_LAKE = {
+    "cpu_name": "Intel Xeon Platinum 8380",
+    "avx512_bf16": False,
+    "amx_bf16": False,
+    "amx_fp16": False,
+    "avx512_fp16": False,
+}
 ZEN4 = {"cpu_name": "AMD EPYC 9654", "avx512_bf16": True, "amx_bf16": False, "amx_fp16": False, "avx512_fp16": False}
 
 # (cpu, dtype, warns?)

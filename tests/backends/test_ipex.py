@@ -122,7 +122,9 @@ STATES = [
 
 
 @pytest.mark.parametrize(("compatibility", "mode", "imported", "error", "kind", "words"), STATES)
-def test_ipex_state(compatibility: Any, mode: Any, imported: bool, error: str | None, kind: str, words: list[str]) -> None:
+def test_ipex_state(
+    compatibility: Any, mode: Any, imported: bool, error: str | None, kind: str, words: list[str]
+) -> None:
     state = _ipex.describe_ipex(compatibility, mode, imported, error)
     assert state.kind == kind
     assert all(word in str(state) for word in words), str(state)
@@ -135,7 +137,9 @@ def test_ampcore_info_shows_the_ipex_state(installed: Any) -> None:
     installed(OTHER)
     info = collect_info()
     (cpu,) = [b for b in info["backends"] if b["name"] == "cpu"]
-    assert cpu["info"]["ipex"].startswith("incompatible: intel-extension-for-pytorch 2.1.0+cpu supports torch 2.1.* only")
+    assert cpu["info"]["ipex"].startswith(
+        "incompatible: intel-extension-for-pytorch 2.1.0+cpu supports torch 2.1.* only"
+    )
     assert "cpu ipex: incompatible" in format_info(info)
     assert (_ipex.MODULE in sys.modules) == IMPORTED_BY_THE_PROGRAM  # never imported unasked
 

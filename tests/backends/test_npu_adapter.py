@@ -68,12 +68,20 @@ def test_unknown_soc_reads_the_float_status_and_refuses_bf16() -> None:
     ("installed", "error", "available", "count", "expected"),
     [
         (False, None, False, 0, "torch_npu is not installed"),
-        (True, "ImportError: libascendcl.so: cannot open shared object file", False, 0, "importing torch_npu failed (ImportError: libascendcl.so"),
+        (
+            True,
+            "ImportError: libascendcl.so: cannot open shared object file",
+            False,
+            0,
+            "importing torch_npu failed (ImportError: libascendcl.so",
+        ),
         (True, None, False, 0, "torch.npu.is_available() is False"),
         (True, None, True, 8, None),
     ],
 )
-def test_unavailable_reason(installed: bool, error: str | None, available: bool, count: int, expected: str | None) -> None:
+def test_unavailable_reason(
+    installed: bool, error: str | None, available: bool, count: int, expected: str | None
+) -> None:
     reason = unavailable_reason("2.13.0+cpu", installed, error, available, count)
     if expected is None:
         assert reason is None
@@ -124,7 +132,9 @@ def test_torch_npu_that_fails_to_import_makes_npu_unavailable_only(tmp_path: Pat
         "    dtype = str(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype)\n"
         "print(json.dumps({'dtype': dtype, 'info': collect_info()}))\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     backends = {b["name"]: b for b in out["info"]["backends"]}

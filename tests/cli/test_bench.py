@@ -7,13 +7,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
-from ampcore._cli.experiment import GUIDE_SIZES, HOST_SIZES, MODES, BenchResult, BenchSettings, ModeResult, default_sizes, run_bench, unreliable_reasons
-from ampcore._cli.main import main
 from ampcore._cli.bench import format_result, plot_result
-
-from conftest import make_adapter
+from ampcore._cli.experiment import (
+    GUIDE_SIZES,
+    HOST_SIZES,
+    MODES,
+    BenchResult,
+    BenchSettings,
+    ModeResult,
+    default_sizes,
+    run_bench,
+    unreliable_reasons,
+)
+from ampcore._cli.main import main
 
 TINY = BenchSettings(device="cpu", size=64, batch=16, steps=3, warmup=1, isolate=False)
 
@@ -48,7 +57,11 @@ def test_bf16_needs_no_loss_scale_on_cpu(result) -> None:
 
 
 def test_fp16_reports_the_loss_scale(no_emulation_warning: None) -> None:
-    fp16 = run_bench(BenchSettings(device="cpu", dtype=torch.float16, size=16, batch=4, steps=2, modes=("fp32", "AMP-O1"), isolate=False))
+    fp16 = run_bench(
+        BenchSettings(
+            device="cpu", dtype=torch.float16, size=16, batch=4, steps=2, modes=("fp32", "AMP-O1"), isolate=False
+        )
+    )
     assert fp16.results[1].loss_scale == 1024.0
 
 
@@ -63,7 +76,28 @@ def test_table_lists_modes_and_columns(result) -> None:
 
 def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
-    code = main(["bench", "--device", "cpu", "--size", "32", "--batch", "8", "--steps", "2", "--warmup", "0", "--modes", "fp32", "AMP-O1", "--in-process", "--json", str(out), "--no-progress"])
+    code = main(
+        [
+            "bench",
+            "--device",
+            "cpu",
+            "--size",
+            "32",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "--warmup",
+            "0",
+            "--modes",
+            "fp32",
+            "AMP-O1",
+            "--in-process",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     data = json.loads(out.read_text())
     assert [r["mode"] for r in data["results"]] == ["fp32", "AMP-O1"]
@@ -71,7 +105,9 @@ def test_cli_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "AMP-O1" in capsys.readouterr().out
 
 
-def test_plot_without_matplotlib_fails_before_training(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_without_matplotlib_fails_before_training(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import builtins
 
     real_import = builtins.__import__
@@ -115,7 +151,9 @@ def test_isolated_modes_match_in_process_losses() -> None:
 def test_an_error_in_the_isolated_process_is_raised_here() -> None:
     from ampcore._cli.experiment import _run_isolated
 
-    with pytest.raises(ampcore.AmpcoreError, match="mode 'fp64' failed: AmpcoreError: ampcore bench: unknown mode 'fp64'"):
+    with pytest.raises(
+        ampcore.AmpcoreError, match="mode 'fp64' failed: AmpcoreError: ampcore bench: unknown mode 'fp64'"
+    ):
         _run_isolated("fp64", BenchSettings(steps=1), "cpu", torch.bfloat16, 8, 2, None)
 
 
@@ -126,10 +164,14 @@ def test_sizes_must_be_positive(field: str) -> None:
 
 
 def _fake(load: float | None = 0.1, repeats: int = 1) -> BenchResult:
-    result = BenchResult("cpu", "AMD EPYC", "bfloat16", 2048, 512, 4, 0, 1e-4, {}, repeats=repeats, load_average=load, cpus=2)
+    result = BenchResult(
+        "cpu", "AMD EPYC", "bfloat16", 2048, 512, 4, 0, 1e-4, {}, repeats=repeats, load_average=load, cpus=2
+    )
     result.results = [
         ModeResult("fp32", 700.0, [700.0, 700.0, 701.0, 699.0], [0.5, 0.333110], 0.333110, 479 * 2**20, None),
-        ModeResult("AMP-O1", 350.0, [350.0, 350.0, 351.0, 349.0], [0.5, 0.3331100001], 0.3331100001, 481 * 2**20, None, 2.0),
+        ModeResult(
+            "AMP-O1", 350.0, [350.0, 350.0, 351.0, 349.0], [0.5, 0.3331100001], 0.3331100001, 481 * 2**20, None, 2.0
+        ),
     ]
     return result
 
@@ -162,13 +204,15 @@ def test_a_busy_machine_or_a_wide_spread_is_called_unreliable() -> None:
 
 
 def test_repeats_are_interleaved_and_give_a_speedup_range() -> None:
-    settings = BenchSettings(device="cpu", size=16, batch=4, steps=2, repeats=2, modes=("fp32", "AMP-O1"), isolate=False)
+    settings = BenchSettings(
+        device="cpu", size=16, batch=4, steps=2, repeats=2, modes=("fp32", "AMP-O1"), isolate=False
+    )
     order: list[str] = []
     result = run_bench(settings, on_step=lambda mode, step, total: order.append(mode) if step == total else None)
     assert order == ["fp32", "AMP-O1", "fp32", "AMP-O1"]
     fp32, o1 = result.results
     assert len(o1.step_ms) == 4 and len(o1.repeat_ms) == 2 and fp32.speedup_range is None
-    ratios = [f / m for f, m in zip(fp32.repeat_ms, o1.repeat_ms)]
+    ratios = [f / m for f, m in zip(fp32.repeat_ms, o1.repeat_ms, strict=False)]
     assert o1.speedup_range == [min(ratios), max(ratios)]
     with pytest.raises(ampcore.AmpcoreError, match="--repeats must be a positive integer"):
         run_bench(BenchSettings(device="cpu", repeats=0))
@@ -225,7 +269,25 @@ def test_unwritable_output_paths_fail_before_training(
 
 def test_modes_without_fp32_show_no_nan_speedup(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    code = main(["bench", "--device", "cpu", "--size", "16", "--batch", "4", "--steps", "2", "--modes", "AMP-O1", "--in-process", "--no-progress", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "--device",
+            "cpu",
+            "--size",
+            "16",
+            "--batch",
+            "4",
+            "--steps",
+            "2",
+            "--modes",
+            "AMP-O1",
+            "--in-process",
+            "--no-progress",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "nan" not in text.lower()
@@ -237,8 +299,9 @@ def test_modes_without_fp32_show_no_nan_speedup(capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize("spelling", ["bf16", "BFloat16", "torch.bfloat16", "fp16", "half"])
 def test_dtype_accepts_the_spellings_conformance_accepts(spelling: str, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    code = main(["bench", "--device", "cpu", "--dtype", spelling, "--size", "16", "--batch", "4", "--steps", "1", "--warmup", "0",
-                 "--modes", "AMP-O1", "--in-process", "--no-progress", "--json", str(out)])  # fmt: skip
+    code = main(["bench", "--device", "cpu", "--dtype", spelling, "--size", "16", "--batch", "4", "--steps", "1",
+                 "--warmup", "0", "--modes", "AMP-O1", "--in-process", "--no-progress",
+                 "--json", str(out)])  # fmt: skip
     assert code == 0
     assert json.loads(out.read_text())["dtype"] == str(ampcore.toolkit.parse_dtype(spelling)).removeprefix("torch.")
 
@@ -255,7 +318,10 @@ def test_torch_autocast_row_says_it_is_blind_to_a_device_overflow_flag() -> None
     assert "blind to that flag" not in format_result(result)
     result.overflow_flag = True
     text = format_result(result)
-    assert "torch's GradScaler, which is blind to that flag" in text and max(len(line) for line in text.splitlines()) <= 100
+    assert (
+        "torch's GradScaler, which is blind to that flag" in text
+        and max(len(line) for line in text.splitlines()) <= 100
+    )
 
 
 def test_the_model_is_built_on_the_device() -> None:

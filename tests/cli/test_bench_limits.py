@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_adapter
 
 from ampcore import AmpcoreError
 from ampcore._cli import experiment
 from ampcore._cli.bench_limits import bench_bytes, check_bench_fits, host_memory
 from ampcore._cli.main import main
-
-from conftest import make_adapter
 
 GIB = 2**30
 
@@ -62,7 +61,9 @@ def test_the_cli_refuses_before_allocating(
 
     monkeypatch.setattr(experiment, "_run_mode", never)
     monkeypatch.setattr(experiment, "_run_isolated", never)
-    argv = ["bench", "--device", "cpu", "--steps", "1", "--no-progress", *args] + (["--in-process"] if in_process else [])
+    argv = ["bench", "--device", "cpu", "--steps", "1", "--no-progress", *args] + (
+        ["--in-process"] if in_process else []
+    )
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("ampcore bench: error: --")

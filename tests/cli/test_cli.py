@@ -49,7 +49,9 @@ def test_info_text_shows_tables(capsys: pytest.CaptureFixture[str]) -> None:
 def test_broken_distribution_beside_ampcore(tmp_path: Path) -> None:
     """A distribution whose entry point raises on import leaves ampcore and every other
     backend working, and ``ampcore info`` shows its error."""
-    (tmp_path / "ampcore_broken_vendor.py").write_text("raise ImportError('libvendor.so: cannot open shared object file')\n")
+    (tmp_path / "ampcore_broken_vendor.py").write_text(
+        "raise ImportError('libvendor.so: cannot open shared object file')\n"
+    )
     dist_info = tmp_path / "ampcore_broken-0.3.dist-info"
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: ampcore-broken\nVersion: 0.3\n")
@@ -69,7 +71,14 @@ def test_broken_distribution_beside_ampcore(tmp_path: Path) -> None:
         "with ampcore.autocast(device='cpu'):\n"
         "    print(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env}, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
     assert run.returncode == 0 and run.stdout.strip() == "torch.bfloat16"
     assert 'Error loading ampcore plugin "broken" (distribution "ampcore-broken"' in run.stderr
 

@@ -11,12 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from conftest import make_adapter
 
 import ampcore
-from ampcore._cli.main import main
 from ampcore._cli.launch import launched_as_cli, quiet_torch_numpy_warning
-
-from conftest import make_adapter
+from ampcore._cli.main import main
 
 _BIN = Path(sys.executable).parent
 
@@ -91,5 +90,3 @@ def test_no_numpy_warning_before_a_command(tmp_path: Path, launcher: str) -> Non
         [sys.executable, "-c", "import ampcore"], capture_output=True, text=True, env=env, timeout=120, check=False
     )
     assert "Failed to initialize NumPy" in library.stderr
-
-

@@ -10,10 +10,25 @@ from ampcore._cli.main import main
 
 # (arguments, text that must appear in the output)
 OUTPUTS = [
-    (["oplists", "--device", "cpu"], ["backend cpu", "AutocastCPU", "white (run in the low-precision dtype): 2", "cat index_copy stack", "every other op: follow-inputs"]),
-    (["oplists", "--device", "cpu", "--custom-white", "elementwise_add,relu", "--custom-black", "mm"], ["custom white: ['add', 'relu']  custom black: ['mm']"]),
+    (
+        ["oplists", "--device", "cpu"],
+        [
+            "backend cpu",
+            "AutocastCPU",
+            "white (run in the low-precision dtype): 2",
+            "cat index_copy stack",
+            "every other op: follow-inputs",
+        ],
+    ),
+    (
+        ["oplists", "--device", "cpu", "--custom-white", "elementwise_add,relu", "--custom-black", "mm"],
+        ["custom white: ['add', 'relu']  custom black: ['mm']"],
+    ),
     (["oplists", "--device", "cpu", "--level", "od"], ["level OD", "every other op: float32"]),
-    (["oplists", "--device", "cuda", "--dtype", "fp16"], ["float16", "of which float32 through an output dtype", "banned"]),
+    (
+        ["oplists", "--device", "cuda", "--dtype", "fp16"],
+        ["float16", "of which float32 through an output dtype", "banned"],
+    ),
     (["oplists", "--device", "cpu", "--markdown"], ["| list | ops |", "| white (", "`mm`"]),
     (["oplists", "--device", "cpu", "--custom-white", "add", "--overloads"], ["add.Tensor", "low"]),
 ]

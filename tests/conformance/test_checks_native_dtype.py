@@ -41,7 +41,9 @@ def test_a_backend_that_casts_an_unlisted_op_still_fails(register) -> None:  # t
     that runs neg in float32 while claiming it is on no list is caught."""
     adapter = make_adapter("castsneg", ampcore_op_list_adjustments=lambda dtype: {"black": ["neg"]})
     backend = register(adapter, name="castsneg")
-    with pytest.raises(AssertionError, match="neg is on none of the backend's lists, so at O1 it runs in torch.bfloat16"):
+    with pytest.raises(
+        AssertionError, match="neg is on none of the backend's lists, so at O1 it runs in torch.bfloat16"
+    ):
         check_unlisted(NEG, backend, CPU, torch.bfloat16, frozenset(), "O1")
 
 

@@ -29,7 +29,9 @@ SCRIPT = textwrap.dedent(
         lists = ampcore.oplists("cpu", dtype=torch.bfloat16)
         listed = lists.white | lists.black | lists.promote
         try:
-            check_unlisted(SAMPLES["group_norm"], ampcore.get_backend("cpu"), torch.device("cpu"), torch.bfloat16, listed)
+            check_unlisted(
+                SAMPLES["group_norm"], ampcore.get_backend("cpu"), torch.device("cpu"), torch.bfloat16, listed
+            )
         except pytest.skip.Exception as exc:
             return "skipped: " + str(exc)
         except AssertionError as exc:

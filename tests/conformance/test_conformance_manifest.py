@@ -10,12 +10,11 @@ import pytest
 import torch
 
 import ampcore
-
-from ampcore._cli.main import main
 from ampcore._cli.conformance import pytest_arguments
+from ampcore._cli.main import main
 from ampcore_conformance._context import UsageProblem, build_context
 from ampcore_conformance._manifest import Manifest, ManifestError, Tolerances, load_manifest
-from ampcore_conformance._reports import _speed_lines, summarize_speed, render_markdown
+from ampcore_conformance._reports import _speed_lines, render_markdown, summarize_speed
 
 
 def _write(tmp_path: Path, name: str, text: str) -> Path:
@@ -28,7 +27,9 @@ def test_toml_manifest_entries_and_tolerances(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
         "m.toml",
-        '[skip]\n"test_a[bfloat16-mm]" = "no bf16 mm"\n[xfail]\n"test_b*" = " bug 7 "\n[tolerances]\nconvergence_rtol = 0.3\n',
+        '[skip]\n"test_a[bfloat16-mm]" = "no bf16 mm"\n'
+        '[xfail]\n"test_b*" = " bug 7 "\n'
+        "[tolerances]\nconvergence_rtol = 0.3\n",
     )
     manifest = load_manifest(path)
     assert [(e.action, e.pattern, e.reason) for e in manifest.entries] == [
@@ -86,13 +87,28 @@ def test_markdown_summary_has_one_row_per_test() -> None:
     text = render_markdown(report)
     assert "| `test_a[float16]` | float16 | passed | 0.100 |  |" in text
     assert "| `test_b` | - | failed | 0.200 | x \\| y |" in text
-    assert "ampcore-acme 1.2" in text and "`test_old`" in text and "| float16 | MLP | 2.000 [2.000-2.000] | 1.000 [0.900-1.000] | 2.00x [2.00-2.22x] | unavailable / 1.5 |" in text
+    assert (
+        "ampcore-acme 1.2" in text
+        and "`test_old`" in text
+        and "| float16 | MLP | 2.000 [2.000-2.000] | 1.000 [0.900-1.000] | 2.00x [2.00-2.22x] | unavailable / 1.5 |"
+        in text
+    )
     assert "unreliable" not in text and "informative" in text
 
 
 def test_markdown_flags_a_speed_up_that_swings_between_rounds() -> None:
-    lines = "\n".join(_speed_lines({"bfloat16": {"workload": "MLP", **summarize_speed([0.004, 0.002], [0.0005, 0.004]),
-                                                "fp32_peak_growth_mib": 0.0, "autocast_peak_growth_mib": 0.0}}))
+    lines = "\n".join(
+        _speed_lines(
+            {
+                "bfloat16": {
+                    "workload": "MLP",
+                    **summarize_speed([0.004, 0.002], [0.0005, 0.004]),
+                    "fp32_peak_growth_mib": 0.0,
+                    "autocast_peak_growth_mib": 0.0,
+                }
+            }
+        )
+    )
     assert "0.50-8.00x] **unreliable" in lines
 
 
@@ -104,7 +120,9 @@ def test_cli_builds_the_pytest_command(tmp_path: Path) -> None:
     assert args[args.index("--ampcore-report-dir") + 1] == str((tmp_path / "r").resolve())
 
 
-def test_cli_without_pytest_says_what_to_install(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_without_pytest_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "pytest", None)  # `import pytest` now raises ImportError
     assert main(["conformance", "--backend", "cpu"]) == 1
     assert "install pytest (pip install 'ampcore[conformance]'" in capsys.readouterr().err
@@ -113,25 +131,37 @@ def test_cli_without_pytest_says_what_to_install(monkeypatch: pytest.MonkeyPatch
 def test_unknown_backend_becomes_the_run_problem() -> None:
     context = build_context("acme", [], Manifest(), None)
     assert not context.usable and context.backend is None
-    assert context.problem is not None and context.problem.startswith("no device found for backend 'acme': the backend is not installed")
+    assert context.problem is not None and context.problem.startswith(
+        "no device found for backend 'acme': the backend is not installed"
+    )
     with pytest.raises(RuntimeError, match="no device found for backend 'acme'"):
         context.require_backend()
 
 
 def test_dtype_selection_is_checked_against_the_backend() -> None:
     assert build_context("cpu", ["bf16", "bfloat16"], Manifest(), None).dtypes == (torch.bfloat16,)
-    with pytest.raises(UsageProblem, match="--ampcore-dtype int8: unknown dtype name; backend 'cpu' declares: bfloat16"):
+    with pytest.raises(
+        UsageProblem, match="--ampcore-dtype int8: unknown dtype name; backend 'cpu' declares: bfloat16"
+    ):
         build_context("cpu", ["int8"], Manifest(), None)
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--backend", "tpu"], r"--backend tpu: unknown backend 'tpu' \(did you mean '[cnx]pu'\?\)\. Known backends: cpu"),
-        (["--backend", "cpu", "--dtype", "fp64"], r"--dtype fp64: backend 'cpu' does not declare float64; it declares: bfloat16 \(bf16\), float16 \(fp16, half\)$"),
-        (["--backend", "cpu", "--dtype", "float32"], r"--dtype float32: backend 'cpu' does not declare float32; it declares: bfloat16"),
-        (["--backend", "example", "--dtype", "fp16"], r"--dtype fp16: backend 'example' does not declare float16; it declares: bfloat16 \(bf16\)$"),
-        (["--backend", "cpu", "--dtype", "bfloat61"], r"--dtype bfloat61: unknown dtype name \(did you mean 'bfloat16'\?\); backend 'cpu' declares"),
+        (["--backend", "tpu"],
+         r"--backend tpu: unknown backend 'tpu' \(did you mean '[cnx]pu'\?\)\. Known backends: cpu"),
+        (["--backend", "cpu", "--dtype", "fp64"],
+         r"--dtype fp64: backend 'cpu' does not declare float64; "
+         r"it declares: bfloat16 \(bf16\), float16 \(fp16, half\)$"),
+        (["--backend", "cpu", "--dtype", "float32"],
+         r"--dtype float32: backend 'cpu' does not declare float32; it declares: bfloat16"),
+        (["--backend", "example", "--dtype", "fp16"],
+         r"--dtype fp16: backend 'example' does not declare float16; "
+         r"it declares: bfloat16 \(bf16\)$"),
+        (["--backend", "cpu", "--dtype", "bfloat61"],
+         r"--dtype bfloat61: unknown dtype name \(did you mean 'bfloat16'\?\); "
+         r"backend 'cpu' declares"),
     ],
 )  # fmt: skip
 def test_cli_refuses_a_bad_selection_before_running_anything(

@@ -18,7 +18,8 @@ import torch
 from ampcore_conformance._native import disagreements
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ampcore_acme") is None, reason="plugins/ampcore-privateuse1 is not installed (python3 tasks.py setup)"
+    importlib.util.find_spec("ampcore_acme") is None,
+    reason="plugins/ampcore-privateuse1 is not installed (python3 tasks.py setup)",
 )
 
 

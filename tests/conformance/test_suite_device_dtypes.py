@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore import CapabilityIssue
 from ampcore_conformance._context import UsageProblem, check_dtypes
-
-from conftest import make_adapter
 
 
 @pytest.fixture(params=[torch.bfloat16, torch.float16], ids=["refuses-bf16", "refuses-fp16"])

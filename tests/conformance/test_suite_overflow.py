@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     reason="plugins/ampcore-testdevice is not installed (python3 tasks.py setup installs it)",
 )
 
-ADAPTER = '''
+ADAPTER = """
 import torch
 import ampcore_testdevice
 from ampcore import BackendSpec, hookimpl
@@ -37,14 +37,14 @@ def ampcore_unavailable_reason():
     ampcore_testdevice.install("{name}", autocast="generic", fp16="saturate")
     return None
 {extra}
-'''
+"""
 
 FLAGS = {
     "working": ("ampcore_testdevice.overflow_flag()", "ampcore_testdevice.clear_overflow_flag()"),
     "none": ("None", "ampcore_testdevice.clear_overflow_flag()"),
     "never": ("torch.zeros(1, device=device)", "None"),
 }
-HOOKS = '''
+HOOKS = """
 @hookimpl
 def ampcore_device_overflow_flag(device):
     return {read}
@@ -52,7 +52,7 @@ def ampcore_device_overflow_flag(device):
 @hookimpl
 def ampcore_clear_device_overflow_flag(device):
     {clear}
-'''
+"""
 CHECKS = ("test_overflow_is_detected", "test_scaler_skips_a_step_whose_forward_overflowed")
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-ADAPTER = '''
+ADAPTER = """
 import torch
 from ampcore import BackendSpec, hookimpl
 
@@ -25,21 +25,21 @@ AMPCORE_CONTRACT = 2
 def ampcore_backend():
     return BackendSpec(name="{name}", device_type="cpu", dtypes=[torch.float16])
 {extra}
-'''
+"""
 
 #: Declares float16 but its op lists are wrong: mm (a matrix product) in float32 and
 #: mse_loss (a loss) in float16.
-BROKEN_LISTS = '''
+BROKEN_LISTS = """
 @hookimpl
 def ampcore_op_list_adjustments(dtype):
     return {"black": ["mm"], "white": ["mse_loss"]}
-'''
+"""
 
-NO_DEVICE = '''
+NO_DEVICE = """
 @hookimpl
 def ampcore_unavailable_reason():
     return "no Acme device or driver found"
-'''
+"""
 
 #: The checks the broken-lists run selects: all but the slowest modules (levels and
 #: convergence apply the same lists through the same helpers).
@@ -65,7 +65,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _run(site: Path, *args: str, cwd: Path | None = None, module: str = "ampcore") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=600, env=env, cwd=cwd, check=False
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=cwd,
+        check=False,
     )
 
 
@@ -100,8 +106,15 @@ def test_wrong_op_lists_fail_the_op_list_checks(broken_run: tuple[subprocess.Com
     assert all(name.endswith(("-mm]", "-mse_loss]")) for name in failed), sorted(failed)
     passed = _outcomes(report, "passed")
     assert {"test_backend_is_available", "test_plugin_hooks_match_the_contract"} <= passed
-    assert "test_required_white_ops[float16-bmm]" in passed and "test_nested_disabled_region_restores_outer[float16]" in passed
-    assert {"test_scaler_hysteresis[float16]", "test_checkpoint_resume_is_exact[float16]", "test_speed_report[float16]"} <= passed
+    assert (
+        "test_required_white_ops[float16-bmm]" in passed
+        and "test_nested_disabled_region_restores_outer[float16]" in passed
+    )
+    assert {
+        "test_scaler_hysteresis[float16]",
+        "test_checkpoint_resume_is_exact[float16]",
+        "test_speed_report[float16]",
+    } <= passed
 
 
 def test_reports_describe_the_run(broken_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
@@ -115,7 +128,9 @@ def test_reports_describe_the_run(broken_run: tuple[subprocess.CompletedProcess[
     assert test["dtype"] == "float16" and test["op"] == "mm" and test["duration_s"] > 0 and "black" in test["message"]
     assert report["summary"]["failed"] == len(_outcomes(report, "failed")) > 0
     markdown = (out / "report.md").read_text()
-    assert "| `test_required_white_ops[float16-mm]` | float16 | failed |" in markdown and "ampcore-broken 0.7" in markdown
+    assert (
+        "| `test_required_white_ops[float16-mm]` | float16 | failed |" in markdown and "ampcore-broken 0.7" in markdown
+    )
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
     assert suite is not None and int(suite.get("failures", "0")) == report["summary"]["failed"]
     properties = {p.get("name"): p.get("value") for p in suite.iter("property")}
@@ -163,10 +178,19 @@ def test_all_skipped_is_not_green(site: Path, tmp_path: Path) -> None:
 
 def test_plain_pytest_and_dtype_selection(site: Path, tmp_path: Path) -> None:
     args = ("-p", "ampcore_conformance.plugin", "--pyargs", "ampcore_conformance", "--ampcore-backend", "cpu")
-    result = _run(site, *args, "--ampcore-dtype", "bf16", "-k", "test_dtype_hooks_answer", "-v", cwd=tmp_path, module="pytest")
+    result = _run(
+        site, *args, "--ampcore-dtype", "bf16", "-k", "test_dtype_hooks_answer", "-v", cwd=tmp_path, module="pytest"
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     assert "test_dtype_hooks_answer[bfloat16] PASSED" in result.stdout and "[float16]" not in result.stdout
     bad = _run(site, *args, "--ampcore-dtype", "float64", cwd=tmp_path, module="pytest")
-    assert bad.returncode == 4 and "--ampcore-dtype float64: backend 'cpu' does not declare float64; it declares: bfloat16 (bf16), float16 (fp16, half)" in bad.stderr
+    assert (
+        bad.returncode == 4
+        and (
+            "--ampcore-dtype float64: backend 'cpu' does not declare float64; "
+            "it declares: bfloat16 (bf16), float16 (fp16, half)"
+        )
+        in bad.stderr
+    )
     bare = _run(site, "--pyargs", "ampcore_conformance", cwd=tmp_path, module="pytest")
     assert bare.returncode != 0 and "-p ampcore_conformance.plugin" in bare.stdout + bare.stderr

@@ -13,7 +13,9 @@ import torch
 
 import ampcore
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install ampcore[transformers])")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install ampcore[transformers])"
+)
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (pip install ampcore[transformers])")
 from ampcore.integrations import AmpcoreSettings  # noqa: E402
 from ampcore.integrations.transformers import AmpcoreTrainer  # noqa: E402

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_adapter
 from torch import nn
 
 import ampcore
-from conftest import make_adapter
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -83,7 +83,9 @@ EXPECTED_FP16 = {"layer_norm": FP32, "group_norm": FP32, "instance_norm": FP32, 
 
 
 @pytest.mark.parametrize(("dtype", "norms"), [(BF16, EXPECTED_BF16), (FP16, EXPECTED_FP16)])
-def test_o2_converts_all_but_batchnorm_and_dtype_dependent_norms(dtype: torch.dtype, norms: dict[str, torch.dtype]) -> None:
+def test_o2_converts_all_but_batchnorm_and_dtype_dependent_norms(
+    dtype: torch.dtype, norms: dict[str, torch.dtype]
+) -> None:
     model = ampcore.decorate(Zoo(), level="O2", dtype=dtype, device="cpu")
     got = dtypes(model)
     for name, value in got.items():
@@ -172,7 +174,7 @@ def test_optimizer_keeps_object_and_type_and_holds_exact_fp32_masters() -> None:
     assert out is opt and type(opt) is torch.optim.SGD
     masters = opt.param_groups[0]["params"]
     assert [m.dtype for m in masters] == [FP32] * 4
-    assert all(torch.equal(m, o) for m, o in zip(masters, original))  # not rounded through bf16
+    assert all(torch.equal(m, o) for m, o in zip(masters, original, strict=False))  # not rounded through bf16
     assert masters[0] is not model[0].weight and masters[2] is model[1].weight  # BN: no master
     assert torch.equal(model[0].weight, original[0].to(BF16))
 
@@ -263,7 +265,9 @@ def test_an_optimizer_with_foreign_parameters_raises_and_changes_nothing() -> No
     model, other = nn.Linear(4, 4), nn.Linear(3, 3)
     opt = torch.optim.SGD([*model.parameters(), *other.parameters()], lr=0.1)
     before = snapshot(model, other, opt)
-    with pytest.raises(ampcore.AmpcoreError, match=r"optimizers\[0\] \(SGD\)\): 2 of its 4 parameters \(shapes \(3, 3\)"):
+    with pytest.raises(
+        ampcore.AmpcoreError, match=r"optimizers\[0\] \(SGD\)\): 2 of its 4 parameters \(shapes \(3, 3\)"
+    ):
         ampcore.decorate(model, opt, device="cpu")
     assert same(before, snapshot(model, other, opt))
 
@@ -288,7 +292,10 @@ def test_a_wrapped_model_raises_and_explains_the_order(cuda_absent: ampcore.Back
 BAD_ARGUMENTS: list[tuple[dict[str, object], str]] = [
     ({"level": "O3"}, r"ampcore.decorate\(level='O3'\): invalid level; valid levels: O0, OD, O1, O2"),
     ({"dtype": torch.float64}, r"does not support torch.float64; supported dtypes: torch.bfloat16, torch.float16"),
-    ({"dtype": "bfloat61"}, r"dtype='bfloat61'\): unknown dtype name \(did you mean 'bfloat16'\?\)"),  # names are accepted (issue 14)
+    (
+        {"dtype": "bfloat61"},
+        r"dtype='bfloat61'\): unknown dtype name \(did you mean 'bfloat16'\?\)",
+    ),  # names are accepted (issue 14)
     ({"save_dtype": torch.int32}, r"save_dtype=torch.int32\): not a floating dtype"),
     ({"keep_norm_fp32": "yes"}, r"keep_norm_fp32='yes'\): expected None, True or False"),
     ({"master_weight": 1}, r"master_weight=1\): expected True or False"),
@@ -313,7 +320,10 @@ def test_bad_arguments_raise_clear_errors_and_change_nothing(kwargs: dict[str, o
 
 @pytest.mark.parametrize(
     ("models", "message"),
-    [("net", r"models=str\): expected a torch.nn.modules.module.Module"), ([], r"models=\[\]\): expected at least one")],
+    [
+        ("net", r"models=str\): expected a torch.nn.modules.module.Module"),
+        ([], r"models=\[\]\): expected at least one"),
+    ],
 )
 def test_models_must_be_modules(models: object, message: str) -> None:
     with pytest.raises(ampcore.AmpcoreError, match=message):
@@ -321,7 +331,11 @@ def test_models_must_be_modules(models: object, message: str) -> None:
 
 
 def test_a_capability_error_raises_before_converting(register: Callable[..., ampcore.Backend]) -> None:
-    register(make_adapter("nobf16", ampcore_check_capability=lambda dtype: [ampcore.CapabilityIssue("error", "no bf16 here")]))
+    register(
+        make_adapter(
+            "nobf16", ampcore_check_capability=lambda dtype: [ampcore.CapabilityIssue("error", "no bf16 here")]
+        )
+    )
     model = nn.Linear(4, 4)
     with pytest.raises(ampcore.AmpcoreError, match="no bf16 here"):
         ampcore.decorate(model, device="nobf16")

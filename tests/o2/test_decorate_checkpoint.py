@@ -31,7 +31,9 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(32, 8, generator=gen), torch.randn(32, 4, generator=gen)
 
 
-def train(model: nn.Module, opt: torch.optim.Optimizer, scaler: ampcore.GradScaler, sched: object, steps: range) -> None:
+def train(
+    model: nn.Module, opt: torch.optim.Optimizer, scaler: ampcore.GradScaler, sched: object, steps: range
+) -> None:
     for step in steps:
         x, y = batch(step)
         opt.zero_grad()
@@ -107,10 +109,10 @@ def test_optimizer_state_dict_carries_the_masters_and_restores_them() -> None:
     assert all(t.dtype == FP32 for s in saved_opt["state"].values() for k, t in s.items() if k != "step")
     fresh_model, fresh_opt = decorated(seed=9, save_dtype=BF16)
     fresh_model.load_state_dict(saved_model)  # bf16 checkpoint: the masters lose precision...
-    assert not all(torch.equal(a, b) for a, b in zip(masters(fresh_opt), masters(opt)))
+    assert not all(torch.equal(a, b) for a, b in zip(masters(fresh_opt), masters(opt), strict=False))
     fresh_opt.load_state_dict(saved_opt)  # ...which the optimizer's masters give back
-    assert all(torch.equal(a, b) for a, b in zip(masters(fresh_opt), masters(opt)))
-    assert all(torch.equal(a, b) for a, b in zip(fresh_model.parameters(), model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(masters(fresh_opt), masters(opt), strict=False))
+    assert all(torch.equal(a, b) for a, b in zip(fresh_model.parameters(), model.parameters(), strict=False))
     assert masters(fresh_opt)[0] is not fresh_model[0].weight
     assert fresh_opt.state[masters(fresh_opt)[0]]["exp_avg"].dtype == FP32
 
@@ -129,9 +131,11 @@ def test_a_master_weight_of_the_wrong_shape_loads_nothing() -> None:
     saved = opt.state_dict()
     saved["master_weights"] = {**saved["master_weights"], 1: torch.zeros(3)}
     before = [m.clone() for m in masters(opt)]
-    with pytest.raises(ampcore.AmpcoreError, match=r"master weight 1 has shape \(3,\), .* shape \(16,\); nothing was loaded"):
+    with pytest.raises(
+        ampcore.AmpcoreError, match=r"master weight 1 has shape \(3,\), .* shape \(16,\); nothing was loaded"
+    ):
         opt.load_state_dict(saved)
-    assert all(torch.equal(a, b) for a, b in zip(masters(opt), before))
+    assert all(torch.equal(a, b) for a, b in zip(masters(opt), before, strict=False))
 
 
 def test_load_with_assign_is_refused() -> None:
@@ -176,9 +180,14 @@ def test_resume_in_a_new_process_continues_exactly(tmp_path: Path) -> None:
     second.write_bytes(first.read_bytes())
     subprocess.run([sys.executable, __file__, str(second), "50", "100"], check=True)
     want, got = torch.load(straight), torch.load(second)
-    assert all(torch.equal(a, b) for a, b in zip(want["params"], got["params"]))
-    assert all(torch.equal(a, b) for a, b in zip(want["model"].values(), got["model"].values()))
-    assert all(torch.equal(a, b) for a, b in zip(want["optimizer"]["master_weights"].values(), got["optimizer"]["master_weights"].values()))
+    assert all(torch.equal(a, b) for a, b in zip(want["params"], got["params"], strict=False))
+    assert all(torch.equal(a, b) for a, b in zip(want["model"].values(), got["model"].values(), strict=False))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            want["optimizer"]["master_weights"].values(), got["optimizer"]["master_weights"].values(), strict=False
+        )
+    )
     half = torch.load(first)["optimizer"]["master_weights"][0]
     assert not torch.equal(half, half.to(BF16).float())  # a bf16-only resume would differ
 

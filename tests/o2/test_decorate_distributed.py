@@ -93,7 +93,7 @@ def test_ranks_stay_identical_and_match_one_process_on_the_full_batch(results: l
     first, second = results
     assert first["dtypes"] == [torch.bfloat16] * 6  # LayerNorm too: bf16 keeps it low precision
     for key in ("masters", "params"):
-        assert all(torch.equal(a, b) for a, b in zip(first[key], second[key])), key  # type: ignore[call-overload]
+        assert all(torch.equal(a, b) for a, b in zip(first[key], second[key], strict=False)), key  # type: ignore[call-overload]
     # one process, rank 0's weights as DDP broadcast them (bf16), both ranks' data at once
     model = make_model(seed=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -103,7 +103,7 @@ def test_ranks_stay_identical_and_match_one_process_on_the_full_batch(results: l
             param.copy_(param)  # as the broadcast does: the masters adopt the bf16 values
     train(model, opt, rank=None)
     expected = [p for g in opt.param_groups for p in g["params"]]
-    for got, want in zip(first["masters"], expected):  # type: ignore[call-overload]
+    for got, want in zip(first["masters"], expected, strict=False):  # type: ignore[call-overload]
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-3)
 
 

@@ -26,7 +26,10 @@ def test_shared_weight_decorated_with_a_second_optimizer_is_refused() -> None:
     ampcore.decorate(first, opt1, device="cpu")
     before_params = [p for g in opt2.param_groups for p in g["params"]]
     bias = second.bias.detach().clone()
-    with pytest.raises(ampcore.AmpcoreError, match=r"optimizers\[0\] \(SGD\).*shape \(4, 4\).*already has an fp32 master weight.*one decorate call"):
+    with pytest.raises(
+        ampcore.AmpcoreError,
+        match=r"optimizers\[0\] \(SGD\).*shape \(4, 4\).*already has an fp32 master weight.*one decorate call",
+    ):
         ampcore.decorate(second, opt2, device="cpu")
     # nothing changed: the second model and optimizer are as they were
     assert [p for g in opt2.param_groups for p in g["params"]] == before_params
@@ -67,7 +70,8 @@ def test_optimizer_checkpoint_with_garbage_master_weights_is_refused(garbage: ob
     groups = copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups])
     with pytest.raises(ampcore.AmpcoreError, match=r"SGD.load_state_dict\(\): .*master"):
         opt.load_state_dict(state)
-    assert all(torch.equal(a, b) for a, b in zip(masters, (p for g in opt.param_groups for p in g["params"])))
+    params = (p for g in opt.param_groups for p in g["params"])
+    assert all(torch.equal(a, b) for a, b in zip(masters, params, strict=False))
     assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == groups
 
 
@@ -87,7 +91,6 @@ def test_decorated_optimizer_load_state_dict_checks_the_dict(garbage: object, ex
     with pytest.raises(ampcore.AmpcoreError, match=expected):
         opt.load_state_dict(garbage)  # type: ignore[arg-type]
     opt.load_state_dict(opt.state_dict())  # the real thing still loads
-
 
 
 # -- issue 28, row 11: decorate under torch.inference_mode() --------------------------------

@@ -73,7 +73,11 @@ def _mixed_precision_policy_run(rank: int) -> dict[str, Any]:
     nn.functional.mse_loss(out.float(), y).backward()
     opt.step()
     after = [p.full_tensor() for p in model.parameters()]  # type: ignore[attr-defined]
-    return {"out_dtype": out.dtype, "param_dtype": model[0].weight.dtype, "moved": [not torch.equal(a, b) for a, b in zip(before, after)]}
+    return {
+        "out_dtype": out.dtype,
+        "param_dtype": model[0].weight.dtype,
+        "moved": [not torch.equal(a, b) for a, b in zip(before, after, strict=False)],
+    }
 
 
 def _refusals() -> dict[str, str]:
@@ -144,7 +148,7 @@ def test_autocast_with_fully_shard_matches_the_raw_loop_over_both_ranks(results:
         opt.step()
         opt.zero_grad()
     for rank in range(WORLD):
-        for got, want in zip(results[rank]["sharded"]["params"], model.parameters()):
+        for got, want in zip(results[rank]["sharded"]["params"], model.parameters(), strict=False):
             torch.testing.assert_close(got, want.detach())
 
 

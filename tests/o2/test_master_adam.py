@@ -78,7 +78,9 @@ ADAMS: dict[str, MakeOpt] = {
     "adam-tensor-lr": lambda p: torch.optim.Adam(p, lr=torch.tensor(1e-2), betas=(0.8, 0.99)),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
     "adamw-wd-amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.5, amsgrad=True),
-    "adamw-foreach-maximize-amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, maximize=True, amsgrad=True, foreach=True),
+    "adamw-foreach-maximize-amsgrad": lambda p: torch.optim.AdamW(
+        p, lr=1e-2, maximize=True, amsgrad=True, foreach=True
+    ),
     "adamw-fused-wd": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.5, fused=True),
     "adam-decoupled": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.3, decoupled_weight_decay=True),
 }
@@ -95,11 +97,11 @@ def reference(make_opt: MakeOpt, steps: int, norm: bool = True) -> tuple[list[to
         with ampcore.autocast(device="cpu", level="O2"):
             loss = loss_of(low, x, y)
         loss.backward()
-        for master, param in zip(masters, low.parameters()):
+        for master, param in zip(masters, low.parameters(), strict=False):
             master.grad = param.grad.float()
         opt.step()
         with torch.no_grad():
-            for param, master in zip(low.parameters(), masters):
+            for param, master in zip(low.parameters(), masters, strict=False):
                 param.copy_(master)
     return masters, opt
 
@@ -138,7 +140,9 @@ def assert_same_state(got: torch.optim.Optimizer, want: torch.optim.Optimizer) -
 
 @pytest.mark.parametrize("device", ["cpu", WHOLE], ids=["chunks", "whole"])
 @pytest.mark.parametrize("name", list(ADAMS))
-def test_update_is_bit_identical_to_torch_on_fp32_masters(name: str, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_update_is_bit_identical_to_torch_on_fp32_masters(
+    name: str, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ampcore._o2.master as master_module
 
     calls: list[int | None] = []
@@ -148,7 +152,7 @@ def test_update_is_bit_identical_to_torch_on_fp32_masters(name: str, device: str
     # the CPU adapter's walk: an untimed step and a timed one in chunks, one whole, then the faster
     assert calls[:3] == ([ADAM_CHUNK, ADAM_CHUNK, None] if device == "cpu" else [None] * 3) and len(calls) == 4
     want, ref_opt = reference(ADAMS[name], 4)
-    for master, expected, param in zip(masters_of(opt), want, model.parameters()):
+    for master, expected, param in zip(masters_of(opt), want, model.parameters(), strict=False):
         assert master.dtype == FP32 and torch.equal(master, expected)
         assert torch.equal(param, expected.to(param.dtype))
     assert_same_state(opt, ref_opt)
@@ -159,7 +163,9 @@ def test_update_is_bit_identical_to_torch_on_fp32_masters(name: str, device: str
 def test_the_generic_path_gives_the_same_weights_and_state(name: str, device: str) -> None:
     fast_model, fast = train_decorated(ADAMS[name], 3, device=device)
     slow_model, slow = train_decorated(ADAMS[name], 3, generic=True, device=device)
-    for a, b in zip([*masters_of(fast), *fast_model.parameters()], [*masters_of(slow), *slow_model.parameters()]):
+    for a, b in zip(
+        [*masters_of(fast), *fast_model.parameters()], [*masters_of(slow), *slow_model.parameters()], strict=False
+    ):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert_same_state(fast, slow)
 
@@ -223,12 +229,13 @@ def test_clipping_the_optimizer_parameters_before_the_step_is_honoured() -> None
             opt.step()
         return [*masters_of(opt), *model.parameters()]
 
-    for a, b in zip(run(False), run(True)):
+    for a, b in zip(run(False), run(True), strict=False):
         assert torch.equal(a, b)
 
 
 @pytest.mark.skipif(
-    not hasattr(torch.Tensor, "grad_dtype"), reason=f"master_grad=True needs Tensor.grad_dtype; torch {torch.__version__}"
+    not hasattr(torch.Tensor, "grad_dtype"),
+    reason=f"master_grad=True needs Tensor.grad_dtype; torch {torch.__version__}",
 )
 def test_master_grad_true_runs_the_chunked_update_from_the_shared_fp32_gradients() -> None:
     def run(generic: bool) -> list[torch.Tensor]:
@@ -243,7 +250,7 @@ def test_master_grad_true_runs_the_chunked_update_from_the_shared_fp32_gradients
             opt.step()
         return [*masters_of(opt), *model.parameters()]
 
-    for a, b in zip(run(False), run(True)):
+    for a, b in zip(run(False), run(True), strict=False):
         assert torch.equal(a, b)
 
 
@@ -264,7 +271,7 @@ def test_an_lr_scheduler_sees_the_step_and_drives_the_update() -> None:
                 sched.step()
         return [*masters_of(opt), *model.parameters()]
 
-    for a, b in zip(run(False), run(True)):
+    for a, b in zip(run(False), run(True), strict=False):
         assert torch.equal(a, b)
 
 
@@ -275,7 +282,7 @@ def test_parameters_without_gradients_are_skipped_like_torch_does() -> None:
     before = [p.detach().clone() for p in masters_of(opt)]
     opt.step()
     assert len(opt.state) == 2 and not torch.equal(before[0], masters_of(opt)[0])
-    assert all(torch.equal(a, b) for a, b in zip(before[2:], masters_of(opt)[2:]))
+    assert all(torch.equal(a, b) for a, b in zip(before[2:], masters_of(opt)[2:], strict=False))
 
 
 # -- resume in a new process, for every optimizer ----------------------------------------
@@ -320,7 +327,7 @@ def _equal_nested(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_equal_nested(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_equal_nested(x, y) for x, y in zip(a, b))
+        return type(a) is type(b) and len(a) == len(b) and all(_equal_nested(x, y) for x, y in zip(a, b, strict=False))
     return bool(a == b)
 
 
@@ -337,7 +344,9 @@ def resumed_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, An
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RESUME))
-def test_resume_in_a_new_process_continues_exactly(name: str, resumed_runs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+def test_resume_in_a_new_process_continues_exactly(
+    name: str, resumed_runs: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
     want, got = resumed_runs[0][name], resumed_runs[1][name]
     assert _equal_nested(got["params"], want["params"])
     assert _equal_nested(got["model"], want["model"])

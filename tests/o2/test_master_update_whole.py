@@ -29,9 +29,18 @@ WHOLE = "wholecpu"
 MakeOpt = Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
 #: ops that allocate or describe tensors: no kernel launch on any device
 _NOT_KERNELS = (
-    "empty", "empty_like", "empty_strided", "detach", "alias", "view", "slice", "as_strided", "_local_scalar_dense",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "detach",
+    "alias",
+    "view",
+    "slice",
+    "as_strided",
+    "_local_scalar_dense",
     "lift_fresh",
-    "_record_function_enter_new", "_record_function_exit",
+    "_record_function_enter_new",
+    "_record_function_exit",
 )
 
 
@@ -68,8 +77,9 @@ def make_model(width: int, layers: int = 3) -> nn.Module:
     return nn.Sequential(*blocks, nn.LayerNorm(width))
 
 
-def decorated(make_opt: MakeOpt, width: int, device: str = WHOLE, dtype: torch.dtype = BF16,
-              layers: int = 3) -> tuple[nn.Module, torch.optim.Optimizer]:
+def decorated(
+    make_opt: MakeOpt, width: int, device: str = WHOLE, dtype: torch.dtype = BF16, layers: int = 3
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = make_model(width, layers)
     opt = make_opt(model.parameters())
     return ampcore.decorate(model, opt, device=device, dtype=dtype, keep_norm_fp32=True)

@@ -15,7 +15,8 @@ import ampcore
 #: torch < 2.13 has no ``Tensor.grad_dtype``: no master_grad, and the masters never share the
 #: model's bf16 gradients (decorate then always copies them in float32).
 needs_grad_dtype = pytest.mark.skipif(
-    not hasattr(torch.Tensor, "grad_dtype"), reason=f"needs Tensor.grad_dtype (torch >= 2.13); torch {torch.__version__}"
+    not hasattr(torch.Tensor, "grad_dtype"),
+    reason=f"needs Tensor.grad_dtype (torch >= 2.13); torch {torch.__version__}",
 )
 
 
@@ -45,7 +46,9 @@ def loss_of(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(model(x).float(), y)
 
 
-def reference(make_opt: Callable[[Params], torch.optim.Optimizer], steps: int, dtype: torch.dtype = BF16) -> list[torch.Tensor]:
+def reference(
+    make_opt: Callable[[Params], torch.optim.Optimizer], steps: int, dtype: torch.dtype = BF16
+) -> list[torch.Tensor]:
     """A hand-written master-weight loop: bf16 model, fp32 masters, a plain optimizer."""
     model = make_model()
     low = copy.deepcopy(model).to(dtype)
@@ -54,11 +57,11 @@ def reference(make_opt: Callable[[Params], torch.optim.Optimizer], steps: int, d
     for x, y in batches(steps):
         low.zero_grad()
         loss_of(low, x.to(dtype), y).backward()
-        for master, param in zip(masters, low.parameters()):
+        for master, param in zip(masters, low.parameters(), strict=False):
             master.grad = param.grad.float()
         opt.step()
         with torch.no_grad():
-            for param, master in zip(low.parameters(), masters):
+            for param, master in zip(low.parameters(), masters, strict=False):
                 param.copy_(master)
     return masters
 
@@ -106,7 +109,7 @@ def test_updates_equal_a_hand_written_master_weight_loop(name: str) -> None:
     model, opt = ampcore.decorate(model, opt, device="cpu")
     train_decorated(opt, model, 5)
     expected = reference(make_opt, 5)
-    for master, want, param in zip(masters_of(opt), expected, model.parameters()):
+    for master, want, param in zip(masters_of(opt), expected, model.parameters(), strict=False):
         assert master.dtype == FP32 and torch.equal(master, want)
         assert param.dtype == BF16 and torch.equal(param, want.to(BF16))
     state = opt.state[masters_of(opt)[0]]
@@ -137,14 +140,14 @@ def test_lr_schedulers_drive_the_decorated_optimizer(order: str) -> None:
     for x, y in batches(3):
         low.zero_grad()
         loss_of(low, x.to(BF16), y).backward()
-        for master, param in zip(masters, low.parameters()):
+        for master, param in zip(masters, low.parameters(), strict=False):
             master.grad = param.grad.float()
         ref_opt.step()
         ref_sched.step()
         with torch.no_grad():
-            for param, master in zip(low.parameters(), masters):
+            for param, master in zip(low.parameters(), masters, strict=False):
                 param.copy_(master)
-    assert all(torch.equal(a, b) for a, b in zip(masters_of(opt), masters))
+    assert all(torch.equal(a, b) for a, b in zip(masters_of(opt), masters, strict=False))
 
 
 def make_scaler(kind: str) -> ampcore.GradScaler | torch.amp.GradScaler:
@@ -177,10 +180,10 @@ def test_grad_scaler_skipped_step_leaves_masters_and_state_untouched(kind: str, 
         scaler.step(opt)
         scaler.update()
         if index == 1:
-            assert all(torch.equal(a, b) for a, b in zip(masters_of(opt), masters))
-            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), params))
+            assert all(torch.equal(a, b) for a, b in zip(masters_of(opt), masters, strict=False))
+            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), params, strict=False))
             after = snapshot_state(opt)
-            assert all(torch.equal(a[k], b[k]) for a, b in zip(after, state) for k in a)
+            assert all(torch.equal(a[k], b[k]) for a, b in zip(after, state, strict=False) for k in a)
             assert scaler.get_scale() == 512.0
     assert all(torch.isfinite(m).all() for m in masters_of(opt))
     assert not torch.equal(masters_of(opt)[0], masters[0])  # the step after the skip updated
@@ -240,7 +243,7 @@ def test_optimizer_zero_grad_reaches_the_model_parameters(set_to_none: bool) -> 
     x, y = batches(1)[0]
     loss_of(model, x, y).backward()
     opt.zero_grad(set_to_none=set_to_none)
-    for param, master in zip(model.parameters(), masters_of(opt)):
+    for param, master in zip(model.parameters(), masters_of(opt), strict=False):
         assert param.grad is None if set_to_none else not param.grad.any()
         assert master.grad is None or not master.grad.any()
 
@@ -339,18 +342,18 @@ def test_lbfgs_with_a_closure_equals_a_hand_written_loop() -> None:
 
     def ref_closure() -> torch.Tensor:
         with torch.no_grad():
-            for param, master in zip(low.parameters(), masters):
+            for param, master in zip(low.parameters(), masters, strict=False):
                 param.copy_(master)
         low.zero_grad()
         loss = loss_of(low, x.to(BF16), y)
         loss.backward()
-        for master, param in zip(masters, low.parameters()):
+        for master, param in zip(masters, low.parameters(), strict=False):
             master.grad = param.grad.float()
         return loss
 
     for _ in range(2):
         ref.step(ref_closure)
-    assert all(torch.equal(a, b) for a, b in zip(masters_of(opt), masters))
+    assert all(torch.equal(a, b) for a, b in zip(masters_of(opt), masters, strict=False))
 
 
 def test_state_from_before_decorate_moves_to_the_masters_in_fp32() -> None:
@@ -428,7 +431,7 @@ def test_the_one_pass_sgd_update_equals_torchs_sgd_step(
     assert len(calls) == 3
     plain = run(False)
     assert len(calls) == 3
-    for got, want in zip(fused[0] + fused[1], plain[0] + plain[1]):
+    for got, want in zip(fused[0] + fused[1], plain[0] + plain[1], strict=False):
         assert got.dtype == want.dtype and torch.equal(got, want)
     assert fused[1][2].dtype == FP32 and not torch.equal(fused[1][2], torch.ones(16))  # BN trained
 

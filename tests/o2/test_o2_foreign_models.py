@@ -35,7 +35,9 @@ class FrozenBatchNorm2d(nn.Module):
     def __init__(self, channels: int) -> None:
         super().__init__()
         for name in ("weight", "bias", "running_mean", "running_var"):
-            self.register_buffer(name, torch.ones(channels) if name in ("weight", "running_var") else torch.zeros(channels))
+            self.register_buffer(
+                name, torch.ones(channels) if name in ("weight", "running_var") else torch.zeros(channels)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scale = self.weight * (self.running_var + 1e-5).rsqrt()
@@ -174,7 +176,9 @@ def test_a_deep_copy_does_not_adopt_its_rounded_weights() -> None:
     assert torch.equal(twin.state_dict()["0.weight"], model.state_dict()["0.weight"])
 
 
-transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install ampcore[transformers])")
+transformers = pytest.importorskip(
+    "transformers", reason="transformers is not installed (pip install ampcore[transformers])"
+)
 
 
 def tiny_llama() -> nn.Module:

@@ -11,11 +11,11 @@ import json
 import warnings
 from typing import Any
 
+import ampcore_testdevice
 import torch
 
 import ampcore
 import ampcore.debugging
-import ampcore_testdevice
 
 DEVICE = "acme"
 

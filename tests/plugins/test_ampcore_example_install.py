@@ -32,11 +32,16 @@ def test_pip_installed_template_is_discovered(tmp_path: Path) -> None:
     shutil.copytree(TEMPLATE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = tmp_path / "site"
     # --no-build-isolation: build with the setuptools already installed (works offline)
-    pip = _run("-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(source))
+    pip = _run(
+        "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(source)
+    )
     assert pip.returncode == 0, pip.stderr
     assert (target / "ampcore_example" / "plugin.py").is_file()
 
-    env = {"PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]), "AMPCORE_STRICT_PLUGINS": "1"}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(target), os.environ.get("PYTHONPATH", "")]),
+        "AMPCORE_STRICT_PLUGINS": "1",
+    }
     info = _run("-m", "ampcore", "info", "--json", env=env)
     assert info.returncode == 0, info.stderr
     data = json.loads(info.stdout)

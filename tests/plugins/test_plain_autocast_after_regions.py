@@ -20,17 +20,25 @@ PROBE = Path(__file__).with_name("_acme_plain_autocast_probe.py")
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ampcore_acme") is None or importlib.util.find_spec("ampcore_testdevice") is None,
-    reason="plugins/ampcore-privateuse1 and plugins/ampcore-testdevice are not installed (python3 tasks.py setup installs them)",
+    reason="plugins/ampcore-privateuse1 and plugins/ampcore-testdevice are not installed "
+    "(python3 tasks.py setup installs them)",
 )
 
 
 @pytest.fixture(scope="module", params=["none", "fallthrough", "partial", "generic"])
 def probe(request: pytest.FixtureRequest) -> dict[str, Any]:
-    env = {**os.environ, "AMPCORE_ACME_AUTOCAST": request.param, "AMPCORE_STRICT_PLUGINS": "1", "AMPCORE_BLOCK_PLUGINS": ""}
+    env = {
+        **os.environ,
+        "AMPCORE_ACME_AUTOCAST": request.param,
+        "AMPCORE_STRICT_PLUGINS": "1",
+        "AMPCORE_BLOCK_PLUGINS": "",
+    }
     # import ampcore_acme's device first, as a vendor's extension is imported before ampcore
     code = f"import ampcore_testdevice; ampcore_testdevice.install('acme', autocast={request.param!r}); " \
            f"import runpy; runpy.run_path({str(PROBE)!r}, run_name='__main__')"  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env, check=False
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return {"mode": request.param, **json.loads(done.stdout.splitlines()[-1])}
 

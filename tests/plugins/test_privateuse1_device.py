@@ -24,14 +24,17 @@ MODES = ("none", "fallthrough", "partial", "generic")
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ampcore_acme") is None or importlib.util.find_spec("ampcore_testdevice") is None,
-    reason="plugins/ampcore-privateuse1 and plugins/ampcore-testdevice are not installed (python3 tasks.py setup installs them)",
+    reason="plugins/ampcore-privateuse1 and plugins/ampcore-testdevice are not installed "
+    "(python3 tasks.py setup installs them)",
 )
 
 
 def _python(*args: str, mode: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     # tests/conftest.py blocks acme in the test process; its own processes load it
     env = {**os.environ, "AMPCORE_ACME_AUTOCAST": mode, "AMPCORE_STRICT_PLUGINS": "1", "AMPCORE_BLOCK_PLUGINS": ""}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -43,7 +46,11 @@ def probe(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 def test_ops_give_the_dtypes_of_the_lists_in_every_region(probe: dict[str, Any]) -> None:
     """torch.mm, F.linear, x + y, F.softmax, F.mse_loss at O1, OD, O2 and with custom lists."""
-    wrong = [f"{r['dtype']} {r['region']}: {r['probe']} gave {r['got']}, the lists say {r['want']}" for r in probe["rows"] if r["got"] != r["want"]]
+    wrong = [
+        f"{r['dtype']} {r['region']}: {r['probe']} gave {r['got']}, the lists say {r['want']}"
+        for r in probe["rows"]
+        if r["got"] != r["want"]
+    ]
     assert not wrong, f"autocast={probe['mode']}:\n" + "\n".join(wrong)
 
 
@@ -92,7 +99,8 @@ def test_generic_mode_registers_torchs_generic_lists() -> None:
     """The device's copy of the generic lists names the ops torch registers for XPU."""
     code = (
         "import torch; from ampcore_testdevice._generic_lists import GENERIC;"
-        "xpu = {r.removeprefix('aten::') for r in torch._C._dispatch_get_registrations_for_dispatch_key('AutocastXPU')};"
+        "xpu = {r.removeprefix('aten::')"
+        " for r in torch._C._dispatch_get_registrations_for_dispatch_key('AutocastXPU')};"
         "ours = set(GENERIC);"
         "norm = lambda names: {n.removesuffix('.default') for n in names};"
         "print(sorted(norm(ours) ^ norm(xpu)))"
@@ -142,15 +150,18 @@ def test_plain_torch_autocast_does_not_depend_on_earlier_ampcore_regions() -> No
 
 
 def _linear(features: int, rows: int, grad: bool = True) -> str:
-    return f"Linear(in_features={features}, out_features={features}, bias=True) in=[{rows}x{features}] {'grad' if grad else 'no-grad'}"
+    return (
+        f"Linear(in_features={features}, out_features={features}, bias=True) "
+        f"in=[{rows}x{features}] {'grad' if grad else 'no-grad'}"
+    )
 
 
 def test_acme_cost_model_chooses_low_precision_only_where_it_pays() -> None:
     import torch
+    from ampcore_acme import plugin
 
     from ampcore._auto._costs import decide
     from ampcore._auto._hooks import adapter_costs
-    from ampcore_acme import plugin
 
     class Backend:  # what ampcore's auto planner asks: the plugin's own hook
         plugin_name, distribution = "acme", "ampcore-acme"

@@ -19,7 +19,8 @@ PROBE = Path(__file__).with_name("_acme_saturating_probe.py")
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("ampcore_acme") is None or importlib.util.find_spec("ampcore_testdevice") is None,
-    reason="plugins/ampcore-privateuse1 and plugins/ampcore-testdevice are not installed (python3 tasks.py setup installs them)",
+    reason="plugins/ampcore-privateuse1 and plugins/ampcore-testdevice are not installed "
+    "(python3 tasks.py setup installs them)",
 )
 
 
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.skipif(
 def probe() -> dict[str, Any]:
     env = {**os.environ, "AMPCORE_ACME_AUTOCAST": "generic", "AMPCORE_ACME_FP16": "saturate",
            "AMPCORE_STRICT_PLUGINS": "1", "AMPCORE_BLOCK_PLUGINS": ""}  # fmt: skip
-    done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=600, env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, str(PROBE)], capture_output=True, text=True, timeout=600, env=env, check=False
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 

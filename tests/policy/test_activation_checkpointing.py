@@ -9,11 +9,10 @@ import functools
 
 import pytest
 import torch
+from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 import ampcore
-
-from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 REGIONS = {
     "black-linear": dict(custom_black_list={"linear"}),
@@ -43,7 +42,9 @@ def _grads(region: dict[str, object], mode: str) -> list[torch.Tensor]:
         elif mode == "reentrant":
             y = checkpoint(net, x, use_reentrant=True)
         else:  # selective activation checkpointing: save the matrix products' outputs
-            policy = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.mm.default, torch.ops.aten.addmm.default])
+            policy = functools.partial(
+                create_selective_checkpoint_contexts, [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
+            )
             y = checkpoint(net, x, use_reentrant=False, context_fn=policy)
     (y.float() * torch.arange(8.0)).sum().backward()
     return [x.grad, *(p.grad for p in net.parameters())]  # type: ignore[list-item]
@@ -54,7 +55,7 @@ def _grads(region: dict[str, object], mode: str) -> list[torch.Tensor]:
 def test_checkpointed_grads_equal_plain_ones(region: str, mode: str) -> None:
     plain = _grads(REGIONS[region], "plain")
     checkpointed = _grads(REGIONS[region], mode)
-    for want, got in zip(plain, checkpointed):
+    for want, got in zip(plain, checkpointed, strict=False):
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 

@@ -8,12 +8,11 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_adapter, simulate_cuda
 from torch import nn
 
 import ampcore
 from ampcore._policy.thread_state import current_region
-
-from conftest import make_adapter, simulate_cuda
 
 X = torch.randn(4, 8)
 W = torch.randn(8, 8)
@@ -199,13 +198,19 @@ def test_unknown_device_lists_known_backends(monkeypatch: pytest.MonkeyPatch, gp
 
 
 def test_unsupported_dtype_lists_supported_dtypes() -> None:
-    with pytest.raises(ampcore.AmpcoreError, match="does not support torch.float64; supported dtypes: torch.bfloat16, torch.float16"):
+    with pytest.raises(
+        ampcore.AmpcoreError, match="does not support torch.float64; supported dtypes: torch.bfloat16, torch.float16"
+    ):
         ampcore.autocast(device="cpu", dtype=torch.float64)
 
 
 def test_unavailable_backend_gives_the_reason(cuda_absent: ampcore.Backend) -> None:
     # a CPU-only build says it has no CUDA; a CUDA build on a machine without a GPU says so too
-    reason = "this torch build .* has no CUDA support" if torch.version.cuda is None else r"torch.cuda.is_available\(\) is False"
+    reason = (
+        "this torch build .* has no CUDA support"
+        if torch.version.cuda is None
+        else r"torch.cuda.is_available\(\) is False"
+    )
     with pytest.raises(ampcore.BackendUnavailableError, match=f'backend "cuda".*unavailable: {reason}'):
         ampcore.autocast(device="cuda")
 
@@ -223,7 +228,9 @@ def test_invalid_level_lists_valid_levels(level: object) -> None:
         ampcore.autocast(device="cpu", level=level)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [({"enabled": "yes"}, "enabled="), ({"dtype": "bf17"}, "dtype"), ({"dtype": 16}, "dtype")])
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"enabled": "yes"}, "enabled="), ({"dtype": "bf17"}, "dtype"), ({"dtype": 16}, "dtype")]
+)
 def test_wrong_argument_types(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ampcore.AmpcoreError, match=match):
         ampcore.autocast(device="cpu", **kwargs)  # type: ignore[arg-type]

@@ -12,11 +12,10 @@ import threading
 
 import pytest
 import torch
+from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 import ampcore
 from ampcore._policy.thread_state import thread_state
-
-from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 X = torch.randn(4, 4)

@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 import torch
+from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 import ampcore
-
-from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
 
 BF16, FP32 = torch.bfloat16, torch.float32
 
@@ -60,7 +59,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("region", "cast_inputs", "expected"), CASES)
-def test_forward_and_backward_follow_the_region(region: dict[str, Any], cast_inputs: Any, expected: dict[str, Any]) -> None:
+def test_forward_and_backward_follow_the_region(
+    region: dict[str, Any], cast_inputs: Any, expected: dict[str, Any]
+) -> None:
     seen: dict[str, Any] = {}
     fn = _function(cast_inputs, seen)
     with ampcore.autocast(device="cpu", **region):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import ampcore
+
 try:
     from ampcore._policy.registration import registered_keys
 except ImportError:  # before issue 10
@@ -30,7 +31,12 @@ def run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess[st
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=ROOT,
         )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"child hung for {timeout} s:\n{exc.stdout}\n{exc.stderr}")
@@ -169,14 +175,14 @@ def test_dataloader_workers_start_while_another_thread_enters_o2() -> None:
 INTERRUPTS = """
     import random, signal, torch, ampcore
     from ampcore._policy.registration import registered_keys
-    from ampcore._policy.op_names import castable_overloads
+    from ampcore._op_names import castable_overloads
     from ampcore._policy.thread_state import thread_state
     x = torch.randn(4, 4)
     # plugins loaded, ATen's schemas read and the policy-kernel executor chosen (for the
     # compiled one: its extension loaded and the overloads' specs read; one-time work of
     # 30 ms to seconds that an interrupt every few ms would restart forever); the kernels
     # are not registered yet
-    ampcore.get_backend("cpu"), castable_overloads(), ampcore._policy.op_names.generated_overloads()
+    ampcore.get_backend("cpu"), castable_overloads(), ampcore._op_names.generated_overloads()
     ampcore._policy.executor.executor(), ampcore._policy.compiled.specs()
     armed = [False]
     def interrupt(signum, frame):
@@ -207,7 +213,10 @@ INTERRUPTS = """
     # however often the registration was interrupted, the next region completes it
     with ampcore.autocast("cpu", level="OD"):
         x + x
-    assert registered_keys() == {"AutocastIPU": len(castable_overloads())}, (registered_keys(), len(castable_overloads()))
+    assert registered_keys() == {"AutocastIPU": len(castable_overloads())}, (
+        registered_keys(),
+        len(castable_overloads()),
+    )
     with ampcore.autocast("cpu", custom_white_list={"add"}):
         assert (x + x).dtype == torch.bfloat16
 """
@@ -284,20 +293,20 @@ def test_customised_regions_leave_torch_autocast_kernels_alone(op: str) -> None:
 # -- 5. Python scalars in Tensor slots -------------------------------------------------------
 
 X = torch.randn(4, 4)
-I = torch.arange(6, dtype=torch.int64)
+INTS = torch.arange(6, dtype=torch.int64)
 SCALAR_CALLS = {
     "remainder": lambda: torch.remainder(X, 2),
     "rmod": lambda: 1 % X,
     "fmod": lambda: torch.fmod(X, 1.5),
     "xlogy_scalar_self": lambda: torch.xlogy(2, X),
     "xlogy_scalar_other": lambda: torch.xlogy(X, 3),
-    "bitwise_and": lambda: torch.bitwise_and(1, I),
-    "bitwise_or": lambda: torch.bitwise_or(I, 2),
+    "bitwise_and": lambda: torch.bitwise_and(1, INTS),
+    "bitwise_or": lambda: torch.bitwise_or(INTS, 2),
     "pow_scalar_self": lambda: 2**X,
     "where_scalar": lambda: torch.where(X > 0, X, 0.0),
     "atan2": lambda: torch.atan2(X, torch.tensor(2.0)),
     "copysign": lambda: torch.copysign(X, -1),
-    "floor_divide": lambda: torch.floor_divide(I, 4),
+    "floor_divide": lambda: torch.floor_divide(INTS, 4),
     "rsub": lambda: 1 - X,
     "eq": lambda: torch.eq(X, 0.5),
     "special_xlog1py": lambda: torch.special.xlog1py(2, X),
@@ -329,9 +338,7 @@ def test_scalar_overloads_after_an_o2_region_behave_as_torch(call: str, region: 
 
 @pytest.mark.parametrize("call", sorted(SCALAR_CALLS))
 @pytest.mark.parametrize("level", ["OD", "O2"])
-def test_scalar_overloads_run_inside_od_and_o2_regions(
-    call: str, level: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_scalar_overloads_run_inside_od_and_o2_regions(call: str, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if call == "special_zeta" and level == "O2":
         pytest.skip("torch has no bfloat16 zeta kernel on CPU (O2 runs every op in low precision)")
     plain = SCALAR_CALLS[call]()

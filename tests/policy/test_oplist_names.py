@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ampcore import AmpcoreError
-from ampcore._policy.op_names import (
+from ampcore._op_names import (
     NO_CAST_OPS,
     PADDLE_ALIASES,
     all_aten_names,

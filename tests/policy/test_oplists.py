@@ -11,7 +11,7 @@ import torch
 
 import ampcore
 from ampcore import AmpcoreError, PluginError
-from ampcore._policy.op_names import castable_overloads, functional_overloads
+from ampcore._op_names import castable_overloads, functional_overloads
 from ampcore._policy.registration import registered_keys
 from ampcore._policy.torch_tables import (
     NATIVE_TABLES,
@@ -242,7 +242,10 @@ def test_adapter_adjustments_apply_per_dtype(adjusting: _AdjustingAdapter) -> No
 
 def test_broken_adjustments_raise_plugin_errors() -> None:
     # validated once, when the plugin is registered (issue 12): nothing is left registered
-    for bad, words in [({"black": ["nosuchop"]}, "unknown op 'nosuchop'"), ({"black": ["mm"], "white": ["mm"]}, "both")]:
+    for bad, words in [
+        ({"black": ["nosuchop"]}, "unknown op 'nosuchop'"),
+        ({"black": ["mm"], "white": ["mm"]}, "both"),
+    ]:
         with pytest.raises(PluginError, match=words):
             ampcore.register_plugin(_AdjustingAdapter(bad), name="adjcpu")
         assert "adjcpu" not in {p.name for p in ampcore.list_plugins()}

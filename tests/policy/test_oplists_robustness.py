@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import ampcore
-from ampcore._policy.op_names import canonical_op
+from ampcore._op_names import canonical_op
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*runs emulated.*:ampcore.AmpcoreWarning")
 

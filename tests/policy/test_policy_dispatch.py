@@ -3,27 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-import warnings
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
+from conftest import make_adapter
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ampcore
+from ampcore._op_names import castable_overloads
 from ampcore._policy import registration as _dispatch
 from ampcore._policy.autocast import _switch_on
 from ampcore._policy.executor import compiled_module
-from ampcore._policy.registration import OpPolicy, registered_keys, route, routes
 from ampcore._policy.lists import Action
-from ampcore._policy.op_names import castable_overloads
+from ampcore._policy.registration import OpPolicy, registered_keys, route, routes
 from ampcore._policy.thread_state import thread_state
-
-from _policy_testing import DtypeRecorder, no_lingering_kernels  # noqa: F401 (autouse fixture)
-from conftest import make_adapter
 
 BF16, FP32 = torch.bfloat16, torch.float32
 X = torch.randn(8, 16)
@@ -252,7 +251,7 @@ def test_gradients_match_fp32_within_bf16_tolerance(region: dict[str, object]) -
     F.mse_loss(model(x), y).backward()
     reference = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
     grads = _train_step(model, x, y, **region)
-    for got, want in zip(grads, reference):
+    for got, want in zip(grads, reference, strict=False):
         assert got.dtype == FP32
         torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
 
@@ -334,7 +333,9 @@ def _hand_made_policy(actions: dict[str, str]) -> Iterator[None]:
 
 
 @pytest.mark.parametrize(("overload", "action", "call", "expected"), OTHER_POLICIES)
-def test_every_native_policy_kind_runs(overload: str, action: str, call: Callable[[], torch.Tensor], expected: torch.dtype) -> None:
+def test_every_native_policy_kind_runs(
+    overload: str, action: str, call: Callable[[], torch.Tensor], expected: torch.dtype
+) -> None:
     with _hand_made_policy({overload: action}):
         assert call().dtype == expected
 

@@ -6,11 +6,10 @@ import warnings
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore import CapabilityIssue
-
-from conftest import make_adapter
 
 
 @pytest.mark.parametrize(
@@ -39,7 +38,9 @@ def test_missing_required_hook() -> None:
         def ampcore_device_name(self) -> str:
             return "x"
 
-    with pytest.raises(ampcore.PluginError, match=r"required hook ampcore_backend\(\); an adapter plugin must implement"):
+    with pytest.raises(
+        ampcore.PluginError, match=r"required hook ampcore_backend\(\); an adapter plugin must implement"
+    ):
         ampcore.register_plugin(NoDtypes(), name="nodtypes")
 
 
@@ -79,7 +80,9 @@ def test_capability_warning_is_issued_once_per_device_and_dtype(register) -> Non
 def test_capability_error_raises(register) -> None:
     check = lambda dtype: [CapabilityIssue("error", "needs compute capability 8.0")]  # noqa: E731
     backend = register(make_adapter("old", ampcore_check_capability=check), name="old")
-    with pytest.raises(ampcore.AmpcoreError, match='backend "old" cannot run torch.bfloat16 on cpu:0: needs compute capability 8.0'):
+    with pytest.raises(
+        ampcore.AmpcoreError, match='backend "old" cannot run torch.bfloat16 on cpu:0: needs compute capability 8.0'
+    ):
         backend.enforce_capability(torch.bfloat16)
 
 

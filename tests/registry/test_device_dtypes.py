@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore import CapabilityIssue, toolkit
-
-from conftest import make_adapter
 
 
 def _refusing(refused: torch.dtype) -> Callable[..., list[CapabilityIssue]]:

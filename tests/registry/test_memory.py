@@ -6,12 +6,11 @@ import sys
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore._backends.memory import device_memory, memory_in_use, peak_memory, reset_peak_memory
 from ampcore_backends.cpu import parse_status_kib
-
-from conftest import make_adapter
 
 
 def test_adapter_hooks_are_used(register) -> None:
@@ -63,6 +62,7 @@ def test_accelerator_refusals_read_as_unavailable(register, monkeypatch: pytest.
     """A PrivateUse1 device registered from Python is torch's current accelerator, but its
     memory calls trip an INTERNAL ASSERT: unavailable, never a crash."""
     from ampcore._backends import memory as _memory
+
     def refuse(index: int) -> int:
         raise RuntimeError("Allocator for acme is not a DeviceAllocator")
 
@@ -75,8 +75,12 @@ def test_accelerator_refusals_read_as_unavailable(register, monkeypatch: pytest.
 
 def test_synchronize_hook_then_accelerator_then_device_module(register, monkeypatch: pytest.MonkeyPatch) -> None:
     from ampcore._backends import memory as _memory
+
     calls: list[str] = []
-    hooked = register(make_adapter("synced", ampcore_synchronize=lambda device_index: calls.append(f"hook{device_index}")), name="synced")
+    hooked = register(
+        make_adapter("synced", ampcore_synchronize=lambda device_index: calls.append(f"hook{device_index}")),
+        name="synced",
+    )
     _memory.synchronize(hooked, 1)
     assert calls == ["hook1"]
 

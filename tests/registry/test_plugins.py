@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore import PluginManager, PluginWarning
 from ampcore._backends.plugins import ENTRY_POINT_GROUP
-
-from conftest import make_adapter
 
 GOOD = """
 import torch
@@ -60,8 +59,8 @@ class FakeSite:
             sys.modules.pop(module, None)
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture(name="site")
+def site_fixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fake = FakeSite(tmp_path, monkeypatch)
     yield fake
     fake.cleanup()
@@ -85,10 +84,16 @@ def test_good_plugins_load_with_distribution_and_version(site: FakeSite) -> None
     [
         ("raise ImportError('vendor runtime libfoo.so not found')", "libfoo.so not found"),
         ("1 / 0", "ZeroDivisionError"),
-        (_good("broken", "\n@hookimpl\ndef ampcore_backnd_info():\n    return {}\n"), "ampcore_backnd_info (did you mean ampcore_backend_info?)"),
+        (
+            _good("broken", "\n@hookimpl\ndef ampcore_backnd_info():\n    return {}\n"),
+            "ampcore_backnd_info (did you mean ampcore_backend_info?)",
+        ),
         (_good("broken", "\n@hookimpl\ndef ampcore_device_name(device_index, surprise):\n    return ''\n"), "surprise"),
         (_good("broken").replace("dtypes=[torch.bfloat16]", "dtypes=[]"), "non-empty"),
-        (_good("broken").replace("@hookimpl\ndef ampcore_backend", "def ampcore_backend"), "ampcore_backend is not marked"),
+        (
+            _good("broken").replace("@hookimpl\ndef ampcore_backend", "def ampcore_backend"),
+            "ampcore_backend is not marked",
+        ),
         (_good("broken").replace('name = "broken"', "raise RuntimeError('probe failed')"), "probe failed"),
     ],
     ids=["import-error", "raises", "misspelled-hook", "bad-signature", "no-dtypes", "unmarked-hook", "hook-raises"],
@@ -119,14 +124,24 @@ def test_strict_mode_raises_on_first_broken_plugin(site: FakeSite) -> None:
     [
         ({}, ["alpha", "beta"], {"alpha": "loaded", "beta": "loaded"}),
         ({"AMPCORE_DISABLE_PLUGIN_AUTOLOAD": "1"}, [], {"alpha": "disabled", "beta": "disabled"}),
-        ({"AMPCORE_DISABLE_PLUGIN_AUTOLOAD": "1", "AMPCORE_PLUGINS": "beta"}, ["beta"], {"alpha": "not-allowed", "beta": "loaded"}),
+        (
+            {"AMPCORE_DISABLE_PLUGIN_AUTOLOAD": "1", "AMPCORE_PLUGINS": "beta"},
+            ["beta"],
+            {"alpha": "not-allowed", "beta": "loaded"},
+        ),
         ({"AMPCORE_PLUGINS": "alpha"}, ["alpha"], {"alpha": "loaded", "beta": "not-allowed"}),
         ({"AMPCORE_PLUGINS": "ampcore-beta"}, ["beta"], {"alpha": "not-allowed", "beta": "loaded"}),
         ({"AMPCORE_BLOCK_PLUGINS": "alpha"}, ["beta"], {"alpha": "blocked", "beta": "loaded"}),
-        ({"AMPCORE_PLUGINS": "alpha,beta", "AMPCORE_BLOCK_PLUGINS": "beta"}, ["alpha"], {"alpha": "loaded", "beta": "blocked"}),
+        (
+            {"AMPCORE_PLUGINS": "alpha,beta", "AMPCORE_BLOCK_PLUGINS": "beta"},
+            ["alpha"],
+            {"alpha": "loaded", "beta": "blocked"},
+        ),
     ],
 )
-def test_environment_controls(site: FakeSite, environ: dict[str, str], loaded: list[str], statuses: dict[str, str]) -> None:
+def test_environment_controls(
+    site: FakeSite, environ: dict[str, str], loaded: list[str], statuses: dict[str, str]
+) -> None:
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     site.install("ampcore-beta", "beta", "beta_plugin", _good("beta"))
     pm = site.manager(**environ)
@@ -153,7 +168,9 @@ def test_same_backend_name_is_a_conflict_naming_both_distributions(site: FakeSit
     site.install("ampcore-two", "two", "two_plugin", _good("npu"))
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     pm = site.manager()
-    with pytest.raises(ampcore.AmpcoreError, match='backend "npu".*"ampcore-one".*"ampcore-two".*AMPCORE_BLOCK_PLUGINS=ampcore-two:two'):
+    with pytest.raises(
+        ampcore.AmpcoreError, match='backend "npu".*"ampcore-one".*"ampcore-two".*AMPCORE_BLOCK_PLUGINS=ampcore-two:two'
+    ):
         pm.backend("npu")
     assert {p.name: p.status for p in pm.plugins()} == {"alpha": "loaded", "one": "conflict", "two": "conflict"}
     assert [b.name for b in pm.backends()] == ["alpha"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_adapter
-from test_plugins import FakeSite, _good, site  # noqa: F401  (the fixture)
+from test_plugins import FakeSite, _good, site_fixture  # noqa: F401  (the fixture ``site``)
 
 import ampcore
 from ampcore import PluginWarning
@@ -33,7 +33,9 @@ def test_a_hung_import_is_waited_for_a_bounded_time_then_the_plugin_fails(site: 
     site.install("ampcore-zeta", "zeta", "zeta_plugin", _good("zeta"))
     pm = site.manager(AMPCORE_PLUGIN_IMPORT_TIMEOUT="0.3")
     start = time.monotonic()
-    with pytest.warns(PluginWarning, match=r'"hangs" \(distribution "ampcore-hangs".*did not finish within 0.3 s') as record:
+    with pytest.warns(
+        PluginWarning, match=r'"hangs" \(distribution "ampcore-hangs".*did not finish within 0.3 s'
+    ) as record:
         infos = {p.name: p for p in pm.plugins()}
     assert time.monotonic() - start < 60  # bounded (the bound itself is 0.3 s; the machine may be busy)
     assert len(record) == 1 and "AMPCORE_PLUGIN_IMPORT_TIMEOUT" in str(record[0].message)
@@ -49,19 +51,29 @@ def test_neither_autocast_nor_ampcore_info_hang_on_a_plugin_whose_import_never_r
     (info / "entry_points.txt").write_text("[ampcore]\nhangs = ampcore_hangs_vendor\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "AMPCORE_PLUGIN_IMPORT_TIMEOUT": "1"}  # fmt: skip
-    code = "import torch, ampcore\nwith ampcore.autocast('cpu'):\n    print(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype)\n"
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False)
+    code = (
+        "import torch, ampcore\n"
+        "with ampcore.autocast('cpu'):\n"
+        "    print(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "torch.bfloat16"
     assert '"hangs"' in run.stderr and "did not finish within 1 s" in run.stderr
-    shown = subprocess.run([sys.executable, "-m", "ampcore", "info"], capture_output=True, text=True, env=env, timeout=300, check=False)
+    shown = subprocess.run(
+        [sys.executable, "-m", "ampcore", "info"], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
     assert shown.returncode == 0, shown.stderr
     assert "hangs" in shown.stdout and "did not finish within 1 s" in shown.stdout and "cpu" in shown.stdout
 
 
 @pytest.mark.parametrize("value", ["abc", "30s", "nan", "inf", "-1", "0", "\u00b2", "1e999"])
 def test_a_bad_import_timeout_warns_naming_the_variable_and_uses_the_default(value: str) -> None:
-    with pytest.warns(PluginWarning, match=rf"AMPCORE_PLUGIN_IMPORT_TIMEOUT={value!r}: expected a positive number of seconds"):
+    with pytest.warns(
+        PluginWarning, match=rf"AMPCORE_PLUGIN_IMPORT_TIMEOUT={value!r}: expected a positive number of seconds"
+    ):
         assert import_timeout({"AMPCORE_PLUGIN_IMPORT_TIMEOUT": value}) == DEFAULT_IMPORT_TIMEOUT_S
 
 
@@ -76,7 +88,9 @@ def test_the_import_bound_can_be_lifted() -> None:
 def test_an_unknown_device_type_is_a_plugin_error_naming_the_plugin() -> None:
     plugin = make_adapter("bogusdev", device_type="bogusdev")
     try:  # refused when it says it is available (the device type may be a PrivateUse1 name not given yet)
-        with pytest.raises(ampcore.PluginError, match=r"Plugin \"bogus\".*device_type='bogusdev': torch knows no such device type"):
+        with pytest.raises(
+            ampcore.PluginError, match=r"Plugin \"bogus\".*device_type='bogusdev': torch knows no such device type"
+        ):
             ampcore.register_plugin(plugin, name="bogus")
             ampcore.autocast("bogusdev")
         assert ampcore.get_backend("bogusdev").unavailable_reason is not None
@@ -115,10 +129,14 @@ def test_device_type_rules(knows: bool, privateuse1: str, available: bool, refus
         ([5], "expected None or a dict"),
     ],
 )
-def test_memory_answers_of_the_wrong_class_are_plugin_errors_naming_the_hook(register, stats: object, expected: str) -> None:
+def test_memory_answers_of_the_wrong_class_are_plugin_errors_naming_the_hook(
+    register, stats: object, expected: str
+) -> None:
     assert expected in (memory_problem(stats) or "")
     backend = register(make_adapter("lots", ampcore_memory=lambda: stats), name="lots")
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "lots": ampcore_memory\(0, reset_peak=False\) returned') as caught:
+    with pytest.raises(
+        ampcore.PluginError, match=r'Plugin "lots": ampcore_memory\(0, reset_peak=False\) returned'
+    ) as caught:
         ampcore.toolkit.memory_in_use(backend)
     assert expected in str(caught.value)
 
@@ -153,7 +171,8 @@ def test_results_the_core_uses_are_checked_by_class(register, hook: str, value: 
     call = backend.hook(hook)
     assert call is not None
     kwargs = {"ampcore_device_overflow_flag": {"device": torch.device("cpu")},
-              "ampcore_prepare_o2": {"model": torch.nn.Linear(2, 2), "optimizer": None, "dtype": torch.bfloat16}}.get(hook, {})  # fmt: skip
+              "ampcore_prepare_o2": {"model": torch.nn.Linear(2, 2), "optimizer": None, "dtype": torch.bfloat16},
+              }.get(hook, {})  # fmt: skip
     with pytest.raises(ampcore.PluginError, match=rf'Plugin "wrong": {hook}\(\) returned'), pytest.warns(PluginWarning):
         call(**kwargs)
     assert {p.name: p for p in ampcore.list_plugins()}["wrong"].status == "failed"
@@ -180,7 +199,8 @@ def test_the_flag_hooks_always_get_a_device_with_its_index(register) -> None:
         return torch.zeros(1, device=device)
 
     register(make_adapter("flagged", dtypes=(torch.float16,), ampcore_device_overflow_flag=flag,
-                          ampcore_clear_device_overflow_flag=lambda device: seen.append(device)), name="flagged")  # fmt: skip
+                          ampcore_clear_device_overflow_flag=lambda device: seen.append(device)),
+             name="flagged")  # fmt: skip
     _fp16_step("flagged")
     _fp16_step("flagged")
     assert len(seen) >= 4 and set(seen) == {torch.device("cpu", 0)}
@@ -193,7 +213,9 @@ def test_an_exception_of_a_flag_hook_is_a_plugin_error_naming_the_hook(register,
         raise RuntimeError("float status register unreadable")
 
     register(make_adapter("flaky", dtypes=(torch.float16,), **{hook: broken}), name="flaky")
-    with pytest.raises(ampcore.PluginError, match=rf'Plugin "flaky": {hook}\(\) raised RuntimeError: float status register unreadable'):
+    with pytest.raises(
+        ampcore.PluginError, match=rf'Plugin "flaky": {hook}\(\) raised RuntimeError: float status register unreadable'
+    ):
         _fp16_step("flaky")
 
 
@@ -217,7 +239,14 @@ def test_ampcore_info_lists_stale_plugins_as_failed_and_exits_0(tmp_path: Path, 
             (tmp_path / f"ampcore_stale_{name}.py").write_text(source)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "AMPCORE_STRICT_PLUGINS": strict}  # fmt: skip
-    run = subprocess.run([sys.executable, "-m", "ampcore", "info", "--json"], capture_output=True, text=True, env=env, timeout=300, check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "ampcore", "info", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr
     import json
 
@@ -232,7 +261,10 @@ def test_ampcore_info_lists_stale_plugins_as_failed_and_exits_0(tmp_path: Path, 
 def test_ampcore_info_says_how_each_backend_sees_an_overflow(register) -> None:
     from ampcore._cli.info import collect_info, format_info
 
-    register(make_adapter("saturating", dtypes=(torch.float16,), ampcore_device_overflow_flag=lambda device: None), name="saturating")
+    register(
+        make_adapter("saturating", dtypes=(torch.float16,), ampcore_device_overflow_flag=lambda device: None),
+        name="saturating",
+    )
     info = collect_info()
     overflow = {b["name"]: b["overflow"] for b in info["backends"]}
     assert overflow["saturating"] == "flag" and overflow["cpu"] == "inf"

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_adapter
+from test_plugins import FakeSite, _good, site_fixture  # noqa: F401  (the fixture ``site``)
 
 import ampcore
 from ampcore import PluginWarning, hookspec
-
-from conftest import make_adapter
-from test_plugins import FakeSite, _good, site  # noqa: F401  (the fixture)
 
 #: The hooks of contract 2, in the order of ampcore/hookspec.py.
 CONTRACT_2_HOOKS = (
@@ -196,16 +195,25 @@ def test_a_contract_1_plugin_loads_with_one_warning_naming_each_hook_to_change(r
     assert message.startswith('ampcore plugin "oldchip" (registered in process) targets adapter contract 1, deprecated')
     assert "until ampcore 0.3.0" in message and "declare AMPCORE_CONTRACT = 2" in message
     for hook in ("ampcore_backend_name", "ampcore_device_type", "ampcore_supported_dtypes", "ampcore_default_dtype",
-                 "ampcore_backend_priority", "ampcore_backend_overrides", "ampcore_memory_in_use", "ampcore_peak_memory",
-                 "ampcore_device_memory", "ampcore_reset_peak_memory", "ampcore_keep_norm_fp32", "ampcore_unscale_grads_"):  # fmt: skip
+                 "ampcore_backend_priority", "ampcore_backend_overrides", "ampcore_memory_in_use",
+                 "ampcore_peak_memory", "ampcore_device_memory", "ampcore_reset_peak_memory", "ampcore_keep_norm_fp32",
+                 "ampcore_unscale_grads_"):  # fmt: skip
         assert f"{hook}: " in message, hook
     for kept in ("ampcore_unavailable_reason", "ampcore_device_name"):
         assert kept not in message
     # the old hooks answer through contract 2
-    assert (backend.name, backend.device_type, backend.supported_dtypes) == ("oldchip", "cpu", (torch.float16, torch.bfloat16))
+    assert (backend.name, backend.device_type, backend.supported_dtypes) == (
+        "oldchip",
+        "cpu",
+        (torch.float16, torch.bfloat16),
+    )
     assert (backend.default_dtype, backend.priority, backend.device_name(1)) == (torch.bfloat16, -10, "old chip 1")
     toolkit = ampcore.toolkit
-    assert (toolkit.memory_in_use(backend, 2), toolkit.peak_memory(backend), toolkit.device_memory(backend)) == (13, 22, 33)
+    assert (toolkit.memory_in_use(backend, 2), toolkit.peak_memory(backend), toolkit.device_memory(backend)) == (
+        13,
+        22,
+        33,
+    )
     toolkit.reset_peak_memory(backend)
     assert module.MEMORY["resets"] == 1
     assert {p.name: p for p in ampcore.list_plugins()}["oldchip"].contract == 1
@@ -229,7 +237,12 @@ def test_a_contract_1_hook_without_its_marker_is_refused_not_dropped() -> None:
 
 
 def test_a_plugin_targeting_a_newer_contract_fails_asking_to_upgrade_ampcore() -> None:
-    with pytest.raises(ampcore.PluginError, match=r'Plugin "new": targets adapter contract 3 \(AMPCORE_CONTRACT = 3\), newer than this ampcore 0\.2\.0 knows; supported contract versions: 2 \(and 1, deprecated.*\)\. Upgrade ampcore'):
+    with pytest.raises(
+        ampcore.PluginError,
+        match=r'Plugin "new": targets adapter contract 3 \(AMPCORE_CONTRACT = 3\), '
+        r"newer than this ampcore 0\.2\.0 knows; "
+        r"supported contract versions: 2 \(and 1, deprecated.*\)\. Upgrade ampcore",
+    ):
         ampcore.register_plugin(_adapter(contract=3), name="new")
 
 
@@ -244,7 +257,9 @@ def test_an_installed_contract_1_plugin_loads_with_a_warning(site: FakeSite, str
     site.install("ampcore-alpha", "alpha", "alpha_plugin", _good("alpha"))
     site.install("ampcore-old", "old", "old_plugin", CONTRACT_1.replace("{backend}", "old"), version="0.3")
     pm = site.manager(AMPCORE_STRICT_PLUGINS=strict)
-    with pytest.warns(PluginWarning, match=r'"old" \(distribution "ampcore-old"\) targets adapter contract 1, deprecated') as record:
+    with pytest.warns(
+        PluginWarning, match=r'"old" \(distribution "ampcore-old"\) targets adapter contract 1, deprecated'
+    ) as record:
         infos = {info.name: info for info in pm.plugins()}
     assert len(record) == 1 and record[0].filename.endswith("old_plugin.py")  # points at the plugin's file
     assert (infos["old"].status, infos["old"].contract) == ("loaded", 1)
@@ -264,7 +279,11 @@ def test_an_installed_contract_1_plugin_loads_with_a_warning(site: FakeSite, str
         ("ampcore_backend_priority", lambda: 0, r"merged into ampcore_backend \(BackendSpec.priority\)"),
         ("ampcore_memory_in_use", lambda device_index: 0, r"merged into ampcore_memory \(its 'in_use' key\)"),
         ("ampcore_peak_memory", lambda device_index: 0, r"merged into ampcore_memory \(its 'peak' key\)"),
-        ("ampcore_reset_peak_memory", lambda device_index: None, r"merged into ampcore_memory \(called with reset_peak=True\)"),
+        (
+            "ampcore_reset_peak_memory",
+            lambda device_index: None,
+            r"merged into ampcore_memory \(called with reset_peak=True\)",
+        ),
         ("ampcore_device_memory", lambda device_index: 0, r"merged into ampcore_memory \(its 'total' key\)"),
         ("ampcore_backend_overrides", lambda: True, "removed in contract 2: .*AMPCORE_BLOCK_PLUGINS"),
         ("ampcore_unscale_grads_", lambda grads: True, "removed in contract 2: the scaler uses torch's"),
@@ -276,22 +295,33 @@ def test_a_hook_of_contract_1_names_what_replaced_it(old_hook: str, function: ob
     setattr(type(plugin), old_hook, ampcore.hookimpl(function))
     with pytest.raises(ampcore.PluginError) as caught:
         ampcore.register_plugin(plugin, name="stale")
-    assert re.match(rf'Plugin "stale": unknown hook\(s\) {re.escape(old_hook)} \({new}', str(caught.value)), str(caught.value)
+    assert re.match(rf'Plugin "stale": unknown hook\(s\) {re.escape(old_hook)} \({new}', str(caught.value)), str(
+        caught.value
+    )
 
 
 # -- the merged identity and memory hooks ----------------------------------------------
 
 
 def test_backend_spec_gives_name_device_type_dtypes_default_and_priority(register) -> None:
-    backend = register(make_adapter("spec", dtypes=(torch.float16, torch.bfloat16), default_dtype=torch.bfloat16, priority=7), name="spec")
-    assert (backend.name, backend.device_type, backend.supported_dtypes) == ("spec", "cpu", (torch.float16, torch.bfloat16))
+    backend = register(
+        make_adapter("spec", dtypes=(torch.float16, torch.bfloat16), default_dtype=torch.bfloat16, priority=7),
+        name="spec",
+    )
+    assert (backend.name, backend.device_type, backend.supported_dtypes) == (
+        "spec",
+        "cpu",
+        (torch.float16, torch.bfloat16),
+    )
     assert (backend.default_dtype, backend.priority) == (torch.bfloat16, 7)
 
 
 def test_ampcore_backend_returning_no_backend_spec_is_a_plugin_error() -> None:
     plugin = make_adapter("nospec")
     type(plugin).ampcore_backend = ampcore.hookimpl(lambda self: {"name": "nospec"})
-    with pytest.raises(ampcore.PluginError, match=r"ampcore_backend\(\) returned \{'name': 'nospec'\}; expected an ampcore.BackendSpec"):
+    with pytest.raises(
+        ampcore.PluginError, match=r"ampcore_backend\(\) returned \{'name': 'nospec'\}; expected an ampcore.BackendSpec"
+    ):
         ampcore.register_plugin(plugin, name="nospec")
 
 
@@ -304,7 +334,11 @@ def test_memory_hook_answers_in_use_peak_total_and_resets(register) -> None:
 
     backend = register(make_adapter("mem", ampcore_memory=memory), name="mem")
     toolkit = ampcore.toolkit
-    assert (toolkit.memory_in_use(backend, 1), toolkit.peak_memory(backend), toolkit.device_memory(backend)) == (11, 20, 16 * 2**30)
+    assert (toolkit.memory_in_use(backend, 1), toolkit.peak_memory(backend), toolkit.device_memory(backend)) == (
+        11,
+        20,
+        16 * 2**30,
+    )
     toolkit.reset_peak_memory(backend, 1)
     assert calls[-1] == (1, True) and all(not reset for _, reset in calls[:-1])
 
@@ -317,7 +351,11 @@ def test_memory_hook_may_leave_keys_out(register) -> None:
 
 def test_memory_hook_returning_no_mapping_is_a_plugin_error(register) -> None:
     backend = register(make_adapter("badmem", ampcore_memory=lambda: 5), name="badmem")
-    with pytest.raises(ampcore.PluginError, match=r"ampcore_memory\(0, reset_peak=False\) returned 5; expected None or a dict with keys in_use, peak, total"):
+    with pytest.raises(
+        ampcore.PluginError,
+        match=r"ampcore_memory\(0, reset_peak=False\) returned 5; "
+        r"expected None or a dict with keys in_use, peak, total",
+    ):
         ampcore.toolkit.memory_in_use(backend)
 
 

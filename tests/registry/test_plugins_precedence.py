@@ -11,11 +11,10 @@ import warnings
 
 import pytest
 import torch
+from conftest import make_adapter
+from test_plugins import FakeSite, site_fixture  # noqa: F401  (the fixture ``site``)
 
 import ampcore
-
-from conftest import make_adapter
-from test_plugins import FakeSite, site  # noqa: F401  (the fixture)
 
 #: An adapter claiming backend "npu" whose every optional hook answers recognisably.
 NPU = """
@@ -90,8 +89,18 @@ def test_a_vendor_plugin_replaces_the_first_party_adapter_of_its_name(
 @pytest.mark.parametrize(
     ("block", "who", "reason", "statuses"),
     [
-        ("ampcore-npu-vendor", "first-party", "torch_npu is not installed", {"ampcore:npu": "loaded", "ampcore-npu-vendor:npu": "blocked"}),
-        ("ampcore-npu-vendor:npu", "first-party", "torch_npu is not installed", {"ampcore:npu": "loaded", "ampcore-npu-vendor:npu": "blocked"}),
+        (
+            "ampcore-npu-vendor",
+            "first-party",
+            "torch_npu is not installed",
+            {"ampcore:npu": "loaded", "ampcore-npu-vendor:npu": "blocked"},
+        ),
+        (
+            "ampcore-npu-vendor:npu",
+            "first-party",
+            "torch_npu is not installed",
+            {"ampcore:npu": "loaded", "ampcore-npu-vendor:npu": "blocked"},
+        ),
         ("ampcore:npu", "vendor", None, {"ampcore:npu": "blocked", "ampcore-npu-vendor:npu": "loaded"}),
     ],
 )
@@ -137,9 +146,16 @@ def test_two_vendors_conflict_naming_both_distributions_and_how_to_choose(site: 
         pm.backend("npu")
     message = str(caught.value)
     assert '"ampcore-npu-vendor"' in message and '"ampcore-npu-other"' in message
-    assert "AMPCORE_BLOCK_PLUGINS=ampcore-npu-vendor:npu" in message or "AMPCORE_BLOCK_PLUGINS=ampcore-npu-other:npu" in message
+    assert (
+        "AMPCORE_BLOCK_PLUGINS=ampcore-npu-vendor:npu" in message
+        or "AMPCORE_BLOCK_PLUGINS=ampcore-npu-other:npu" in message
+    )
     statuses = {p.name: p.status for p in pm.plugins()}
-    assert statuses == {"ampcore:npu": "replaced", "ampcore-npu-vendor:npu": "conflict", "ampcore-npu-other:npu": "conflict"}
+    assert statuses == {
+        "ampcore:npu": "replaced",
+        "ampcore-npu-vendor:npu": "conflict",
+        "ampcore-npu-other:npu": "conflict",
+    }
     # following the advice resolves it
     keep_vendor = site.manager(AMPCORE_BLOCK_PLUGINS="ampcore-npu-other")
     assert keep_vendor.backend("npu").device_name(0) == "vendor"
@@ -164,4 +180,3 @@ def test_unique_names_are_shown_by_ampcore_info_tables(site: FakeSite) -> None:
     _install_both(site)
     rows = _plugin_rows([vars(p) for p in site.manager().plugins()], lambda text: "[n]")
     assert [row[0] for row in rows[1:]] == ["ampcore-npu-vendor:npu", "ampcore:npu"]
-

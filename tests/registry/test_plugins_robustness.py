@@ -25,6 +25,7 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-un
     yield fake
     fake.cleanup()
 
+
 def _infos(pm: PluginManager) -> dict[str, ampcore.PluginInfo]:
     return {info.name: info for info in pm.plugins()}
 
@@ -69,7 +70,9 @@ def test_exiting_plugin_neither_ends_the_program_nor_ampcore_info(tmp_path: Path
         "with ampcore.autocast(device='cpu'):\n"
         "    print(torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "torch.bfloat16"
     assert '"quitter"' in run.stderr and "SystemExit" in run.stderr
@@ -138,14 +141,27 @@ class _Interrupting:
 @pytest.mark.parametrize(
     ("hooks", "expected"),
     [
-        ({"ampcore_op_list_adjustments": lambda dtype: {"black": 5}}, "ampcore_op_list_adjustments(torch.bfloat16) returned {'black': 5}"),
+        (
+            {"ampcore_op_list_adjustments": lambda dtype: {"black": 5}},
+            "ampcore_op_list_adjustments(torch.bfloat16) returned {'black': 5}",
+        ),
         ({"ampcore_op_list_adjustments": lambda dtype: ["mm"]}, "expected None or a dict"),
         ({"ampcore_op_list_adjustments": lambda dtype: {"white": ["mmm"]}}, "unknown op 'mmm'; did you mean 'mm'"),
         ({"ampcore_op_list_adjustments": lambda dtype: {"blak": ["mm"]}}, "valid keys: 'white', 'black', 'promote'"),
         ({"ampcore_op_list_adjustments": lambda dtype: {"white": ["mm"], "black": ["mm"]}}, "under both"),
-        ({"ampcore_needs_loss_scaling": lambda dtype: "no"}, "ampcore_needs_loss_scaling(torch.bfloat16) returned 'no'; expected True or False"),
+        (
+            {"ampcore_needs_loss_scaling": lambda dtype: "no"},
+            "ampcore_needs_loss_scaling(torch.bfloat16) returned 'no'; expected True or False",
+        ),
     ],
-    ids=["adjustments-int", "adjustments-list", "adjustments-unknown-op", "adjustments-key", "adjustments-both", "loss-scaling-str"],
+    ids=[
+        "adjustments-int",
+        "adjustments-list",
+        "adjustments-unknown-op",
+        "adjustments-key",
+        "adjustments-both",
+        "loss-scaling-str",
+    ],
 )
 def test_hook_results_are_validated_at_load(hooks: dict[str, object], expected: str) -> None:
     with pytest.raises(ampcore.PluginError, match='Plugin "wrong"') as caught:
@@ -156,7 +172,9 @@ def test_hook_results_are_validated_at_load(hooks: dict[str, object], expected: 
 
 def test_supported_dtypes_as_a_string_is_quoted_as_returned() -> None:
     plugin = make_adapter("wrong", dtypes="bfloat16")  # type: ignore[arg-type]
-    with pytest.raises(ampcore.PluginError, match=r"ampcore_backend\(\) gave dtypes='bfloat16'; expected a non-empty list"):
+    with pytest.raises(
+        ampcore.PluginError, match=r"ampcore_backend\(\) gave dtypes='bfloat16'; expected a non-empty list"
+    ):
         ampcore.register_plugin(plugin, name="wrong")
 
 
@@ -174,11 +192,21 @@ def test_entry_point_with_a_bad_hook_result_is_a_failed_plugin(site: FakeSite) -
 @pytest.mark.parametrize(
     ("hook", "value", "expected"),
     [
-        ("ampcore_unavailable_reason", False, "ampcore_unavailable_reason() returned False; expected None (available) or a str"),
-        ("ampcore_unavailable_reason", "", "ampcore_unavailable_reason() returned ''; expected None (available) or a str"),
+        (
+            "ampcore_unavailable_reason",
+            False,
+            "ampcore_unavailable_reason() returned False; expected None (available) or a str",
+        ),
+        (
+            "ampcore_unavailable_reason",
+            "",
+            "ampcore_unavailable_reason() returned ''; expected None (available) or a str",
+        ),
     ],
 )
-def test_lazy_availability_hook_of_the_wrong_type_makes_the_plugin_failed(register, hook: str, value: object, expected: str) -> None:
+def test_lazy_availability_hook_of_the_wrong_type_makes_the_plugin_failed(
+    register, hook: str, value: object, expected: str
+) -> None:
     backend = register(make_adapter("lazy", **{hook: lambda: value}), name="lazy")
     assert not backend.is_available
     assert expected in (backend.unavailable_reason or "")
@@ -191,10 +219,22 @@ def test_lazy_availability_hook_of_the_wrong_type_makes_the_plugin_failed(regist
 @pytest.mark.parametrize(
     ("hooks", "call", "expected"),
     [
-        ({"ampcore_device_count": lambda: "two"}, lambda b: b.device_count(), "ampcore_device_count() returned 'two'; expected an int >= 0"),
+        (
+            {"ampcore_device_count": lambda: "two"},
+            lambda b: b.device_count(),
+            "ampcore_device_count() returned 'two'; expected an int >= 0",
+        ),
         ({"ampcore_device_count": lambda: -1}, lambda b: b.device_count(), "ampcore_device_count() returned -1"),
-        ({"ampcore_device_name": lambda device_index: 7}, lambda b: b.device_name(0), "ampcore_device_name(0) returned 7; expected a str"),
-        ({"ampcore_check_capability": lambda dtype, device_index: 5}, lambda b: b.capability_issues(torch.bfloat16), "ampcore_check_capability"),
+        (
+            {"ampcore_device_name": lambda device_index: 7},
+            lambda b: b.device_name(0),
+            "ampcore_device_name(0) returned 7; expected a str",
+        ),
+        (
+            {"ampcore_check_capability": lambda dtype, device_index: 5},
+            lambda b: b.capability_issues(torch.bfloat16),
+            "ampcore_check_capability",
+        ),
     ],
     ids=["count-str", "count-negative", "name-int", "capability-int"],
 )
@@ -219,7 +259,9 @@ def test_device_index_beyond_a_broken_count_is_a_plugin_error(register) -> None:
 @pytest.mark.parametrize("plugin", [None, 5, "cpu"])
 def test_register_plugin_refuses_non_plugins(plugin: object) -> None:
     before = {p.name for p in ampcore.list_plugins()}
-    with pytest.raises(ampcore.PluginError, match="register_plugin.*expected a module or an object with @ampcore.hookimpl"):
+    with pytest.raises(
+        ampcore.PluginError, match="register_plugin.*expected a module or an object with @ampcore.hookimpl"
+    ):
         ampcore.register_plugin(plugin)
     assert {p.name for p in ampcore.list_plugins()} == before
 
@@ -266,7 +308,9 @@ def test_disabled_autoload_is_named_when_a_backend_is_missing(site: FakeSite) ->
 def test_disabled_autoload_is_named_in_a_fresh_process() -> None:
     code = "import ampcore\ntry:\n    ampcore.autocast('cpu')\nexcept ampcore.AmpcoreError as e:\n    print(e)\n"
     env = {**os.environ, "AMPCORE_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
     assert run.returncode == 0, run.stderr
     assert "AMPCORE_DISABLE_PLUGIN_AUTOLOAD" in run.stdout and "AMPCORE_PLUGINS=cpu" in run.stdout
 
@@ -289,7 +333,8 @@ def test_multi_line_plugin_error_keeps_the_info_table_intact() -> None:
         "plugins": [
             {"name": "broken", "distribution": "d", "version": "1", "source": "entry-point", "status": "failed",
              "error": "Traceback (most recent call last):\n  File 'x.py', line 1\nImportError: boom"},
-            {"name": "fine", "distribution": "d", "version": "1", "source": "entry-point", "status": "loaded", "error": None},
+            {"name": "fine", "distribution": "d", "version": "1", "source": "entry-point", "status": "loaded",
+             "error": None},
         ],
         "backends": [],
     }  # fmt: skip
@@ -342,12 +387,24 @@ def _raises() -> None:
     ("hook", "function", "expected", "failed"),
     [
         ("ampcore_device_count", lambda: _exits(), "ampcore_device_count() called sys.exit(4)", True),
-        ("ampcore_device_count", lambda: _raises(), "ampcore_device_count() raised RuntimeError: driver not ready", False),
+        (
+            "ampcore_device_count",
+            lambda: _raises(),
+            "ampcore_device_count() raised RuntimeError: driver not ready",
+            False,
+        ),
         ("ampcore_unavailable_reason", lambda: _exits(), "ampcore_unavailable_reason() called sys.exit(4)", True),
-        ("ampcore_unavailable_reason", lambda: _raises(), "availability check failed: ampcore_unavailable_reason() raised RuntimeError", False),
+        (
+            "ampcore_unavailable_reason",
+            lambda: _raises(),
+            "availability check failed: ampcore_unavailable_reason() raised RuntimeError",
+            False,
+        ),
     ],
 )
-def test_lazy_hooks_that_exit_or_raise_become_plugin_errors(register, hook: str, function, expected: str, failed: bool) -> None:
+def test_lazy_hooks_that_exit_or_raise_become_plugin_errors(
+    register, hook: str, function, expected: str, failed: bool
+) -> None:
     register(make_adapter("lazy", **{hook: function}), name="lazy")
     with pytest.raises(ampcore.AmpcoreError) as caught:
         ampcore.autocast("lazy:0")

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import make_adapter, simulate_cuda
 
 import ampcore
 from ampcore._backends.registry import resolve_device
 
-from conftest import make_adapter, simulate_cuda
-
 
 @pytest.mark.parametrize(
     ("device", "name", "index"),
-    [("cpu", "cpu", None), ("cpu:0", "cpu", 0), (torch.device("cpu"), "cpu", None), (torch.device("cpu", 0), "cpu", 0), (" cpu ", "cpu", None)],
+    [
+        ("cpu", "cpu", None),
+        ("cpu:0", "cpu", 0),
+        (torch.device("cpu"), "cpu", None),
+        (torch.device("cpu", 0), "cpu", 0),
+        (" cpu ", "cpu", None),
+    ],
 )
 def test_resolve_names_indices_and_torch_devices(device: object, name: str, index: int | None) -> None:
     resolved = resolve_device(device)  # type: ignore[arg-type]
@@ -52,7 +57,9 @@ def test_unknown_backend_suggests_the_closest_name() -> None:
 
 def test_unavailable_backend_raises_with_the_adapters_reason(register) -> None:
     register(make_adapter("ghost", ampcore_unavailable_reason=lambda: "driver libghost.so missing"), name="ghost")
-    with pytest.raises(ampcore.BackendUnavailableError, match='backend "ghost".*unavailable: driver libghost.so missing'):
+    with pytest.raises(
+        ampcore.BackendUnavailableError, match='backend "ghost".*unavailable: driver libghost.so missing'
+    ):
         resolve_device("ghost")
     # get_backend still returns it, so that the reason can be read
     assert ampcore.get_backend("ghost").unavailable_reason == "driver libghost.so missing"

@@ -62,7 +62,9 @@ def test_matches_torch_grad_scaler_step_for_step(optimizer: str) -> None:
         lambda: fp16_scaler(init_scale=2.0**10, growth_interval=3, max_scale=None),
     ):
         model, x, y = linear_problem()
-        opt = torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd" else torch.optim.Adam(model.parameters())
+        opt = (
+            torch.optim.SGD(model.parameters(), lr=0.1) if optimizer == "sgd" else torch.optim.Adam(model.parameters())
+        )
         scaler = make()
         scales = []
         for step in range(12):
@@ -111,7 +113,7 @@ def test_gradient_accumulation_and_several_optimizers() -> None:
         scaled[-1].backward()
     expected = [p.grad.clone() / 256.0 for p in a.parameters()]
     scaler.unscale_(opt_a)
-    assert all(torch.allclose(p.grad, e) for p, e in zip(a.parameters(), expected))
+    assert all(torch.allclose(p.grad, e) for p, e in zip(a.parameters(), expected, strict=False))
     b.weight.grad[0, 0] = INF  # only the second optimizer overflows
     a_before, b_before = snapshot(a), snapshot(b)
     scaler.step(opt_a)
@@ -159,7 +161,10 @@ def test_sparse_gradients_are_unscaled_and_checked() -> None:
 
 def test_fused_adam_needs_no_host_read_and_skips_on_the_device() -> None:
     results = []
-    for make in (lambda: torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2), lambda: fp16_scaler(init_scale=2.0**8, growth_interval=2)):
+    for make in (
+        lambda: torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2),
+        lambda: fp16_scaler(init_scale=2.0**8, growth_interval=2),
+    ):
         model, x, y = linear_problem()
         opt = torch.optim.Adam(model.parameters(), lr=0.01, fused=True)
         scaler = make()
@@ -186,7 +191,7 @@ def test_host_reads_scale_unscale_update_none_step_one() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     scaler = fp16_scaler(hysteresis=2, min_scale=1.0)
     counts = {}
-    for step in range(2):
+    for _step in range(2):
         opt.zero_grad()
         with HostReads() as reads:
             loss = scaler.scale(loss_of(model, x, y))
@@ -216,7 +221,11 @@ def _scaled_backward() -> tuple[ampcore.GradScaler, torch.optim.Optimizer]:
 
 
 MISUSE: list[tuple[str, Callable[[ampcore.GradScaler, Any], Any], str]] = [
-    ("unscale twice", lambda s, o: (s.unscale_(o), s.unscale_(o)), r"unscale_\(\) has already been called on this optimizer"),
+    (
+        "unscale twice",
+        lambda s, o: (s.unscale_(o), s.unscale_(o)),
+        r"unscale_\(\) has already been called on this optimizer",
+    ),
     ("unscale after step", lambda s, o: (s.step(o), s.unscale_(o)), r"unscale_\(\) is being called after step\(\)"),
     ("step twice", lambda s, o: (s.step(o), s.step(o)), r"step\(\) has already been called since the last update\(\)"),
     ("update before step", lambda s, o: s.update(), r"No inf checks were recorded prior to update"),

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
 from ampcore._scaler.kernels import ScalerKernels, portable_unscale_
-
-from conftest import make_adapter
 
 INF, NAN = float("inf"), float("nan")
 

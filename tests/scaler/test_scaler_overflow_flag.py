@@ -15,10 +15,9 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_adapter
 
 import ampcore
-
-from conftest import make_adapter
 
 FP16_MAX = 65504.0
 CASES = [(n, k) for n in (1, 2, 3) for k in range(n)]

@@ -18,7 +18,13 @@ import torch
 import ampcore
 
 OVERFLOW_STEPS = frozenset({2, 3, 7, 8, 9, 14})
-SETTINGS: dict[str, Any] = {"init_scale": 2.0**8, "growth_interval": 3, "hysteresis": 2, "min_scale": 1.0, "max_scale": 2.0**12}
+SETTINGS: dict[str, Any] = {
+    "init_scale": 2.0**8,
+    "growth_interval": 3,
+    "hysteresis": 2,
+    "min_scale": 1.0,
+    "max_scale": 2.0**12,
+}
 
 
 @dataclass
@@ -90,11 +96,13 @@ def test_resume_in_a_new_process_gives_the_same_trajectory(tmp_path: Path) -> No
     out = tmp_path / "resumed.pt"
     script = "import sys; sys.path.insert(0, sys.argv[1]); import test_scaler_state as t; t.resume_job(*sys.argv[1:])"
     tests_dir = str(Path(__file__).parent)
-    subprocess.run([sys.executable, "-c", script, tests_dir, str(tmp_path / "ckpt.pt"), str(out)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", script, tests_dir, str(tmp_path / "ckpt.pt"), str(out)], check=True, timeout=120
+    )
     resumed = torch.load(out, weights_only=True)
     assert resumed["scales"] == whole.scales[10:]
     assert same(resumed["params"], whole.params())
-    moves = list(zip(whole.scales, whole.scales[11:]))
+    moves = list(zip(whole.scales, whole.scales[11:], strict=False))
     assert any(b < a for a, b in moves) and any(b > a for a, b in moves)  # after the resume: both ways
 
 
@@ -150,7 +158,11 @@ def _valid() -> dict[str, Any]:
 BROKEN: list[tuple[str, Any, str]] = [
     ("missing key", {k: v for k, v in _valid().items() if k != "hysteresis"}, r"missing keys \['hysteresis'\]"),
     ("extra key", {**_valid(), "loss_scale": 1.0}, r"unexpected keys \['loss_scale'\]"),
-    ("torch keys missing one", {"scale": 1.0, "growth_factor": 2.0}, r"missing keys \['_growth_tracker', 'backoff_factor', 'growth_interval'\]"),
+    (
+        "torch keys missing one",
+        {"scale": 1.0, "growth_factor": 2.0},
+        r"missing keys \['_growth_tracker', 'backoff_factor', 'growth_interval'\]",
+    ),
     ("scale is a string", {**_valid(), "scale": "256"}, r"scale='256'"),
     ("scale is a tensor", {**_valid(), "scale": torch.tensor(2.0)}, "scale=tensor"),
     ("scale is nan", {**_valid(), "scale": math.nan}, "scale=nan"),

@@ -18,8 +18,8 @@ from typing import Final
 
 import torch
 
-from .._errors import AmpcoreError, closest, shown
-from .._forklock import LOCK
+from ._errors import AmpcoreError, closest, shown
+from ._forklock import LOCK
 
 __all__ = [
     "NO_CAST_OPS",
