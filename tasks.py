@@ -295,7 +295,9 @@ def build_policy_kernel() -> None:
     """Choose the policy-kernel executor once before the tests, building the compiled one
     (20-60 s on a fresh machine, then cached per torch version) so that no test's own time
     limit pays for the build; prints which executor runs and why."""
-    code = "from ampcore._policy.executor import executor; e = executor(); print(f'policy kernels: {e.name} ({e.reason})')"
+    code = (
+        "from ampcore._policy.executor import executor; e = executor(); print(f'policy kernels: {e.name} ({e.reason})')"
+    )
     subprocess.run([str(PY), "-c", code], cwd=ROOT, check=False)
 
 

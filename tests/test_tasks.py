@@ -154,9 +154,14 @@ def test_lint_commands_cover_the_whole_tree(tasks: ModuleType) -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["All checks passed!", "Found 3 errors.", "Success: no issues found in 9 source files", "291 files already formatted",
-     "1 file would be reformatted, 290 files already formatted"],
-)  # fmt: skip
+    [
+        "All checks passed!",
+        "Found 3 errors.",
+        "Success: no issues found in 9 source files",
+        "291 files already formatted",
+        "1 file would be reformatted, 290 files already formatted",
+    ],
+)
 def test_every_lint_tools_closing_line_is_recognised(tasks: ModuleType, line: str) -> None:
     assert tasks._LINT_SUMMARY.match(line)
 
