@@ -13,6 +13,9 @@ import json
 import math
 import os
 import tempfile
+import threading
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -515,3 +518,42 @@ def test_misbehaving_plugin_hooks(hook: str, value: Any) -> None:
     finally:
         if "contractprobe" in {p.name for p in ampcore.list_plugins()}:
             ampcore.unregister_plugin("contractprobe")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(delay=st.sampled_from([0.0, 0.01, 3.0]), answer=st.sampled_from([None, "no device here"]))
+def test_slow_availability_probes_are_bounded(delay: float, answer: str | None) -> None:
+    """A plugin's ``ampcore_unavailable_reason()`` that answers late is waited for at most
+    ``AMPCORE_PLUGIN_IMPORT_TIMEOUT`` (0.5 s here): its answer when in time, else an
+    unavailable backend naming the time waited; never a hang, never a traceback."""
+    from conftest import make_adapter
+
+    release = threading.Event()
+
+    def probe() -> str | None:
+        release.wait(delay)
+        return answer
+
+    old = os.environ.get("AMPCORE_PLUGIN_IMPORT_TIMEOUT")
+    os.environ["AMPCORE_PLUGIN_IMPORT_TIMEOUT"] = "0.5"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ampcore.PluginWarning)
+            backend = ampcore.register_plugin(
+                make_adapter("slowprobe", ampcore_unavailable_reason=probe), name="slowprobe"
+            )
+            started = time.monotonic()
+            reason = backend.unavailable_reason
+        assert time.monotonic() - started < 2.5
+        if delay < 0.5:
+            assert reason == answer
+        else:
+            assert reason is not None and "did not finish within 0.5 s" in reason
+    finally:
+        release.set()
+        if old is None:
+            del os.environ["AMPCORE_PLUGIN_IMPORT_TIMEOUT"]
+        else:
+            os.environ["AMPCORE_PLUGIN_IMPORT_TIMEOUT"] = old
+        if "slowprobe" in {p.name for p in ampcore.list_plugins()}:
+            ampcore.unregister_plugin("slowprobe")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
@@ -17,6 +18,7 @@ from .._op_names import canonical_ops
 from ..hookspec import BackendSpec
 from .capability import CapabilityIssue
 from .checks import device_type_problem, indexed_device, privateuse1_name, result_problem, torch_knows
+from .importing import ImportTimeout, call_bounded, import_timeout
 
 __all__ = ["Backend", "ADJUSTMENT_KEYS", "dtype_name", "origin"]
 
@@ -268,7 +270,10 @@ class Backend:
             with self._lock:
                 if self._reason is _MISSING:
                     try:
-                        reason = self._call("ampcore_unavailable_reason", default=None)
+                        reason = self._probe_availability()
+                    except ImportTimeout as exc:  # a probe that never answers: as a hung import
+                        self._broken(f"ampcore_unavailable_reason(): {exc}")
+                        reason = f"the availability check did not answer: {exc}"
                     except AmpcoreError as exc:  # a broken probe means unavailable
                         reason = f"the availability check failed: {str(exc).split(': ', 1)[-1]}"
                     if reason is not None and (not isinstance(reason, str) or not reason.strip()):
@@ -282,6 +287,19 @@ class Backend:
                         reason = self._device_type_reason()
                     self._reason = reason
         return self._reason  # type: ignore[return-value]
+
+    def _probe_availability(self) -> object:
+        """The adapter's ``ampcore_unavailable_reason()``, waited for at most
+        ``AMPCORE_PLUGIN_IMPORT_TIMEOUT`` (the probe talks to the vendor's runtime, which may
+        never answer; :mod:`.importing` says what a bounded call can and cannot do)."""
+        if self._hook("ampcore_unavailable_reason") is None:
+            return None
+        return call_bounded(
+            lambda: self._call("ampcore_unavailable_reason", default=None),
+            import_timeout(os.environ),
+            f"availability {self.name}",
+            doing="its availability check (ampcore_unavailable_reason)",
+        )
 
     def _device_type_reason(self) -> str | None:
         """An available backend must drive a device type torch knows by now."""

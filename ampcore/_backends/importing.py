@@ -1,9 +1,12 @@
-"""Importing a plugin's module with a bounded wait (``AMPCORE_PLUGIN_IMPORT_TIMEOUT``).
+"""Importing a plugin's module, and asking its availability probe, with a bounded wait
+(``AMPCORE_PLUGIN_IMPORT_TIMEOUT``).
 
-A plugin whose import never returns (a vendor runtime waiting for a device that never
-answers) must not hang every program that uses ampcore.  The import runs in a daemon
-thread and ampcore waits at most the timeout for it; then the plugin is reported as failed,
-naming the time waited, and every other plugin still loads.
+A plugin whose import or ``ampcore_unavailable_reason()`` never returns (a vendor runtime
+waiting for a device that never answers) must not hang every program that uses ampcore.
+Both run in a daemon thread and ampcore waits at most the timeout for them; then the plugin
+is reported as failed (its backend unavailable), naming the time waited, and every other
+plugin still loads.  The other hooks are not bounded: they run after the probe said the
+device answers, several of them once per optimizer step.
 
 What is and is not safe (documented in docs/plugins.md):
 
@@ -40,7 +43,8 @@ T = TypeVar("T")
 
 
 class ImportTimeout(Exception):
-    """The import did not finish within the bound (its message says how long ampcore waited)."""
+    """The import or the probe did not finish within the bound (its message says how long
+    ampcore waited)."""
 
 
 def import_timeout(environ: Mapping[str, str]) -> float | None:
@@ -75,7 +79,7 @@ def import_timeout(environ: Mapping[str, str]) -> float | None:
     return value
 
 
-def call_bounded(function: Callable[[], T], timeout_s: float | None, what: str) -> T:
+def call_bounded(function: Callable[[], T], timeout_s: float | None, what: str, doing: str = "importing it") -> T:
     """``function()``, run in a daemon thread that is waited for at most ``timeout_s``
     seconds (``None``: called here, without a bound).  Its exception (``SystemExit``
     included) is raised here; :class:`ImportTimeout` when it did not finish in time.
@@ -91,12 +95,12 @@ def call_bounded(function: Callable[[], T], timeout_s: float | None, what: str) 
         except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread as it is
             failure.append(exc)
 
-    thread = threading.Thread(target=run, name=f"ampcore import {what}", daemon=True)
+    thread = threading.Thread(target=run, name=f"ampcore {what}", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
         raise ImportTimeout(
-            f"importing it did not finish within {timeout_s:g} s ({ENV_IMPORT_TIMEOUT}); it is left "
+            f"{doing} did not finish within {timeout_s:g} s ({ENV_IMPORT_TIMEOUT}); it is left "
             "running in a background thread and the plugin is skipped for this process"
         )
     if failure:

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +42,37 @@ def test_a_hung_import_is_waited_for_a_bounded_time_then_the_plugin_fails(site: 
     assert len(record) == 1 and "AMPCORE_PLUGIN_IMPORT_TIMEOUT" in str(record[0].message)
     assert infos["hangs"].status == "failed" and "0.3 s" in (infos["hangs"].error or "")
     assert [b.name for b in pm.backends()] == ["alpha", "zeta"]
+
+
+def test_an_availability_probe_that_never_answers_is_waited_for_a_bounded_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same class as a hung import: ``ampcore_unavailable_reason()`` blocked on a vendor
+    runtime that never answers makes its backend unavailable after the bound, names the
+    time waited, marks the plugin failed, and leaves every other backend working."""
+    monkeypatch.setenv("AMPCORE_PLUGIN_IMPORT_TIMEOUT", "0.3")
+    release = threading.Event()
+
+    def never_answers() -> str | None:
+        release.wait(60)  # stands for a driver call that never returns (released at the end)
+        return None
+
+    ampcore.register_plugin(make_adapter("stuckprobe", ampcore_unavailable_reason=never_answers), name="stuckprobe")
+    try:
+        started = time.monotonic()
+        with pytest.warns(PluginWarning, match="stuckprobe"):
+            backend = ampcore.get_backend("stuckprobe")
+            assert not backend.is_available
+        assert time.monotonic() - started < 30
+        assert "did not finish within 0.3 s" in str(backend.unavailable_reason)
+        assert "ampcore_unavailable_reason" in str(backend.unavailable_reason)
+        with pytest.raises(ampcore.BackendUnavailableError, match="did not finish within 0.3 s"):
+            ampcore.autocast("stuckprobe")
+        with ampcore.autocast("cpu"):  # every other backend works
+            assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    finally:
+        release.set()
+        ampcore.unregister_plugin("stuckprobe")
 
 
 def test_neither_autocast_nor_ampcore_info_hang_on_a_plugin_whose_import_never_returns(tmp_path: Path) -> None:
