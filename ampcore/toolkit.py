@@ -5,7 +5,7 @@ Everything here is a stable, documented entry to something the core already uses
 * dtypes: :func:`parse_dtype`, :func:`parse_declared_dtype` (the spellings every ampcore
   call accepts, and its errors), :func:`device_dtypes` (the declared dtypes a device runs);
 * torch's own autocast: :func:`native_table`, :func:`dispatch_key_of`,
-  :func:`has_native_autocast`;
+  :func:`has_native_autocast`, :func:`has_own_autocast_kernel`;
 * values read from files, the environment or the command line: :func:`check_real`,
   :func:`check_integer` (ampcore's own validators: type, finiteness, range, and a message
   naming the source);
@@ -43,6 +43,7 @@ __all__ = [
     "device_memory",
     "dispatch_key_of",
     "has_native_autocast",
+    "has_own_autocast_kernel",
     "memory_in_use",
     "native_table",
     "parse_declared_dtype",
@@ -138,3 +139,16 @@ def has_native_autocast(device_type: str) -> bool:
         True
     """
     return _registration.has_native_autocast(device_type)
+
+
+def has_own_autocast_kernel(op: str, device_type: str) -> bool:
+    """Whether ATen overload ``op`` has an autocast kernel of the device's own (torch's, an
+    extension's, the vendor's) on ``device_type``'s autocast key, ampcore's kernels not
+    counted (the conformance suite checks a composite with such a kernel like any kernel).
+
+    Example::
+
+        >>> has_own_autocast_kernel("mm", "cpu"), has_own_autocast_kernel("relu", "cpu")
+        (True, False)
+    """
+    return _registration.has_own_autocast_kernel(op, device_type)

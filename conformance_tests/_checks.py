@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import ampcore
-from ampcore.toolkit import dispatch_key_of
+from ampcore.toolkit import has_own_autocast_kernel
 from ampcore_conformance._context import SuiteContext, dtype_name
 from ampcore_conformance._lists import REQUIRED_WHITE, category
 from ampcore_conformance._op_samples import SAMPLES, OpSample
@@ -186,14 +186,14 @@ def native_dtype(sample: OpSample, device: torch.device, dtype: torch.dtype) -> 
 def decomposes_under_autocast(op: str, device_type: str) -> bool:
     """Whether ATen op ``op`` (its default overload) decomposes above autocast on
     ``device_type``: it has a CompositeImplicitAutograd kernel and no kernel of its own for
-    the device's autocast key.  A composite with such a kernel (IPEX registers AutocastCPU
-    kernels for ``group_norm``...) is cast by that kernel, and is checked like any kernel."""
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    the device's autocast key (ampcore's own kernels not counted).  A composite with such a
+    kernel (IPEX registers AutocastCPU kernels for ``group_norm``...) is cast by that kernel,
+    and is checked like any kernel."""
     try:
-        composite = bool(has(f"aten::{op}", "CompositeImplicitAutograd"))
-        return composite and not has(f"aten::{op}", dispatch_key_of(device_type))
+        composite = bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CompositeImplicitAutograd"))
     except RuntimeError:  # no default overload
         return False
+    return composite and not has_own_autocast_kernel(op, device_type)
 
 
 def check_unlisted(

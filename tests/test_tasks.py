@@ -134,7 +134,10 @@ def test_lint_fails_on_any_finding_and_names_the_tool(
     _fake_tool(tmp_path / "bin", "mypy", "Success: no issues found in 72 source files", 0)
     clean = tasks.lint()
     assert clean.ok and clean.name == "lint"
-    assert clean.detail == "ruff: All checks passed!; mypy: Success: no issues found in 72 source files"
+    # the fake ruff answers both `ruff check .` and `ruff format --check .`
+    assert clean.detail == (
+        "ruff: All checks passed!; ruff: All checks passed!; mypy: Success: no issues found in 72 source files"
+    )
     mypy_out = "x.py:1: error: bad  [misc]\nFound 1 error in 1 file (checked 72 source files)"
     _fake_tool(tmp_path / "bin", "mypy", mypy_out, 1)
     finding = tasks.lint()

@@ -90,6 +90,7 @@ __all__ = [
     "Route",
     "choose_key",
     "has_native_autocast",
+    "has_own_autocast_kernel",
     "policy_for",
     "registered_keys",
     "route",
@@ -364,6 +365,20 @@ def has_native_autocast(device_type: str) -> bool:
     if found is not None and found.resident:
         return bool(_registry.vendor_ops.get(device_type))
     return _native_kernels(dispatch_key_of(device_type), table_name_of(device_type))
+
+
+def has_own_autocast_kernel(op: str, device_type: str) -> bool:
+    """Whether overload ``op`` (``"group_norm"``, ``"add.Tensor"``) has a kernel of the
+    device's own (torch's, IPEX's, the vendor's) on ``device_type``'s autocast key, not
+    counting ampcore's: resident kernels replace the vendor's, so there the answer is the
+    vendor's registrations as ampcore found them."""
+    found = _registry.routes.get(device_type)
+    if found is not None and found.resident:
+        return op in _registry.vendor_ops.get(device_type, frozenset())
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", dispatch_key_of(device_type)))
+    except RuntimeError:  # no such overload
+        return False
 
 
 @functools.cache
