@@ -95,16 +95,16 @@ def peak_memory(backend: Backend, device_index: int = 0) -> int | None:
 
 def _module_synchronize(backend: Backend) -> Callable[[], Any] | None:
     function = getattr(getattr(torch, backend.device_type, None), "synchronize", None)
-    return function if callable(function) and backend.device_type != "cpu" else None
+    return function if callable(function) else None  # torch.cpu.synchronize: a no-op
 
 
 def can_synchronize(backend: Backend) -> bool:
-    """Whether :func:`synchronize` can wait for the backend's device: the host (nothing to
-    wait for), an adapter with ``ampcore_synchronize``, the current accelerator, or a device
-    module with ``synchronize`` (``False``: a device whose work cannot be timed)."""
+    """Whether :func:`synchronize` can wait for the backend's device: an adapter with
+    ``ampcore_synchronize``, the current accelerator, or a device module with
+    ``synchronize`` (the host's, ``torch.cpu.synchronize``, has nothing to wait for;
+    ``False``: a device whose work cannot be timed)."""
     return (
-        backend.device_type == "cpu"
-        or backend.hook("ampcore_synchronize") is not None
+        backend.hook("ampcore_synchronize") is not None
         or _drives_current_accelerator(backend)
         or _module_synchronize(backend) is not None
     )
