@@ -7,7 +7,11 @@ a doctest (output included); any other block must run without error.  The few bl
 need what this machine may lack start with an explicit marker comment:
 
     # doc-test: requires cuda          (skipped unless backend "cuda" is available)
+    # doc-test: requires no cuda       (skipped where backend "cuda" is available: output
+                                       # written for a machine without a GPU)
     # doc-test: skip <reason>          (never run here; the reason is shown)
+
+A block may start with several marker lines; it runs when every one allows it.
 """
 
 from __future__ import annotations
@@ -63,19 +67,35 @@ def _blocks(doc: Path) -> list[Block]:
 ALL_BLOCKS = [block for doc in DOCS for block in _blocks(doc)]
 
 
-def _skip_reason(block: Block) -> str | None:
-    match = _MARKER.match(block.code.splitlines()[0]) if block.code.strip() else None
-    if match is None:
-        return None
-    kind, what = match.groups()
-    if kind == "skip":
-        return f"{block.id}: {what}"
-    backend = what.strip()
+def _markers(block: Block) -> list[tuple[str, str]]:
+    """The block's leading ``# doc-test:`` markers, as (kind, what) pairs."""
+    found: list[tuple[str, str]] = []
+    for line in block.code.splitlines():
+        match = _MARKER.match(line)
+        if match is None:
+            break
+        found.append((match.group(1), match.group(2).strip()))
+    return found
+
+
+def _available(backend: str) -> bool:
     try:
-        available = ampcore.get_backend(backend).is_available
+        return ampcore.get_backend(backend).is_available
     except ampcore.AmpcoreError:
-        available = False
-    return None if available else f"{block.id}: needs backend {backend!r}, not available here"
+        return False
+
+
+def _skip_reason(block: Block) -> str | None:
+    for kind, what in _markers(block):
+        if kind == "skip":
+            return f"{block.id}: {what}"
+        absent = what.startswith("no ")
+        backend = what.removeprefix("no ").strip()
+        if _available(backend) == absent:
+            needs = "no backend" if absent else "backend"
+            state = "available" if absent else "not available"
+            return f"{block.id}: needs {needs} {backend!r}, {state} here"
+    return None
 
 
 def _run(block: Block, namespace: dict[str, Any]) -> None:

@@ -1,8 +1,13 @@
 """The conformance checks compare with what the device returns without autocast (issue 24).
 
-On CUDA, ``trace`` of float16 input returns float32 even without autocast; the suite's
-"unlisted ops follow their inputs" check asserted float16 and failed on a correct backend.
-Stand-ins here: ops whose own kernel returns float32 for low-precision input.
+The suite's "unlisted ops follow their inputs" check must expect what the device itself
+does.  Two ways a correct backend returns another dtype than its inputs': a kernel that
+widens by itself (stand-in: ``sum`` with ``dtype=float32``), and a kernel that calls listed
+ops inside it, which autocast casts like any call: on CUDA, ``trace`` is
+``diagonal().sum()`` and ``sum`` is float32 under autocast, so ``trace`` of float16 returns
+float32 under ``torch.autocast`` and ampcore alike (the second GPU run, torch 2.11, failed
+``test_unlisted_ops_follow_inputs[float16-trace]`` on that).  Stand-in: an op whose host
+kernel calls ``mm``.
 """
 
 from __future__ import annotations
@@ -12,13 +17,35 @@ import torch
 from conftest import make_adapter
 
 import ampcore
-from ampcore_conformance._checks import check_runs_low, check_unlisted, native_dtype
+from ampcore_conformance._checks import check_runs_low, check_unlisted, native_dtype, ops_inside
 from ampcore_conformance._op_samples import Arg, OpSample
 
 CPU = torch.device("cpu")
 #: Like CUDA's ``trace``: a float32 result for bfloat16 input, with or without autocast.
 WIDENING_SUM = OpSample("sum", lambda x: torch.sum(x, dtype=torch.float32), (Arg((4, 4)),))
 NEG = OpSample("neg", torch.neg, (Arg((4, 4)),))
+
+
+_LIB = torch.library.Library("ampcore_conftest", "DEF")  # a test op
+_LIB.define("nested_mm(Tensor x) -> Tensor")
+_LIB.impl("nested_mm", lambda x: torch.mm(x, x), "CPU")
+#: Like CUDA's ``trace``: on no list itself, its kernel calls a listed op (``mm``, white).
+NESTED_MM = OpSample("nested_mm", torch.ops.ampcore_conftest.nested_mm, (Arg((4, 4)),))
+
+
+def test_ops_inside_sees_the_calls_a_kernel_makes() -> None:
+    assert "mm" in ops_inside(NESTED_MM, CPU)
+    assert "mm" not in ops_inside(NEG, CPU)
+
+
+def test_an_unlisted_op_whose_kernel_calls_a_listed_op_is_not_failed() -> None:
+    """The nested mm runs in bfloat16 under autocast; the check says why and skips."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what torch itself does
+        assert NESTED_MM.run(NESTED_MM.inputs(torch.float32, CPU), CPU).dtype == torch.bfloat16
+    with pytest.raises(pytest.skip.Exception, match=r"kernel on this device calls listed ops \['mm'\]"):
+        check_unlisted(NESTED_MM, ampcore.get_backend("cpu"), CPU, torch.bfloat16, frozenset({"mm"}), "O1")
+    with pytest.raises(AssertionError, match="nested_mm is on none of the backend's lists"):  # mm not listed
+        check_unlisted(NESTED_MM, ampcore.get_backend("cpu"), CPU, torch.bfloat16, frozenset(), "O1")
 
 
 def test_native_dtype_is_what_the_kernel_returns() -> None:

@@ -21,7 +21,9 @@ def _region_of(*args: Any, **kwargs: Any) -> ampcore.RegionInfo | None:
         return ampcore.active_region("cpu")
 
 
-def test_auto_cast_is_paddles_name_for_autocast() -> None:
+def test_auto_cast_is_paddles_name_for_autocast(cuda_absent: ampcore.Backend) -> None:
+    """Paddle's call names no device: the region is on the best available backend, the
+    host's here (``cuda_absent``: also on a machine with a GPU, where it would be cuda)."""
     assert ampcore.auto_cast is ampcore.autocast
     assert "auto_cast" in ampcore.__all__
     with ampcore.auto_cast(enable=True, custom_white_list={"elementwise_add"}, level="O1", dtype="bfloat16"):

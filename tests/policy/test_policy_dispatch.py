@@ -278,7 +278,9 @@ def test_kernels_are_registered_once_and_never_removed() -> None:
     for level, white in (("O1", {"add"}), ("OD", None), ("O2", {"relu"}), ("O1", {"softmax"})):
         with ampcore.autocast(device="cpu", level=level, custom_white_list=white):
             assert registered_keys() == before
-    assert registered_keys() == before and before == {"AutocastIPU": len(castable_overloads())}
+    # the host's key holds one kernel per castable overload (other keys are other devices':
+    # a test device registered earlier in this process keeps its own)
+    assert registered_keys() == before and before["AutocastIPU"] == len(castable_overloads())
     with torch.autocast("cpu", dtype=BF16):  # plain torch.autocast never meets them
         assert (X + Y).dtype == FP32 and torch.mm(X, W).dtype == BF16
 

@@ -5,12 +5,19 @@ without the cuDNN-only ops), which torch shares "so that other backends can reus
 op list".  A vendor that copies them (torch_npu does) registers exactly this table on
 ``AutocastPrivateUse1``; the test device's mode ``"generic"`` does too.  The tests check
 the names against torch's own ``AutocastXPU`` registrations.
+
+The lists are torch 2.13's; like a vendor that supports several torch releases, the table
+follows the installed one (:data:`_RELEASE_CHANGES`: named-tensor overloads registered
+until 2.13, ``rms_norm`` in float32 since 2.12).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Final
+
+import torch
 
 __all__ = ["APPEND_DTYPE", "GENERIC"]
 
@@ -53,11 +60,39 @@ _BY_POLICY: Final[dict[str, tuple[str, ...]]] = {
     "banned": _split("binary_cross_entropy"),
 }
 
-#: overload -> cast policy
-GENERIC: Final[Mapping[str, str]] = {op: policy for policy, ops in _BY_POLICY.items() for op in ops}
+#: The installed torch's (major, minor).
+_RELEASE: Final = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+
+_NAMED: Final = _split("""
+    cumprod.dimname cumsum.dimname log_softmax.Dimname prod.dim_Dimname softmax.Dimname sum.dim_DimnameList
+""")
+
+#: (policy, overloads, first release that has them, first release that no longer has them).
+_RELEASE_CHANGES: Final[tuple[tuple[str, tuple[str, ...], tuple[int, ...], tuple[int, ...]], ...]] = (
+    ("fp32_set_opt_dtype", _NAMED, (0, 0), (2, 13)),
+    ("fp32_append_dtype", ("norm.names_ScalarOpt_dim",), (0, 0), (2, 13)),
+    ("fp32", ("rms_norm",), (2, 12), (99, 0)),
+)
+
+
+def _for_release(release: tuple[int, ...]) -> dict[str, str]:
+    """The generic table as torch ``release`` registers it: overload -> cast policy."""
+    table = {op: policy for policy, ops in _BY_POLICY.items() for op in ops}
+    for policy, ops, since, until in _RELEASE_CHANGES:
+        for op in ops:
+            if since <= release < until:
+                table[op] = policy
+            else:
+                table.pop(op, None)
+    return table
+
+
+#: overload -> cast policy, for the installed torch
+GENERIC: Final[Mapping[str, str]] = _for_release(_RELEASE)
 
 #: ``fp32_append_dtype`` overloads -> the overload they call with ``dtype=float32``.
 APPEND_DTYPE: Final[Mapping[str, str]] = {
     "norm.Scalar": "norm.ScalarOpt_dtype",
     "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype",
+    "norm.names_ScalarOpt_dim": "norm.names_ScalarOpt_dim_dtype",
 }
