@@ -35,6 +35,7 @@ from .._backends.memory import (
 from .._backends.registry import resolve_device
 from .._backends.support import resolve_dtype
 from .._errors import AmpcoreError
+from .._policy.executor import executor
 from .._policy.registration import has_native_autocast
 from .bench_limits import check_bench_fits, host_memory
 from .results import BenchResult, ModeResult, add_speedups, load_average, merge_repeats, unreliable_reasons
@@ -140,6 +141,9 @@ def _setup(
             return model, opt, lambda: provided, native
         return model, opt, lambda: torch.autocast(backend.device_type, dtype=dtype), native
     scaler = ampcore.GradScaler(device, dtype=dtype, init_scale=1024.0)
+    # the policy kernels' executor is chosen (the compiled one built: 20-60 s at its first use
+    # per torch) in set-up: the GPU run of 2026-11-27 paid an 18.7 s build in AMP-O1's first step
+    executor()
     if mode == "AMP-O1":
         region = ampcore.autocast(device, dtype=dtype, level="O1", custom_white_list={"elementwise_add"})
         return model, opt, lambda: region, scaler
