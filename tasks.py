@@ -236,6 +236,14 @@ SECOND_EXECUTOR_RUN: tuple[list[str], dict[str, str]] = (
     {"AMPCORE_POLICY_KERNEL": "python"},
 )
 
+#: The suite again as on a machine with one CUDA GPU (faked: ``AMPCORE_TEST_SIMULATE_CUDA=1``,
+#: tests/conftest.py): the GPU runs found tests that held only where CUDA is absent; this run
+#: finds them on every machine (the ``slow`` tests and those marked ``cuda_runtime`` left out).
+SIMULATED_GPU_RUN: tuple[list[str], dict[str, str]] = (
+    ["-q", "-p", "no:cacheprovider", "-m", "not slow"],
+    {"AMPCORE_TEST_SIMULATE_CUDA": "1"},
+)
+
 
 #: The lint stage's commands (venv tools; configured in pyproject.toml's [tool.ruff] and
 #: [tool.mypy]): any finding fails the stage.
@@ -311,6 +319,8 @@ def test(args: list[str]) -> None:
     if not args:
         second_args, env = SECOND_EXECUTOR_RUN
         stages.append(run_pytest(second_args, env, name="pytest tests/policy, Python policy kernels"))
+        simulated_args, env = SIMULATED_GPU_RUN
+        stages.append(run_pytest(simulated_args, env, name="pytest with a faked CUDA GPU"))
     if not args or CONFORMANCE_MODE == "always":
         stages += conformance()
     if not summarize(stages, started):

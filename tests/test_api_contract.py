@@ -136,6 +136,7 @@ AUTOCAST_SPACE = {
 }
 
 
+@pytest.mark.cuda_runtime  # device=None is cuda where a GPU is reported: torch.autocast("cuda") runs
 @FAST
 @given(kwargs=_kwargs(AUTOCAST_SPACE))
 def test_autocast(kwargs: dict[str, Any]) -> None:

@@ -382,6 +382,7 @@ def test_an_adapter_hook_supplies_costs_instead_of_measuring(register: Any) -> N
     assert entry.source == "adapter" and entry.decision == "low" and asked == [entry.shape_class]
 
 
+@pytest.mark.cuda_runtime  # torch.compile saves the CUDA generator's state once a GPU is reported
 @pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)` when there are global hooks:UserWarning")
 def test_under_torch_compile_the_plan_is_not_applied_and_results_match_o1() -> None:
     model, x, y = Mixed(), torch.randn(16, 32), torch.randn(4, 8)
