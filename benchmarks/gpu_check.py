@@ -174,7 +174,7 @@ def stages(
             75,
         ),  # fmt: skip
         *conformance,
-        Stage(f"pytest -m 'not slow' ({device} present)", test, 240),
+        Stage(f"pytest -m 'not slow' ({device} present)", test, 300),
         *(
             Stage(row.name, (*command, *bench_args) if command[1:3] == ("-m", "ampcore") else command, row.timeout_s)
             for row, command in zip(SPEED_ROWS, speed, strict=True)
