@@ -11,7 +11,7 @@ from typing import Any, Final, TypeVar
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .._backends.registry import DeviceLike, on_backend_available, resolve_device
+from .._backends.registry import DeviceLike, get_manager, on_backend_available, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, shown
@@ -22,9 +22,10 @@ from .level_hooks import level_hooks
 from .levels import check_level
 from .lists import check_custom, compute_oplists, merge_custom
 from .recompute import install as install_recompute
-from .registration import OpPolicy, has_native_autocast, policy_for, route
-from .signature import bind_arguments, check_use_promote
+from .registration import OpPolicy, Route, has_native_autocast, policy_for, region_entry, route
+from .signature import bind_arguments, check_use_promote, construction_key
 from .thread_state import ActiveRegion, RegionSpec, current_region, thread_state
+from .torch_state import CompiledRegion, accepted, enter_torch_autocast, fast
 
 __all__ = ["auto_cast", "autocast"]
 
@@ -130,6 +131,14 @@ class autocast:
         custom_black_list: Iterable[str] | None = None,
         **aliases: Any,
     ) -> None:
+        key = None
+        if not args and not aliases and level != "auto":  # auto checks its budget per region
+            arguments = (device, dtype, level, enabled, cache_enabled)
+            key = construction_key(arguments, (custom_white_list, custom_black_list), get_manager().generation)
+            made = _MADE.get(key) if key is not None else None
+            if made is not None:  # validated before: the same attributes, without the checks
+                self.__dict__.update(made)
+                return
         if args or aliases:
             given = {
                 **aliases,
@@ -177,6 +186,10 @@ class autocast:
             backend.enforce_capability(self.dtype, self.device_index or 0)
         policy = self._policy_of(white, black)
         self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, policy)
+        if key is not None:
+            if len(_MADE) >= _MAX_MADE:
+                _MADE.clear()
+            _MADE[key] = dict(self.__dict__)
 
     def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> OpPolicy | None:
         """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
@@ -230,31 +243,35 @@ class autocast:
         policy = spec.policy
         found = None
         if policy is not None:
-            found = route(device_type, _provider(self.backend))
+            found = route(device_type, _provider(self.backend), policy)
         if self.enabled:
             install_recompute()  # activation checkpointing keeps the policy and casts (once per process)
         # Every change below is undone if a later step fails or is interrupted.
-        torch_region = torch.autocast(
-            device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled
-        )
-        torch_region.__enter__()
-        mode = shadow = None
         previous = state.policies.get(device_type)
+        torch_region = self._enter_torch(device_type, policy, found)
+        in_one_call = type(torch_region) is CompiledRegion  # the key and the C++ table set too
+        mode = shadow = None
         try:
-            if self.enabled and not (
-                torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype
+            if (
+                self.enabled
+                and not in_one_call
+                and not (torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype)
             ):
                 raise AmpcoreError(
                     f"{self!r}: torch did not enable autocast for device type {device_type!r} with "
                     f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
                     f"adapter ({self.backend.distribution}) and `ampcore info`."
                 )
-            if found is not None and not found.resident:
+            if type(torch_region) is torch.autocast:
+                accepted(device_type, self.dtype, self.enabled)  # later entries set its flags directly
+            if found is not None and not found.resident and not in_one_call:
                 shadow = _switch_on(found.key)
             if policy is not None and compile_in_use():
                 mode = guard_mode(policy)  # graphs per policy
                 mode.__enter__()
-            if policy is not None or previous is not None:
+            if in_one_call:
+                state.policies[device_type] = policy  # the compiled kernels' table is set already
+            elif policy is not None or previous is not None:
                 state.set_policy(device_type, policy)
             region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
             stack.append(region)
@@ -267,6 +284,21 @@ class autocast:
             _restore(state, device_type, previous, mode, shadow, torch_region, None)
             raise
         return self
+
+    def _enter_torch(self, device_type: str, policy: OpPolicy | None, found: Route | None) -> Any:
+        """Enter torch's autocast state (:mod:`ampcore._policy.torch_state`): with the shadow
+        key and the compiled kernels' table in one call where that executor serves the
+        route and torch accepted these flags before."""
+        if (
+            found is not None
+            and policy is not None
+            and not found.resident
+            and fast(device_type, self.dtype, self.enabled)
+        ):
+            entry = region_entry(device_type, policy, self.dtype)
+            if entry is not None:
+                return CompiledRegion(entry[0], entry[1], self.enabled, self.cache_enabled)
+        return enter_torch_autocast(device_type, self.dtype, self.enabled, self.cache_enabled)
 
     @opaque
     def __exit__(
@@ -316,6 +348,11 @@ class autocast:
         return wrapper  # type: ignore[return-value]
 
 
+#: Constructions validated in this process (signature.construction_key -> the attributes they
+#: set): a region built again with the same arguments skips the checks and the policy lookup.
+_MADE: dict[tuple[Any, ...], dict[str, Any]] = {}
+_MAX_MADE: Final = 256
+
 #: The keyword parameters of ``autocast.__init__`` and their defaults (signature.py binds calls).
 _DEFAULTS: Final = {
     "device": None,
@@ -353,7 +390,13 @@ def _restore(
     exc_info: tuple[Any, Any, Any] | None,
 ) -> None:
     """Undo what entering a region changed, innermost change first."""
-    state.set_policy(device_type, previous, keep_none=False)
+    if type(torch_region) is CompiledRegion:  # its exit restores the compiled kernels' table
+        if previous is None:
+            state.policies.pop(device_type, None)
+        else:
+            state.policies[device_type] = previous
+    else:
+        state.set_policy(device_type, previous, keep_none=False)
     try:
         if mode is not None:
             mode.__exit__(None, None, None)
