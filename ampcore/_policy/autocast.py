@@ -17,15 +17,16 @@ from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, shown
 from .._op_names import canonical_ops
 from .compile import compile_in_use, constant_result, guard_mode, opaque
-from .key_tables import dispatch_key
 from .level_hooks import level_hooks
 from .levels import check_level
 from .lists import check_custom, compute_oplists, merge_custom
 from .recompute import install as install_recompute
-from .registration import OpPolicy, Route, has_native_autocast, policy_for, region_entry, route
-from .signature import bind_arguments, check_use_promote, construction_key
+from .registration import OpPolicy, has_native_autocast, policy_for, route
+from .signature import MADE, bind_arguments, check_use_promote, construction_key, remember
 from .thread_state import ActiveRegion, RegionSpec, current_region, thread_state
-from .torch_state import CompiledRegion, accepted, enter_torch_autocast, fast
+from .torch_state import CompiledRegion, accepted, enter_region_state
+from .torch_state import restore as _restore
+from .torch_state import switch_on as _switch_on
 
 __all__ = ["auto_cast", "autocast"]
 
@@ -135,7 +136,7 @@ class autocast:
         if not args and not aliases and level != "auto":  # auto checks its budget per region
             arguments = (device, dtype, level, enabled, cache_enabled)
             key = construction_key(arguments, (custom_white_list, custom_black_list), get_manager().generation)
-            made = _MADE.get(key) if key is not None else None
+            made = MADE.get(key) if key is not None else None
             if made is not None:  # validated before: the same attributes, without the checks
                 self.__dict__.update(made)
                 return
@@ -187,9 +188,7 @@ class autocast:
         policy = self._policy_of(white, black)
         self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, policy)
         if key is not None:
-            if len(_MADE) >= _MAX_MADE:
-                _MADE.clear()
-            _MADE[key] = dict(self.__dict__)
+            remember(key, self.__dict__)
 
     def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> OpPolicy | None:
         """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
@@ -248,7 +247,7 @@ class autocast:
             install_recompute()  # activation checkpointing keeps the policy and casts (once per process)
         # Every change below is undone if a later step fails or is interrupted.
         previous = state.policies.get(device_type)
-        torch_region = self._enter_torch(device_type, policy, found)
+        torch_region = enter_region_state(device_type, self.dtype, self.enabled, self.cache_enabled, policy, found)
         in_one_call = type(torch_region) is CompiledRegion  # the key and the C++ table set too
         mode = shadow = None
         try:
@@ -284,21 +283,6 @@ class autocast:
             _restore(state, device_type, previous, mode, shadow, torch_region, None)
             raise
         return self
-
-    def _enter_torch(self, device_type: str, policy: OpPolicy | None, found: Route | None) -> Any:
-        """Enter torch's autocast state (:mod:`ampcore._policy.torch_state`): with the shadow
-        key and the compiled kernels' table in one call where that executor serves the
-        route and torch accepted these flags before."""
-        if (
-            found is not None
-            and policy is not None
-            and not found.resident
-            and fast(device_type, self.dtype, self.enabled)
-        ):
-            entry = region_entry(device_type, policy, self.dtype)
-            if entry is not None:
-                return CompiledRegion(entry[0], entry[1], self.enabled, self.cache_enabled)
-        return enter_torch_autocast(device_type, self.dtype, self.enabled, self.cache_enabled)
 
     @opaque
     def __exit__(
@@ -348,11 +332,6 @@ class autocast:
         return wrapper  # type: ignore[return-value]
 
 
-#: Constructions validated in this process (signature.construction_key -> the attributes they
-#: set): a region built again with the same arguments skips the checks and the policy lookup.
-_MADE: dict[tuple[Any, ...], dict[str, Any]] = {}
-_MAX_MADE: Final = 256
-
 #: The keyword parameters of ``autocast.__init__`` and their defaults (signature.py binds calls).
 _DEFAULTS: Final = {
     "device": None,
@@ -368,44 +347,6 @@ _DEFAULTS: Final = {
 #: The innermost region entered in the current context (asyncio task): a region entered in
 #: one task must not run ops of another task that shares its thread.
 _innermost: contextvars.ContextVar[ActiveRegion | None] = contextvars.ContextVar("ampcore_region", default=None)
-
-
-def _switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
-    """Include shadow key ``key_name`` in this thread's dispatch; what to restore on exit."""
-    key = dispatch_key(key_name)
-    included = torch._C._dispatch_tls_is_dispatch_key_included(key)
-    saved = (key, included, torch._C._dispatch_tls_is_dispatch_key_excluded(key))
-    torch._C._dispatch_tls_set_dispatch_key_included(key, True)
-    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-    return saved
-
-
-def _restore(
-    state: Any,
-    device_type: str,
-    previous: OpPolicy | None,
-    mode: Any,
-    shadow: tuple[torch._C.DispatchKey, bool, bool] | None,
-    torch_region: Any,
-    exc_info: tuple[Any, Any, Any] | None,
-) -> None:
-    """Undo what entering a region changed, innermost change first."""
-    if type(torch_region) is CompiledRegion:  # its exit restores the compiled kernels' table
-        if previous is None:
-            state.policies.pop(device_type, None)
-        else:
-            state.policies[device_type] = previous
-    else:
-        state.set_policy(device_type, previous, keep_none=False)
-    try:
-        if mode is not None:
-            mode.__exit__(None, None, None)
-    finally:
-        if shadow is not None:
-            key, included, excluded = shadow
-            torch._C._dispatch_tls_set_dispatch_key_included(key, included)
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
-        torch_region.__exit__(*(exc_info or (None, None, None)))
 
 
 @functools.cache

@@ -24,11 +24,10 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
     (``batch_norm``: :data:`~ampcore._op_names.SEALED_COMPOSITES`);
   - ``PASS`` (the policy does what the device's own, torch's, C++ kernel does): the call goes
     on to that kernel, with this kernel's key excluded so the op it calls does not come back;
-  - ``THROUGH`` (on a shadow key, ``FOLLOW``/``DESCEND`` of an op the device has no autocast
-    kernel for): the call goes on below this kernel's key exactly as if the kernel were not
-    there.  ``PASS`` and ``THROUGH`` are what the dispatcher does for an overload without a
-    kernel on the key, so an overload gets one only when some policy decides anything else
-    for it (:func:`needs_kernel`): the ops a region does not change never enter ampcore's code;
+  - ``THROUGH`` (on a shadow key, ``FOLLOW``/``DESCEND`` of an op without an autocast kernel
+    of the device): on below this key as if the kernel were not there.  Both are what the
+    dispatcher does without a kernel, so an overload gets one only when a policy decides
+    anything else (:func:`needs_kernel`): ops a region does not change never enter it;
   - a cast action (``LOW``, ``FP32``, ``PROMOTE``...): :data:`ACTION_TABLE` casts the
     arguments here, above autograd, so autograd records the casts and gradients come back in
     the inputs' dtypes (leaf float32 tensors that require grad are cast once per region,
@@ -148,11 +147,11 @@ def plan(spec: OverloadSpec, policy: Any, client: Client) -> str:
 
 
 def unlisted(spec: OverloadSpec, policy: Any) -> str:
-    """The action of a castable op on no list, called without a dtype."""
-    if spec.composite:
-        return Action.FOLLOW  # a composite's inner ops get the policy
-    if policy.default == PROMOTE and spec.promotes:
-        return Action.FOLLOW  # the op reconciles its inputs itself (inside a decomposed composite)
+    """The action of a castable op on no list, called without a dtype: FOLLOW for a composite
+    (its inner ops get the policy) and, under promote, for an op that reconciles its inputs
+    itself (promotion.py)."""
+    if spec.composite or (policy.default == PROMOTE and spec.promotes):
+        return Action.FOLLOW
     return Action(policy.default)
 
 
@@ -319,14 +318,12 @@ def decide(spec: OverloadSpec, policy: Any, client: Client) -> Decision:
     return Decision(step, False)
 
 
-#: Steps that neither cast nor change the dtypes a call runs in.
-_UNCAST: Final = frozenset({Action.FOLLOW, Plan.DESCEND})
+_UNCAST: Final = frozenset({Action.FOLLOW, Plan.DESCEND})  #: steps that cast nothing
 
 
 def needs_kernel(spec: OverloadSpec, policy: Any, client: Client) -> bool:
     """Whether ``policy`` needs a kernel for ``spec`` on ``client``'s key: any decision but an
-    unconditional ``PASS`` or ``THROUGH`` (without one, the dispatcher passes the op by at no
-    cost, to the same place)."""
+    unconditional ``PASS`` or ``THROUGH`` (what the dispatcher does without one, at no cost)."""
     decision = decide(spec, policy, client)
     return decision.choose or decision.step not in (Plan.PASS, Plan.THROUGH)
 

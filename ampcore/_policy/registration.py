@@ -20,13 +20,11 @@ Registration lifecycle (correct by construction, measured in docs/performance.md
   (:func:`~ampcore._policy.kernels.needs_kernel`), under a lock, before the policy is put in
   force.  Every other overload has no kernel there: the dispatcher folds the fallthrough
   into the operator's key mask, so those ops skip the key without entering any code of
-  ampcore's, whatever the region.  A new kernel takes the place of the fallthrough only (the
-  dispatcher fills the operator's table entry before it clears the key from the
-  fallthrough mask, and a call reads the entry only once the mask says so), so a thread
-  dispatching the op meanwhile runs one or the other, never a half-written entry;
-  tests/policy/test_kernel_registration.py races regions of new policies against threads
-  running the same ops.  A resident key gets a kernel for every castable overload at once
-  (they provide the device's autocast).  No reference counts, no timers.
+  ampcore's.  A new kernel only replaces its op's fallthrough (the dispatcher fills the
+  op's table entry before it clears the key from the op's fallthrough mask, and a call
+  reads the entry only then), so a thread dispatching the op meanwhile runs one or the
+  other (tests/policy/test_kernel_registration.py races new policies against other
+  threads' ops).  A resident key gets every castable overload at once.
 * **On a shadow key.**  For a device type whose autocast key has a higher-priority autocast
   key that nothing else uses (:data:`SHADOW_KEYS`: ``AutocastIPU`` above CPU, XPU and MTIA;
   ``AutocastPrivateUse1`` above CUDA, MPS, HPU and XLA while no PrivateUse1 backend is
@@ -67,11 +65,8 @@ black-listed ``linear`` does not see its inner ``addmm`` cast back to low precis
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -82,16 +77,19 @@ from .._forklock import LOCK
 from .._op_names import castable_overloads
 from .casting import device_check
 from .compiled import PYTHON_ROUTED, CompiledKernels, specs
+from .device_kernels import backend_key as _backend_key
+from .device_kernels import kernels_on as _kernels_on
+from .device_kernels import quiet as _quiet
+from .device_kernels import torch_actions as _torch_actions
+from .device_kernels import vendor_only as _vendor_only
 from .executor import compiled_module
 from .kernels import kernel, needs_kernel
 from .key_tables import Client, KeyTable, dispatch_key
-from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
+from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists
 from .torch_tables import (
     NATIVE_TABLES,
     TENSOR_DEVICE_CHECKS,
-    TORCH_KERNEL_DEVICE_TYPES,
     dispatch_key_of,
-    native_table,
     table_name_of,
 )
 
@@ -112,9 +110,6 @@ __all__ = [
 
 #: Autocast keys ampcore may use as shadow keys, in order of preference.
 SHADOW_KEYS: Final = ("AutocastIPU", "AutocastPrivateUse1")
-
-#: The warning torch gives (once per process) when a kernel overrides another.
-_OVERRIDE_WARNING: Final = r"Warning only once for all operators"
 
 
 @dataclass(frozen=True, eq=False)
@@ -338,61 +333,6 @@ class _Registry:
                 f"ampcore could not register its policy kernel for aten::{overload} on {key}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-
-
-def _torch_actions(device_type: str, key: str) -> dict[str, str]:
-    """overload -> the O1 action of torch's own autocast kernel on ``key``, for the device
-    types whose kernels torch registers itself (:data:`TORCH_KERNEL_DEVICE_TYPES`; a vendor's
-    kernels on its key may follow other lists)."""
-    if device_type not in TORCH_KERNEL_DEVICE_TYPES:
-        return {}
-    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-    return {
-        overload: native_action(policy)
-        for overload, policy in native_table(device_type).items()
-        if has_kernel(f"aten::{overload}", key)
-    }
-
-
-def _kernels_on(key: str) -> frozenset[str]:
-    """The castable overloads that have a kernel on ``key`` (the vendor's, before ampcore's)."""
-    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-    return frozenset(o for o in castable_overloads() if has_kernel(f"aten::{o}", key))
-
-
-def _vendor_only(provider: Callable[[torch.dtype], Any], vendor: frozenset[str]) -> Callable[[torch.dtype], Any]:
-    """``provider``'s policies cut to what a vendor's own autocast registrations did: the
-    lists' action for the overloads in ``vendor`` (those it has kernels for), no cast for the
-    others (its fallthrough; a composite still decomposes with autocast on, so its inner ops
-    reach the vendor's kernels)."""
-    cut: dict[torch.dtype, OpPolicy | None] = {}
-
-    def provide(dtype: torch.dtype) -> OpPolicy | None:
-        if dtype not in cut:
-            full: OpPolicy | None = provider(dtype)
-            cut[dtype] = None if full is None else dataclasses.replace(
-                full, actions={o: a for o, a in full.actions.items() if o in vendor},
-                default=DEFAULT_ACTIONS["O1"], reach=False, inner=None,
-            )  # fmt: skip
-        return cut[dtype]
-
-    return provide
-
-
-def _backend_key(device_type: str) -> torch._C.DispatchKey:
-    """The backend dispatch key of ``device_type`` (PrivateUse1 for a vendor's renamed one)."""
-    try:
-        return dispatch_key(torch._C._dispatch_key_for_device(device_type))
-    except (RuntimeError, AmpcoreError):
-        return torch._C.DispatchKey.PrivateUse1
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """A resident table overrides a vendor's kernels on purpose: silence torch's warning."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_OVERRIDE_WARNING, category=UserWarning)
-        yield
 
 
 _registry = _Registry()

@@ -23,7 +23,7 @@ import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning, closest, shown
 
-__all__ = ["AMPCORE_ORDER", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "construction_key"]
+__all__ = ["AMPCORE_ORDER", "MADE", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "construction_key", "remember"]
 
 _CALL: Final = "ampcore.autocast"
 AMPCORE_ORDER: Final = (
@@ -128,6 +128,11 @@ def check_use_promote(use_promote: object, level: str) -> None:
         )
 
 
+#: Constructions validated in this process (:func:`construction_key` -> the attributes they
+#: set): a region built again with the same arguments skips the checks and the policy lookup.
+MADE: dict[tuple[Any, ...], dict[str, Any]] = {}
+_MAX_MADE: Final = 256
+
 #: Argument types a region's construction may be remembered by (hashable, read in full).
 _KEY_TYPES: Final = (str, torch.device, torch.dtype, type(None))
 _LIST_TYPES: Final = (set, frozenset, list, tuple)
@@ -149,3 +154,10 @@ def construction_key(values: tuple[Any, ...], lists: tuple[Any, Any], generation
             return None
         keyed.append(None if names is None else frozenset(names))
     return (*values, *keyed, generation)
+
+
+def remember(key: tuple[Any, ...], attributes: dict[str, Any]) -> None:
+    """Remember the attributes a validated construction set (at most :data:`_MAX_MADE`)."""
+    if len(MADE) >= _MAX_MADE:
+        MADE.clear()
+    MADE[key] = dict(attributes)

@@ -20,7 +20,19 @@ from typing import Any, Final
 
 import torch
 
-__all__ = ["CompiledRegion", "DirectAutocast", "accepted", "enter_torch_autocast", "fast"]
+from .key_tables import dispatch_key
+from .registration import OpPolicy, Route, region_entry
+
+__all__ = [
+    "CompiledRegion",
+    "DirectAutocast",
+    "accepted",
+    "enter_region_state",
+    "enter_torch_autocast",
+    "fast",
+    "restore",
+    "switch_on",
+]
 
 _is_enabled: Final = torch.is_autocast_enabled
 _set_enabled: Final = torch.set_autocast_enabled
@@ -97,3 +109,59 @@ def accepted(device_type: str, dtype: torch.dtype, enabled: bool) -> None:
     """torch.autocast entered ``(device_type, dtype, enabled)`` as asked: later regions may
     set its flags directly."""
     _ACCEPTED.add((device_type, dtype, enabled))
+
+
+def enter_region_state(
+    device_type: str,
+    dtype: torch.dtype,
+    enabled: bool,
+    cache_enabled: bool | None,
+    policy: OpPolicy | None,
+    found: Route | None,
+) -> Any:
+    """Enter torch's autocast state for a region: with the shadow key and the compiled
+    kernels' table in one call (:class:`CompiledRegion`) where that executor serves the
+    region's shadow route and torch accepted these flags before."""
+    if found is not None and policy is not None and not found.resident and fast(device_type, dtype, enabled):
+        entry = region_entry(device_type, policy, dtype)
+        if entry is not None:
+            return CompiledRegion(entry[0], entry[1], enabled, cache_enabled)
+    return enter_torch_autocast(device_type, dtype, enabled, cache_enabled)
+
+
+def switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
+    """Include shadow key ``key_name`` in this thread's dispatch; what to restore on exit."""
+    key = dispatch_key(key_name)
+    included = torch._C._dispatch_tls_is_dispatch_key_included(key)
+    saved = (key, included, torch._C._dispatch_tls_is_dispatch_key_excluded(key))
+    torch._C._dispatch_tls_set_dispatch_key_included(key, True)
+    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    return saved
+
+
+def restore(
+    state: Any,
+    device_type: str,
+    previous: OpPolicy | None,
+    mode: Any,
+    shadow: tuple[torch._C.DispatchKey, bool, bool] | None,
+    torch_region: Any,
+    exc_info: tuple[Any, Any, Any] | None,
+) -> None:
+    """Undo what entering a region changed, innermost change first."""
+    if type(torch_region) is CompiledRegion:  # its exit restores the compiled kernels' table
+        if previous is None:
+            state.policies.pop(device_type, None)
+        else:
+            state.policies[device_type] = previous
+    else:
+        state.set_policy(device_type, previous, keep_none=False)
+    try:
+        if mode is not None:
+            mode.__exit__(None, None, None)
+    finally:
+        if shadow is not None:
+            key, included, excluded = shadow
+            torch._C._dispatch_tls_set_dispatch_key_included(key, included)
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
+        torch_region.__exit__(*(exc_info or (None, None, None)))

@@ -10,8 +10,8 @@ from conftest import make_adapter
 from torch.overrides import TorchFunctionMode
 
 import ampcore
-from ampcore._policy.autocast import _MADE
 from ampcore._policy.executor import compiled_module
+from ampcore._policy.signature import MADE
 from ampcore._policy.thread_state import thread_state
 from ampcore._policy.torch_state import CompiledRegion, DirectAutocast
 
@@ -105,7 +105,7 @@ def test_constructions_are_remembered_by_their_arguments_only() -> None:
         ampcore.autocast(device="cpu", level="O7")
     with pytest.raises(ampcore.AmpcoreError):
         ampcore.autocast(device="cpu", level="O7")
-    assert not any(key[2] == "O7" for key in _MADE)
+    assert not any(key[2] == "O7" for key in MADE)
 
 
 def test_a_plugin_registered_later_is_seen_by_a_remembered_construction(register) -> None:  # type: ignore[no-untyped-def]
