@@ -11,7 +11,7 @@ from typing import Any, Final, TypeVar
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .._backends.registry import DeviceLike, get_manager, on_backend_available, resolve_device
+from .._backends.registry import DeviceLike, loaded_generation, on_backend_available, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, shown
@@ -133,9 +133,10 @@ class autocast:
         **aliases: Any,
     ) -> None:
         key = None
-        if not args and not aliases and level != "auto":  # auto checks its budget per region
+        generation = loaded_generation()
+        if generation is not None and not args and not aliases and level != "auto":  # auto: budget per region
             arguments = (device, dtype, level, enabled, cache_enabled)
-            key = construction_key(arguments, (custom_white_list, custom_black_list), get_manager().generation)
+            key = construction_key(arguments, (custom_white_list, custom_black_list), generation)
             made = MADE.get(key) if key is not None else None
             if made is not None:  # validated before: the same attributes, without the checks
                 self.__dict__.update(made)
