@@ -11,7 +11,8 @@ torch.autocast measured in the same process.  ``torch.autocast (again)`` is the 
 2. ``regions``: region entry + exit.
 3. ``steps``: training steps of a tiny TransformerEncoder (d_model 32, 2 layers, batch 1,
    8 tokens, AdamW: nearly all per-op cost), custom lists / OD / O2 + decorate against
-   torch.autocast.
+   torch.autocast; ``steps-gpu-row``: the same with issue 26's GPU model (d_model 256, 4
+   layers, batch 8, 64 tokens), run by default off the CPU.
 
     python benchmarks/bench_policy_kernel.py --threads 1              # both executors, CPU
     python benchmarks/bench_policy_kernel.py --threads 1 --clock cpu  # a loaded CPU host
@@ -38,7 +39,7 @@ from torch import nn
 import ampcore
 
 Region = Callable[[], Any]
-CASES: Final = ("per-call", "regions", "steps")
+CASES: Final = ("per-call", "regions", "steps", "steps-gpu-row")
 
 
 class Bench:
@@ -83,29 +84,48 @@ def _calls(region: Region, call: Callable[[], Any], n: int) -> Callable[[], None
 
 
 def case_per_call(b: Bench) -> None:
-    """Rows in pairs: torch.autocast, then the same op in an ampcore region."""
+    """Rows in pairs: torch.autocast, then the same op in an ampcore region.  The first group
+    runs before any region of this process changed ``add`` or ``mm`` (issue 26: an op no policy
+    changes has no kernel of ampcore's, so the dispatcher passes it by); the second group's
+    regions register kernels for ``add``."""
     torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)  # imports torch._dynamo, as training does
     x, y = torch.randn(64, 64, device=b.device), torch.randn(64, 64, device=b.device)
     low_x, low_y = x.to(b.dtype), y.to(b.dtype)
     small = torch.randn(8, 8, device=b.device)
     n, low = 1000, b.dtype
     other = b.region(custom_black_list={"mul"})
-    variants = {
+    untouched = {
         "torch.autocast: add (on no list)": _calls(b.torch_region, lambda: x + y, n),
         'custom_black_list={"mul"}: add (on no list, no cast)': _calls(other, lambda: x + y, n),
+        "torch.autocast: 8x8 mm (white list)": _calls(b.torch_region, lambda: torch.mm(small, small), n),
+        'custom_black_list={"mul"}: 8x8 mm (torch\'s action)': _calls(other, lambda: torch.mm(small, small), n),
+    }
+    with other():
+        pass  # its kernels registered before the rows say which ops have one
+    has = {op: _has_kernel(op, b.device) for op in ("add.Tensor", "mm")}
+    _per_call_rows(b, untouched, f"ops no region of the process changed so far; a kernel of ampcore's: {has}")
+    changing = {
         "torch.autocast: x.to(low) + y.to(low) (casts by hand)": _calls(
             b.torch_region, lambda: x.to(low) + y.to(low), n
         ),
         'custom_white_list={"add"}: add (two casts)': _calls(b.region(custom_white_list={"add"}), lambda: x + y, n),
-        "torch.autocast: 8x8 mm (white list)": _calls(b.torch_region, lambda: torch.mm(small, small), n),
-        'custom_black_list={"mul"}: 8x8 mm (torch\'s action)': _calls(other, lambda: torch.mm(small, small), n),
         "torch.autocast: add of low-precision inputs": _calls(b.torch_region, lambda: low_x + low_y, n),
         "O2: add of low-precision inputs (no cast)": _calls(b.region(level="O2"), lambda: low_x + low_y, n),
     }
+    _per_call_rows(b, changing, "ops a region changes")
+
+
+def _has_kernel(overload: str, device: str) -> bool:
+    """Whether ``overload`` has a kernel of ampcore's on its shadow key for ``device``."""
+    route = ampcore._policy.registration.routes().get(torch.device(device).type)
+    return route is not None and overload in ampcore._policy.registration.registered_overloads(route.key)
+
+
+def _per_call_rows(b: Bench, variants: dict[str, Callable[[], None]], what: str, n: int = 1000) -> None:
     medians = {name: value / n for name, value in b.interleaved(variants).items()}
     best = {name: value / n for name, value in b.best.items()}
     names = list(medians)
-    print(f"\nAdded cost per op call (64x64 unless said, {n} calls per sample, {b.rounds} rounds)\n")
+    print(f"\nAdded cost per op call, {what} (64x64 unless said, {n} calls per sample, {b.rounds} rounds)\n")
     print("| variant | us per call, median | added us, median | added us, fastest rounds |")
     print("|---|---:|---:|---:|")
     for i, name in enumerate(names):
@@ -136,12 +156,12 @@ def case_regions(b: Bench) -> None:
     _table(f"Region entry + exit ({n} per sample, {b.rounds} rounds)", medians, "us", 1e6)
 
 
-def _step(b: Bench, model: nn.Module, region: Region, o2: bool) -> Callable[[], None]:
+def _step(b: Bench, model: nn.Module, region: Region, o2: bool, shape: tuple[int, int, int]) -> Callable[[], None]:
     model = copy.deepcopy(model)
     opt: Any = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if o2:
         model, opt = ampcore.decorate(model, opt, level="O2", dtype=b.dtype, device=b.device)
-    x = torch.randn(1, 8, 32, device=b.device)
+    x = torch.randn(*shape, device=b.device)
 
     def step() -> None:
         with region():
@@ -153,10 +173,16 @@ def _step(b: Bench, model: nn.Module, region: Region, o2: bool) -> Callable[[], 
     return step
 
 
-def case_steps(b: Bench) -> None:
+#: case -> (d_model, layers, batch, tokens): the tiny CPU model (nearly all per-op cost) and
+#: issue 26's GPU row (launch-bound on a GPU)
+STEP_MODELS: Final = {"steps": (32, 2, 1, 8), "steps-gpu-row": (256, 4, 8, 64)}
+
+
+def case_steps(b: Bench, case: str = "steps") -> None:
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
-    model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(b.device)
+    d_model, layers, batch, tokens = STEP_MODELS[case]
+    layer = nn.TransformerEncoderLayer(d_model, 4, 2 * d_model, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).to(b.device)
     regions: dict[str, tuple[Region, bool]] = {
         "torch.autocast": (b.torch_region, False),
         "torch.autocast (again)": (b.torch_region, False),
@@ -169,10 +195,12 @@ def case_steps(b: Bench) -> None:
         "O2 region, float32 parameters (no decorate)": (b.region(level="O2"), False),
         "O2 + decorate": (b.region(level="O2"), True),
     }
-    variants = {name: _step(b, model, region, o2) for name, (region, o2) in regions.items()}
+    shape = (batch, tokens, d_model)
+    variants = {name: _step(b, model, region, o2, shape) for name, (region, o2) in regions.items()}
     medians = b.interleaved(variants, warmup=3)
     _table(
-        f"Training step: TransformerEncoder d_model 32, 2 layers, batch 1 x 8 tokens, AdamW ({b.rounds} rounds)",
+        f"Training step: TransformerEncoder d_model {d_model}, {layers} layers, batch {batch} x {tokens} tokens, "
+        f"AdamW ({b.rounds} rounds)",
         medians,
         "ms",
         1e3,
@@ -188,7 +216,12 @@ def _table(title: str, medians: dict[str, float], unit: str, scale: float) -> No
         print(f"| {name} | {value * scale:.3f} | {value / base:.3f} |")
 
 
-RUN: Final = {"per-call": case_per_call, "regions": case_regions, "steps": case_steps}
+RUN: Final = {
+    "per-call": case_per_call,
+    "regions": case_regions,
+    "steps": case_steps,
+    "steps-gpu-row": lambda b: case_steps(b, "steps-gpu-row"),
+}
 
 
 def main() -> None:
@@ -196,7 +229,9 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="device of the run (default cpu)")
     parser.add_argument("--dtype", default="bfloat16", help="low-precision dtype (default bfloat16)")
     parser.add_argument("--rounds", type=int, default=21, help="timed rounds per case (default 21)")
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument(
+        "--cases", nargs="+", choices=CASES, help="default: all; steps-gpu-row only off the CPU (d_model 256)"
+    )
     parser.add_argument("--executors", nargs="+", choices=("compiled", "python"), default=["compiled", "python"])
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument(
@@ -223,10 +258,11 @@ def main() -> None:
     torch.set_flush_denormal(True)
     warnings.simplefilter("ignore")  # bf16 runs emulated on CPUs without bf16 instructions
     bench = Bench(args.device, getattr(torch, args.dtype), args.rounds, args.clock)
-    with ampcore.autocast(device=args.device, dtype=bench.dtype, custom_white_list={"add"}):
-        pass  # registers the kernels (and builds the compiled ones at their first use)
+    with ampcore.autocast(device=args.device, dtype=bench.dtype, custom_black_list={"mul"}):
+        pass  # builds the compiled kernels at their first use; registers those this policy needs
     print(f"executor: {ampcore._policy.executor.describe()}")
-    for name in args.cases:
+    cases = args.cases or [c for c in CASES if c != "steps-gpu-row" or not args.device.startswith("cpu")]
+    for name in cases:
         RUN[name](bench)
         sys.stdout.flush()
 

@@ -146,6 +146,11 @@ class PluginManager:
         pm.add_hookspecs(_hookspec)
         return pm
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the entry points were loaded (:meth:`load_entry_points` completed)."""
+        return self._loaded
+
     def load_entry_points(self) -> None:
         """Load every entry point of group ``ampcore`` once, honouring the env controls.
 

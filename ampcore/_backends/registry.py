@@ -24,6 +24,7 @@ __all__ = [
     "get_backend",
     "get_manager",
     "list_backends",
+    "loaded_generation",
     "list_plugins",
     "on_backend_available",
     "register_plugin",
@@ -83,6 +84,13 @@ def get_manager() -> PluginManager:
             manager = _holder.manager
     manager.load_entry_points()
     return manager
+
+
+def loaded_generation() -> int | None:
+    """The manager's generation once its plugins are loaded, else None: what a memo of
+    resolved arguments is keyed by (no lock, no loading: a region's construction reads it)."""
+    manager = _holder.manager
+    return manager.generation if manager is not None and manager.loaded else None
 
 
 def register_plugin(plugin: object, name: str | None = None) -> Backend:

@@ -8,13 +8,16 @@ Read in this order:
   names users write (ATen, Paddle aliases) and the castable overloads.
 * ``lists``: :class:`OpLists`, the lists of one region (a level, the backend's lists, the
   custom lists), and the per-overload *actions* they give.
-* ``autocast``: the ``ampcore.autocast`` context manager; ``region``: ``active_region``.
+* ``autocast``: the ``ampcore.autocast`` context manager; ``region``: ``active_region``;
+  ``signature``: its arguments; ``torch_state``: torch's autocast flags a region enters.
 * ``thread_state``: the per-thread region stack and policies.
 * ``kernels``: the action table (:func:`kernels.decide`, once per policy) and the Python
   executor of it; ``compiled`` + ``policy_kernel.cpp``: the C++ executor of the same table;
   ``executor``: which one runs (``AMPCORE_POLICY_KERNEL``) and building the C++ one;
-  ``registration``: where in the dispatcher the kernels are registered (once per process,
-  never removed) and the runtime :class:`OpPolicy`.
+  ``registration``: where in the dispatcher the kernels are registered (per overload, when
+  a policy first needs one; never removed) and the runtime :class:`OpPolicy`;
+  ``device_kernels``: what a device's own autocast key holds; ``promotion``: the ops that
+  reconcile mixed inputs themselves.
 * ``key_tables``: a kernel key's device types and each call's route on it.
 * ``casting``: how a kernel casts the arguments of one call.
 * ``fused``, ``compile``, ``recompute``, ``custom_fwd``: fused kernels that swallow listed

@@ -11,20 +11,22 @@ from typing import Any, Final, TypeVar
 import torch
 
 from .._backends.backend import Backend, dtype_name
-from .._backends.registry import DeviceLike, on_backend_available, resolve_device
+from .._backends.registry import DeviceLike, loaded_generation, on_backend_available, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, shown
 from .._op_names import canonical_ops
 from .compile import compile_in_use, constant_result, guard_mode, opaque
-from .key_tables import dispatch_key
 from .level_hooks import level_hooks
 from .levels import check_level
 from .lists import check_custom, compute_oplists, merge_custom
 from .recompute import install as install_recompute
 from .registration import OpPolicy, has_native_autocast, policy_for, route
-from .signature import bind_arguments, check_use_promote
+from .signature import MADE, bind_arguments, check_use_promote, construction_key, remember
 from .thread_state import ActiveRegion, RegionSpec, current_region, thread_state
+from .torch_state import CompiledRegion, accepted, enter_region_state
+from .torch_state import restore as _restore
+from .torch_state import switch_on as _switch_on
 
 __all__ = ["auto_cast", "autocast"]
 
@@ -130,6 +132,15 @@ class autocast:
         custom_black_list: Iterable[str] | None = None,
         **aliases: Any,
     ) -> None:
+        key = None
+        generation = loaded_generation()
+        if generation is not None and not args and not aliases and level != "auto":  # auto: budget per region
+            arguments = (device, dtype, level, enabled, cache_enabled)
+            key = construction_key(arguments, (custom_white_list, custom_black_list), generation)
+            made = MADE.get(key) if key is not None else None
+            if made is not None:  # validated before: the same attributes, without the checks
+                self.__dict__.update(made)
+                return
         if args or aliases:
             given = {
                 **aliases,
@@ -177,6 +188,8 @@ class autocast:
             backend.enforce_capability(self.dtype, self.device_index or 0)
         policy = self._policy_of(white, black)
         self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, policy)
+        if key is not None:
+            remember(key, self.__dict__)
 
     def _policy_of(self, white: frozenset[str], black: frozenset[str]) -> OpPolicy | None:
         """The op policy of this region with custom lists ``white``/``black`` (None: torch's)."""
@@ -230,31 +243,35 @@ class autocast:
         policy = spec.policy
         found = None
         if policy is not None:
-            found = route(device_type, _provider(self.backend))
+            found = route(device_type, _provider(self.backend), policy)
         if self.enabled:
             install_recompute()  # activation checkpointing keeps the policy and casts (once per process)
         # Every change below is undone if a later step fails or is interrupted.
-        torch_region = torch.autocast(
-            device_type, dtype=self.dtype, enabled=self.enabled, cache_enabled=self.cache_enabled
-        )
-        torch_region.__enter__()
-        mode = shadow = None
         previous = state.policies.get(device_type)
+        torch_region = enter_region_state(device_type, self.dtype, self.enabled, self.cache_enabled, policy, found)
+        in_one_call = type(torch_region) is CompiledRegion  # the key and the C++ table set too
+        mode = shadow = None
         try:
-            if self.enabled and not (
-                torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype
+            if (
+                self.enabled
+                and not in_one_call
+                and not (torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype)
             ):
                 raise AmpcoreError(
                     f"{self!r}: torch did not enable autocast for device type {device_type!r} with "
                     f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
                     f"adapter ({self.backend.distribution}) and `ampcore info`."
                 )
-            if found is not None and not found.resident:
+            if type(torch_region) is torch.autocast:
+                accepted(device_type, self.dtype, self.enabled)  # later entries set its flags directly
+            if found is not None and not found.resident and not in_one_call:
                 shadow = _switch_on(found.key)
             if policy is not None and compile_in_use():
                 mode = guard_mode(policy)  # graphs per policy
                 mode.__enter__()
-            if policy is not None or previous is not None:
+            if in_one_call:
+                state.policies[device_type] = policy  # the compiled kernels' table is set already
+            elif policy is not None or previous is not None:
                 state.set_policy(device_type, policy)
             region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
             stack.append(region)
@@ -331,38 +348,6 @@ _DEFAULTS: Final = {
 #: The innermost region entered in the current context (asyncio task): a region entered in
 #: one task must not run ops of another task that shares its thread.
 _innermost: contextvars.ContextVar[ActiveRegion | None] = contextvars.ContextVar("ampcore_region", default=None)
-
-
-def _switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
-    """Include shadow key ``key_name`` in this thread's dispatch; what to restore on exit."""
-    key = dispatch_key(key_name)
-    included = torch._C._dispatch_tls_is_dispatch_key_included(key)
-    saved = (key, included, torch._C._dispatch_tls_is_dispatch_key_excluded(key))
-    torch._C._dispatch_tls_set_dispatch_key_included(key, True)
-    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-    return saved
-
-
-def _restore(
-    state: Any,
-    device_type: str,
-    previous: OpPolicy | None,
-    mode: Any,
-    shadow: tuple[torch._C.DispatchKey, bool, bool] | None,
-    torch_region: Any,
-    exc_info: tuple[Any, Any, Any] | None,
-) -> None:
-    """Undo what entering a region changed, innermost change first."""
-    state.set_policy(device_type, previous, keep_none=False)
-    try:
-        if mode is not None:
-            mode.__exit__(None, None, None)
-    finally:
-        if shadow is not None:
-            key, included, excluded = shadow
-            torch._C._dispatch_tls_set_dispatch_key_included(key, included)
-            torch._C._dispatch_tls_set_dispatch_key_excluded(key, excluded)
-        torch_region.__exit__(*(exc_info or (None, None, None)))
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, Final
 
@@ -45,6 +45,12 @@ _PROVIDED: Final = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
 def specs() -> tuple[OverloadSpec, ...]:
     """The spec of every castable overload, in the C++ kernel's op order."""
     return tuple(OverloadSpec.of(overload) for overload in castable_overloads())
+
+
+@functools.cache
+def _index() -> dict[str, int]:
+    """overload -> its index in the C++ kernel's op order."""
+    return {overload: i for i, overload in enumerate(castable_overloads())}
 
 
 def encode(decision: Decision, spec: OverloadSpec, policy: Any, codes: dict[str, int]) -> int:
@@ -89,14 +95,17 @@ class CompiledKernels:
         self._policies: dict[int, Any] = {}  # table id -> policy (for the fused-kernel warning)
         self._lock = threading.Lock()
 
-    def register(self, table: KeyTable) -> int:
-        """Register the C++ kernels on ``table``'s key, serving its clients (a resident one
-        from the first kernel on); how many overloads have one."""
-        key_id = self._keys.get(table.key_name)
-        if key_id is None:
-            key_id = self._keys[table.key_name] = self.module.add_key(int(table.key.value))
+    def attach(self, table: KeyTable) -> None:
+        """Serve ``table``'s key and clients (before any of its kernels is registered)."""
+        if table.key_name not in self._keys:
+            self._keys[table.key_name] = self.module.add_key(int(table.key.value))
         self.set_clients(table)
-        return int(self.module.register_kernels(key_id, len(specs())))
+
+    def register(self, table: KeyTable, overloads: Iterable[str]) -> int:
+        """Register the C++ kernels of ``overloads`` on ``table``'s key (those it has are
+        skipped); how many overloads have one there."""
+        index = _index()
+        return int(self.module.register_ops(self._keys[table.key_name], [index[o] for o in overloads]))
 
     def set_clients(self, table: KeyTable) -> None:
         """Hand ``table``'s clients to its C++ kernels, and their policies from now on."""
@@ -112,6 +121,26 @@ class CompiledKernels:
             entries.append((int(client.key.value), int(client.backend.value), client.device_type, slot, provided))
             MIRRORS[client.device_type] = self._mirror(client, slot)
         self.module.set_clients(self._keys[table.key_name], entries)
+
+    def region_entry(
+        self, table: KeyTable, device_type: str, policy: Any, dtype: torch.dtype
+    ) -> tuple[int, ...] | None:
+        """The arguments of the extension's ``enter_region`` for a region of ``policy`` on
+        ``device_type`` in ``dtype`` on ``table``'s (shadow) key: device type, dtype, slot,
+        table id, key (None: a dtype the extension does not name)."""
+        name = _PROVIDED.get(dtype)
+        client = next((c for c in table.clients if c.device_type == device_type), None)
+        if name is None or client is None:
+            return None
+        slot = self._slots[device_type]
+        module = self.module
+        return (
+            int(module.device_type_id(device_type)),
+            int(module.scalar_type_id(name)),
+            slot,
+            self.table_id(policy, client, slot),
+            int(table.key.value),
+        )
 
     def _mirror(self, client: Client, slot: int) -> Callable[[Any], None]:
         set_current, table_id = self.module.set_current, self.table_id

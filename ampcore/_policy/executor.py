@@ -9,13 +9,14 @@ in the package, carried out without Python per op: :mod:`ampcore._policy.compile
 ``torch.utils.cpp_extension``; the Python kernels, with one warning naming why, where no
 compiler is available or the build fails), ``compiled`` (an error when it cannot be built)
 or ``python``.  The build is cached by torch in its extensions directory, under a name that
-carries the torch version (torch adds the Python version, the CUDA tag and a hash of the
-source), so only the first use per torch and source builds (20-60 s on 2 cores).  Nothing
+carries the torch version and a hash of the source (torch adds the Python version and the
+CUDA tag), so only the first use per torch and source builds (20-60 s on 2 cores).  Nothing
 is built at install time.  ``ampcore info`` prints :func:`describe`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
@@ -67,8 +68,11 @@ def requested() -> str:
 
 
 def build_name() -> str:
-    """The extension's name: one per torch version (torch keys the rest of its cache)."""
-    return "ampcore_policy_kernel_" + re.sub(r"[^0-9A-Za-z]+", "_", torch.__version__)
+    """The extension's name: one per torch version and source (torch keys the rest of its
+    cache), so installs of different ampcore versions sharing torch's extensions directory
+    never load each other's build."""
+    source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
+    return f"ampcore_policy_kernel_{re.sub(r'[^0-9A-Za-z]+', '_', torch.__version__)}_{source}"
 
 
 class _Chooser:

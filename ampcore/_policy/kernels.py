@@ -24,6 +24,10 @@ thread's policy for that device type (:mod:`ampcore._policy.thread_state`):
     (``batch_norm``: :data:`~ampcore._op_names.SEALED_COMPOSITES`);
   - ``PASS`` (the policy does what the device's own, torch's, C++ kernel does): the call goes
     on to that kernel, with this kernel's key excluded so the op it calls does not come back;
+  - ``THROUGH`` (on a shadow key, ``FOLLOW``/``DESCEND`` of an op without an autocast kernel
+    of the device): on below this key as if the kernel were not there.  Both are what the
+    dispatcher does without a kernel, so an overload gets one only when a policy decides
+    anything else (:func:`needs_kernel`): ops a region does not change never enter it;
   - a cast action (``LOW``, ``FP32``, ``PROMOTE``...): :data:`ACTION_TABLE` casts the
     arguments here, above autograd, so autograd records the casts and gradients come back in
     the inputs' dtypes (leaf float32 tensors that require grad are cast once per region,
@@ -52,11 +56,12 @@ from .._op_names import SEALED_COMPOSITES, generated_overloads, is_composite
 from .casting import _NUMBERS, cast_all, eligible, explicit_dtype, set_opt_dtype, widest, wrap_numbers
 from .fused import SWALLOWING, check_swallowed
 from .key_tables import Client, KeyTable, all_autocast_keys
-from .lists import Action
+from .lists import PROMOTE, Action
+from .promotion import promotes_natively
 from .thread_state import thread_state
 from .torch_tables import APPEND_DTYPE_OVERLOADS, BANNED_MESSAGES
 
-__all__ = ["ACTION_TABLE", "Choose", "Decision", "OverloadSpec", "Plan", "decide", "kernel", "plan"]
+__all__ = ["ACTION_TABLE", "Choose", "Decision", "OverloadSpec", "Plan", "decide", "kernel", "needs_kernel", "plan"]
 
 _FLOAT32: Final = torch.float32
 
@@ -66,6 +71,7 @@ class Plan(str, enum.Enum):
     or one of the kernel's own steps below."""
 
     PASS = "pass"  #: the device's own autocast kernel does exactly the policy's action
+    THROUGH = "through"  #: as if the kernel were not there (no cast below it, none by the policy)
     DESCEND = "descend"  #: a composite on no list: decomposed below with this key on, its inner ops reach it
     CHOOSE = "choose"  #: on no list: KEEP when the call passes a dtype, else as without one
     KEEP = "keep"  #: run the op as called, with autocast off (an explicit dtype= at OD/O2)
@@ -100,6 +106,7 @@ class OverloadSpec:
     slots: tuple[int, ...]  # positions of single-Tensor arguments (numbers may arrive there)
     slot_names: frozenset[str]  # their names
     tensor_positions: tuple[int, ...]  # positional arguments that may hold tensors (Tensor, Tensor?, Tensor[]...)
+    promotes: bool  # reconciles mixed floating inputs as the promote step would (promotion.py)
 
     @classmethod
     def of(cls, overload: str) -> OverloadSpec:
@@ -119,6 +126,7 @@ class OverloadSpec:
             slots=tuple(i for i in single if not arguments[i].kwarg_only),
             slot_names=frozenset(arguments[i].name for i in single),
             tensor_positions=tuple(i for i, a in enumerate(arguments) if "Tensor" in str(a.type) and not a.kwarg_only),
+            promotes=promotes_natively(overload, op._schema),
         )
 
 
@@ -139,8 +147,12 @@ def plan(spec: OverloadSpec, policy: Any, client: Client) -> str:
 
 
 def unlisted(spec: OverloadSpec, policy: Any) -> str:
-    """The action of a castable op on no list, called without a dtype."""
-    return Action.FOLLOW if spec.composite else Action(policy.default)  # a composite's inner ops get the policy
+    """The action of a castable op on no list, called without a dtype: FOLLOW for a composite
+    (its inner ops get the policy) and, under promote, for an op that reconciles its inputs
+    itself (promotion.py)."""
+    if spec.composite or (policy.default == PROMOTE and spec.promotes):
+        return Action.FOLLOW
+    return Action(policy.default)
 
 
 # -- the action table: (kernel, key set below autocast, args, kwargs, policy, client) -> result
@@ -298,7 +310,22 @@ def decide(spec: OverloadSpec, policy: Any, client: Client) -> Decision:
     decided = plan(spec, policy, client)
     if decided is Plan.CHOOSE:
         return Decision(_descend(spec, policy, unlisted(spec, policy)), True)
-    return Decision(_descend(spec, policy, decided), False)
+    step = _descend(spec, policy, decided)
+    if step in _UNCAST and client.provider is None and spec.name not in client.own:
+        # on a shadow key, for an op the device has no autocast kernel for, going on below
+        # the key (to autocast's fallthrough) is the dispatcher's own path: no kernel needed
+        return Decision(Plan.THROUGH, False)
+    return Decision(step, False)
+
+
+_UNCAST: Final = frozenset({Action.FOLLOW, Plan.DESCEND})  #: steps that cast nothing
+
+
+def needs_kernel(spec: OverloadSpec, policy: Any, client: Client) -> bool:
+    """Whether ``policy`` needs a kernel for ``spec`` on ``client``'s key: any decision but an
+    unconditional ``PASS`` or ``THROUGH`` (what the dispatcher does without one, at no cost)."""
+    decision = decide(spec, policy, client)
+    return decision.choose or decision.step not in (Plan.PASS, Plan.THROUGH)
 
 
 def decided_step(spec: OverloadSpec, policy: Any, client: Client) -> Any:
@@ -330,6 +357,7 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
     tf_mode_enabled = torch._C._is_torch_function_mode_enabled
     steps: dict[Any, Any] = {}  # policy -> its step (policies live as long as their lists)
     follow, passing, descend, keep = Action.FOLLOW, Plan.PASS, Plan.DESCEND, ACTION_TABLE[Plan.KEEP]
+    through = Plan.THROUGH
 
     def call(keyset: torch._C.DispatchKeySet, *args: Any, **kwargs: Any) -> Any:
         clients, after, below = table.state[1].get(keyset.raw_repr()) or table.routed(keyset)
@@ -355,7 +383,7 @@ def kernel(table: KeyTable, overload: str) -> Callable[..., Any]:
             else:
                 if kwargs and slot_names.intersection(kwargs):
                     args, kwargs = wrap_numbers(args, kwargs, slots, slot_names)
-        if policy is None:
+        if policy is None or step is through:  # as the dispatcher does without a kernel here
             return redispatch(after, *args, **kwargs)
         if step is passing or step is follow:
             # this key off (a flag, not a guard object: half the cost): torch's kernel (PASS)

@@ -51,6 +51,8 @@ class Client:
     the policy of the backend's O1 lists for an autocast dtype, applied when no region of
     ampcore is active.  ``native`` maps an overload to the action of the device's own (torch's)
     autocast kernel: a policy that agrees passes the call on to it instead of casting in Python.
+    ``own`` is every castable overload with a kernel on the device's own autocast key (a
+    vendor's too): the others may go without a kernel of ampcore's (kernels.needs_kernel).
     """
 
     device_type: str
@@ -59,6 +61,7 @@ class Client:
     on_device: OnDevice  # whether a tensor is on the device type (casting.eligible adds the dtype)
     provider: Callable[[torch.dtype], Any] | None = None
     native: Mapping[str, str] = field(default_factory=dict)
+    own: frozenset[str] = frozenset()
 
 
 class KeyTable:

@@ -1,7 +1,8 @@
 // ampcore's compiled policy kernel: the C++ executor of the action table.
 //
-// One boxed kernel per castable ATen overload on one autocast dispatch key (the key
-// ampcore/_policy/registration.py chose).  Per call it finds the client (device type) whose
+// One boxed kernel per castable ATen overload that some policy changes, on one autocast
+// dispatch key (the key ampcore/_policy/registration.py chose; the other overloads have none
+// there, so the dispatcher passes them by at no cost).  Per call it finds the client (device type) whose
 // tensors the call is on and whose autocast is on, reads this thread's table id for that
 // client (set from Python on region entry and exit), and carries out the op's code in that
 // table: pass the call on, cast the tensor arguments, decompose, keep, ban.  The codes are
@@ -44,6 +45,7 @@ enum Code : uint8_t {
   SET_OPT_DTYPE = 8,  // dtype=float32 unless given
   APPEND_DTYPE = 9,   // the overload with a dtype argument, dtype float32
   AS_CALLED = 10,     // no cast, below autocast (a cast action's path with nothing to cast)
+  THROUGH = 11,       // as if the kernel were not there (what the key's fallthrough does)
 };
 constexpr uint8_t kActionMask = 0x1f;
 constexpr uint8_t kCheckFused = 0x20;  // before decomposing: warn (Python) if a fused kernel runs
@@ -75,7 +77,8 @@ struct Key {
   DispatchKeySet below;  // ... and below every autocast key
   std::atomic<const std::vector<Client>*> clients{nullptr};  // replaced whole, never freed
   torch::Library* library = nullptr;                         // never freed: never removed
-  size_t registered = 0;
+  std::vector<bool> registered;                              // per op index: has its kernel here
+  size_t count = 0;                                          // how many have
 };
 
 struct Op {
@@ -267,11 +270,14 @@ void run(const Key& key, size_t index, const c10::OperatorHandle& op, DispatchKe
     code = (info.dtype_arg >= 0 && !(*stack)[base + info.dtype_arg].isNone()) ? KEEP : (code & ~kChoose);
   }
   switch (code & kActionMask) {
-    case PASS: {
+    case PASS: {  // torch's kernel calls the op again: not through here
       c10::impl::ExcludeDispatchKeyGuard off(key.key);
       op.redispatchBoxed(ks & key.after, stack);
       return;
     }
+    case THROUGH:  // exactly what the dispatcher does for an op without a kernel here
+      op.redispatchBoxed(ks & key.after, stack);
+      return;
     case FOLLOW: {
       c10::impl::ExcludeDispatchKeyGuard off(key.key);
       op.redispatchBoxed(ks & key.below, stack);
@@ -345,19 +351,28 @@ int add_key(int64_t key) {
   return static_cast<int>(g_keys.size() - 1);
 }
 
-// Registers the kernels of ops [registered, stop) on the key; returns how many are registered.
-size_t register_kernels(int key_id, size_t stop) {
+// Registers the kernels of the ops at ``indices`` on the key (those it has are skipped);
+// returns how many ops have one there.  A kernel replaces the key's fallthrough for its op:
+// the dispatcher writes the op's table entry before it clears the op's fallthrough bit for
+// the key, and a call reads the entry only when that bit is clear, so a thread dispatching
+// the op meanwhile takes either the fallthrough or the complete kernel.
+size_t register_ops(int key_id, const std::vector<int64_t>& indices) {
   std::lock_guard<std::mutex> lock(g_mutex);
   Key& key = *g_keys.at(key_id);
   if (key.library == nullptr) {
     key.library = new torch::Library(torch::Library::IMPL, "aten", key.key, __FILE__, __LINE__);
+    key.registered.assign(g_ops.size(), false);
   }
-  for (; key.registered < std::min(stop, g_ops.size()); ++key.registered) {
-    if (g_ops[key.registered].name.empty()) continue;  // its Python kernel runs (PYTHON_ROUTED)
-    key.library->impl(g_ops[key.registered].name.c_str(),
-                      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<PolicyKernel>(&key, key.registered)));
+  for (const int64_t index : indices) {
+    const auto i = static_cast<size_t>(index);
+    TORCH_CHECK(i < g_ops.size(), "ampcore: no op ", index);
+    if (key.registered[i] || g_ops[i].name.empty()) continue;  // empty: its Python kernel runs (PYTHON_ROUTED)
+    key.library->impl(g_ops[i].name.c_str(),
+                      torch::CppFunction::makeFromBoxedFunctor(std::make_unique<PolicyKernel>(&key, i)));
+    key.registered[i] = true;
+    ++key.count;
   }
-  return key.registered;
+  return key.count;
 }
 
 // Sets the key's clients (highest-priority device key first); the previous list is leaked on
@@ -393,6 +408,55 @@ int32_t new_table(const pybind11::bytes& codes, int32_t inner, bool cache) {
   return id;
 }
 
+// -- a region's entry and exit in one call each (ampcore/_policy/torch_state.py) ------------
+//
+// What torch.autocast's __enter__ sets (enabled, dtype, nesting, weight-cast cache), the
+// shadow key switched on for the thread and the thread's table for the slot; the previous
+// state comes back packed in one integer for exit_region, which restores it as __exit__
+// does (the weight-cast cache dropped when the outermost autocast exits).
+constexpr int64_t kBits = 32;
+
+int64_t enter_region(int64_t device_type, int64_t dtype, bool enabled, int cache, int slot, int32_t table,
+                     int64_t key) {
+  const auto type = static_cast<c10::DeviceType>(device_type);
+  TORCH_CHECK(slot >= 0 && slot < kMaxSlots, "ampcore: no slot ", slot);
+  int64_t saved = static_cast<uint32_t>(t_current[slot]);
+  saved |= static_cast<int64_t>(at::autocast::is_autocast_enabled(type)) << kBits;
+  saved |= static_cast<int64_t>(at::autocast::is_autocast_cache_enabled()) << (kBits + 1);
+  saved |= static_cast<int64_t>(at::autocast::get_autocast_dtype(type)) << (kBits + 8);
+  if (key >= 0) {
+    const auto k = static_cast<DispatchKey>(key);
+    saved |= static_cast<int64_t>(c10::impl::tls_is_dispatch_key_included(k)) << (kBits + 2);
+    saved |= static_cast<int64_t>(c10::impl::tls_is_dispatch_key_excluded(k)) << (kBits + 3);
+    c10::impl::tls_set_dispatch_key_included(k, true);
+    c10::impl::tls_set_dispatch_key_excluded(k, false);
+  }
+  at::autocast::set_autocast_enabled(type, enabled);
+  at::autocast::set_autocast_dtype(type, static_cast<at::ScalarType>(dtype));
+  at::autocast::increment_nesting();
+  if (cache >= 0) at::autocast::set_autocast_cache_enabled(cache != 0);
+  t_current[slot] = table;
+  return saved;
+}
+
+void exit_region(int64_t device_type, int slot, int64_t key, int64_t saved) {
+  const auto type = static_cast<c10::DeviceType>(device_type);
+  TORCH_CHECK(slot >= 0 && slot < kMaxSlots, "ampcore: no slot ", slot);
+  t_current[slot] = static_cast<int32_t>(static_cast<uint32_t>(saved & 0xffffffff));
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(type, (saved >> kBits) & 1);
+  at::autocast::set_autocast_dtype(type, static_cast<at::ScalarType>((saved >> (kBits + 8)) & 0xff));
+  at::autocast::set_autocast_cache_enabled((saved >> (kBits + 1)) & 1);
+  if (key >= 0) {
+    const auto k = static_cast<DispatchKey>(key);
+    c10::impl::tls_set_dispatch_key_included(k, (saved >> (kBits + 2)) & 1);
+    c10::impl::tls_set_dispatch_key_excluded(k, (saved >> (kBits + 3)) & 1);
+  }
+}
+
+int64_t device_type_id(const std::string& device_type) { return static_cast<int64_t>(c10::Device(device_type).type()); }
+int64_t scalar_type_id(const std::string& name) { return static_cast<int64_t>(scalar_type(name)); }
+
 void set_current(int slot, int32_t id) { t_current.at(slot) = id; }
 int32_t current(int slot) { return t_current.at(slot); }
 uint64_t entries() { return t_entries; }
@@ -402,10 +466,14 @@ uint64_t entries() { return t_entries; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_ops", &set_ops);
   m.def("add_key", &add_key);
-  m.def("register_kernels", &register_kernels);
+  m.def("register_ops", &register_ops);
   m.def("set_clients", &set_clients);
   m.def("new_table", &new_table);
   m.def("set_current", &set_current);
+  m.def("enter_region", &enter_region);
+  m.def("exit_region", &exit_region);
+  m.def("device_type_id", &device_type_id);
+  m.def("scalar_type_id", &scalar_type_id);
   m.def("current", &current);
   m.def("entries", &entries);
   m.attr("CODES") = pybind11::dict(
@@ -415,7 +483,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       pybind11::arg("fp32") = static_cast<int>(FP32), pybind11::arg("promote") = static_cast<int>(PROMOTE),
       pybind11::arg("fp32_set_opt_dtype") = static_cast<int>(SET_OPT_DTYPE),
       pybind11::arg("fp32_append_dtype") = static_cast<int>(APPEND_DTYPE),
-      pybind11::arg("as_called") = static_cast<int>(AS_CALLED), pybind11::arg("choose") = static_cast<int>(kChoose),
+      pybind11::arg("as_called") = static_cast<int>(AS_CALLED), pybind11::arg("through") = static_cast<int>(THROUGH),
+      pybind11::arg("choose") = static_cast<int>(kChoose),
       pybind11::arg("decompose") = static_cast<int>(kDecompose),
       pybind11::arg("check_fused") = static_cast<int>(kCheckFused));
 }

@@ -11,12 +11,20 @@ uncustomised O1 region has no policy and involves no ampcore kernel: it *is*
 
 Registration lifecycle (correct by construction, measured in docs/performance.md):
 
-* **Registered once per process, never removed.**  Registering or removing a kernel while
-  another thread dispatches the same operator on the same key races inside the dispatcher
-  (segfaults, ``SafePyObject`` INTERNAL ASSERTs).  So the first region that needs a key
-  registers a kernel for *every* castable ATen overload on it (about 1,400, ~0.1 s), under
-  a lock, before any thread can dispatch through that key; nothing is registered on it
-  afterwards and nothing is ever removed.  No reference counts, no timers.
+* **Registered once per overload, only where a policy needs it, never removed.**  Removing
+  a kernel, or replacing one, while another thread dispatches the same operator on the same
+  key races inside the dispatcher (segfaults, ``SafePyObject`` INTERNAL ASSERTs): nothing is
+  ever removed or replaced.  On a shadow key, the first region that needs the key registers
+  a fallthrough fallback for it, and a region whose policy is new registers kernels for the
+  overloads that policy (or its inner policy) decides anything but ``PASS`` for
+  (:func:`~ampcore._policy.kernels.needs_kernel`), under a lock, before the policy is put in
+  force.  Every other overload has no kernel there: the dispatcher folds the fallthrough
+  into the operator's key mask, so those ops skip the key without entering any code of
+  ampcore's.  A new kernel only replaces its op's fallthrough (the dispatcher fills the
+  op's table entry before it clears the key from the op's fallthrough mask, and a call
+  reads the entry only then), so a thread dispatching the op meanwhile runs one or the
+  other (tests/policy/test_kernel_registration.py races new policies against other
+  threads' ops).  A resident key gets every castable overload at once.
 * **On a shadow key.**  For a device type whose autocast key has a higher-priority autocast
   key that nothing else uses (:data:`SHADOW_KEYS`: ``AutocastIPU`` above CPU, XPU and MTIA;
   ``AutocastPrivateUse1`` above CUDA, MPS, HPU and XLA while no PrivateUse1 backend is
@@ -25,9 +33,10 @@ Registration lifecycle (correct by construction, measured in docs/performance.md
   shadow key, so plain ``torch.autocast`` code, in any thread and at any time, dispatches
   exactly as in a process without ampcore: it pays nothing and its results cannot depend on
   what ran before.  A kernel passes a call on untouched when its thread has no policy for
-  the call's device type, and hands it to the device's own (torch's) kernel when the
-  policy does what that kernel does (:class:`~ampcore._policy.kernels.Plan` ``PASS``), so in
-  a customised region only the ops the region changes, and those on no list, run Python.
+  the call's device type, and when the policy does what the dispatcher would do without it
+  (:class:`~ampcore._policy.kernels.Plan` ``PASS``: torch's own kernel below casts as the
+  policy says, or nothing below casts and neither does the policy), so an op's result never
+  depends on whether another policy gave it a kernel.
 * **Resident**, otherwise (a PrivateUse1 device such as ``npu``: no autocast key ranks
   above it): the kernels go on the device's own autocast key.  With no ampcore region
   active they do what was there before them, so plain ``torch.autocast`` gives the same
@@ -56,11 +65,8 @@ black-listed ``linear`` does not see its inner ``addmm`` cast back to low precis
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
@@ -70,17 +76,20 @@ from .._errors import AmpcoreError
 from .._forklock import LOCK
 from .._op_names import castable_overloads
 from .casting import device_check
-from .compiled import PYTHON_ROUTED, CompiledKernels
+from .compiled import PYTHON_ROUTED, CompiledKernels, specs
+from .device_kernels import backend_key as _backend_key
+from .device_kernels import kernels_on as _kernels_on
+from .device_kernels import quiet as _quiet
+from .device_kernels import torch_actions as _torch_actions
+from .device_kernels import vendor_only as _vendor_only
 from .executor import compiled_module
-from .kernels import kernel
+from .kernels import kernel, needs_kernel
 from .key_tables import Client, KeyTable, dispatch_key
-from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists, native_action
+from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists
 from .torch_tables import (
     NATIVE_TABLES,
     TENSOR_DEVICE_CHECKS,
-    TORCH_KERNEL_DEVICE_TYPES,
     dispatch_key_of,
-    native_table,
     table_name_of,
 )
 
@@ -93,15 +102,14 @@ __all__ = [
     "has_own_autocast_kernel",
     "policy_for",
     "registered_keys",
+    "region_entry",
+    "registered_overloads",
     "route",
     "routes",
 ]
 
 #: Autocast keys ampcore may use as shadow keys, in order of preference.
 SHADOW_KEYS: Final = ("AutocastIPU", "AutocastPrivateUse1")
-
-#: The warning torch gives (once per process) when a kernel overrides another.
-_OVERRIDE_WARNING: Final = r"Warning only once for all operators"
 
 
 @dataclass(frozen=True, eq=False)
@@ -192,12 +200,14 @@ class _Registry:
     def __init__(self) -> None:
         self.routes: dict[str, Route] = {}
         self.tables: dict[str, KeyTable] = {}
-        self._progress: dict[str, int] = {}  # key -> overloads registered so far
+        self.registered: dict[str, set[str]] = {}  # key -> overloads with a kernel of ampcore's
+        self._prepared: dict[str, set[OpPolicy]] = {}  # device type -> policies whose kernels are there
+        self._entries: dict[tuple[str, OpPolicy, torch.dtype], tuple[Any, ...] | None] = {}  # region_entry
         self._libraries: list[torch.library.Library] = []  # kept alive: never removed
+        self._library: dict[str, torch.library.Library] = {}  # key -> the one the Python kernels go in
         self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
         self.vendor_ops: dict[str, frozenset[str]] = {}  # resident device type -> its vendor's kernels
         self._executor: tuple[CompiledKernels | None] | None = None  # chosen at the first registration
-        self._compiled_keys: set[str] = set()  # keys whose kernels are the compiled ones
 
     def _compiled(self) -> CompiledKernels | None:
         """The compiled executor, or None where the Python kernels run (chosen once)."""
@@ -232,125 +242,118 @@ class _Registry:
         table = self.tables.get(key) or KeyTable(key)
         self.tables[key] = table
         on_device = device_check(device_type, TENSOR_DEVICE_CHECKS.get(device_type))
-        native = {} if resident else _torch_actions(device_type, own)
-        if resident:  # before ampcore's kernels hide them
-            vendor = self.vendor_ops[device_type] = _kernels_on(own)
-            provider = _vendor_only(provider, vendor) if vendor else provider
+        own_kernels = _kernels_on(own)  # before ampcore's kernels hide them (resident)
         own_key, backend_key = dispatch_key(own), _backend_key(device_type)
-        client = Client(device_type, own_key, backend_key, on_device, provider if resident else None, native)
-        if resident:  # kernels behave as the backend's lists while they are being registered
-            table.clients = (*table.clients, client)
-        self._register(table)
-        if not resident:
+        if resident:
+            self.vendor_ops[device_type] = own_kernels
+            provider = _vendor_only(provider, own_kernels) if own_kernels else provider
+            # kernels behave as the backend's lists while they are being registered
+            table.clients = (*table.clients, Client(device_type, own_key, backend_key, on_device, provider))
+        else:
+            native = _torch_actions(device_type, own)
+            client = Client(device_type, own_key, backend_key, on_device, None, native, own_kernels)
             # the highest-priority device key first, as the dispatcher would choose
             table.clients = tuple(sorted((*table.clients, client), key=lambda c: -int(c.key.value)))
-            compiled = self._compiled()
-            if compiled is not None and key in self._compiled_keys:
-                compiled.set_clients(table)
-
+        self._attach(table)
+        if resident:  # the kernels provide the device's autocast: every overload, at once
+            self._register(table, castable_overloads())
         route = Route(device_type, key, resident)
         self.routes[device_type] = route
         return route
 
-    def _register(self, table: KeyTable) -> None:
+    def _attach(self, table: KeyTable) -> None:
+        """The key's fallthrough fallback (the first time) and its clients to the kernels."""
         key = table.key_name
-        overloads = castable_overloads()
-        done = self._progress.get(key, 0)
-        if done == len(overloads):
-            return
         compiled = self._compiled()  # first: a bad AMPCORE_POLICY_KERNEL changes nothing
-        if not torch._C._dispatch_has_backend_fallback(dispatch_key(key)):
+        if key not in self._fallbacks and not torch._C._dispatch_has_backend_fallback(dispatch_key(key)):
             # ops without a kernel pass through (torch registers no fallback for these keys)
             fallback = torch.library.Library("_", "IMPL")
             fallback.fallback(torch.library.fallthrough_kernel, key)
             self._libraries.append(fallback)
             self._fallbacks.add(key)
+        if compiled is not None:
+            compiled.attach(table)
+
+    def region_entry(self, device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
+        """``(module, arguments of its enter_region)`` for a region of ``policy`` in ``dtype``
+        on ``device_type``'s shadow key under the compiled executor, else None (remembered)."""
+        key = (device_type, policy, dtype)
+        if key in self._entries:
+            known: tuple[Any, ...] | None = self._entries[key]
+            return known
+        compiled = self._compiled()
+        found = self.routes.get(device_type)
+        entry = None
+        if compiled is not None and found is not None and not found.resident:
+            arguments = compiled.region_entry(self.tables[found.key], device_type, policy, dtype)
+            entry = None if arguments is None else (compiled.module, arguments)
+        self._entries[key] = entry
+        return entry
+
+    def prepare(self, device_type: str, policy: OpPolicy) -> None:
+        """Register the kernels ``policy`` needs on ``device_type``'s shadow key (once)."""
+        prepared = self._prepared.get(device_type)
+        if prepared is not None and policy in prepared:
+            return
+        with LOCK:
+            prepared = self._prepared.setdefault(device_type, set())
+            found = self.routes[device_type]
+            if policy in prepared or found.resident:
+                return
+            table = self.tables[found.key]
+            client = next(c for c in table.clients if c.device_type == device_type)
+            policies = (policy,) if policy.inner is None else (policy, policy.inner)
+            needed = [s.name for s in specs() if any(needs_kernel(s, p, client) for p in policies)]
+            self._register(table, needed)
+            prepared.add(policy)
+
+    def _register(self, table: KeyTable, overloads: Iterable[str]) -> None:
+        """Kernels for those of ``overloads`` that have none of ampcore's on the key yet."""
+        key = table.key_name
+        done = self.registered.setdefault(key, set())
+        todo = [o for o in overloads if o not in done]
+        if not todo:
+            return
+        compiled = self._compiled()
         if compiled is not None:  # the C++ kernels, all at once; the Python-routed ones below
-            compiled.register(table)
-            self._compiled_keys.add(key)
-        library = torch.library.Library("aten", "IMPL")
-        self._libraries.append(library)
+            compiled.register(table, todo)
+        library = self._library.get(key)
+        if library is None:
+            library = self._library[key] = torch.library.Library("aten", "IMPL")
+            self._libraries.append(library)
         overload = ""
         try:
             with _quiet():
-                for overload in overloads[done:]:
+                for overload in todo:
                     if compiled is None or overload in PYTHON_ROUTED:
                         library.impl(overload, kernel(table, overload), key, with_keyset=True)
-                    done += 1
+                    done.add(overload)
         except Exception as exc:
             raise AmpcoreError(
                 f"ampcore could not register its policy kernel for aten::{overload} on {key}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        finally:
-            self._progress[key] = done
-
-
-def _torch_actions(device_type: str, key: str) -> dict[str, str]:
-    """overload -> the O1 action of torch's own autocast kernel on ``key``, for the device
-    types whose kernels torch registers itself (:data:`TORCH_KERNEL_DEVICE_TYPES`; a vendor's
-    kernels on its key may follow other lists)."""
-    if device_type not in TORCH_KERNEL_DEVICE_TYPES:
-        return {}
-    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-    return {
-        overload: native_action(policy)
-        for overload, policy in native_table(device_type).items()
-        if has_kernel(f"aten::{overload}", key)
-    }
-
-
-def _kernels_on(key: str) -> frozenset[str]:
-    """The castable overloads that have a kernel on ``key`` (the vendor's, before ampcore's)."""
-    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-    return frozenset(o for o in castable_overloads() if has_kernel(f"aten::{o}", key))
-
-
-def _vendor_only(provider: Callable[[torch.dtype], Any], vendor: frozenset[str]) -> Callable[[torch.dtype], Any]:
-    """``provider``'s policies cut to what a vendor's own autocast registrations did: the
-    lists' action for the overloads in ``vendor`` (those it has kernels for), no cast for the
-    others (its fallthrough; a composite still decomposes with autocast on, so its inner ops
-    reach the vendor's kernels)."""
-    cut: dict[torch.dtype, OpPolicy | None] = {}
-
-    def provide(dtype: torch.dtype) -> OpPolicy | None:
-        if dtype not in cut:
-            full: OpPolicy | None = provider(dtype)
-            cut[dtype] = None if full is None else dataclasses.replace(
-                full, actions={o: a for o, a in full.actions.items() if o in vendor},
-                default=DEFAULT_ACTIONS["O1"], reach=False, inner=None,
-            )  # fmt: skip
-        return cut[dtype]
-
-    return provide
-
-
-def _backend_key(device_type: str) -> torch._C.DispatchKey:
-    """The backend dispatch key of ``device_type`` (PrivateUse1 for a vendor's renamed one)."""
-    try:
-        return dispatch_key(torch._C._dispatch_key_for_device(device_type))
-    except (RuntimeError, AmpcoreError):
-        return torch._C.DispatchKey.PrivateUse1
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """A resident table overrides a vendor's kernels on purpose: silence torch's warning."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_OVERRIDE_WARNING, category=UserWarning)
-        yield
 
 
 _registry = _Registry()
 
 
-def route(device_type: str, provider: Callable[[torch.dtype], Any]) -> Route:
-    """The route of ``device_type``, registering its kernels the first time (thread-safe).
+def route(device_type: str, provider: Callable[[torch.dtype], Any], policy: OpPolicy | None = None) -> Route:
+    """The route of ``device_type``, set up the first time, with the kernels ``policy`` needs
+    registered (thread-safe).
 
     ``provider`` gives the policy of the backend's O1 lists for a dtype (used when the route
     is resident).
     """
-    return _registry.route(device_type, provider)
+    found = _registry.route(device_type, provider)
+    if policy is not None:
+        _registry.prepare(device_type, policy)
+    return found
+
+
+def region_entry(device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
+    """How a region of ``policy`` enters in one call of the compiled extension (or None)."""
+    return _registry.region_entry(device_type, policy, dtype)
 
 
 def routes() -> dict[str, Route]:
@@ -389,4 +392,9 @@ def _native_kernels(key: str, table: str) -> bool:
 
 def registered_keys() -> dict[str, int]:
     """Dispatch key name -> number of ampcore kernels registered on it in this process."""
-    return {key: count for key, count in _registry._progress.items() if count}
+    return {key: len(done) for key, done in _registry.registered.items() if done}
+
+
+def registered_overloads(key: str) -> frozenset[str]:
+    """The overloads with a kernel of ampcore's on dispatch key ``key`` in this process."""
+    return frozenset(_registry.registered.get(key, ()))

@@ -23,7 +23,7 @@ import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning, closest, shown
 
-__all__ = ["AMPCORE_ORDER", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments"]
+__all__ = ["AMPCORE_ORDER", "MADE", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "construction_key", "remember"]
 
 _CALL: Final = "ampcore.autocast"
 AMPCORE_ORDER: Final = (
@@ -126,3 +126,38 @@ def check_use_promote(use_promote: object, level: str) -> None:
             AmpcoreWarning,
             stacklevel=4,
         )
+
+
+#: Constructions validated in this process (:func:`construction_key` -> the attributes they
+#: set): a region built again with the same arguments skips the checks and the policy lookup.
+MADE: dict[tuple[Any, ...], dict[str, Any]] = {}
+_MAX_MADE: Final = 256
+
+#: Argument types a region's construction may be remembered by (hashable, read in full).
+_KEY_TYPES: Final = (str, torch.device, torch.dtype, type(None))
+_LIST_TYPES: Final = (set, frozenset, list, tuple)
+
+
+def construction_key(values: tuple[Any, ...], lists: tuple[Any, Any], generation: int) -> tuple[Any, ...] | None:
+    """A key that identifies a keyword-only construction of ``ampcore.autocast`` (device,
+    dtype, level, enabled, cache_enabled as ``values``; the custom lists; the plugin
+    manager's ``generation``), or None where an argument cannot be keyed (an iterator would
+    be consumed, an unhashable or unusual value is validated the long way)."""
+    device, dtype, level, enabled, cache_enabled = values
+    if not isinstance(device, _KEY_TYPES) or not isinstance(dtype, _KEY_TYPES) or type(level) is not str:
+        return None
+    if type(enabled) is not bool or (cache_enabled is not None and type(cache_enabled) is not bool):
+        return None
+    keyed: list[frozenset[str] | None] = []
+    for names in lists:
+        if names is not None and not (isinstance(names, _LIST_TYPES) and all(type(n) is str for n in names)):
+            return None
+        keyed.append(None if names is None else frozenset(names))
+    return (*values, *keyed, generation)
+
+
+def remember(key: tuple[Any, ...], attributes: dict[str, Any]) -> None:
+    """Remember the attributes a validated construction set (at most :data:`_MAX_MADE`)."""
+    if len(MADE) >= _MAX_MADE:
+        MADE.clear()
+    MADE[key] = dict(attributes)

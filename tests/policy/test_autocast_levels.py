@@ -121,7 +121,7 @@ def test_o1_nested_in_od_is_native_and_od_comes_back() -> None:
 def test_levels_use_the_shadow_route_and_o0_switches_nothing_on() -> None:
     with ampcore.autocast(device="cpu", level="O2"):
         assert routes()["cpu"] == Route("cpu", "AutocastIPU", resident=False)
-        assert registered_keys()["AutocastIPU"] == len(castable_overloads())
+        assert 0 < registered_keys()["AutocastIPU"] < len(castable_overloads())  # the ops O2 changes
         assert torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastIPU)
     assert not torch._C._dispatch_tls_is_dispatch_key_included(torch._C.DispatchKey.AutocastIPU)
     with ampcore.autocast(device="cpu", level="O0", custom_white_list={"add"}):
