@@ -50,22 +50,28 @@ from typing import Any, Final
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampcore
 from ampcore._backends.memory import memory_in_use, peak_memory, reset_peak_memory, synchronize
 from ampcore._o2.master import master_weights_of
+from ampcore._o2.master_kernel import triton_unavailable
 from ampcore._o2.update_walk import UpdateWalk
 
 OPTIMIZERS: Final[dict[str, Callable[..., torch.optim.Optimizer]]] = {
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01),
-    "adam": lambda p: torch.optim.Adam(p, lr=1e-4),
-    "sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
-    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=1e-4, momentum=0.9),
+    "adamw": lambda p, **kw: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01, **kw),
+    "adam": lambda p, **kw: torch.optim.Adam(p, lr=1e-4, **kw),
+    "sgd": lambda p, **kw: torch.optim.SGD(p, lr=1e-4, **kw),
+    "sgd-momentum": lambda p, **kw: torch.optim.SGD(p, lr=1e-4, momentum=0.9, **kw),
 }
+#: the optimizer flavours (every mode of a row gets the same): torch's default for the
+#: device (for-loop on the CPU, foreach on CUDA), foreach, fused
+FLAVOURS: Final[dict[str, dict[str, bool]]] = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+#: the optimizers whose fused flavour ampcore's Triton kernel can run (``--kernels triton``)
+TRITON_KINDS: Final = ("adamw", "adam")
 BASELINES: Final = ("O1", "pure")
 #: the issue's targets: O2 / O1, O2 / pure
 TARGETS: Final = (0.90, 1.15)
-Step = Callable[[], None]
 
 
 def network(width: int, layers: int, device: str) -> nn.Module:
@@ -73,43 +79,83 @@ def network(width: int, layers: int, device: str) -> nn.Module:
     return nn.Sequential(*(nn.Linear(width, width, device=device) for _ in range(layers)))
 
 
-def make_step(
-    base: nn.Module,
-    kind: str,
-    mode: str,
-    backend: ampcore.Backend,
-    x: torch.Tensor,
-    low: torch.dtype,
-    y: torch.Tensor,
-    chunk: int | None = None,
-) -> Step:
-    """One training step of a private copy of ``base`` in ``mode`` (see the module docstring);
-    for O2, ``chunk`` elements per chunk of the master update (0: whole tensors; None: the
-    backend's choice)."""
-    model = copy.deepcopy(base)
-    region: Callable[[], Any] = contextlib.nullcontext
-    inputs = x
-    if mode == "pure":
-        model.to(low)
-        inputs = x.to(low)
-    opt = OPTIMIZERS[kind](model.parameters())
-    if mode.startswith("O2"):
-        model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
-        region = lambda: ampcore.autocast(device=backend.name, level="O2", dtype=low)  # noqa: E731
-        weights = master_weights_of(opt)
-        if chunk is not None and weights is not None:
-            weights.walk = UpdateWalk(chunk or None, adaptive=False)
-    elif mode == "O1":
-        region = lambda: ampcore.autocast(device=backend.name, level="O1", dtype=low)  # noqa: E731
+class Mode:
+    """One mode's private model and optimizer (see the module docstring): ``step()`` is one
+    training step, ``update_launches()`` counts the kernels of one ``optimizer.step()``."""
 
-    def step() -> None:
-        with region():
-            out = model(inputs)
-        nn.functional.mse_loss(out.float(), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    def __init__(
+        self,
+        base: nn.Module,
+        kind: str,
+        flavour: str,
+        mode: str,
+        backend: ampcore.Backend,
+        data: tuple[torch.Tensor, torch.Tensor, torch.dtype],
+        chunk: int | None = None,
+        kernel: str = "torch",
+    ) -> None:
+        """``mode``: O2, O1 or pure; for O2, ``chunk`` elements per chunk of the master update
+        (0: whole tensors; None: the backend's choice) and the update ``kernel``."""
+        x, self.y, low = data
+        self.model = copy.deepcopy(base)
+        self.region: Callable[[], Any] = contextlib.nullcontext
+        self.inputs = x
+        self.backend = backend
+        if mode == "pure":
+            self.model.to(low)
+            self.inputs = x.to(low)
+        self.opt = OPTIMIZERS[kind](self.model.parameters(), **FLAVOURS[flavour])
+        if mode.startswith("O2"):
+            self.model, self.opt = ampcore.decorate(self.model, self.opt, level="O2", device=backend.name, dtype=low)
+            self.region = lambda: ampcore.autocast(device=backend.name, level="O2", dtype=low)
+            ampcore.set_master_update_kernel(self.opt, kernel)  # type: ignore[arg-type]
+            weights = master_weights_of(self.opt)
+            if chunk is not None and weights is not None:
+                weights.walk = UpdateWalk(chunk or None, adaptive=False)
+        elif mode == "O1":
+            self.region = lambda: ampcore.autocast(device=backend.name, level="O1", dtype=low)
 
-    return step
+    def backward(self) -> None:
+        with self.region():
+            out = self.model(self.inputs)
+        nn.functional.mse_loss(out.float(), self.y).backward()
+
+    def step(self) -> None:
+        self.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def update_launches(self) -> str:
+        """Kernels launched by one ``optimizer.step()`` (the device's, seen by torch.profiler),
+        or on the CPU the aten ops it dispatches (``ops``)."""
+        self.backward()
+        synchronize(self.backend)
+        if self.backend.device_type == "cpu":
+            with _CountOps() as counter:
+                self.opt.step()
+            found = f"{counter.count} ops"
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                self.opt.step()
+                synchronize(self.backend)
+            kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            found = str(len(kernels))
+        self.opt.zero_grad(set_to_none=True)
+        return found
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops dispatched (the CPU's proxy for kernel launches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.count += func.overloadpacket.__name__ not in ("empty", "empty_like", "detach", "view", "alias")
+        return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
@@ -128,7 +174,7 @@ def sibling(busy: bool) -> Iterator[Callable[[bool], None]]:
 
 
 def measure(
-    steps: dict[str, Step],
+    steps: dict[str, Mode],
     rounds: int,
     warmup: int,
     backend: ampcore.Backend,
@@ -145,7 +191,7 @@ def measure(
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 synchronize(backend)
                 start = time.perf_counter()
-                steps[name]()
+                steps[name].step()
                 synchronize(backend)
                 if r >= warmup:
                     times[name, condition].append((time.perf_counter() - start) * 1e3)
@@ -153,41 +199,60 @@ def measure(
     return {key: statistics.median(values) for key, values in times.items()}
 
 
-def o2_modes(chunks: list[int] | None, backend: ampcore.Backend) -> dict[str, int | None]:
-    """O2 mode name -> its chunk setting for :func:`make_step` (-1 or no ``--chunks``: the
-    backend's own walk, None)."""
+def o2_modes(
+    args: argparse.Namespace, backend: ampcore.Backend, kind: str, flavour: str
+) -> dict[str, tuple[int | None, str]]:
+    """O2 mode name -> its chunk setting for :class:`Mode` (-1 or no ``--chunks``: the
+    backend's own walk, None) and its update kernel (triton: fused Adam/AdamW only)."""
     own = backend.master_update_chunk_elements
     default = "whole tensors" if own is None else f"{own}-element chunks or whole, timed"
     names = {0: "whole tensors", -1: default}
-    return {f"O2 ({names.get(c, f'{c}-element chunks')})": None if c == -1 else c for c in chunks or [-1]}
+    modes: dict[str, tuple[int | None, str]] = {}
+    for kernel in args.kernels:
+        if kernel == "triton" and (flavour != "fused" or kind not in TRITON_KINDS):
+            continue
+        for c in args.chunks or [-1]:
+            suffix = "" if kernel == "torch" else ", triton kernel"
+            modes[f"O2 ({names.get(c, f'{c}-element chunks')}{suffix})"] = (None if c == -1 else c, kernel)
+    return modes
 
 
 def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
-    print("| optimizer | condition | O2 update | O2 ms | O1 ms | pure ms | O2 / O1 (<= 0.90) | O2 / pure (<= 1.15) |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
-    variants = o2_modes(args.chunks, backend)
+    """One table row per (optimizer, flavour, condition, O2 mode); every mode of a row has
+    the same optimizer configuration.  ``launches``: kernels per ``optimizer.step()`` (O2 /
+    O1 / pure; on the CPU the aten ops dispatched)."""
+    print(
+        "| optimizer | flavour | condition | O2 update | O2 ms | O1 ms | pure ms | O2 / O1 (<= 0.90) "
+        "| O2 / pure (<= 1.15) | launches O2 / O1 / pure |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---|")
     gen = torch.Generator().manual_seed(1)
     x = torch.rand(args.batch, args.width, generator=gen).to(args.device)
     y = torch.rand(args.batch, args.width, generator=gen).to(args.device)
     with sibling(args.busy) as set_busy:
         for kind in args.optimizers:
-            base = network(args.width, args.layers, args.device)
-            steps = {mode: make_step(base, kind, mode, backend, x, low, y) for mode in BASELINES}
-            steps.update({mode: make_step(base, kind, mode, backend, x, low, y, c) for mode, c in variants.items()})
-            del base
-            medians = measure(steps, args.rounds, args.warmup, backend, set_busy, args.busy)
-            del steps
-            gc.collect()  # (an O2 optimizer and its master weights refer to each other)
-            for condition in (False, True) if args.busy else (False,):
-                o1, pure = (medians[mode, condition] for mode in BASELINES)
-                label = "one busy sibling" if condition else "quiet"
-                for mode in variants:
-                    o2 = medians[mode, condition]
-                    print(
-                        f"| {kind} | {label} | {mode[4:-1]} | {o2:.1f} | {o1:.1f} | {pure:.1f} | {o2 / o1:.3f} "
-                        f"| {o2 / pure:.3f} |"
-                    )
-            sys.stdout.flush()
+            for flavour in args.flavours:
+                variants = o2_modes(args, backend, kind, flavour)
+                base = network(args.width, args.layers, args.device)
+                data = (x, y, low)
+                steps = {mode: Mode(base, kind, flavour, mode, backend, data) for mode in BASELINES}
+                steps.update({m: Mode(base, kind, flavour, m, backend, data, c, k) for m, (c, k) in variants.items()})
+                del base
+                medians = measure(steps, args.rounds, args.warmup, backend, set_busy, args.busy)
+                launches = {mode: step.update_launches() for mode, step in steps.items()}
+                del steps
+                gc.collect()  # (an O2 optimizer and its master weights refer to each other)
+                for condition in (False, True) if args.busy else (False,):
+                    o1, pure = (medians[mode, condition] for mode in BASELINES)
+                    label = "one busy sibling" if condition else "quiet"
+                    for mode in variants:
+                        o2 = medians[mode, condition]
+                        counts = " / ".join(launches[m] for m in (mode, *BASELINES))
+                        print(
+                            f"| {kind} | {flavour} | {label} | {mode[4:-1]} | {o2:.1f} | {o1:.1f} | {pure:.1f} "
+                            f"| {o2 / o1:.3f} | {o2 / pure:.3f} | {counts} |"
+                        )
+                sys.stdout.flush()
 
 
 def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
@@ -202,7 +267,7 @@ def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
         before = memory_in_use(backend)
         reset_peak_memory(backend)
         model = network(args.width, args.layers, args.device)
-        opt = OPTIMIZERS["sgd"](model.parameters())
+        opt: torch.optim.Optimizer = OPTIMIZERS["sgd"](model.parameters())
         region: Callable[[], Any] = contextlib.nullcontext
         if mode == "O2":
             model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
@@ -237,36 +302,55 @@ def _return_freed_memory() -> None:
 
 
 def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
-    """Bit-identity of O2's masters with torch's optimizer on float32 masters, 3 steps."""
+    """Bit-identity of O2's masters with torch's optimizer (same flavour) on float32 masters,
+    3 steps; per flavour, and for the Triton kernel on fused Adam/AdamW."""
     print()
     for kind in args.optimizers:
-        torch.manual_seed(0)
-        layers = [nn.Linear(1031, 601, device=args.device), nn.Linear(601, 7, device=args.device)]
-        base = nn.Sequential(*layers)
-        model = copy.deepcopy(base)
-        opt = OPTIMIZERS[kind](model.parameters())
-        model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
-        masters = [p.detach().clone().requires_grad_() for p in base.parameters()]
-        ref = OPTIMIZERS[kind](masters)
-        lowm = ampcore.decorate(copy.deepcopy(base), level="O2", device=backend.name, dtype=low, master_weight=False)
-        for step in range(3):
-            x = torch.randn(16, 1031, generator=torch.Generator().manual_seed(step)).to(args.device)
-            for net in (model, lowm):
-                net.zero_grad()
-                with ampcore.autocast(device=backend.name, level="O2", dtype=low):
-                    loss = net(x).float().pow(2).mean()
-                loss.backward()
-            opt.step()
-            for master, param in zip(masters, lowm.parameters(), strict=True):
-                master.grad = param.grad.float()
-            ref.step()
-            with torch.no_grad():
-                for param, master in zip(lowm.parameters(), masters, strict=True):
-                    param.copy_(master)
-        got = [p for g in opt.param_groups for p in g["params"]]
-        same = all(torch.equal(a, b) for a, b in zip(got, masters, strict=True))
-        verdict = "yes" if same else "NO"
-        print(f"{kind}: O2 masters bit-identical to torch's {type(ref).__name__} on fp32 masters: {verdict}")
+        for flavour in args.flavours:
+            for kernel in args.kernels:
+                if kernel == "triton" and (flavour != "fused" or kind not in TRITON_KINDS):
+                    continue
+                got, want = _three_steps(args, backend, low, kind, flavour, kernel)
+                same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+                differ = sum(int((a != b).sum()) for a, b in zip(got, want, strict=True))
+                worst = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
+                total = sum(a.numel() for a in got)
+                verdict = "yes" if same else f"NO ({differ} of {total} elements differ, largest by {worst:.3g})"
+                print(
+                    f"{kind} {flavour}, {kernel} kernel: O2 masters bit-identical to torch's "
+                    f"{kind} ({flavour}) on fp32 masters: {verdict}"
+                )
+
+
+def _three_steps(
+    args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype, kind: str, flavour: str, kernel: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """O2's masters after 3 steps, and torch's optimizer's on float32 masters fed the
+    same low-precision gradients upcast."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(1031, 601, device=args.device), nn.Linear(601, 7, device=args.device))
+    model = copy.deepcopy(base)
+    opt = OPTIMIZERS[kind](model.parameters(), **FLAVOURS[flavour])
+    model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
+    ampcore.set_master_update_kernel(opt, kernel)  # type: ignore[arg-type]
+    masters = [p.detach().clone().requires_grad_() for p in base.parameters()]
+    ref = OPTIMIZERS[kind](masters, **FLAVOURS[flavour])
+    lowm = ampcore.decorate(copy.deepcopy(base), level="O2", device=backend.name, dtype=low, master_weight=False)
+    for step in range(3):
+        x = torch.randn(16, 1031, generator=torch.Generator().manual_seed(step)).to(args.device)
+        for net in (model, lowm):
+            net.zero_grad()
+            with ampcore.autocast(device=backend.name, level="O2", dtype=low):
+                loss = net(x).float().pow(2).mean()
+            loss.backward()
+        opt.step()
+        for master, param in zip(masters, lowm.parameters(), strict=True):
+            master.grad = param.grad.float()
+        ref.step()
+        with torch.no_grad():
+            for param, master in zip(lowm.parameters(), masters, strict=True):
+                param.copy_(master)
+    return [p.detach() for g in opt.param_groups for p in g["params"]], [m.detach() for m in masters]
 
 
 def main() -> None:
@@ -279,6 +363,20 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--layers", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--flavours",
+        nargs="+",
+        choices=tuple(FLAVOURS),
+        default=None,
+        help="optimizer flavours (default: CPU default; --quick foreach fused)",
+    )
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        choices=("torch", "triton"),
+        default=None,
+        help="O2 update kernels (default: torch, and triton where it can run)",
+    )
     parser.add_argument("--chunks", type=int, nargs="+", default=None, help="O2 update chunks (0: whole tensors)")
     parser.add_argument("--busy", action="store_true", help="also rows with one busy sibling process")
     parser.add_argument("--memory", action="store_true", help="the peak-memory row (SGD)")
@@ -296,6 +394,10 @@ def main() -> None:
     args.rounds = args.rounds or (4 if args.quick else 7)
     args.warmup = 1 if args.quick else args.warmup
     args.optimizers = args.optimizers or (list(OPTIMIZERS) if args.quick else ["adamw", "sgd"])
+    args.flavours = args.flavours or (["foreach", "fused"] if args.quick else ["default"])
+    args.kernels = args.kernels or ["torch"] + (
+        ["triton"] if triton_unavailable(torch.device(args.device)) is None else []
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
