@@ -219,8 +219,10 @@ def _whole_slice(adam: Any, options: dict[str, bool], group: Mapping[str, Any], 
 def _triton(group: Mapping[str, Any], work: _Work) -> _Work:
     """Update the masters of ``work`` that the Triton kernel can take (a master with a
     low-precision parameter, every tensor contiguous on the master's device, a float
-    ``lr``, a float32 step count there); returns the rest, for torch's Adam."""
-    if isinstance(group["lr"], torch.Tensor):
+    ``lr``, a float32 step count there, not ``capturable``: the kernel copies its
+    hyperparameters from the host, which a CUDA graph cannot capture); returns the rest,
+    for torch's Adam."""
+    if isinstance(group["lr"], torch.Tensor) or group.get("capturable"):
         return work
     taken: _Work = []
     rest: _Work = []

@@ -34,7 +34,7 @@ __all__ = ["launch_adam"]
 BLOCK: Final = 2048
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # one compilation per set of flags, whatever the sizes
 def _adam_master_kernel(
     master,
     grad,
@@ -126,4 +126,6 @@ def _corrections(counts: torch.Tensor, beta1: float, beta2: float) -> torch.Tens
     them so per tensor in its kernel, from the same ``pow``); no host sync."""
     first = torch.pow(float(beta1), counts).neg_().add_(1)
     second = torch.pow(float(beta2), counts).neg_().add_(1).sqrt_()
-    return torch.stack((first, second), dim=1).float()
+    # four columns: every tensor's pair starts 16 bytes after the last, so that the kernel's
+    # pointer argument stays 16-byte aligned (Triton compiles a variant per alignment)
+    return torch.stack((first, second, first, second), dim=1).float()

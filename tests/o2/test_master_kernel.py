@@ -235,8 +235,8 @@ def test_state_dicts_are_interchangeable_with_torchs_kernel(interpreted: Any) ->
 
 
 def test_what_the_kernel_cannot_take_keeps_torchs_kernel() -> None:
-    """A tensor ``lr``, a strided gradient, a float32 parameter without a low-precision
-    one: left to torch's Adam (``_triton`` returns them), before Triton is even imported."""
+    """A tensor ``lr``, ``capturable``, a strided gradient, a float32 parameter without a
+    low-precision one: left to torch's Adam (``_triton`` returns them), before Triton is even imported."""
     state = {"step": torch.zeros(()), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
     strided = torch.zeros(8, dtype=BF16)[::2]
     work: Any = [
@@ -246,3 +246,4 @@ def test_what_the_kernel_cannot_take_keeps_torchs_kernel() -> None:
     group = {"lr": 0.1, "amsgrad": False}
     assert master_adam._triton(group, work) == work
     assert master_adam._triton({"lr": torch.tensor(0.1), "amsgrad": False}, work[:1]) == work[:1]
+    assert master_adam._triton({"lr": 0.1, "amsgrad": False, "capturable": True}, work[:1]) == work[:1]
