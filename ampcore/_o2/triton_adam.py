@@ -106,9 +106,9 @@ def launch_adam(
         "AMSGRAD": bool(group["amsgrad"]),
         "MAXIMIZE": bool(group["maximize"]),
     }
-    # float64 on the device: a kernel's float arguments are float32 unless annotated, and a
-    # string annotation (``from __future__ import annotations``) is not honoured; an
-    # asynchronous copy of 40 bytes, no host sync
+    # float64 on the device: a kernel's float argument is float32 unless Triton honours a
+    # float64 annotation, which depends on its version; a float64 tensor is float64 in
+    # every version (an asynchronous copy of 40 bytes, no host sync)
     scalars = (float(group["lr"]), beta1, beta2, float(group["weight_decay"]), float(group["eps"]))
     hyper = torch.tensor(scalars, dtype=torch.float64).to(masters[0].device, non_blocking=True)
     for index, (master, grad, low, state) in enumerate(zip(masters, grads, lows, states, strict=True)):
