@@ -302,31 +302,59 @@ def _return_freed_memory() -> None:
 
 
 def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
-    """Bit-identity of O2's masters with torch's optimizer (same flavour) on float32 masters,
-    3 steps; per flavour, and for the Triton kernel on fused Adam/AdamW."""
+    """Bit-identity of O2's masters (and Adam's moments) with torch's optimizer (same
+    flavour) on float32 masters, 3 steps; per flavour, and for the Triton kernel on fused
+    Adam/AdamW (with a diagnostic variant: its hyperparameters rounded to float32 first)."""
     print()
     for kind in args.optimizers:
         for flavour in args.flavours:
-            for kernel in args.kernels:
-                if kernel == "triton" and (flavour != "fused" or kind not in TRITON_KINDS):
-                    continue
-                got, want = _three_steps(args, backend, low, kind, flavour, kernel)
-                same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-                differ = sum(int((a != b).sum()) for a, b in zip(got, want, strict=True))
-                worst = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
-                total = sum(a.numel() for a in got)
-                verdict = "yes" if same else f"NO ({differ} of {total} elements differ, largest by {worst:.3g})"
+            variants = [("torch kernel", "torch", None)]
+            if "triton" in args.kernels and flavour == "fused" and kind in TRITON_KINDS:
+                variants += [("triton kernel", "triton", None), ("triton, float32 hyperparameters", "triton", "f32")]
+            for label, kernel, variant in variants:
+                with _hyperparameters(variant):
+                    pairs = _three_steps(args, backend, low, kind, flavour, kernel)
                 print(
-                    f"{kind} {flavour}, {kernel} kernel: O2 masters bit-identical to torch's "
-                    f"{kind} ({flavour}) on fp32 masters: {verdict}"
+                    f"{kind} {flavour}, {label}: bit-identical to torch's {kind} ({flavour}) on fp32 masters: ", end=""
                 )
+                print(_verdict(pairs))
+
+
+def _verdict(pairs: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]) -> str:
+    """ "yes", or per state which share of the elements differ."""
+    if all(torch.equal(a, b) for got, want in pairs.values() for a, b in zip(got, want, strict=True)):
+        return "yes"
+    parts = []
+    for name, (got, want) in pairs.items():
+        differ = sum(int((a != b).sum()) for a, b in zip(got, want, strict=True))
+        worst = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
+        parts.append(f"{name} {differ} of {sum(a.numel() for a in got)} differ (largest by {worst:.3g})")
+    return "NO: " + "; ".join(parts)
+
+
+@contextlib.contextmanager
+def _hyperparameters(variant: str | None) -> Iterator[None]:
+    """The Triton kernel with its hyperparameters rounded to float32 (``"f32"``), or as it is."""
+    if variant is None:
+        yield
+        return
+    import functools
+
+    from ampcore._o2 import triton_adam
+
+    launch = triton_adam.launch_adam
+    triton_adam.launch_adam = functools.partial(launch, hyper_dtype=torch.float32)
+    try:
+        yield
+    finally:
+        triton_adam.launch_adam = launch
 
 
 def _three_steps(
     args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype, kind: str, flavour: str, kernel: str
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """O2's masters after 3 steps, and torch's optimizer's on float32 masters fed the
-    same low-precision gradients upcast."""
+) -> dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """O2's masters (and optimizer states) after 3 steps, and torch's optimizer's on float32
+    masters fed the same low-precision gradients upcast: name -> (O2's, torch's)."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(1031, 601, device=args.device), nn.Linear(601, 7, device=args.device))
     model = copy.deepcopy(base)
@@ -350,7 +378,12 @@ def _three_steps(
         with torch.no_grad():
             for param, master in zip(lowm.parameters(), masters, strict=True):
                 param.copy_(master)
-    return [p.detach() for g in opt.param_groups for p in g["params"]], [m.detach() for m in masters]
+    ours = [p for g in opt.param_groups for p in g["params"]]
+    pairs = {"masters": ([p.detach() for p in ours], [m.detach() for m in masters])}
+    for name in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
+        if all(name in opt.state[p] and name in ref.state[m] for p, m in zip(ours, masters, strict=True)):
+            pairs[name] = ([opt.state[p][name] for p in ours], [ref.state[m][name] for m in masters])
+    return pairs
 
 
 def main() -> None:

@@ -91,26 +91,33 @@ def launch_adam(
     grads: list[torch.Tensor],
     lows: list[torch.Tensor],
     states: list[dict[str, Any]],
+    hyper_dtype: torch.dtype = torch.float64,
 ) -> None:
     """One fused Adam/AdamW step (``group["decoupled_weight_decay"]``: AdamW) of each master
     from its low-precision gradient, refreshing its low-precision parameter; the step counts
     (float32 tensors on the device, as torch's fused Adam keeps them) advance first, in one
-    multi-tensor op, as torch's fused Adam does.  Every tensor contiguous, on one device."""
+    multi-tensor op, as torch's fused Adam does.  Every tensor contiguous, on one device.
+    ``hyper_dtype``: the hyperparameters' precision (float32 rounds them first: a
+    diagnostic of the benchmark's ``--check``, for a torch that computes with float32 ones)."""
     steps = [state["step"] for state in states]
     torch._foreach_add_(steps, 1)
-    corrections = _corrections(torch.stack(steps).double(), *group["betas"])
-    beta1, beta2 = (float(b) for b in group["betas"])
+    beta1, beta2 = group["betas"]
+    scalars = torch.tensor(
+        (float(group["lr"]), float(beta1), float(beta2), float(group["weight_decay"]), float(group["eps"])),
+        dtype=hyper_dtype,
+    ).double()
+    # float64 on the device: a kernel's float argument is float32 unless Triton honours a
+    # float64 annotation, which depends on its version; a float64 tensor is float64 in
+    # every version (an asynchronous copy of 40 bytes, no host sync)
+    hyper = scalars.to(masters[0].device, non_blocking=True)
+    _, beta1, beta2, _, _ = scalars.tolist()
+    corrections = _corrections(torch.stack(steps).double(), beta1, beta2)
     flags = {
         "ADAMW": bool(group["decoupled_weight_decay"]),
         "DECAY": float(group["weight_decay"]) != 0.0,
         "AMSGRAD": bool(group["amsgrad"]),
         "MAXIMIZE": bool(group["maximize"]),
     }
-    # float64 on the device: a kernel's float argument is float32 unless Triton honours a
-    # float64 annotation, which depends on its version; a float64 tensor is float64 in
-    # every version (an asynchronous copy of 40 bytes, no host sync)
-    scalars = (float(group["lr"]), beta1, beta2, float(group["weight_decay"]), float(group["eps"]))
-    hyper = torch.tensor(scalars, dtype=torch.float64).to(masters[0].device, non_blocking=True)
     for index, (master, grad, low, state) in enumerate(zip(masters, grads, lows, states, strict=True)):
         n = master.numel()
         top = state["max_exp_avg_sq"] if flags["AMSGRAD"] else state["exp_avg_sq"]

@@ -247,3 +247,23 @@ def test_what_the_kernel_cannot_take_keeps_torchs_kernel() -> None:
     assert master_adam._triton(group, work) == work
     assert master_adam._triton({"lr": torch.tensor(0.1), "amsgrad": False}, work[:1]) == work[:1]
     assert master_adam._triton({"lr": 0.1, "amsgrad": False, "capturable": True}, work[:1]) == work[:1]
+
+
+@needs_triton
+def test_float32_hyperparameters_round_them_first(interpreted: Any) -> None:
+    """The bench's diagnostic variant: the same formula with lr, betas, decay and eps
+    rounded to float32 (what a torch computing with float32 hyperparameters would use)."""
+    group = {"lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.01, "eps": 1e-8}
+    group.update({"amsgrad": False, "maximize": False, "decoupled_weight_decay": True})
+    rounded = {**group, "lr": float(torch.tensor(1e-3)), "betas": tuple(float(torch.tensor(b)) for b in (0.9, 0.999))}
+    rounded.update({"weight_decay": float(torch.tensor(0.01)), "eps": float(torch.tensor(1e-8))})
+    torch.manual_seed(0)
+    master, grad = torch.randn(3000), torch.randn(3000).to(FP16)
+    low = master.to(FP16)
+    state = {"step": torch.zeros(()), "exp_avg": torch.zeros(3000), "exp_avg_sq": torch.zeros(3000)}
+    fresh = {name: value.clone() for name, value in state.items()}
+    mirror = {name: value.clone() for name, value in state.items()}
+    want = reference_step(rounded, mirror, master.clone(), grad)
+    assert not torch.equal(want, reference_step(group, fresh, master.clone(), grad))  # the rounding shows
+    interpreted.launch_adam(group, [master], [grad], [low], [state], hyper_dtype=torch.float32)
+    assert torch.equal(master, want) and torch.equal(state["exp_avg_sq"], mirror["exp_avg_sq"])
