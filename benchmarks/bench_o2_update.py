@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import functools
 import gc
 import os
 import signal
@@ -46,7 +47,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import torch
 from torch import nn
@@ -236,7 +237,13 @@ def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dty
                 base = network(args.width, args.layers, args.device)
                 data = (x, y, low)
                 steps = {mode: Mode(base, kind, flavour, mode, backend, data) for mode in BASELINES}
-                steps.update({m: Mode(base, kind, flavour, m, backend, data, c, k) for m, (c, k) in variants.items()})
+                for m, (c, k) in list(variants.items()):
+                    mode_or_error = _tried(functools.partial(_stepped, base, kind, flavour, m, backend, data, c, k), k)
+                    if isinstance(mode_or_error, str):
+                        print(f"| {kind} | {flavour} | - | {m[4:-1]} | failed: {mode_or_error} | | | | | |")
+                        del variants[m]
+                    else:
+                        steps[m] = mode_or_error
                 del base
                 medians = measure(steps, args.rounds, args.warmup, backend, set_busy, args.busy)
                 launches = {mode: step.update_launches() for mode, step in steps.items()}
@@ -253,6 +260,27 @@ def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dty
                             f"| {o2 / o1:.3f} | {o2 / pure:.3f} | {counts} |"
                         )
                 sys.stdout.flush()
+
+
+T = TypeVar("T")
+
+
+def _stepped(*args: Any) -> Mode:
+    """A :class:`Mode` that has run one training step (a kernel that fails, fails here)."""
+    mode = Mode(*args)
+    mode.step()
+    return mode
+
+
+def _tried(make: Callable[[], T], kernel: str) -> T | str:
+    """``make()``; for the optional Triton kernel, an exception becomes its message (one
+    failed row, not a lost run); torch's kernels raise."""
+    if kernel == "torch":
+        return make()
+    try:
+        return make()
+    except Exception as exc:  # a Triton or driver version this kernel was not run on
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
@@ -320,7 +348,10 @@ def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
                 variants += [("triton kernel", "triton", None), ("triton, float32 hyperparameters", "triton", "f32")]
             for label, kernel, variant in variants:
                 with _hyperparameters(variant):
-                    pairs = _three_steps(args, backend, low, kind, flavour, kernel)
+                    pairs = _tried(functools.partial(_three_steps, args, backend, low, kind, flavour, kernel), kernel)
+                if isinstance(pairs, str):
+                    print(f"{kind} {flavour}, {label}: failed: {pairs}")
+                    continue
                 print(
                     f"{kind} {flavour}, {label}: bit-identical to torch's {kind} ({flavour}) on fp32 masters: ", end=""
                 )
@@ -345,8 +376,6 @@ def _hyperparameters(variant: str | None) -> Iterator[None]:
     if variant is None:
         yield
         return
-    import functools
-
     from ampcore._o2 import triton_adam
 
     launch = triton_adam.launch_adam
