@@ -9,6 +9,14 @@ initial weights and its own optimizer:
 * ``O1``: float32 parameters + ``ampcore.autocast(level="O1")`` (torch.autocast's lists);
 * ``pure``: the model in the low-precision dtype, the optimizer on it (the limit).
 
+Like with like: every mode of a row has the same optimizer *and flavour* (``--flavours``:
+``default``, torch's choice for the device, for-loop on the CPU and foreach on CUDA;
+``foreach``; ``fused``; ``--quick`` runs foreach and fused).  For fused Adam/AdamW an extra
+O2 mode runs ampcore's Triton kernel (``--kernels torch triton``; by default wherever
+Triton drives the device; a kernel that fails costs its own rows only).  The last column
+counts the kernels one ``optimizer.step()`` launches in each mode (torch.profiler's device
+events; on the CPU the aten ops dispatched, a proxy).
+
 ``--chunks`` compares ways of walking the parameters in O2's update (one O2 mode each: a
 number of elements per chunk, 0 for whole tensors, -1 (the default) for what users get, the
 backend's ``BackendSpec.master_update_chunk_elements``: on the CPU chunks or whole tensors,
@@ -21,9 +29,11 @@ Sizes: on the CPU 7 x ``Linear(1664)``, batch 416, bfloat16; elsewhere the seed 
 a data-loader worker would be) is paused with SIGSTOP and resumed with SIGCONT per round,
 so quiet and busy steps interleave in the same run.  ``--memory``: peak memory of a few SGD
 steps, O2 / float32 training (the device's allocator; on the CPU the resident set's
-high-water mark, glibc told to return freed blocks).  ``--check``: whether O2's masters
-equal torch's optimizer on float32 masters fed the same gradients upcast, bit for bit, after
-3 steps (on the device's own kernels).
+high-water mark, glibc told to return freed blocks; both modes warmed up on a small model
+first, and measured before the timed rows).  ``--check``: whether O2's masters (and the
+optimizer's states) equal torch's optimizer of the same flavour on float32 masters fed the
+same gradients upcast, bit for bit, after 3 steps (on the device's own kernels); for the
+Triton kernel also with its hyperparameters rounded to float32 (a diagnostic).
 
     python benchmarks/bench_o2_update.py                            # CPU rows, AdamW and SGD
     python benchmarks/bench_o2_update.py --optimizers adamw --busy --rounds 9
