@@ -118,12 +118,14 @@ def launch_adam(
         "AMSGRAD": bool(group["amsgrad"]),
         "MAXIMIZE": bool(group["maximize"]),
     }
+    # enable_fp_fusion: multiply-adds contracted, as nvcc does by default for torch's kernel
+    # (Triton 3.10 turns it off by default)
     for index, (master, grad, low, state) in enumerate(zip(masters, grads, lows, states, strict=True)):
         n = master.numel()
         top = state["max_exp_avg_sq"] if flags["AMSGRAD"] else state["exp_avg_sq"]
         _adam_master_kernel[(triton.cdiv(n, BLOCK),)](
             master, grad, low, state["exp_avg"], state["exp_avg_sq"], top, corrections[index], hyper, n,
-            BLOCK=BLOCK, **flags,
+            BLOCK=BLOCK, enable_fp_fusion=True, **flags,
         )  # fmt: skip
 
 
