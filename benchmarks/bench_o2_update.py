@@ -353,11 +353,12 @@ def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
     print()
     for kind in args.optimizers:
         for flavour in args.flavours:
-            variants = [("torch kernel", "torch", None)]
+            variants: list[tuple[str, str, str | None]] = [("torch kernel", "torch", None)]
             if "triton" in args.kernels and flavour == "fused" and kind in TRITON_KINDS:
-                variants += [("triton kernel", "triton", None), ("triton, float32 hyperparameters", "triton", "f32")]
+                variants.append(("triton kernel", "triton", None))
+                variants += [(f"triton, diagnostic {p}", "triton", p) for p in ("float32-hyperparameters", "float32")]
             for label, kernel, variant in variants:
-                with _hyperparameters(variant):
+                with _precision(variant):
                     pairs = _tried(functools.partial(_three_steps, args, backend, low, kind, flavour, kernel), kernel)
                 if isinstance(pairs, str):
                     print(f"{kind} {flavour}, {label}: failed: {pairs}")
@@ -381,15 +382,15 @@ def _verdict(pairs: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]) ->
 
 
 @contextlib.contextmanager
-def _hyperparameters(variant: str | None) -> Iterator[None]:
-    """The Triton kernel with its hyperparameters rounded to float32 (``"f32"``), or as it is."""
-    if variant is None:
+def _precision(precision: str | None) -> Iterator[None]:
+    """The Triton kernel with one of its diagnostic precisions (``triton_adam.PRECISIONS``)."""
+    if precision is None:
         yield
         return
     from ampcore._o2 import triton_adam
 
     launch = triton_adam.launch_adam
-    triton_adam.launch_adam = functools.partial(launch, hyper_dtype=torch.float32)
+    triton_adam.launch_adam = functools.partial(launch, precision=precision)
     try:
         yield
     finally:

@@ -265,5 +265,32 @@ def test_float32_hyperparameters_round_them_first(interpreted: Any) -> None:
     mirror = {name: value.clone() for name, value in state.items()}
     want = reference_step(rounded, mirror, master.clone(), grad)
     assert not torch.equal(want, reference_step(group, fresh, master.clone(), grad))  # the rounding shows
-    interpreted.launch_adam(group, [master], [grad], [low], [state], hyper_dtype=torch.float32)
+    interpreted.launch_adam(group, [master], [grad], [low], [state], precision="float32-hyperparameters")
     assert torch.equal(master, want) and torch.equal(state["exp_avg_sq"], mirror["exp_avg_sq"])
+
+
+@needs_triton
+def test_float32_arithmetic_is_float32_throughout(interpreted: Any) -> None:
+    """The other diagnostic: every operation in float32 (rounded at each step)."""
+    group = {"lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.01, "eps": 1e-8}
+    group.update({"amsgrad": False, "maximize": False, "decoupled_weight_decay": True})
+    torch.manual_seed(0)
+    master, grad = torch.randn(3000), torch.randn(3000).to(FP16)
+    low = master.to(FP16)
+    state = {"step": torch.zeros(()), "exp_avg": torch.zeros(3000), "exp_avg_sq": torch.zeros(3000)}
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    lr, beta1, beta2, decay, eps = (f32(x) for x in (1e-3, 0.9, 0.999, 0.01, 1e-8))
+    count = f32(1.0)
+    correction1 = 1 - torch.pow(beta1, count)
+    correction2_sqrt = (1 - torch.pow(beta2, count)).double().sqrt().float()
+    p = master - lr * decay * master
+    g = grad.float()
+    m = (1 - beta1) * g  # + beta1 * 0
+    v = (1 - beta2) * g * g
+    denom = (v.double().sqrt().float() / correction2_sqrt) + eps
+    want = p - (lr / correction1) * m / denom
+    interpreted.launch_adam(group, [master], [grad], [low], [state], precision="float32")
+    assert torch.equal(state["exp_avg"], m) and torch.equal(state["exp_avg_sq"], v)
+    assert torch.equal(master, want)
+    with pytest.raises(ValueError, match="precision='float16'"):
+        interpreted.launch_adam(group, [master], [grad], [low], [state], precision="float16")
