@@ -433,7 +433,7 @@ def _three_steps(
     return pairs
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="an ampcore backend name (cpu, cuda, ...)")
     parser.add_argument("--optimizers", nargs="+", choices=tuple(OPTIMIZERS), default=None)
@@ -463,7 +463,11 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="bit-identity with torch on fp32 masters")
     parser.add_argument("--quick", action="store_true", help="every optimizer, 4 rounds, 1 warm-up (GPU check)")
     parser.add_argument("--skip-time", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     backend = ampcore.get_backend(args.device)
     backend.require_available()  # an unavailable device: its reason, not a torch error
     cpu = backend.device_type == "cpu"
@@ -487,7 +491,8 @@ def main() -> None:
     print(
         f"\n{args.layers} x Linear({args.width}), batch {args.batch}, {str(low).removeprefix('torch.')}, on {name}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.rounds} rounds, "
-        f"load average {os.getloadavg()[0]:.2f}, master update chunk {backend.master_update_chunk_elements}\n"
+        f"load average {os.getloadavg()[0]:.2f}, master update chunk {backend.master_update_chunk_elements}, "
+        f"O2 update kernels {' '.join(args.kernels)}\n"
     )
     if args.memory:  # first: the CPU's measure, the resident set's high-water mark, cannot go down
         memory_row(args, backend, low)

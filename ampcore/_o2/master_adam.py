@@ -42,6 +42,7 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreError
+from .master_kernel import triton_update
 from .master_sgd import step_hooks_free
 
 __all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
@@ -167,7 +168,7 @@ def fused_adam_update(
             options = _options(group, [param for param, *_ in work])
             own.extend(param for param, _, low, _ in work if low is None)
             if triton and group["fused"]:
-                work = _triton(group, work)
+                work = triton_update(group, work)
                 if not work:
                     continue
             if chunk is None:
@@ -214,29 +215,6 @@ def _whole_slice(adam: Any, options: dict[str, bool], group: Mapping[str, Any], 
     refreshed = [(low, param) for param, _, low, _ in work if low is not None]
     if refreshed:
         torch._foreach_copy_([low for low, _ in refreshed], [param for _, param in refreshed])
-
-
-def _triton(group: Mapping[str, Any], work: _Work) -> _Work:
-    """Update the masters of ``work`` that the Triton kernel can take (a master with a
-    low-precision parameter, every tensor contiguous on the master's device, a float
-    ``lr``, a float32 step count there, not ``capturable``: the kernel copies its
-    hyperparameters from the host, which a CUDA graph cannot capture); returns the rest,
-    for torch's Adam."""
-    if isinstance(group["lr"], torch.Tensor) or group.get("capturable"):
-        return work
-    taken: _Work = []
-    rest: _Work = []
-    for item in work:
-        param, grad, low, state = item
-        tensors = (param, grad, low, *_states(group, state), state["step"])
-        fits = low is not None and all(t.device == param.device and t.is_contiguous() for t in tensors)
-        (taken if fits and state["step"].dtype == torch.float32 else rest).append(item)
-    if taken:
-        from .triton_adam import launch_adam
-
-        lows = [low for _, _, low, _ in taken if low is not None]
-        launch_adam(group, [p for p, *_ in taken], [g for _, g, *_ in taken], lows, [s for *_, s in taken])
-    return rest
 
 
 def _adam_function() -> Any:

@@ -19,16 +19,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Final, get_args
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import torch
 
 from .._errors import AmpcoreError
-from .master import MasterKernel, master_weights_of
 
-__all__ = ["get_master_update_kernel", "set_master_update_kernel"]
+if TYPE_CHECKING:
+    from .master import MasterKernel
 
-KERNELS: Final[tuple[str, ...]] = get_args(MasterKernel)
+__all__ = ["get_master_update_kernel", "set_master_update_kernel", "triton_update"]
+
+#: (master, gradient, low-precision parameter or None, Adam state) per parameter
+Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
+
+KERNELS: Final[tuple[Literal["torch", "triton"], ...]] = ("torch", "triton")
 
 
 def set_master_update_kernel(optimizer: torch.optim.Optimizer, kernel: MasterKernel) -> None:
@@ -56,6 +62,8 @@ def set_master_update_kernel(optimizer: torch.optim.Optimizer, kernel: MasterKer
         >>> ampcore.get_master_update_kernel(opt)
         'torch'
     """
+    from .master import master_weights_of
+
     weights = master_weights_of(optimizer)
     if weights is None:
         raise AmpcoreError(
@@ -78,6 +86,8 @@ def get_master_update_kernel(optimizer: torch.optim.Optimizer) -> MasterKernel:
     Raises:
         AmpcoreError: ``optimizer`` has no ampcore master weights.
     """
+    from .master import master_weights_of
+
     weights = master_weights_of(optimizer)
     if weights is None:
         raise AmpcoreError(f"get_master_update_kernel(): {type(optimizer).__name__} has no ampcore master weights")
@@ -99,3 +109,27 @@ def triton_unavailable(device: torch.device) -> str | None:
     if driven != device.type:
         return f"Triton drives {driven!r} devices, the master weights are on {device.type!r}"
     return None
+
+
+def triton_update(group: Mapping[str, Any], work: Work) -> Work:
+    """Update the masters of ``work`` that the Triton kernel can take (a master with a
+    low-precision parameter, every tensor contiguous on the master's device, a float
+    ``lr``, a float32 step count there, not ``capturable``: the kernel copies its
+    hyperparameters from the host, which a CUDA graph cannot capture); returns the rest,
+    for torch's Adam."""
+    if isinstance(group["lr"], torch.Tensor) or group.get("capturable"):
+        return work
+    taken: Work = []
+    rest: Work = []
+    for item in work:
+        param, grad, low, state = item
+        moments = [state[name] for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if name in state]
+        tensors = (param, grad, low, *moments, state["step"])
+        fits = low is not None and all(t.device == param.device and t.is_contiguous() for t in tensors)
+        (taken if fits and state["step"].dtype == torch.float32 else rest).append(item)
+    if taken:
+        from .triton_adam import launch_adam
+
+        lows = [low for _, _, low, _ in taken if low is not None]
+        launch_adam(group, [p for p, *_ in taken], [g for _, g, *_ in taken], lows, [s for *_, s in taken])
+    return rest

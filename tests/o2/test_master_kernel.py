@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import ampcore
-from ampcore._o2 import master_adam
+from ampcore._o2 import master_kernel
 
 BF16, FP16 = torch.bfloat16, torch.float16
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -236,7 +236,7 @@ def test_state_dicts_are_interchangeable_with_torchs_kernel(interpreted: Any) ->
 
 def test_what_the_kernel_cannot_take_keeps_torchs_kernel() -> None:
     """A tensor ``lr``, ``capturable``, a strided gradient, a float32 parameter without a
-    low-precision one: left to torch's Adam (``_triton`` returns them), before Triton is even imported."""
+    low-precision one: left to torch's Adam (``triton_update`` returns them), before Triton is even imported."""
     state = {"step": torch.zeros(()), "exp_avg": torch.zeros(4), "exp_avg_sq": torch.zeros(4)}
     strided = torch.zeros(8, dtype=BF16)[::2]
     work: Any = [
@@ -244,9 +244,9 @@ def test_what_the_kernel_cannot_take_keeps_torchs_kernel() -> None:
         (torch.zeros(4), torch.zeros(4), None, state),
     ]
     group = {"lr": 0.1, "amsgrad": False}
-    assert master_adam._triton(group, work) == work
-    assert master_adam._triton({"lr": torch.tensor(0.1), "amsgrad": False}, work[:1]) == work[:1]
-    assert master_adam._triton({"lr": 0.1, "amsgrad": False, "capturable": True}, work[:1]) == work[:1]
+    assert master_kernel.triton_update(group, work) == work
+    assert master_kernel.triton_update({"lr": torch.tensor(0.1), "amsgrad": False}, work[:1]) == work[:1]
+    assert master_kernel.triton_update({"lr": 0.1, "amsgrad": False, "capturable": True}, work[:1]) == work[:1]
 
 
 @needs_triton
