@@ -38,7 +38,11 @@ Triton kernel also with its hyperparameters rounded to float32 (a diagnostic).
     python benchmarks/bench_o2_update.py                            # CPU rows, AdamW and SGD
     python benchmarks/bench_o2_update.py --optimizers adamw --busy --rounds 9
     python benchmarks/bench_o2_update.py --chunks -1 262144 0 --busy     # chunks against whole tensors
-    python benchmarks/bench_o2_update.py --device cuda --quick --memory --check   # ~1 minute
+    python benchmarks/bench_o2_update.py --device cuda --quick --memory --check   # at most ~1 minute
+
+``--budget S`` (``--quick``: 50): after S seconds what is left is skipped, and said so (the
+GPU check kills the row at 75 s, and a killed run may lose its output); the checks run
+before the timed rows, so that a run cut short keeps them.
 """
 
 from __future__ import annotations
@@ -228,6 +232,15 @@ def o2_modes(
     return modes
 
 
+def out_of_time(args: argparse.Namespace, what: str) -> bool:
+    """Whether ``--budget`` seconds have passed (then ``what`` is skipped, and said so):
+    a run cut short keeps what it printed, one killed by its caller's timeout may not."""
+    if args.deadline is None or time.perf_counter() < args.deadline:
+        return False
+    print(f"(skipped, the time budget of {args.budget:.0f} s is spent: {what})", flush=True)
+    return True
+
+
 def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
     """One table row per (optimizer, flavour, condition, O2 mode); every mode of a row has
     the same optimizer configuration.  ``launches``: kernels per ``optimizer.step()`` (O2 /
@@ -243,6 +256,8 @@ def time_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dty
     with sibling(args.busy) as set_busy:
         for kind in args.optimizers:
             for flavour in args.flavours:
+                if out_of_time(args, f"the {kind} ({flavour}) rows"):
+                    continue
                 variants = o2_modes(args, backend, kind, flavour)
                 base = network(args.width, args.layers, args.device)
                 data = (x, y, low)
@@ -353,6 +368,8 @@ def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
     print()
     for kind in args.optimizers:
         for flavour in args.flavours:
+            if out_of_time(args, f"the {kind} ({flavour}) checks"):
+                continue
             variants: list[tuple[str, str, str | None]] = [("torch kernel", "torch", None)]
             if "triton" in args.kernels and flavour == "fused" and kind in TRITON_KINDS:
                 variants.append(("triton kernel", "triton", None))
@@ -463,11 +480,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="bit-identity with torch on fp32 masters")
     parser.add_argument("--quick", action="store_true", help="every optimizer, 4 rounds, 1 warm-up (GPU check)")
     parser.add_argument("--skip-time", action="store_true")
-    return parser.parse_args()
+    parser.add_argument("--budget", type=float, default=0, help="seconds, then skip what is left (--quick: 50)")
+    args = parser.parse_args()
+    args.budget = args.budget or (50.0 if args.quick else 0.0)
+    args.deadline = time.perf_counter() + args.budget if args.budget else None
+    return args
 
 
 def main() -> None:
     args = parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # a killed run keeps its lines
     backend = ampcore.get_backend(args.device)
     backend.require_available()  # an unavailable device: its reason, not a torch error
     cpu = backend.device_type == "cpu"
@@ -497,11 +519,12 @@ def main() -> None:
     if args.memory:  # first: the CPU's measure, the resident set's high-water mark, cannot go down
         memory_row(args, backend, low)
         print()
+    if args.check:  # before the timed rows: small, and what a cut-short run must keep
+        check_rows(args, backend, low)
+        print()
     if not args.skip_time:
         time_rows(args, backend, low)
         print(f"\nload average after the timed rows {os.getloadavg()[0]:.2f}")
-    if args.check:
-        check_rows(args, backend, low)
 
 
 if __name__ == "__main__":
