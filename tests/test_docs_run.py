@@ -37,11 +37,13 @@ PACKAGES = ("ampcore", "ampcore_backends", "ampcore_conformance", "ampcore_examp
 #: modules not imported here: the suite's pytest plugin registers assert rewriting on import
 #: (it has no examples; it runs in every conformance run)
 _NOT_IMPORTED = {"ampcore_conformance.plugin"}
-#: integration modules and the optional framework each imports (not installed: not imported)
+#: integration modules (and O2's Triton kernel) and the optional package each imports
+#: (not installed: not imported)
 _NEEDS = {
     "ampcore.integrations.lightning": "lightning",
     "ampcore.integrations.accelerate": "accelerate",
     "ampcore.integrations.transformers": "transformers",
+    "ampcore._o2.triton_adam": "triton",
 }
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)

@@ -156,9 +156,15 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
     if conflicts and all(_finite(pair.master.grad) for pair in conflicts):
         raise AmpcoreError(_CONFLICT.format(optimizer=type(weights.optimizer).__name__, count=len(conflicts)))
     # (non-finite master gradients belong to a step GradScaler skipped: replace them)
+    if not stale:
+        return
     with torch.no_grad():
-        for pair, grad in stale:
-            pair.master.grad = grad.to(pair.master.dtype, copy=True)
+        # one multi-tensor copy (a few kernels on a GPU), not one per parameter; each copy
+        # in its gradient's layout, as ``grad.to(dtype)`` makes it
+        copies = [torch.empty_like(grad, dtype=pair.master.dtype) for pair, grad in stale]
+        torch._foreach_copy_(copies, [grad for _, grad in stale])
+        for (pair, grad), copy in zip(stale, copies, strict=True):
+            pair.master.grad = copy
             pair.seen_grad = weakref.ref(grad)
             pair.seen_grad_version = grad._version
 

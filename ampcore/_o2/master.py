@@ -36,7 +36,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import torch
 from torch import nn
@@ -51,6 +51,9 @@ from .update_walk import UpdateWalk
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
 _ATTR: Final = "_ampcore_master_weights"
+
+#: the kernels of the Adam/AdamW master update (``master_kernel.py``)
+MasterKernel = Literal["torch", "triton"]
 
 #: low-precision model parameter -> the MasterWeights holding its master.  Process-wide as
 #: parameters are: two models may share a parameter, and the second decorate call must see
@@ -147,6 +150,9 @@ class MasterWeights:
         #: how ampcore's own updates walk the parameters: the backend's chunks
         #: (``BackendSpec.master_update_chunk_elements``), measured against whole tensors
         self.walk = UpdateWalk(chunk)
+        #: torch's Adam kernels, or ampcore's one-pass Triton kernel for fused groups
+        #: (``ampcore.set_master_update_kernel``)
+        self.kernel: MasterKernel = "torch"
         self.pairs = pairs
         self.master_grad = master_grad
         #: how the masters get their gradients, chosen once (``grad_modes.py``)
@@ -307,7 +313,8 @@ class MasterWeights:
         """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
         the masters hold already); then torch's own step runs with the gradients hidden, as
         for SGD."""
-        own = self.walk.run(lambda chunk: fused_adam_update(self.optimizer, self.low_of, chunk))
+        triton = self.kernel == "triton"
+        own = self.walk.run(lambda chunk: fused_adam_update(self.optimizer, self.low_of, chunk, triton))
         return self._bookkeeping_step(own)
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:

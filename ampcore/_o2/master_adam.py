@@ -42,6 +42,7 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreError
+from .master_kernel import triton_update
 from .master_sgd import step_hooks_free
 
 __all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
@@ -135,6 +136,7 @@ def fused_adam_update(
     optimizer: torch.optim.Optimizer,
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
+    triton: bool = False,
 ) -> list[torch.Tensor]:
     """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`).
 
@@ -165,6 +167,10 @@ def fused_adam_update(
                 continue
             options = _options(group, [param for param, *_ in work])
             own.extend(param for param, _, low, _ in work if low is None)
+            if triton and group["fused"]:
+                work = triton_update(group, work)
+                if not work:
+                    continue
             if chunk is None:
                 _whole(adam, options, group, work)
                 continue

@@ -112,6 +112,13 @@ FOREACH: dict[str, MakeOpt] = {
     "adam-amsgrad": lambda p: torch.optim.Adam(p, lr=1e-3, amsgrad=True, foreach=True),
     "sgd": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01, foreach=True),
     "adamw-fused": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+    "adam-fused-amsgrad": lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=0.1, amsgrad=True, fused=True),
+}
+#: optimizers on the generic path (float32 gradient copies, torch's own step)
+GENERIC: dict[str, MakeOpt] = {
+    "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01, fused=True),
+    "sgd-momentum-foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "rmsprop-foreach": lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True),
 }
 
 
@@ -127,6 +134,16 @@ def test_whole_tensor_updates_dispatch_a_few_ops_per_group_whatever_the_size(nam
     assert all(op.startswith("_foreach") or op.startswith("_fused") for op in small), small
     chunked = ops_of_one_step(FOREACH[name], 1031, device="cpu")
     assert sum(chunked.values()) > 3 * sum(large.values())  # (the counter sees the chunks)
+
+
+@pytest.mark.parametrize("name", list(GENERIC))
+def test_the_generic_path_copies_the_gradients_in_one_multi_tensor_op(name: str) -> None:
+    """The float32 gradient copies of the generic path: one ``_foreach_copy_`` whatever the
+    number of parameters (it was one ``_to_copy`` per parameter, O(tensors) launches)."""
+    small = ops_of_one_step(GENERIC[name], 64)
+    deeper = ops_of_one_step(GENERIC[name], 64, layers=9)
+    assert small == deeper, (small, deeper)
+    assert small["_foreach_copy_"] == 2 and "_to_copy" not in small, small  # widen, refresh
 
 
 def test_the_op_count_grows_with_param_groups_only() -> None:

@@ -1,0 +1,135 @@
+"""Which kernel runs O2's own Adam/AdamW master update: torch's, or ampcore's Triton kernel.
+
+``"torch"`` (the default): torch's Adam function on the float32 masters, the flavour the
+param group asks for (single-tensor, foreach, fused), the low-precision gradients widened
+first and the low-precision parameters copied from the masters after; bit-identical to
+torch's optimizer on float32 masters.
+
+``"triton"`` (opt-in, :func:`set_master_update_kernel`): the param groups with
+``fused=True`` run ``triton_adam.py``'s one-pass kernel instead, which reads the
+low-precision gradients directly and writes the masters, the states and the low-precision
+parameters (28 bytes per parameter instead of 40; on a bandwidth-bound device that is the
+update's time).  Its arithmetic is that of torch's fused Adam; whether it is bit-identical
+to it on a device is measured, not assumed (``benchmarks/bench_o2_update.py --check``),
+hence opt-in.  Groups without ``fused=True``, a tensor ``lr``, and parameters whose
+tensors are not contiguous on one device keep torch's path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import torch
+
+from .._errors import AmpcoreError
+
+if TYPE_CHECKING:
+    from .master import MasterKernel
+
+__all__ = ["get_master_update_kernel", "set_master_update_kernel", "triton_update"]
+
+#: (master, gradient, low-precision parameter or None, Adam state) per parameter
+Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
+
+KERNELS: Final[tuple[Literal["torch", "triton"], ...]] = ("torch", "triton")
+
+
+def set_master_update_kernel(optimizer: torch.optim.Optimizer, kernel: MasterKernel) -> None:
+    """Choose the kernel of the Adam/AdamW master update of an optimizer decorated at O2.
+
+    ``"torch"`` (the default) runs torch's own Adam on the float32 masters, bit-identical
+    to torch's optimizer.  ``"triton"`` runs a one-pass Triton kernel for the param groups
+    with ``fused=True``: it reads the low-precision gradients directly and refreshes the
+    low-precision parameters in the same pass, with the arithmetic of torch's fused Adam
+    (bit-identity with it is reported per device by ``benchmarks/bench_o2_update.py
+    --check``; see docs/o2.md).  Needs Triton installed and a device Triton drives (or
+    ``TRITON_INTERPRET=1``).
+
+    Raises:
+        AmpcoreError: ``optimizer`` has no ampcore master weights; ``kernel`` is not one of
+            ``"torch"``, ``"triton"``; Triton is missing or does not drive the masters' device.
+
+    Example::
+
+        >>> import torch, ampcore
+        >>> model = torch.nn.Linear(4, 4)
+        >>> opt = torch.optim.AdamW(model.parameters(), fused=True)
+        >>> model, opt = ampcore.decorate(model, opt, device="cpu")
+        >>> ampcore.set_master_update_kernel(opt, "torch")
+        >>> ampcore.get_master_update_kernel(opt)
+        'torch'
+    """
+    from .master import master_weights_of
+
+    weights = master_weights_of(optimizer)
+    if weights is None:
+        raise AmpcoreError(
+            f"set_master_update_kernel(): {type(optimizer).__name__} has no ampcore master weights "
+            "(pass it to ampcore.decorate(..., level='O2') first)"
+        )
+    if kernel not in KERNELS:
+        raise AmpcoreError(f"set_master_update_kernel(kernel={kernel!r}): expected one of {', '.join(KERNELS)}")
+    if kernel == "triton":
+        reason = triton_unavailable(weights.masters[0].device)
+        if reason is not None:
+            raise AmpcoreError(f"set_master_update_kernel(kernel='triton'): {reason}; the kernel stays 'torch'")
+    weights.kernel = kernel
+
+
+def get_master_update_kernel(optimizer: torch.optim.Optimizer) -> MasterKernel:
+    """The kernel of an O2 optimizer's Adam/AdamW master update (see
+    :func:`set_master_update_kernel`).
+
+    Raises:
+        AmpcoreError: ``optimizer`` has no ampcore master weights.
+    """
+    from .master import master_weights_of
+
+    weights = master_weights_of(optimizer)
+    if weights is None:
+        raise AmpcoreError(f"get_master_update_kernel(): {type(optimizer).__name__} has no ampcore master weights")
+    return weights.kernel
+
+
+def triton_unavailable(device: torch.device) -> str | None:
+    """Why the Triton kernel cannot run on ``device`` (None: it can)."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed (pip install triton)"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None  # the interpreter runs kernels on any tensors the host can read
+    try:
+        from triton.runtime import driver
+
+        driven = driver.active.get_active_torch_device().type
+    except Exception as exc:  # no driver for this machine, or a Triton without the query
+        return f"Triton found no device to drive ({type(exc).__name__}: {exc})"
+    if driven != device.type:
+        return f"Triton drives {driven!r} devices, the master weights are on {device.type!r}"
+    return None
+
+
+def triton_update(group: Mapping[str, Any], work: Work) -> Work:
+    """Update the masters of ``work`` that the Triton kernel can take (a master with a
+    low-precision parameter, every tensor contiguous on the master's device, a float
+    ``lr``, a float32 step count there, not ``capturable``: the kernel copies its
+    hyperparameters from the host, which a CUDA graph cannot capture); returns the rest,
+    for torch's Adam."""
+    if isinstance(group["lr"], torch.Tensor) or group.get("capturable"):
+        return work
+    taken: Work = []
+    rest: Work = []
+    for item in work:
+        param, grad, low, state = item
+        moments = [state[name] for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if name in state]
+        tensors = (param, grad, low, *moments, state["step"])
+        fits = low is not None and all(t.device == param.device and t.is_contiguous() for t in tensors)
+        (taken if fits and state["step"].dtype == torch.float32 else rest).append(item)
+    if taken:
+        from .triton_adam import launch_adam
+
+        lows = [low for _, _, low, _ in taken if low is not None]
+        launch_adam(group, [p for p, *_ in taken], [g for _, g, *_ in taken], lows, [s for *_, s in taken])
+    return rest
