@@ -45,9 +45,10 @@ from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
+from ._program import local as _prog
 from ._shapes import planned_ops, shape_class
 
-__all__ = ["BUDGET_ENV", "budget_s", "check", "installed", "region_entered", "region_exited"]
+__all__ = ["BUDGET_ENV", "acquire", "budget_s", "can_measure", "check", "fingerprint_of", "installed", "release"]
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
@@ -73,7 +74,6 @@ class _Frame(NamedTuple):
 class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
-        self.measuring = False
 
 
 class _Process:
@@ -84,6 +84,7 @@ class _Process:
         self.lock = threading.Lock()
         self.handles: list[Any] = []
         self.active = 0
+        self.regions = 0  # active regions with programs (their sentinel and root hooks)
         self.spent_s = 0.0
         self.warned = False
         self.exhausted_warned = False
@@ -113,6 +114,16 @@ def _clock(region: Any) -> Clock | None:
     return _process.clocks[key]
 
 
+def can_measure(region: Any, plan: AutoPlan) -> bool:
+    """Whether a class ``plan`` lacks can still be measured in ``region``."""
+    return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None
+
+
+def fingerprint_of(region: Any) -> dict[str, Any]:
+    """The fingerprint of ``region``'s plan (the same dict object for the same setting)."""
+    return _fingerprint(region)
+
+
 def _fingerprint(region: Any) -> dict[str, Any]:
     spec = region.spec
     index = getattr(region.owner, "device_index", None) or 0
@@ -130,7 +141,7 @@ def _auto_region() -> Any:
         return None
     region = stack[-1]
     spec = region.spec
-    if spec.level != "auto" or not spec.enabled or _local.measuring:
+    if spec.level != "auto" or not spec.enabled or _prog.measuring:
         return None
     return region
 
@@ -142,9 +153,19 @@ def _to_fp32(value: Any, device_type: str) -> Any:
 
 
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    if _is_compiling() or not _thread.stack:  # dynamo folds is_compiling(): nothing traced
+    if _is_compiling() or not _thread.stack or _prog.measuring:  # dynamo folds is_compiling()
         return None
+    if _prog.run is not None:  # a program applies (its own instance hooks)
+        return None
+    rec = _prog.rec
+    if rec is None:
+        if _prog.settled is not None and _thread.stack[-1] is _prog.settled:
+            return None  # a root of a region with programs: its own hooks decide
+    elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
+        return None  # the root being recorded: entered already
     ops = planned_ops(module)
+    if rec is not None:
+        rec.enter(module, ops is not None)
     if ops is None:
         return None
     region = _auto_region()
@@ -161,6 +182,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
+    if rec is not None:
+        rec.note(module, decision)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:
@@ -176,18 +199,18 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
-    if _is_compiling():
+    if _is_compiling() or _prog.measuring or _prog.run is not None:
         return
     frames = _local.frames
-    if not frames or frames[-1].module is not module:
-        return
-    _, off, key, plan, region = frames.pop()
-    if off is not None:
-        torch.set_autocast_enabled(off, True)
-        return
-    if len(rest) != 2:  # torch calls always-call hooks as (module, args, None) after an exception
-        return
-    _decide(module, args, rest[0], key, plan, region)
+    if frames and frames[-1].module is module:
+        _, off, key, plan, region = frames.pop()
+        if off is not None:
+            torch.set_autocast_enabled(off, True)
+        elif len(rest) == 2:  # torch calls always-call hooks as (module, args, None) after an exception
+            _decide(module, args, rest[0], key, plan, region)
+    rec = _prog.rec
+    if rec is not None and rec.leave(module) and not rec.stack and module is rec.root:
+        rec.done(rec, args, rest[0] if len(rest) == 2 else None, len(rest) == 2)  # the root call ended
 
 
 def _decide(
@@ -211,7 +234,7 @@ def _decide(
     plan.set(key, costs)
     for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
         if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
-            del plan.entries[other]
+            plan.drop(other)
     write_cache(plan)
     if _process.spent_s >= budget_s() and not _process.exhausted_warned:
         _process.exhausted_warned = True
@@ -225,13 +248,13 @@ def _decide(
 def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, clock: Clock) -> Costs:
     left_ms = (budget_s() - _process.spent_s) * 1e3
     start = time.perf_counter()
-    _local.measuring = True
+    _prog.measuring = True
     try:
         return measure(
             module, args, kwargs, spec.backend.device_type, spec.dtype, clock, budget_ms=min(_PER_CLASS_MS, left_ms)
         )
     finally:
-        _local.measuring = False
+        _prog.measuring = False
         with _process.lock:
             _process.spent_s += time.perf_counter() - start
 
@@ -292,9 +315,8 @@ def check() -> None:
     budget_s()
 
 
-def region_entered() -> None:
-    """An enabled ``level="auto"`` region was entered: register the hooks if it is the
-    process's first active one (thread-safe)."""
+def acquire() -> None:
+    """Register the global hooks if no region or recording of the process holds them."""
     with _process.lock:
         _process.active += 1
         if _process.active == 1:
@@ -304,8 +326,7 @@ def region_entered() -> None:
             ]
 
 
-def region_exited() -> None:
-    """An enabled ``level="auto"`` region exited: remove the hooks if it was the last active one."""
+def release() -> None:
     with _process.lock:
         _process.active = max(0, _process.active - 1)
         if _process.active == 0:
@@ -314,6 +335,13 @@ def region_exited() -> None:
             _process.handles = []
 
 
+def count_region(step: int) -> None:
+    """A region with programs (:mod:`._roots`) was entered (1) or exited (-1)."""
+    with _process.lock:
+        _process.regions += step
+
+
 def installed() -> bool:
-    """Whether the hooks are registered now (only while a ``level="auto"`` region is active)."""
-    return bool(_process.handles)
+    """Whether hooks of auto are registered now: the global ones (while a ``level="auto"``
+    region records or is nested) or those of a region with programs (in any thread)."""
+    return bool(_process.handles) or _process.regions > 0

@@ -126,6 +126,9 @@ class AutoPlan:
     entries: dict[str, PlanEntry] = field(default_factory=dict)
     margin: float = MARGIN
     frozen: bool = False
+    #: how many times an entry was set or dropped (the programs of :mod:`._program` are
+    #: valid while it stays the same)
+    changes: int = field(default=0, compare=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""
@@ -136,7 +139,13 @@ class AutoPlan:
         """Record ``costs`` for ``shape_class`` and return the decision they give."""
         decision = decide(costs, self.margin)
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
+        self.changes += 1
         return decision
+
+    def drop(self, shape_class: str) -> None:
+        """Forget the entry of ``shape_class`` (measured again at its next call)."""
+        if self.entries.pop(shape_class, None) is not None:
+            self.changes += 1
 
     def neighbours(self, shape_class: str) -> Iterator[tuple[str, Costs]]:
         """The measured classes of the same module on the same shapes with inputs of another
