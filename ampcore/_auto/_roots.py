@@ -83,7 +83,7 @@ class _Local(threading.local):
         self.entered: list[_Entered] = []
         self.sentinel: Any = None  # its global pre-hook's handle while no root call is in progress
         self.hooked: set[int] = set()  # ids of the roots hooked for it
-        self.called: list[weakref.ref[torch.nn.Module]] = []
+        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # the roots called in the active region
         self.sites: dict[tuple[Any, int], _Site] = {}
 
 
@@ -123,14 +123,12 @@ def region_entered() -> None:
         _local.entered.append(_Entered(region, None, []))
         return
     roots = site.alive()
-    handles = []
-    for root in roots:
-        handles.append(root.register_forward_pre_hook(_root_pre, with_kwargs=True))
-        handles.append(root.register_forward_hook(_root_post, always_call=True))
     _hooks.count_region(1)
-    _prog.settled, _local.hooked, _local.called = region, {id(r) for r in roots}, []
+    _prog.settled, _local.hooked, _local.called = region, set(), {}
+    _local.entered.append(_Entered(region, site, []))
+    for root in roots:
+        _hook_root(root)
     _sentinel_on()
-    _local.entered.append(_Entered(region, site, handles))
 
 
 def region_exited() -> None:
@@ -151,8 +149,24 @@ def region_exited() -> None:
     for handle in entered.handles:
         handle.remove()
     _hooks.count_region(-1)
-    entered.site.update(_local.called)
-    _prog.settled, _local.hooked, _local.called = None, set(), []
+    entered.site.update(list(_local.called.values()))
+    _prog.settled, _local.hooked, _local.called = None, set(), {}
+
+
+def _note_called(module: torch.nn.Module) -> None:
+    if id(module) not in _local.called:
+        _local.called[id(module)] = weakref.ref(module)
+
+
+def _hook_root(module: torch.nn.Module) -> None:
+    """Give ``module`` the root hooks until the active region exits."""
+    try:
+        _local.hooked.add(id(module))
+        handles = _local.entered[-1].handles
+        handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(_root_post, always_call=True))
+    except (AttributeError, TypeError):  # not an nn.Module as torch makes them: the global hooks
+        pass
 
 
 def _sentinel_on() -> None:
@@ -183,6 +197,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     region = _idle_region()
     if region is None or id(module) in _local.hooked:
         return None
+    _hook_root(module)  # its later calls in this region run its program
     return _record(module, args, region, current_plan(_hooks.fingerprint_of(region)))
 
 
@@ -193,7 +208,7 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     plan = current_plan(_hooks.fingerprint_of(region))
     found = program_for(module, signature(args, kwargs), plan)
     if isinstance(found, Program):
-        _local.called.append(weakref.ref(module))
+        _note_called(module)
         _sentinel_off()
         _prog.run = Running(found, module, region)
         return None
@@ -216,7 +231,7 @@ def _record(module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: A
         return None
     found = program_for(module, None, plan)  # None: a module that cannot have programs
     if found is not None:
-        _local.called.append(weakref.ref(module))
+        _note_called(module)
     _sentinel_off()
     _hooks.acquire()
     _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
