@@ -183,7 +183,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
     if rec is not None:
-        rec.note(module, decision)
+        rec.note(module, decision, _per_element_ms(plan, key, module, args) if decision != "fp32" else 0.0)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:
@@ -198,6 +198,16 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     return tuple(_to_fp32(a, device_type) for a in args)
 
 
+def _per_element_ms(plan: AutoPlan, key: str, module: torch.nn.Module, args: tuple[Any, ...]) -> float:
+    """What the class's measured casts (:func:`~._measure.measure`: inputs and parameters,
+    there and back) cost per element."""
+    entry = plan.entries.get(key)
+    if entry is None or entry.costs is None:
+        return 0.0
+    n = sum(a.numel() for a in args if isinstance(a, torch.Tensor)) + sum(p.numel() for p in module.parameters())
+    return entry.costs.cast_ms / (2 * n) if n else 0.0
+
+
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
     if _is_compiling() or _prog.measuring or _prog.run is not None:
         return
@@ -209,6 +219,8 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
         elif len(rest) == 2:  # torch calls always-call hooks as (module, args, None) after an exception
             _decide(module, args, rest[0], key, plan, region)
     rec = _prog.rec
+    if rec is not None and len(rest) == 2:
+        rec.output(module, rest[1])
     if rec is not None and rec.leave(module) and not rec.stack and module is rec.root:
         rec.done(rec, args, rest[0] if len(rest) == 2 else None, len(rest) == 2)  # the root call ended
 

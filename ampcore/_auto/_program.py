@@ -46,6 +46,9 @@ _LOW: Final = (torch.bfloat16, torch.float16)
 #: program treats what is still undecided as the O1 lists do (low precision)
 _TRIES: Final = 3
 _thread = thread_state()
+#: the estimated ms a switched module's two instance hooks add to its call (torch's hook
+#: path, the autocast switch and the argument check; about 5 us on a CPU core)
+HOOK_MS: Final = 0.005
 
 
 class Program(NamedTuple):
@@ -112,6 +115,10 @@ class Recording:
         self.stack: list[tuple[nn.Module, bool]] = []
         self.planned = 0
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
+        #: per low-precision module: the estimated ms of casting its outputs to float32 and
+        #: their gradients back (what a float32 default adds)
+        self.out_ms: dict[int, float] = {}
+        self.per_element: dict[int, float] = {}
         self.conflict = self.outside = False
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white)
@@ -129,11 +136,21 @@ class Recording:
         self.planned -= self.stack.pop()[1]
         return True
 
-    def note(self, module: nn.Module, decision: Decision | None) -> None:
+    def note(self, module: nn.Module, decision: Decision | None, per_element_ms: float = 0.0) -> None:
+        """A planned call of ``module`` and its decision; ``per_element_ms``: what its class's
+        measured casts cost per element (to estimate its outputs' casts)."""
         found = self.calls.get(id(module))
         if found is not None and found[1] != decision:
             self.conflict = True
         self.calls[id(module)] = (module, decision)
+        self.per_element[id(module)] = per_element_ms
+
+    def output(self, module: nn.Module, output: Any) -> None:
+        """The output of a noted call: the casts a float32 default would add to it."""
+        per = self.per_element.get(id(module), 0.0)
+        if per:
+            n = sum(t.numel() for t in _tensors(output) if t.is_floating_point())
+            self.out_ms[id(module)] = self.out_ms.get(id(module), 0.0) + 2 * n * per
 
     def close(self) -> None:
         if self.mode is None:
@@ -153,9 +170,19 @@ class Recording:
         fp32 = [m for m, d in self.calls.values() if d == "fp32"]
         low = [m for m, d in self.calls.values() if d != "fp32"]  # undecided: the O1 lists
         low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
-        default_fp32 = not self.outside and not low_inputs and len(fp32) > len(low)
+        # the cheaper default: a float32 one hooks the low modules and casts their outputs
+        as_fp32 = HOOK_MS * len(low) + sum(self.out_ms.get(id(m), 0.0) for m in low)
+        default_fp32 = not self.outside and not low_inputs and as_fp32 < HOOK_MS * len(fp32)
         switched = low if default_fp32 else fp32
         return Program(self.plan, self.changes, default_fp32, tuple(weakref.ref(m) for m in switched))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def _cast(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:

@@ -266,3 +266,23 @@ def test_a_region_nested_inside_a_float32_default_root_runs_its_own_lists() -> N
         assert _step(net, x, y)[1].dtype == torch.bfloat16
     assert _programs(net)[0].default_fp32
     assert net.after is False  # the root's float32 default again after the nested region
+
+
+def test_the_default_weighs_the_casts_a_float32_default_adds_to_low_outputs() -> None:
+    net, x, y = Net(big=1, small=3), torch.randn(4, 32), torch.randn(4, 8)
+    with torch.enable_grad():
+        big, small = shape_class(net.big[0], (x,), "cpu"), shape_class(net.small[0], (y,), "cpu")
+    costs = {"fp32_ms": 10.0, "low_ms": 4.0, "cast_ms": 3.0}  # casts of 32x32 + 4x32 elements: 3 ms
+    ampcore.load_plan(
+        {
+            "format": 2,
+            "fingerprint": ampcore.auto_plan("cpu").fingerprint,
+            "entries": {big: {"decision": "low", "costs": costs}, small: {"decision": "fp32"}},
+        }
+    )
+    for _ in range(2):
+        _step(net, x, y)
+    (program,) = _programs(net)
+    # a float32 default would cast the big output (4x32) there and back: ~0.6 ms > 3 hooks
+    assert not program.default_fp32 and [r() for r in program.switched] == list(net.small)
+    assert net.seen["big.0"] == torch.bfloat16 and net.small_dtypes() == {torch.float32}
