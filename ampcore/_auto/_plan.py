@@ -29,7 +29,7 @@ from .._errors import AmpcoreError
 from .._table import format_table
 from .._validate import check_bool
 from .._version import __version__
-from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of
+from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 
 __all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
 
@@ -148,11 +148,14 @@ class AutoPlan:
             self.changes += 1
 
     def neighbours(self, shape_class: str) -> Iterator[tuple[str, Costs]]:
-        """The measured classes of the same module on the same shapes with inputs of another
-        dtype (:func:`~._costs.module_of`), whose costs should agree with this one's."""
+        """The measured classes whose costs should agree with this one's: the same module on
+        the same shapes with inputs of another dtype (:func:`~._costs.module_of`), or on
+        the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`)."""
         mine = module_of(shape_class)
         for key, entry in list(self.entries.items()):
-            if key != shape_class and entry.costs is not None and module_of(key) == mine:
+            if key == shape_class or entry.costs is None:
+                continue
+            if module_of(key) == mine or shape_neighbours(key, shape_class):
                 yield key, entry.costs
 
     def suspect(self, shape_class: str, costs: Costs) -> str | None:
