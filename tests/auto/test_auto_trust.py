@@ -137,13 +137,20 @@ def test_a_whole_poisoned_measurement_is_measured_again_before_it_decides(monkey
 
 
 @pytest.mark.filterwarnings("ignore:.*measuring the costs:ampcore.AmpcoreWarning")
-def test_a_figure_that_disagrees_with_the_same_module_in_another_dtype_is_measured_again(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (torch.randn(4, 8).bfloat16(), torch.randn(4, 8)),  # the same module on inputs of another dtype
+        (torch.randn(8, 8), torch.randn(16, 8)),  # the next shape bucket
+    ],
+)
+def test_a_figure_that_disagrees_with_a_neighbouring_class_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch, first: torch.Tensor, second: torch.Tensor
 ) -> None:
     module = nn.Linear(8, 8)
-    _auto_run(monkeypatch, _steady(26.9, 11.4), module, torch.randn(4, 8).bfloat16())
+    _auto_run(monkeypatch, _steady(26.9, 11.4), module, first)
     clock = _steady(26.9, 11.4, first_low=[32.0] * 8)  # ratio 1.19: plausible alone, not beside 0.42
-    _auto_run(monkeypatch, clock, module, torch.randn(4, 8))
+    _auto_run(monkeypatch, clock, module, second)
     plan = ampcore.auto_plan("cpu")
     assert len(plan.entries) == 2
     for entry in plan.entries.values():
@@ -505,18 +512,6 @@ def test_shape_classes_in_the_next_bucket_are_neighbours() -> None:
     assert list(plan.neighbours(far)) == []
     assert plan.suspect(wider, Costs(53.8, 64.0, 6.0)) is not None  # 1.19 beside 0.42
     assert plan.suspect(wider, Costs(53.8, 23.0, 6.0)) is None
-
-
-@pytest.mark.filterwarnings("ignore:.*measuring the costs:ampcore.AmpcoreWarning")
-def test_a_figure_that_disagrees_with_the_next_shape_bucket_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = nn.Linear(8, 8)
-    _auto_run(monkeypatch, _steady(26.9, 11.4), module, torch.randn(8, 8))
-    clock = _steady(26.9, 11.4, first_low=[32.0] * 8)  # ratio 1.19: plausible alone, not beside 0.42
-    _auto_run(monkeypatch, clock, module, torch.randn(16, 8))
-    plan = ampcore.auto_plan("cpu")
-    assert len(plan.entries) == 2
-    for entry in plan.entries.values():
-        assert entry.decision == "low" and entry.costs is not None and entry.costs.ratio < 0.5
 
 
 def test_cache_entries_that_disagree_with_the_next_shape_bucket_are_measured_again() -> None:
