@@ -147,7 +147,7 @@ def region_exited() -> None:
         _finish(rec, (), None, False)
     _sentinel_off()
     for handle in entered.handles:
-        handle.remove()
+        _unhook(handle)
     _hooks.count_region(-1)
     entered.site.update(list(_local.called.values()))
     _prog.settled, _local.hooked, _local.called = None, set(), {}
@@ -160,24 +160,81 @@ def _note_called(module: torch.nn.Module) -> None:
 
 def _hook_root(module: torch.nn.Module) -> None:
     """Give ``module`` the root hooks until the active region exits."""
-    try:
-        _local.hooked.add(id(module))
-        handles = _local.entered[-1].handles
+    _local.hooked.add(id(module))
+    handles = _local.entered[-1].handles
+    key = _Key()
+    try:  # torch's hook dicts of the module under a key of ours: no handle objects per region
+        dicts: Any = module  # torch types these dicts as keyed by handle ids; any hashable key works
+        dicts._forward_pre_hooks[key] = _root_pre
+        dicts._forward_pre_hooks_with_kwargs[key] = True
+        dicts._forward_hooks[key] = _root_post
+        dicts._forward_hooks_always_called[key] = True
+        handles.append((module, key))
+    except (AttributeError, TypeError):  # a module without torch's dicts: the public registration
+        _unhook((module, key))
         handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
         handles.append(module.register_forward_hook(_root_post, always_call=True))
-    except (AttributeError, TypeError):  # not an nn.Module as torch makes them: the global hooks
-        pass
+
+
+def _unhook(handle: Any) -> None:
+    if not isinstance(handle, tuple):
+        handle.remove()
+        return
+    module, key = handle
+    for name in (
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks",
+        "_forward_hooks_always_called",
+    ):
+        found = getattr(module, name, None)
+        if isinstance(found, dict):
+            found.pop(key, None)
 
 
 def _sentinel_on() -> None:
     if _local.sentinel is None:
-        _local.sentinel = register_module_forward_pre_hook(_sentinel)
+        _local.sentinel = _GLOBAL_PRE.on()
 
 
 def _sentinel_off() -> None:
     if _local.sentinel is not None:
-        _local.sentinel.remove()
+        _GLOBAL_PRE.off(_local.sentinel)
         _local.sentinel = None
+
+
+class _GlobalPreHook:
+    """The sentinel as a global forward pre-hook, switched on and off several times per
+    region: an entry under a key of its own in torch's dict of global pre-hooks (what
+    ``register_module_forward_pre_hook`` fills, without a handle per switch), or the
+    public registration where that dict is not there."""
+
+    def __init__(self) -> None:
+        self.hooks = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
+        if not isinstance(self.hooks, dict):
+            self.hooks = None
+
+    def on(self) -> Any:
+        if self.hooks is None:
+            return register_module_forward_pre_hook(_sentinel)
+        key = _Key()  # one key per switch-on: each thread's sentinel is its own entry
+        self.hooks[key] = _sentinel
+        return key
+
+    def off(self, key: Any) -> None:
+        if isinstance(key, _Key) and self.hooks is not None:
+            self.hooks.pop(key, None)
+        else:
+            key.remove()
+
+
+class _Key:
+    """A key of the sentinel in torch's dict of global pre-hooks (hashed by identity)."""
+
+    __slots__ = ("__weakref__",)
+
+
+_GLOBAL_PRE = _GlobalPreHook()
 
 
 def _idle_region() -> Any:
