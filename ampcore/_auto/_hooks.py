@@ -1,22 +1,22 @@
-"""Where ``level="auto"`` acts: two process-global module hooks that apply the plan,
-present only while a ``level="auto"`` region is active.
+"""The global module hooks that apply a plan call by call, and the measurements.
 
 ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``..._forward_hook`` are
-registered when the process's first enabled ``level="auto"`` region is entered and removed
-when its last one exits (a count across threads and nesting, under a lock; a pair costs a
-few microseconds per region).  Outside auto regions, module calls take torch's path
-without global hooks: nothing of auto runs.  While one is active (in any thread), every
-``nn.Module`` call in the process runs the two hooks; they return at once unless the
-calling thread's innermost ampcore region is an enabled ``level="auto"`` region and the
-module is a planned kind (:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's
-decision for the call's shape class:
+registered (a count across threads, under a lock) only while something needs them: a
+root call of a region with programs that is being *recorded* (:mod:`._roots`), or a whole
+``level="auto"`` region that cannot have programs (nested in another ampcore region, with
+custom lists, on a device type ampcore's kernels serve).  Outside auto regions, and inside
+root calls that run a program, module calls take torch's path without global hooks.
+While registered (in any thread), every ``nn.Module`` call in the process runs the two
+hooks; they return at once unless the calling thread's innermost ampcore region is an
+enabled ``level="auto"`` region and the module is a planned kind
+(:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's decision for the call's
+shape class:
 
 * ``"low"``: nothing; the region's O1 lists run it in low precision (black-list ops in
   float32, exactly as O1);
 * ``"fp32"``: autocast is switched off for the module's forward
-  (``torch.set_autocast_enabled(device_type, False)``, on again after it: one call each
-  way, where ``torch.autocast(enabled=False)`` makes a dozen) and its low-precision
-  floating inputs are cast to float32;
+  (``torch.set_autocast_enabled(device_type, False)``, on again after it) and its
+  low-precision floating inputs are cast to float32;
 * no decision yet: the call runs with the O1 lists, then the forward hook takes the costs
   from the adapter's ``ampcore_auto_costs`` hook or measures it
   (:func:`ampcore._auto._measure.measure`, with the adapter's clock) within the process's
@@ -25,6 +25,7 @@ decision for the call's shape class:
   decides, and a cached neighbour it contradicts is dropped (measured again at its next
   call).  A device that cannot be timed measures nothing: auto runs as torch.autocast.
 
+A recording notes each planned call and its decision (:class:`~._program.Recording`).
 Custom lists win: a module whose ops a region's custom list names is left to the lists.
 Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
 """
