@@ -252,7 +252,7 @@ def _idle_region() -> Any:
 def _sentinel(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     """A module called directly in an eligible region that is not one of its hooked roots."""
     region = _idle_region()
-    if region is None or id(module) in _local.hooked:
+    if region is None or id(module) in _local.hooked or _compiled(module):
         return None
     _hook_root(module)  # its later calls in this region run its program
     return _record(module, args, region, current_plan(_hooks.fingerprint_of(region)))
