@@ -100,7 +100,8 @@ class _Outside(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         rec = self.rec
         if not rec.planned and not rec.outside and not local.measuring:
-            if func.overloadpacket.__name__ in self.white:
+            packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
+            if getattr(packet, "__name__", None) in self.white:
                 rec.outside = True
         return func(*args, **(kwargs or {}))
 
