@@ -121,6 +121,7 @@ class Recording:
         self.out_ms: dict[int, float] = {}
         self.per_element: dict[int, float] = {}
         self.conflict = self.outside = False
+        self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white)
         if self.mode is not None:
@@ -223,6 +224,11 @@ class Running:
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         if not self._mine():
             return None
+        return self.switch(module, args)
+
+    def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        """Run ``module``'s forward in the precision other than the default (its new
+        arguments, or None); its forward hook switches back."""
         self.pushed.append(module)
         if self.program.default_fp32:  # a low-precision module: autocast on for its forward
             torch.set_autocast_enabled(self.device_type, True)

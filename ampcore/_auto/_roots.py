@@ -267,7 +267,10 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if isinstance(found, Program):
         _note_called(module)
         _sentinel_off()
-        _prog.run = Running(found, module, region)
+        run = _prog.run = Running(found, module, region)
+        if any(ref() is module for ref in found.switched):  # its own pre-hook came too late
+            new = run.switch(module, args)
+            return None if new is None else (new, kwargs)
         return None
     new = _record(module, args, region, plan)
     return None if new is None else (new, kwargs)
@@ -291,7 +294,8 @@ def _record(module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: A
         _note_called(module)
     _sentinel_off()
     _hooks.acquire()
-    _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
+    rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
+    rec.args = args  # the signature's: the hooks below may cast them
     return _hooks._pre(module, args)  # the root's own pre-hook call (the global ones ran before)
 
 
@@ -301,7 +305,7 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     rec.close()
     _hooks.release()
     if ok and rec.mode is not None:
-        sig = signature(args, kwargs)
+        sig = signature(rec.args, kwargs)
         found = program_for(rec.root, sig, rec.plan)
         if found is not None:
             tries = found if isinstance(found, int) else 0

@@ -286,3 +286,14 @@ def test_the_default_weighs_the_casts_a_float32_default_adds_to_low_outputs() ->
     # a float32 default would cast the big output (4x32) there and back: ~0.6 ms > 3 hooks
     assert not program.default_fp32 and [r() for r in program.switched] == list(net.small)
     assert net.seen["big.0"] == torch.bfloat16 and net.small_dtypes() == {torch.float32}
+
+
+def test_a_planned_root_switched_from_the_default_runs_in_its_own_precision() -> None:
+    linear, x = nn.Linear(8, 8), torch.randn(4, 8).bfloat16()  # low inputs: the default stays low
+    with torch.enable_grad():
+        _load(**{shape_class(linear, (x,), "cpu") or "": "fp32"})
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            assert linear(x).dtype == torch.float32
+    (program,) = _programs(linear)
+    assert not program.default_fp32 and [r() for r in program.switched] == [linear]
