@@ -33,11 +33,13 @@ targets of issue 27 (auto <= 1.03 x the better of fp32 and torch.autocast).
         heldout-transformer --rounds 7
     python benchmarks/bench_auto.py --device cuda --models gpu-mixed --rounds 5   # ~60-90 s
     python benchmarks/bench_auto.py --region-cost     # auto region enter/exit, calls after it
+    python benchmarks/bench_auto.py --models heldout-small --pairs 300   # auto vs fp32 step pairs
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -212,6 +214,46 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
         print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
 
 
+def pairs(name: str, count: int) -> None:
+    """auto against fp32 on ``name``, one training step of each in turn, ``count`` times in
+    one process: the median of the per-pair ratios (robust to a loaded machine's drift),
+    next to an O1 region around the float32 step (what any region costs)."""
+    import warnings
+
+    import torch
+
+    import ampcore
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    base, data = _build(name, "cpu")
+    models = {mode: copy.deepcopy(base) for mode in ("fp32", "auto", "O1 region, fp32 inside")}
+    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+
+    def step(mode: str) -> None:
+        model = models[mode]
+        outer = auto if mode == "auto" else o1 if mode.startswith("O1") else torch.autocast("cpu", enabled=False)
+        inner = contextlib.nullcontext() if mode == "auto" else torch.autocast("cpu", enabled=False)
+        with outer, inner:
+            loss = _loss(model(*data), data)
+        loss.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    times: dict[str, list[float]] = {mode: [] for mode in models}
+    for round_ in range(count + 20):
+        for mode in models:
+            start = time.perf_counter()
+            step(mode)
+            if round_ >= 20:
+                times[mode].append(time.perf_counter() - start)
+    for mode in ("auto", "O1 region, fp32 inside"):
+        ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
+        print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
+
+
 def _load() -> str:
     try:
         return " ".join(f"{v:.2f}" for v in os.getloadavg())
@@ -229,6 +271,7 @@ def main() -> None:
     parser.add_argument("--cache", choices=("cold", "warm", "both"), default="both", help="which processes to run")
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
     parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
+    parser.add_argument("--pairs", type=int, default=0, help="only auto vs fp32 step pairs (see pairs)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="also write the measurements as JSON")
     args = parser.parse_args()
@@ -236,6 +279,11 @@ def main() -> None:
         print(json.dumps(child(args.child, args)))
         return
     print(f"load average at start: {_load()} ({os.cpu_count()} CPUs); device {args.device}")
+    if args.pairs:
+        for spec in args.models:
+            pairs(spec, args.pairs)
+        print(f"load average at end: {_load()}")
+        return
     if args.region_cost:
         region_cost()
         print(f"load average at end: {_load()}")

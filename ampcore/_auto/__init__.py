@@ -22,14 +22,14 @@ import torch
 from .._backends.registry import DeviceLike, resolve_device
 from .._backends.support import resolve_dtype
 from .._policy.level_hooks import register_level_hooks
-from . import _hooks
+from . import _roots
 from ._cache import current_plan
 from ._costs import MARGIN, Costs, Decision, decide
 from ._plan import AutoPlan, PlanEntry, fingerprint, load_plan
 
 __all__ = ["MARGIN", "AutoPlan", "Costs", "Decision", "PlanEntry", "auto_plan", "decide", "load_plan"]
 
-register_level_hooks("auto", _hooks)  # ampcore.autocast(level="auto") calls them
+register_level_hooks("auto", _roots)  # ampcore.autocast(level="auto") calls them
 
 
 def auto_plan(device: DeviceLike = None, dtype: torch.dtype | str | None = None) -> AutoPlan:

@@ -30,6 +30,7 @@ __all__ = [
     "implausible",
     "merge",
     "module_of",
+    "shape_neighbours",
 ]
 
 Decision = Literal["low", "fp32"]
@@ -175,19 +176,60 @@ def module_of(shape_class: str) -> tuple[str, str]:
     return head, grad
 
 
+def _parts(shape_class: str) -> tuple[str, list[list[str]], str] | None:
+    """``(module, [[dims..., dtype?] per input], grad)`` of a shape class, None if unreadable."""
+    head, _, grad = shape_class.rpartition(" ")
+    module, found, inputs = head.rpartition(" in=[")
+    if not found or not inputs.endswith("]"):
+        return None
+    shapes = []
+    for text in inputs[:-1].split(", "):
+        dims, _, dtype = text.partition(":")
+        shapes.append([*dims.split("x"), ":" + dtype])
+    return module, shapes, grad
+
+
+def shape_neighbours(a: str, b: str) -> bool:
+    """Whether two shape classes are the same module, grad mode and input dtypes with one
+    dimension of one input in the next power-of-two bucket (costs should change smoothly
+    between them).
+
+    Example::
+
+        >>> shape_neighbours("Linear(a) in=[8x64] grad", "Linear(a) in=[16x64] grad")
+        True
+        >>> shape_neighbours("Linear(a) in=[8x64] grad", "Linear(a) in=[32x64] grad")
+        False
+    """
+    pa, pb = _parts(a), _parts(b)
+    if pa is None or pb is None or pa[0] != pb[0] or pa[2] != pb[2] or len(pa[1]) != len(pb[1]):
+        return False
+    steps = 0
+    for x, y in zip(pa[1], pb[1], strict=True):
+        if len(x) != len(y) or x[-1] != y[-1]:
+            return False
+        for dx, dy in zip(x[:-1], y[:-1], strict=True):
+            if dx != dy:
+                if not (dx.isdigit() and dy.isdigit()) or max(int(dx), int(dy)) != 2 * min(int(dx), int(dy)):
+                    return False
+                steps += 1
+    return steps == 1
+
+
 def implausible(costs: Costs, neighbours: Iterable[Costs] = ()) -> str | None:
     """Why ``costs`` should be measured again before deciding (``None``: plausible).
 
     ``neighbours``: the costs of the same module on the same shapes with inputs of another
-    dtype (:func:`module_of`); their low/fp32 ratios should agree within
-    :data:`NEIGHBOUR_BOUND`.  Figures already measured again (``checked``) are trusted.
+    dtype (:func:`module_of`) or on the next shape bucket (:func:`shape_neighbours`); their
+    low/fp32 ratios should agree within :data:`NEIGHBOUR_BOUND`.  Figures already measured
+    again (``checked``) are trusted.
 
     Example::
 
         >>> implausible(Costs(26.9, 231.7, 1.0))  # the first call paid kernel creation
         'low/fp32 8.61 is beyond 4'
         >>> implausible(Costs(26.9, 30.0, 1.0), [Costs(27.0, 11.4, 1.0)])
-        'low/fp32 1.12 disagrees with 0.42 of the same module on inputs of another dtype'
+        'low/fp32 1.12 disagrees with 0.42 of a neighbouring class'
     """
     if costs.checked:
         return None
@@ -198,9 +240,7 @@ def implausible(costs: Costs, neighbours: Iterable[Costs] = ()) -> str | None:
         return f"spread {max(costs.fp32_spread, costs.low_spread):.2f} is beyond {SPREAD_BOUND:g}"
     for other in neighbours:
         if max(ratio, other.ratio) > NEIGHBOUR_BOUND * min(ratio, other.ratio):
-            return (
-                f"low/fp32 {ratio:.2f} disagrees with {other.ratio:.2f} of the same module on inputs of another dtype"
-            )
+            return f"low/fp32 {ratio:.2f} disagrees with {other.ratio:.2f} of a neighbouring class"
     return None
 
 

@@ -1,22 +1,22 @@
-"""Where ``level="auto"`` acts: two process-global module hooks that apply the plan,
-present only while a ``level="auto"`` region is active.
+"""The global module hooks that apply a plan call by call, and the measurements.
 
 ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``..._forward_hook`` are
-registered when the process's first enabled ``level="auto"`` region is entered and removed
-when its last one exits (a count across threads and nesting, under a lock; a pair costs a
-few microseconds per region).  Outside auto regions, module calls take torch's path
-without global hooks: nothing of auto runs.  While one is active (in any thread), every
-``nn.Module`` call in the process runs the two hooks; they return at once unless the
-calling thread's innermost ampcore region is an enabled ``level="auto"`` region and the
-module is a planned kind (:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's
-decision for the call's shape class:
+registered (a count across threads, under a lock) only while something needs them: a
+root call of a region with programs that is being *recorded* (:mod:`._roots`), or a whole
+``level="auto"`` region that cannot have programs (nested in another ampcore region, with
+custom lists, on a device type ampcore's kernels serve).  Outside auto regions, and inside
+root calls that run a program, module calls take torch's path without global hooks.
+While registered (in any thread), every ``nn.Module`` call in the process runs the two
+hooks; they return at once unless the calling thread's innermost ampcore region is an
+enabled ``level="auto"`` region and the module is a planned kind
+(:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's decision for the call's
+shape class:
 
 * ``"low"``: nothing; the region's O1 lists run it in low precision (black-list ops in
   float32, exactly as O1);
 * ``"fp32"``: autocast is switched off for the module's forward
-  (``torch.set_autocast_enabled(device_type, False)``, on again after it: one call each
-  way, where ``torch.autocast(enabled=False)`` makes a dozen) and its low-precision
-  floating inputs are cast to float32;
+  (``torch.set_autocast_enabled(device_type, False)``, on again after it) and its
+  low-precision floating inputs are cast to float32;
 * no decision yet: the call runs with the O1 lists, then the forward hook takes the costs
   from the adapter's ``ampcore_auto_costs`` hook or measures it
   (:func:`ampcore._auto._measure.measure`, with the adapter's clock) within the process's
@@ -25,6 +25,7 @@ decision for the call's shape class:
   decides, and a cached neighbour it contradicts is dropped (measured again at its next
   call).  A device that cannot be timed measures nothing: auto runs as torch.autocast.
 
+A recording notes each planned call and its decision (:class:`~._program.Recording`).
 Custom lists win: a module whose ops a region's custom list names is left to the lists.
 Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
 """
@@ -45,9 +46,10 @@ from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
+from ._program import local as _prog
 from ._shapes import planned_ops, shape_class
 
-__all__ = ["BUDGET_ENV", "budget_s", "check", "installed", "region_entered", "region_exited"]
+__all__ = ["BUDGET_ENV", "acquire", "budget_s", "can_measure", "check", "fingerprint_of", "installed", "release"]
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
@@ -73,7 +75,6 @@ class _Frame(NamedTuple):
 class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
-        self.measuring = False
 
 
 class _Process:
@@ -84,6 +85,7 @@ class _Process:
         self.lock = threading.Lock()
         self.handles: list[Any] = []
         self.active = 0
+        self.regions = 0  # active regions with programs (their sentinel and root hooks)
         self.spent_s = 0.0
         self.warned = False
         self.exhausted_warned = False
@@ -113,6 +115,16 @@ def _clock(region: Any) -> Clock | None:
     return _process.clocks[key]
 
 
+def can_measure(region: Any, plan: AutoPlan) -> bool:
+    """Whether a class ``plan`` lacks can still be measured in ``region``."""
+    return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None
+
+
+def fingerprint_of(region: Any) -> dict[str, Any]:
+    """The fingerprint of ``region``'s plan (the same dict object for the same setting)."""
+    return _fingerprint(region)
+
+
 def _fingerprint(region: Any) -> dict[str, Any]:
     spec = region.spec
     index = getattr(region.owner, "device_index", None) or 0
@@ -130,7 +142,7 @@ def _auto_region() -> Any:
         return None
     region = stack[-1]
     spec = region.spec
-    if spec.level != "auto" or not spec.enabled or _local.measuring:
+    if spec.level != "auto" or not spec.enabled or _prog.measuring:
         return None
     return region
 
@@ -142,9 +154,19 @@ def _to_fp32(value: Any, device_type: str) -> Any:
 
 
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    if _is_compiling() or not _thread.stack:  # dynamo folds is_compiling(): nothing traced
+    if _is_compiling() or not _thread.stack or _prog.measuring:  # dynamo folds is_compiling()
         return None
+    if _prog.run is not None:  # a program applies (its own instance hooks)
+        return None
+    rec = _prog.rec
+    if rec is None:
+        if _prog.settled is not None and _thread.stack[-1] is _prog.settled:
+            return None  # a root of a region with programs: its own hooks decide
+    elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
+        return None  # the root being recorded: entered already
     ops = planned_ops(module)
+    if rec is not None:
+        rec.enter(module, ops is not None)
     if ops is None:
         return None
     region = _auto_region()
@@ -161,6 +183,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
+    if rec is not None:
+        rec.note(module, decision, _per_element_ms(plan, key, module, args) if decision != "fp32" else 0.0)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:
@@ -175,19 +199,31 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     return tuple(_to_fp32(a, device_type) for a in args)
 
 
+def _per_element_ms(plan: AutoPlan, key: str, module: torch.nn.Module, args: tuple[Any, ...]) -> float:
+    """What the class's measured casts (:func:`~._measure.measure`: inputs and parameters,
+    there and back) cost per element."""
+    entry = plan.entries.get(key)
+    if entry is None or entry.costs is None:
+        return 0.0
+    n = sum(a.numel() for a in args if isinstance(a, torch.Tensor)) + sum(p.numel() for p in module.parameters())
+    return entry.costs.cast_ms / (2 * n) if n else 0.0
+
+
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
-    if _is_compiling():
+    if _is_compiling() or _prog.measuring or _prog.run is not None:
         return
     frames = _local.frames
-    if not frames or frames[-1].module is not module:
-        return
-    _, off, key, plan, region = frames.pop()
-    if off is not None:
-        torch.set_autocast_enabled(off, True)
-        return
-    if len(rest) != 2:  # torch calls always-call hooks as (module, args, None) after an exception
-        return
-    _decide(module, args, rest[0], key, plan, region)
+    if frames and frames[-1].module is module:
+        _, off, key, plan, region = frames.pop()
+        if off is not None:
+            torch.set_autocast_enabled(off, True)
+        elif len(rest) == 2:  # torch calls always-call hooks as (module, args, None) after an exception
+            _decide(module, args, rest[0], key, plan, region)
+    rec = _prog.rec
+    if rec is not None and len(rest) == 2:
+        rec.output(module, rest[1])
+    if rec is not None and rec.leave(module) and not rec.stack and module is rec.root:
+        rec.done(rec, args, rest[0] if len(rest) == 2 else None, len(rest) == 2)  # the root call ended
 
 
 def _decide(
@@ -211,7 +247,7 @@ def _decide(
     plan.set(key, costs)
     for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
         if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
-            del plan.entries[other]
+            plan.drop(other)
     write_cache(plan)
     if _process.spent_s >= budget_s() and not _process.exhausted_warned:
         _process.exhausted_warned = True
@@ -225,13 +261,13 @@ def _decide(
 def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, clock: Clock) -> Costs:
     left_ms = (budget_s() - _process.spent_s) * 1e3
     start = time.perf_counter()
-    _local.measuring = True
+    _prog.measuring = True
     try:
         return measure(
             module, args, kwargs, spec.backend.device_type, spec.dtype, clock, budget_ms=min(_PER_CLASS_MS, left_ms)
         )
     finally:
-        _local.measuring = False
+        _prog.measuring = False
         with _process.lock:
             _process.spent_s += time.perf_counter() - start
 
@@ -292,9 +328,8 @@ def check() -> None:
     budget_s()
 
 
-def region_entered() -> None:
-    """An enabled ``level="auto"`` region was entered: register the hooks if it is the
-    process's first active one (thread-safe)."""
+def acquire() -> None:
+    """Register the global hooks if no region or recording of the process holds them."""
     with _process.lock:
         _process.active += 1
         if _process.active == 1:
@@ -304,8 +339,7 @@ def region_entered() -> None:
             ]
 
 
-def region_exited() -> None:
-    """An enabled ``level="auto"`` region exited: remove the hooks if it was the last active one."""
+def release() -> None:
     with _process.lock:
         _process.active = max(0, _process.active - 1)
         if _process.active == 0:
@@ -314,6 +348,13 @@ def region_exited() -> None:
             _process.handles = []
 
 
+def count_region(step: int) -> None:
+    """A region with programs (:mod:`._roots`) was entered (1) or exited (-1)."""
+    with _process.lock:
+        _process.regions += step
+
+
 def installed() -> bool:
-    """Whether the hooks are registered now (only while a ``level="auto"`` region is active)."""
-    return bool(_process.handles)
+    """Whether hooks of auto are registered now: the global ones (while a ``level="auto"``
+    region records or is nested) or those of a region with programs (in any thread)."""
+    return bool(_process.handles) or _process.regions > 0

@@ -11,9 +11,12 @@ Measurements that cannot poison a plan: every candidate runs once untimed first 
 call of a shape pays one-time set-up: oneDNN's kernel creation, autotuning, the
 allocator's growth), then the two sides are timed in alternation (drift and interference
 hit both) and each keeps the median of its runs and their spread (the range of the runs
-without the highest and lowest, over the median).  At least :data:`MIN_RUNS` rounds, more
-while the class's share of the budget lasts (at most :data:`MAX_RUNS`); two rounds suffice
-when one side is clearly slower (every run of it over twice every run of the other).
+without the highest and lowest, over the median).  Rounds go on while the class's share of
+the budget lasts, at most :data:`MAX_RUNS`; no round starts past the share once two rounds
+are timed (one, when the warm-up and the first round already used it up: a slow class
+stays within about its share plus one round), and two rounds suffice when one side is
+clearly slower (every run of it over twice every run of the other).  Figures from fewer
+than :data:`MIN_RUNS` rounds are marked estimated.
 
 The clock is the adapter's: :func:`device_clock` times on the device with events where the
 device supports timing events, else on the host after the adapter's synchronisation; a
@@ -207,7 +210,8 @@ def _rounds(
         b.append(clock(low, "low"))
         spent += a[-1] + b[-1]
         clear = min(b) > _CLEARLY_SLOWER * max(a) or min(a) > _CLEARLY_SLOWER * max(b)
-        if (len(a) >= 2 and clear) or (len(a) >= MIN_RUNS and spent + a[-1] + b[-1] > budget_ms):
+        over = spent + a[-1] + b[-1] > budget_ms  # the next round would pass the class's share
+        if (len(a) >= 2 and (clear or over)) or (over and spent > budget_ms):
             break
     return a, b
 

@@ -29,7 +29,7 @@ from .._errors import AmpcoreError
 from .._table import format_table
 from .._validate import check_bool
 from .._version import __version__
-from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of
+from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 
 __all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
 
@@ -126,6 +126,9 @@ class AutoPlan:
     entries: dict[str, PlanEntry] = field(default_factory=dict)
     margin: float = MARGIN
     frozen: bool = False
+    #: how many times an entry was set or dropped (the programs of :mod:`._program` are
+    #: valid while it stays the same)
+    changes: int = field(default=0, compare=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""
@@ -136,14 +139,23 @@ class AutoPlan:
         """Record ``costs`` for ``shape_class`` and return the decision they give."""
         decision = decide(costs, self.margin)
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
+        self.changes += 1
         return decision
 
+    def drop(self, shape_class: str) -> None:
+        """Forget the entry of ``shape_class`` (measured again at its next call)."""
+        if self.entries.pop(shape_class, None) is not None:
+            self.changes += 1
+
     def neighbours(self, shape_class: str) -> Iterator[tuple[str, Costs]]:
-        """The measured classes of the same module on the same shapes with inputs of another
-        dtype (:func:`~._costs.module_of`), whose costs should agree with this one's."""
+        """The measured classes whose costs should agree with this one's: the same module on
+        the same shapes with inputs of another dtype (:func:`~._costs.module_of`), or on
+        the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`)."""
         mine = module_of(shape_class)
         for key, entry in list(self.entries.items()):
-            if key != shape_class and entry.costs is not None and module_of(key) == mine:
+            if key == shape_class or entry.costs is None:
+                continue
+            if module_of(key) == mine or shape_neighbours(key, shape_class):
                 yield key, entry.costs
 
     def suspect(self, shape_class: str, costs: Costs) -> str | None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import ampcore
-from ampcore._auto import Costs, _hooks, decide
+from ampcore._auto import AutoPlan, Costs, _hooks, decide
 from ampcore._auto._cache import cache_file, forget_plans
 from ampcore._auto._costs import implausible
 from ampcore._auto._measure import Label, device_clock, measure
@@ -121,6 +121,7 @@ def test_implausible_figures_are_named() -> None:
 
 def _auto_run(monkeypatch: pytest.MonkeyPatch, clock: FakeClock, module: nn.Module, x: torch.Tensor) -> None:
     monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})  # this clock, not one an earlier run kept
     with ampcore.autocast("cpu", level="auto"):
         module(x)
 
@@ -136,13 +137,20 @@ def test_a_whole_poisoned_measurement_is_measured_again_before_it_decides(monkey
 
 
 @pytest.mark.filterwarnings("ignore:.*measuring the costs:ampcore.AmpcoreWarning")
-def test_a_figure_that_disagrees_with_the_same_module_in_another_dtype_is_measured_again(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (torch.randn(4, 8).bfloat16(), torch.randn(4, 8)),  # the same module on inputs of another dtype
+        (torch.randn(8, 8), torch.randn(16, 8)),  # the next shape bucket
+    ],
+)
+def test_a_figure_that_disagrees_with_a_neighbouring_class_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch, first: torch.Tensor, second: torch.Tensor
 ) -> None:
     module = nn.Linear(8, 8)
-    _auto_run(monkeypatch, _steady(26.9, 11.4), module, torch.randn(4, 8).bfloat16())
+    _auto_run(monkeypatch, _steady(26.9, 11.4), module, first)
     clock = _steady(26.9, 11.4, first_low=[32.0] * 8)  # ratio 1.19: plausible alone, not beside 0.42
-    _auto_run(monkeypatch, clock, module, torch.randn(4, 8))
+    _auto_run(monkeypatch, clock, module, second)
     plan = ampcore.auto_plan("cpu")
     assert len(plan.entries) == 2
     for entry in plan.entries.values():
@@ -478,3 +486,39 @@ def test_a_planned_module_class_that_is_not_hashable_still_works() -> None:
     with torch.enable_grad():
         expected = shape_class(nn.Linear(8, 8), (x,), "cpu")
         assert expected is not None and shape_class(layer, (x,), "cpu") == expected.replace("Linear", "Unhashable")
+
+
+# -- neighbours by shape, the budget within one class --------------------------------------
+
+
+def test_a_slow_class_stays_within_its_share_of_the_budget_plus_one_round() -> None:
+    clock = _steady(150.0, 160.0)  # one round costs 310 ms of a 400 ms share
+    costs = _measure(clock)
+    timed = [label for label in clock.labels if label != "casts"]
+    assert timed == ["fp32", "low", "fp32", "low"]  # the warm-up and one round, not three
+    assert costs.runs == 1 and costs.estimated
+    clock = _steady(60.0, 70.0)
+    costs = _measure(clock)
+    spent = 130.0 * sum(1 for label in clock.labels if label == "low")
+    assert spent <= 400.0 and costs.runs == 2  # no round started past the share
+
+
+def test_shape_classes_in_the_next_bucket_are_neighbours() -> None:
+    plan = AutoPlan({"dtype": "bfloat16"})
+    plan.set(BIG.format(""), Costs(26.9, 11.4, 3.0))
+    wider = BIG.replace("512x2048", "1024x2048").format("")
+    far = BIG.replace("512x2048", "2048x2048").format("")
+    assert [k for k, _ in plan.neighbours(wider)] == [BIG.format("")]
+    assert list(plan.neighbours(far)) == []
+    assert plan.suspect(wider, Costs(53.8, 64.0, 6.0)) is not None  # 1.19 beside 0.42
+    assert plan.suspect(wider, Costs(53.8, 23.0, 6.0)) is None
+
+
+def test_cache_entries_that_disagree_with_the_next_shape_bucket_are_measured_again() -> None:
+    good = {"decision": "low", "costs": {"fp32_ms": 26.9, "low_ms": 11.4, "cast_ms": 3.0}}
+    corrupted = {"decision": "fp32", "costs": {"fp32_ms": 53.8, "low_ms": 160.0, "cast_ms": 6.0}}  # 2.97 vs 0.42
+    wider = BIG.replace("512x2048", "1024x2048").format("")
+    path = _write_cache({BIG.format(""): good, wider: corrupted})
+    with pytest.warns(ampcore.AmpcoreWarning, match=rf"{path.name}.*disagrees"):
+        assert ampcore.auto_plan("cpu").entries == {}
+    assert json.loads(path.read_text())["entries"] == {}

@@ -1,0 +1,291 @@
+"""Programs: a settled plan applied to one model call for (nearly) nothing per module call.
+
+While a ``level="auto"`` region *records* (:mod:`._hooks`' global module hooks are
+registered), the call of each module it makes directly (a *root*: the model) is a
+:class:`Recording`: which planned modules ran, with which decision, and whether any op the
+O1 lists run in low precision ran outside planned modules (a dispatch mode, present only
+while recording).  When every planned call had a decision, the recording becomes a
+:class:`Program` for the root and the signature of its inputs (shapes, dtypes, devices of
+the tensors among its arguments, grad mode):
+
+* its *default*: float32 (autocast switched off for the root's forward) when more planned
+  modules decided float32 than low precision and nothing outside planned modules needs
+  the lists, else low precision (autocast on, as the region already is);
+* the *switched* modules: those whose decision differs from the default, each with two
+  instance hooks for the root call (a float32 module: autocast off and its inputs cast to
+  float32; a low one in a float32 default: autocast on and its floating outputs cast to
+  float32, so everything outside planned modules sees float32, as in a float32 model).
+
+A later region hooks only the roots its thread called last time (two instance hooks per
+root); a root called with the same input signature runs its program: no global hook, no
+per-call check for modules that follow the default.  Another signature, a plan that
+changed (a new measurement, ``ampcore plan clear``, ``load_plan``) or a module that was
+collected records again.  Shapes inside a root are taken to follow from its inputs' shapes
+(the guard); a module called directly in a settled region that is not one of its roots
+runs with the O1 lists, as torch.autocast.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Final, NamedTuple
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._policy.thread_state import thread_state
+from ._costs import Decision
+from ._plan import AutoPlan
+
+__all__ = ["Program", "Recording", "Running", "local", "program_for", "signature"]
+
+_LOW: Final = (torch.bfloat16, torch.float16)
+#: recordings of one root and signature that may fail (a class left undecided) before the
+#: program treats what is still undecided as the O1 lists do (low precision)
+_TRIES: Final = 3
+_thread = thread_state()
+#: the estimated ms a switched module's two instance hooks add to its call (torch's hook
+#: path, the autocast switch and the argument check; about 5 us on a CPU core)
+HOOK_MS: Final = 0.005
+
+
+class Program(NamedTuple):
+    """What a root call runs with: ``default_fp32`` and the modules switched to the other
+    precision, valid while ``plan`` has ``changes`` changes."""
+
+    plan: AutoPlan
+    changes: int
+    default_fp32: bool
+    switched: tuple[weakref.ref[nn.Module], ...]
+
+    def valid(self, plan: AutoPlan) -> bool:
+        return plan is self.plan and plan.changes == self.changes and all(r() is not None for r in self.switched)
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.rec: Recording | None = None
+        self.run: Running | None = None
+        self.measuring = False
+        self.settled: Any = None  # the thread's active region whose roots run programs
+
+
+local = _Local()
+
+
+def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
+    """The guard of a root's program: grad mode and (shape, dtype, device) of every tensor
+    among the call's positional and keyword arguments."""
+    sig: list[Any] = [torch.is_grad_enabled()]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((a.shape, a.dtype, a.device))
+    if kwargs:
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                sig.append((k, v.shape, v.dtype, v.device))
+    return tuple(sig)
+
+
+class _Outside(TorchDispatchMode):
+    """While recording: notes an op of the O1 low-precision list that runs outside every
+    planned module (a float32 default would run it in float32)."""
+
+    def __init__(self, rec: Recording, white: frozenset[str]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.rec, self.white = rec, white
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        rec = self.rec
+        if not rec.planned and not rec.outside and not local.measuring:
+            packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
+            if getattr(packet, "__name__", None) in self.white:
+                rec.outside = True
+        return func(*args, **(kwargs or {}))
+
+
+class Recording:
+    """One root call while the global hooks run: the planned calls and their decisions."""
+
+    def __init__(self, root: nn.Module, region: Any, plan: AutoPlan, white: frozenset[str] | None, done: Any) -> None:
+        self.root, self.region, self.plan, self.changes = root, region, plan, plan.changes
+        #: called as done(recording, args, kwargs, ok) when the root call ended
+        self.done = done
+        self.stack: list[tuple[nn.Module, bool]] = []
+        self.planned = 0
+        self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
+        #: per low-precision module: the estimated ms of casting its outputs to float32 and
+        #: their gradients back (what a float32 default adds)
+        self.out_ms: dict[int, float] = {}
+        self.per_element: dict[int, float] = {}
+        self.conflict = self.outside = False
+        self.args: tuple[Any, ...] = ()  # the root call's arguments as called
+        #: None: the global hooks apply the plan to this call, nothing is recorded
+        self.mode = None if white is None else _Outside(self, white)
+        if self.mode is not None:
+            self.mode.__enter__()  # type: ignore[no-untyped-call]
+
+    def enter(self, module: nn.Module, planned: bool) -> None:
+        self.stack.append((module, planned))
+        self.planned += planned
+
+    def leave(self, module: nn.Module) -> bool:
+        """The post hook of ``module``: False when it is not the call on top (not entered here)."""
+        if not self.stack or self.stack[-1][0] is not module:
+            return False
+        self.planned -= self.stack.pop()[1]
+        return True
+
+    def note(self, module: nn.Module, decision: Decision | None, per_element_ms: float = 0.0) -> None:
+        """A planned call of ``module`` and its decision; ``per_element_ms``: what its class's
+        measured casts cost per element (to estimate its outputs' casts)."""
+        found = self.calls.get(id(module))
+        if found is not None and found[1] != decision:
+            self.conflict = True
+        self.calls[id(module)] = (module, decision)
+        self.per_element[id(module)] = per_element_ms
+
+    def output(self, module: nn.Module, output: Any) -> None:
+        """The output of a noted call: the casts a float32 default would add to it."""
+        per = self.per_element.get(id(module), 0.0)
+        if per:
+            n = sum(t.numel() for t in _tensors(output) if t.is_floating_point())
+            self.out_ms[id(module)] = self.out_ms.get(id(module), 0.0) + 2 * n * per
+
+    def close(self) -> None:
+        if self.mode is None:
+            return
+        try:
+            self.mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+        except Exception:  # an inner mode left on the stack (an exception): drop ours with it
+            pass
+
+    def program(self, sig: tuple[Any, ...], tries: int, can_measure: bool) -> Program | None:
+        """The program this recording gives (None: record again at the next call)."""
+        if self.mode is None or self.conflict or self.plan.changes != self.changes:
+            return None
+        undecided = any(d is None for _, d in self.calls.values())
+        if undecided and can_measure and tries < _TRIES:
+            return None
+        fp32 = [m for m, d in self.calls.values() if d == "fp32"]
+        low = [m for m, d in self.calls.values() if d != "fp32"]  # undecided: the O1 lists
+        low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
+        # the cheaper default: a float32 one hooks the low modules and casts their outputs
+        as_fp32 = HOOK_MS * len(low) + sum(self.out_ms.get(id(m), 0.0) for m in low)
+        default_fp32 = not self.outside and not low_inputs and as_fp32 < HOOK_MS * len(fp32)
+        switched = low if default_fp32 else fp32
+        return Program(self.plan, self.changes, default_fp32, tuple(weakref.ref(m) for m in switched))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _cast(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        match = value.dtype in _LOW if low else value.dtype == torch.float32
+        return value.to(dtype) if match and value.device.type == device_type else value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_cast(v, dtype, device_type, low) for v in value)
+    if isinstance(value, list):
+        return [_cast(v, dtype, device_type, low) for v in value]
+    return value
+
+
+class Running:
+    """A program applied to one root call: its default set, instance hooks on the switched
+    modules (removed by :meth:`stop`)."""
+
+    def __init__(self, program: Program, root: nn.Module, region: Any) -> None:
+        self.program, self.root, self.region = program, root, region
+        self.device_type: str = region.spec.backend.device_type
+        self.pushed: list[nn.Module] = []
+        self.handles: list[Any] = []
+        if program.default_fp32:
+            torch.set_autocast_enabled(self.device_type, False)
+        for ref in program.switched:
+            module = ref()
+            if module is not None:
+                self.handles.append(module.register_forward_pre_hook(self._pre))
+                self.handles.append(module.register_forward_hook(self._post, always_call=True))
+
+    def _mine(self) -> bool:
+        if local.run is not self:
+            return False
+        stack = _thread.stack  # a region nested inside the root call: its own lists
+        return bool(stack) and stack[-1] is self.region
+
+    def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        if not self._mine():
+            return None
+        return self.switch(module, args)
+
+    def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        """Run ``module``'s forward in the precision other than the default (its new
+        arguments, or None); its forward hook switches back."""
+        self.pushed.append(module)
+        if self.program.default_fp32:  # a low-precision module: autocast on for its forward
+            torch.set_autocast_enabled(self.device_type, True)
+            return None
+        torch.set_autocast_enabled(self.device_type, False)
+        return _cast(args, torch.float32, self.device_type, low=True)
+
+    def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any = None) -> Any:
+        if not self.pushed or self.pushed[-1] is not module or local.run is not self:
+            return None
+        self.pushed.pop()
+        if self.program.default_fp32:
+            torch.set_autocast_enabled(self.device_type, False)
+            return _cast(output, torch.float32, self.device_type, low=True)
+        torch.set_autocast_enabled(self.device_type, True)
+        return None
+
+    def stop(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        if self.program.default_fp32 or self.pushed:
+            torch.set_autocast_enabled(self.device_type, True)  # the region's state (it is enabled)
+        self.pushed = []
+
+
+#: root module -> {input signature: its Program, or the number of recordings that failed}
+_programs: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Program | int]] = weakref.WeakKeyDictionary()
+
+
+def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) -> Program | int | None:
+    """The valid program of ``root`` for ``sig`` under ``plan`` (``sig`` None: for any
+    signature), else the number of recordings of it that failed; None: ``root`` cannot have
+    programs (a module class that is not hashable)."""
+    try:
+        programs = _programs.get(root, {})
+    except TypeError:
+        return None
+    if sig is None:
+        return next((p for p in programs.values() if isinstance(p, Program) and p.valid(plan)), 0)
+    found = programs.get(sig, 0)
+    if isinstance(found, Program) and not found.valid(plan):
+        return 0
+    return found
+
+
+def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
+    """Keep the program (or the count of failed recordings) of ``root`` for ``sig``."""
+    try:
+        programs = _programs.setdefault(root, {})
+    except TypeError:  # a module class that is not hashable or weak-referenceable: no program
+        return
+    if len(programs) > 64:  # dynamic shapes: keep it bounded
+        programs.clear()
+    programs[sig] = found
+
+
+def forget() -> None:
+    """Drop every program (tests, ``ampcore plan clear``)."""
+    _programs.clear()
