@@ -159,6 +159,8 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
     with torch.no_grad():
         for pair, grad in stale:
             pair.master.grad = grad.to(pair.master.dtype, copy=True)
+            if weights.pending is not None:  # a GradScaler step that defers unscaling
+                weights.pending.unscale_copy(pair.master, pair.master.grad)
             pair.seen_grad = weakref.ref(grad)
             pair.seen_grad_version = grad._version
 
