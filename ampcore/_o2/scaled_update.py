@@ -47,10 +47,13 @@ if TYPE_CHECKING:
 
 __all__ = ["SLICE_ELEMENTS", "PendingUnscale", "deferred_unscale", "slice_bound", "unscaled_update"]
 
-#: Gradients widened at a time by a deferred unscale on the whole-tensor walk (as the Adam
-#: update's own widening: 256 MiB of float32; one larger tensor makes a slice of its own).
-#: The chunked walk (the CPU) widens at most one chunk's worth of small tensors at a time.
+#: Gradients widened at a time by a deferred unscale on the whole-tensor walk, at most (as
+#: the Adam update's own widening: 256 MiB of float32; one larger tensor makes a slice of
+#: its own).  The chunked walk (the CPU) widens at most one chunk's worth of small tensors.
 SLICE_ELEMENTS: int = WIDEN_ELEMENTS
+#: ... and at most this share of the pending gradients (a model smaller than
+#: :data:`SLICE_ELEMENTS` is widened in this many slices, not all at once)
+SLICES: Final = 4
 
 #: The marker on ampcore's own ``optimizer.step`` (``master.py``); ``functools.wraps``
 #: copies it onto wrappers that call through, such as an LR scheduler's.
@@ -151,9 +154,12 @@ def unscaled_update(
     """Run ``update`` (ampcore's update of the param groups it is given, which reads each
     master's own ``.grad`` first) on ``groups``, slice by slice: each slice's pending
     masters get their gradients widened and unscaled as ``.grad`` for the call, then lose
-    them.  The parameters that are not pending go with the first slice of their group.
+    them.  A slice holds at most ``bound`` elements and a :data:`SLICES`-th of all pending
+    ones (or one larger tensor).  The parameters that are not pending go with the first
+    slice of their group.
     Returns what the calls returned (the float32 parameters they updated)."""
     own: list[torch.Tensor] = []
+    bound = min(bound, max(1, sum(master.numel() for master in pending.masters) // SLICES))
     for group in groups:
         params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
         waiting = [p for p in params if p in pending.masters]
