@@ -48,7 +48,7 @@ from .._errors import AmpcoreError
 from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
 from .master_sgd import fused_sgd_applies, fused_sgd_update
-from .scaled_update import STEP_MARK, slice_bound, unscaled_update
+from .scaled_update import STEP_MARK, unscaled_update
 from .update_walk import UpdateWalk
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class MasterWeights:
         if pending is not None and pending.masters:  # unscale as the gradients are widened
             own = self.walk.run(
                 lambda chunk: unscaled_update(
-                    pending, groups, slice_bound(chunk), lambda part: fused_sgd_update(part, self.low_of, chunk)
+                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk)
                 )
             )
             return self._bookkeeping_step(own)
@@ -330,7 +330,7 @@ class MasterWeights:
                 lambda chunk: unscaled_update(
                     pending,
                     optimizer.param_groups,
-                    slice_bound(chunk),
+                    chunk,
                     lambda part: fused_adam_update(optimizer, self.low_of, chunk, groups=part),
                 )
             )

@@ -45,7 +45,7 @@ from .master_sgd import fused_sgd_applies
 if TYPE_CHECKING:
     from .master import MasterWeights
 
-__all__ = ["SLICE_ELEMENTS", "PendingUnscale", "deferred_unscale", "slice_bound", "unscaled_update"]
+__all__ = ["SLICE_ELEMENTS", "SLICES", "PendingUnscale", "deferred_unscale", "unscaled_update"]
 
 #: Gradients widened at a time by a deferred unscale on the whole-tensor walk, at most (as
 #: the Adam update's own widening: 256 MiB of float32; one larger tensor makes a slice of
@@ -148,24 +148,25 @@ def deferred_unscale(
 def unscaled_update(
     pending: PendingUnscale,
     groups: Sequence[dict[str, Any]],
-    bound: int,
+    chunk: int | None,
     update: Callable[[list[dict[str, Any]]], list[torch.Tensor]],
 ) -> list[torch.Tensor]:
-    """Run ``update`` (ampcore's update of the param groups it is given, which reads each
-    master's own ``.grad`` first) on ``groups``, slice by slice: each slice's pending
-    masters get their gradients widened and unscaled as ``.grad`` for the call, then lose
-    them.  A slice holds at most ``bound`` elements and a :data:`SLICES`-th of all pending
-    ones (or one larger tensor).  The parameters that are not pending go with the first
-    slice of their group.
-    Returns what the calls returned (the float32 parameters they updated)."""
+    """Run ``update`` (ampcore's update of the param groups it is given, on the walk
+    ``chunk``, which reads each master's own ``.grad`` first) on ``groups``, slice by slice:
+    each slice's pending masters get their gradients widened and unscaled as ``.grad`` for
+    the call, then lose them.  A slice holds at most :data:`SLICE_ELEMENTS` elements (one
+    ``chunk`` on the chunked walk) and a :data:`SLICES`-th of all pending ones, or one
+    larger tensor.  The parameters that are not pending go with the first slice of their
+    group.  Returns what the calls returned (the float32 parameters they updated)."""
     own: list[torch.Tensor] = []
+    bound = SLICE_ELEMENTS if chunk is None else min(chunk, SLICE_ELEMENTS)
     bound = min(bound, max(1, sum(master.numel() for master in pending.masters) // SLICES))
     for group in groups:
         params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
         waiting = [p for p in params if p in pending.masters]
         rest = [p for p in params if p not in pending.masters]
         for part in _slices(waiting, bound) or [[]]:
-            widened = _widen(pending, part)
+            widened = _widen(pending, part, chunk)
             try:
                 own.extend(update([_with_params(group, rest + part)]))
             finally:
@@ -174,11 +175,6 @@ def unscaled_update(
             del widened
             rest = []
     return own
-
-
-def slice_bound(chunk: int | None) -> int:
-    """Elements widened at a time for the update walk ``chunk`` (see :data:`SLICE_ELEMENTS`)."""
-    return SLICE_ELEMENTS if chunk is None else min(chunk, SLICE_ELEMENTS)
 
 
 def _slices(masters: list[torch.Tensor], bound: int) -> list[list[torch.Tensor]]:
@@ -195,17 +191,23 @@ def _slices(masters: list[torch.Tensor], bound: int) -> list[list[torch.Tensor]]
     return slices
 
 
-def _widen(pending: PendingUnscale, part: list[torch.Tensor]) -> list[torch.Tensor]:
+def _widen(pending: PendingUnscale, part: list[torch.Tensor], chunk: int | None) -> list[torch.Tensor]:
     """Give each master of ``part`` its low-precision gradient widened to float32 and
-    multiplied by the inverse scale (one multi-tensor copy and one multiply per device)."""
+    multiplied by the inverse scale: one multi-tensor copy and one multiply per device;
+    on the chunked walk a tensor larger than a chunk goes chunk by chunk, so that the
+    multiply finds the widened chunk in cache."""
     if not part:
         return []
     low_of = pending.weights.low_of
-    widened = [torch.empty_like(master, memory_format=torch.preserve_format) for master in part]
+    widened = [torch.empty_like(master, memory_format=torch.contiguous_format) for master in part]
     by_device: dict[torch.device, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     for master, wide in zip(part, widened, strict=True):
+        low: torch.Tensor = low_of[master].grad  # type: ignore[assignment]
+        if chunk is not None and wide.numel() > chunk and low.is_contiguous():
+            _widen_by_chunks(wide.view(-1), low.view(-1), pending.inv_scale_on(wide.device), chunk)
+            continue
         lows, wides = by_device.setdefault(wide.device, ([], []))
-        lows.append(low_of[master].grad)  # type: ignore[arg-type]
+        lows.append(low)
         wides.append(wide)
     with torch.no_grad():
         for device, (lows, wides) in by_device.items():
@@ -215,6 +217,14 @@ def _widen(pending: PendingUnscale, part: list[torch.Tensor]) -> list[torch.Tens
         master.grad = wide
         pending.masters.discard(master)
     return widened
+
+
+def _widen_by_chunks(wide: torch.Tensor, low: torch.Tensor, inv_scale: torch.Tensor, chunk: int) -> None:
+    with torch.no_grad():
+        for start in range(0, wide.numel(), chunk):
+            piece = wide[start : start + chunk]
+            piece.copy_(low[start : start + chunk])
+            piece.mul_(inv_scale)
 
 
 def _with_params(group: Mapping[str, Any], params: list[torch.Tensor]) -> dict[str, Any]:

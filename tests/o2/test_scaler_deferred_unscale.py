@@ -48,12 +48,18 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-def make_model(norm: bool = True) -> nn.Module:
+def make_model(norm: bool = True, wide: bool = False) -> nn.Module:
     """Linear layers (masters), with ``norm`` around a BatchNorm (float32 parameters of
-    the same param group, which decorate keeps)."""
+    the same param group, which decorate keeps); ``wide`` adds a weight larger than one
+    chunk of the CPU's chunked update walk (ending in a partial chunk)."""
     torch.manual_seed(0)
     layers: list[nn.Module] = [nn.Linear(8, 16), nn.BatchNorm1d(16) if norm else nn.Identity()]
     layers += [nn.Linear(16, 16) for _ in range(5)]
+    if wide:
+        chunk = ampcore.get_backend("cpu").master_update_chunk_elements
+        assert isinstance(chunk, int)
+        width = chunk // 16 + 37
+        layers += [nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 16)]
     return nn.Sequential(*layers, nn.Linear(16, 4))
 
 
@@ -82,6 +88,7 @@ class MasterGradWatch(TorchDispatchMode):
         super().__init__()
         self.masters, self.floor = masters, floor
         self.most_grad_bytes = 0
+        self.host_reads = 0
         self.live = 0
         self.most_live = 0
 
@@ -90,6 +97,7 @@ class MasterGradWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        self.host_reads += func is torch.ops.aten._local_scalar_dense.default
         outs = out if isinstance(out, (list, tuple)) else [out]
         inputs = {id(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for tensor in outs:
@@ -120,11 +128,12 @@ def train(
     scaler_options: dict[str, Any] | None = None,
     watches: list[MasterGradWatch] | None = None,
     norm: bool = True,
+    wide: bool = False,
 ) -> tuple[list[list[torch.Tensor]], list[float]]:
     """Five scaled steps of a decorated model, an overflow at :data:`OVERFLOW_AT`.
     ``how``: "step" (scaler.step alone), "unscale" (explicit unscale_ first: today's copying
     path), "minimize" (Paddle's); with "scheduler" in it, an LR scheduler made after decorate."""
-    model = make_model(norm)
+    model = make_model(norm, wide)
     opt = OPTIMIZERS[name](model.parameters())
     model, opt = ampcore.decorate(model, opt, dtype=dtype, device="cpu")
     options = {"enabled": True, "init_scale": 1024.0} if scaler_options is None else scaler_options
@@ -201,12 +210,25 @@ def test_scaler_step_is_bit_identical_to_todays_path_and_to_torch(name: str, dty
     watches: list[MasterGradWatch] = []
     deferred = train(name, dtype, "step", watches=watches)
     assert deferred[1] == [1024.0, 1024.0, 512.0, 512.0, 512.0]  # the overflow backed off
-    assert_same(deferred, train(name, dtype, "unscale"))
+    copying: list[MasterGradWatch] = []
+    assert_same(deferred, train(name, dtype, "unscale", watches=copying))
+    # host reads: the found-inf flag once (+ torch's Adam reading its CPU step counts), as before
+    assert [w.host_reads for w in watches] == [w.host_reads for w in copying]
+    assert watches[OVERFLOW_AT].host_reads == 1
     assert_same(train(name, dtype, "step", norm=False), reference(name, dtype))
     # the deferred path: the skipped step made no float32 gradient (today's made them all);
     # bf16 SGD shares its gradients with the masters: no copy either way
     copies = watches[OVERFLOW_AT].most_grad_bytes
     assert copies == 0 if name in DEFERRING or (dtype == BF16 and name == "sgd") else copies > 0
+
+
+@pytest.mark.parametrize("name", ["sgd-wd-maximize-foreach", "adamw"])
+def test_tensors_larger_than_a_chunk_are_widened_chunk_by_chunk_with_the_same_bits(name: str) -> None:
+    """The CPU's chunked walk (the first steps) and whole tensors (the walk's probe after them)."""
+    watches: list[MasterGradWatch] = []
+    deferred = train(name, FP16, "step", watches=watches, wide=True)
+    assert watches[OVERFLOW_AT].most_grad_bytes == 0
+    assert_same(deferred, train(name, FP16, "unscale", wide=True))
 
 
 @pytest.mark.parametrize("name", DEFERRING)
