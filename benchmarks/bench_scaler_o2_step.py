@@ -147,9 +147,7 @@ def main() -> None:
                     if path == "deferred"
                     else ""
                 )
-                print(
-                    f"{dtype_name} {optimizer} | {path} | {medians[path]:.1f} | {peaks[path] / 2**20:.1f} MiB{ratio}"
-                )
+                print(f"{dtype_name} {optimizer} | {path} | {medians[path]:.1f} | {peaks[path] / 2**20:.1f} MiB{ratio}")
 
 
 if __name__ == "__main__":
