@@ -15,9 +15,11 @@ For those updates :func:`deferred_unscale` lets ``GradScaler.step`` (with no exp
    float32 parameters' own, copies that exist already);
 2. after its one host read of the found-inf flag, a clean step runs ``optimizer.step()``
    inside :meth:`PendingUnscale.during`: the update (:func:`unscaled_update`) widens the
-   deferred gradients slice by slice (at most ``bound`` elements at a time, or one larger
-   tensor), multiplies each slice by ``inv_scale`` in float32 and updates those masters
-   before the next slice is widened.  A skipped step widens nothing.
+   deferred gradients slice by slice (at most a :data:`SLICES`-th of them and
+   :data:`SLICE_ELEMENTS`, or one chunk on the CPU's chunked walk, or one larger tensor),
+   multiplies each slice by ``inv_scale`` in float32 and updates those masters before the
+   next slice is widened.  A skipped step widens nothing.  A scaler that does not scale
+   (bfloat16) defers nothing but the check: the update widens as it does without a scaler.
 
 The arithmetic is the scaler's: the low-precision gradient widened exactly, then
 multiplied by ``inv_scale`` in float32 (what torch's unscale kernel does to a float32

@@ -10,6 +10,7 @@ import torch
 from conftest import make_adapter
 
 import ampcore
+import ampcore._scaler.kernels as kernels_module
 from ampcore._scaler.kernels import ScalerKernels, or_non_finite_, portable_unscale_
 
 INF, NAN = float("inf"), float("nan")
@@ -91,11 +92,13 @@ def test_portable_unscale_equals_torchs_kernel(dtype: torch.dtype, poison: float
         torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["max-norms", "aminmax"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("poison", "where"), [(None, 0), (INF, 2), (-INF, 0), (NAN, 4), (NAN, 1)])
 def test_the_read_only_check_finds_what_torchs_kernel_finds_and_writes_nothing(
-    dtype: torch.dtype, poison: float | None, where: int
+    dtype: torch.dtype, poison: float | None, where: int, fused: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(kernels_module, "_fused_foreach", lambda device: fused)  # both ways, on the CPU
     native, checked = _grads(dtype, poison, where), _grads(dtype, poison, where)
     before = [g.clone() for g in checked]
     versions = [g._version for g in checked]
