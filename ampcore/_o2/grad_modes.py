@@ -165,6 +165,8 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
         torch._foreach_copy_(copies, [grad for _, grad in stale])
         for (pair, grad), copy in zip(stale, copies, strict=True):
             pair.master.grad = copy
+            if weights.pending is not None:  # a GradScaler step that defers unscaling
+                weights.pending.unscale_copy(pair.master, copy)
             pair.seen_grad = weakref.ref(grad)
             pair.seen_grad_version = grad._version
 

@@ -20,7 +20,9 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself
   (``master_adam.py``), widening the low-precision gradients as it goes.
   In both, a master gets an fp32 copy only if something reads the param groups between
-  backward and the step (GradScaler, clipping the optimizer's parameters), and the update
+  backward and the step (``GradScaler.unscale_``, clipping the optimizer's parameters; not
+  ``GradScaler.step`` alone, which checks the low-precision gradients read-only and lets
+  the update unscale them as it widens them: ``scaled_update.py``), and the update
   walks whole tensors (a few multi-tensor ops per param group) or, where the backend asks
   for it (``BackendSpec.master_update_chunk_elements``: the CPU), cache-sized chunks
   whenever they time faster than whole tensors (``update_walk.py``).
@@ -36,7 +38,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import torch
 from torch import nn
@@ -46,7 +48,11 @@ from .._errors import AmpcoreError
 from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
 from .master_sgd import fused_sgd_applies, fused_sgd_update
+from .scaled_update import STEP_MARK, unscaled_update
 from .update_walk import UpdateWalk
+
+if TYPE_CHECKING:
+    from .scaled_update import PendingUnscale
 
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
@@ -121,6 +127,7 @@ def _step_function(inner: Callable[..., Any] | None) -> Callable[..., Any]:
 
     if getattr(inner, "_wrapped_by_lr_sched", False):  # an LR scheduler wrapped it before us
         step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    setattr(step, STEP_MARK, True)  # GradScaler may defer unscaling to this step (scaled_update.py)
     return step
 
 
@@ -162,6 +169,8 @@ class MasterWeights:
         #: master -> its low-precision model parameter (for the fused updates)
         self.low_of: dict[torch.Tensor, torch.Tensor] = {pair.master: pair.model for pair in pairs}
         self._suspended = False
+        #: a GradScaler step in progress whose unscaling the update does (``scaled_update.py``)
+        self.pending: PendingUnscale | None = None
         # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
         # scheduler's counts too); None means the class's own method.
         self._inner_step: Callable[..., Any] | None = optimizer.__dict__.get("step")
@@ -306,6 +315,14 @@ class MasterWeights:
         own step runs with the gradients hidden, an update of nothing, for its bookkeeping
         (LR schedulers' step counting, profiling)."""
         groups = self.optimizer.param_groups
+        pending = self.pending
+        if pending is not None and pending.masters:  # unscale as the gradients are widened
+            own = self.walk.run(
+                lambda chunk: unscaled_update(
+                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk)
+                )
+            )
+            return self._bookkeeping_step(own)
         own = self.walk.run(lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
         return self._bookkeeping_step(own)
 
@@ -313,8 +330,19 @@ class MasterWeights:
         """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
         the masters hold already); then torch's own step runs with the gradients hidden, as
         for SGD."""
+        pending, optimizer = self.pending, self.optimizer
         triton = self.kernel == "triton"
-        own = self.walk.run(lambda chunk: fused_adam_update(self.optimizer, self.low_of, chunk, triton))
+        if pending is not None and pending.masters:  # unscale as the gradients are widened
+            own = self.walk.run(
+                lambda chunk: unscaled_update(
+                    pending,
+                    optimizer.param_groups,
+                    chunk,
+                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, groups=part),
+                )
+            )
+            return self._bookkeeping_step(own)
+        own = self.walk.run(lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton))
         return self._bookkeeping_step(own)
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:

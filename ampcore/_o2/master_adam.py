@@ -35,7 +35,7 @@ interchangeable with the generic path (and with plain torch).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -137,8 +137,11 @@ def fused_adam_update(
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
     triton: bool = False,
+    *,
+    groups: Sequence[dict[str, Any]] | None = None,
 ) -> list[torch.Tensor]:
-    """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`).
+    """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`), on
+    ``groups`` (copies of some of its param groups, as ``scaled_update.py`` passes) or on all.
 
     For a master (a key of ``low_of``) the gradient is the master's own ``.grad`` where it
     has one (an fp32 copy made earlier, e.g. for clipping, or the shared fp32 gradient of
@@ -152,7 +155,7 @@ def fused_adam_update(
         raise AmpcoreError("the chunked Adam update needs torch.optim.adam.adam, which this torch does not have")
     own: list[torch.Tensor] = []
     with torch.no_grad():
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups if groups is None else groups:
             params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
             work: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]] = []
             for param in params:

@@ -18,6 +18,7 @@ from .._backends.backend import dtype_name
 from .._backends.registry import DeviceLike
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
+from .._o2.scaled_update import PendingUnscale, deferred_unscale
 from .iteration import OptimizerRecord, Stage, check_optimizer
 from .kernels import ScalerKernels
 from .nest import map_tensors
@@ -282,16 +283,48 @@ class GradScaler(PaddleScalerMethods):
         scale = self._require_scale("step")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             return self._fused_step(optimizer, record, scale, args, kwargs)
+        pending = None
         if record.stage is Stage.READY:
-            self.unscale_(optimizer)
+            pending = deferred_unscale(optimizer, args, kwargs)
+            if pending is None:
+                self.unscale_(optimizer)
+            else:
+                self._check_deferred(optimizer, record, scale, pending)
             record = self._records[id(optimizer)]
         else:
             self._or_late_overflow_(record.found_inf)
         found_inf = record.found_inf
         record.skipped = found_inf is None or bool(found_inf.item())
-        result = None if record.skipped else optimizer.step(*args, **kwargs)
+        if record.skipped:
+            result = None
+        elif pending is None:
+            result = optimizer.step(*args, **kwargs)
+        else:
+            with pending.during():
+                result = optimizer.step()
         record.stage = Stage.STEPPED
         return result
+
+    def _check_deferred(
+        self, optimizer: torch.optim.Optimizer, record: OptimizerRecord, scale: torch.Tensor, pending: PendingUnscale
+    ) -> None:
+        """:meth:`unscale_` for an O2 optimizer whose update unscales the low-precision
+        gradients of ``pending`` as it widens them (``ampcore/_o2/scaled_update.py``): those
+        are only checked for inf/nan here, read-only, so no float32 copy of them is made;
+        the other gradients are unscaled in place as :meth:`unscale_` does."""
+        scaling = self._store.scaling
+        inv_scale = self._kernels.inv_scale(scale) if scaling else torch.ones_like(scale)
+        record.found_inf = self._kernels.unscale_params_(
+            pending.params(),
+            inv_scale,
+            not scaling,
+            self._process_group,
+            self._sync_found_inf,
+            checked=pending.low_grads(),
+        )
+        pending.inv_scale = inv_scale if scaling else None
+        record.stage = Stage.UNSCALED
+        self._records[id(optimizer)] = record
 
     def _fused_step(
         self,

@@ -10,7 +10,8 @@ import torch
 from conftest import make_adapter
 
 import ampcore
-from ampcore._scaler.kernels import ScalerKernels, portable_unscale_
+import ampcore._scaler.kernels as kernels_module
+from ampcore._scaler.kernels import ScalerKernels, or_non_finite_, portable_unscale_
 
 INF, NAN = float("inf"), float("nan")
 
@@ -89,6 +90,37 @@ def test_portable_unscale_equals_torchs_kernel(dtype: torch.dtype, poison: float
     assert found_native.item() == found_portable.item() == (0.0 if poison is None else 1.0)
     for a, b in zip(native, portable, strict=True):
         torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["max-norms", "aminmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("poison", "where"), [(None, 0), (INF, 2), (-INF, 0), (NAN, 4), (NAN, 1)])
+def test_the_read_only_check_finds_what_torchs_kernel_finds_and_writes_nothing(
+    dtype: torch.dtype, poison: float | None, where: int, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kernels_module, "_fused_foreach", lambda device: fused)  # both ways, on the CPU
+    native, checked = _grads(dtype, poison, where), _grads(dtype, poison, where)
+    before = [g.clone() for g in checked]
+    versions = [g._version for g in checked]
+    found_native, found = torch.zeros(()), torch.zeros(())
+    torch._amp_foreach_non_finite_check_and_unscale_(native, found_native, torch.ones(()))
+    or_non_finite_(checked + [torch.empty(0, dtype=dtype)], found)
+    assert found.item() == found_native.item() == (0.0 if poison is None else 1.0)
+    assert [g._version for g in checked] == versions
+    for a, b in zip(checked, before, strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+
+
+def test_unscale_params_unscales_in_place_and_checks_the_others_read_only() -> None:
+    kernels = ampcore.GradScaler("cpu", dtype=torch.float16, init_scale=4.0)._kernels  # noqa: SLF001
+    param = torch.nn.Parameter(torch.zeros(3))
+    param.grad = torch.full((3,), 8.0)
+    low = torch.tensor([4.0, INF], dtype=torch.float16)
+    found = kernels.unscale_params_([param], torch.tensor(0.25), False, None, True, checked=[low])
+    assert found.item() == 1.0 and torch.equal(param.grad, torch.full((3,), 2.0))
+    assert low[0].item() == 4.0  # checked, not unscaled
+    clean = kernels.unscale_params_([], torch.tensor(0.25), False, None, True, checked=[low[:1]])
+    assert clean.item() == 0.0
 
 
 def test_portable_unscale_keeps_an_already_found_inf() -> None:
