@@ -47,6 +47,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from .._errors import AmpcoreError
 from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
+from .master_kernel import warn_unused
 from .master_sgd import fused_sgd_applies, fused_sgd_update
 from .scaled_update import STEP_MARK, unscaled_update
 from .update_walk import UpdateWalk
@@ -270,6 +271,8 @@ class MasterWeights:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
         self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
+        if self.kernel == "triton" and not (not args and not kwargs and fused_adam_applies(self.optimizer)):
+            warn_unused(self.optimizer)
         if not args and not kwargs:
             if fused_adam_applies(self.optimizer):
                 self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import torch
 
-from .._errors import AmpcoreError
+from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 
 if TYPE_CHECKING:
     from .master import MasterKernel
@@ -48,9 +49,15 @@ def set_master_update_kernel(optimizer: torch.optim.Optimizer, kernel: MasterKer
     --check``; see docs/o2.md).  Needs Triton installed and a device Triton drives (or
     ``TRITON_INTERPRET=1``).
 
+    Under ``GradScaler`` torch's fused optimizers take the scale and unscale inside their
+    kernel; that path does not reach the Triton kernel yet: such steps run torch's fused
+    kernel on float32 gradient copies, with one :class:`TritonKernelUnusedWarning`.
+
     Raises:
         AmpcoreError: ``optimizer`` has no ampcore master weights; ``kernel`` is not one of
-            ``"torch"``, ``"triton"``; Triton is missing or does not drive the masters' device.
+            ``"torch"``, ``"triton"``; for ``"triton"``: the optimizer is not exactly
+            ``torch.optim.Adam``/``AdamW``, none of its param groups has ``fused=True``, or
+            Triton is missing or does not drive the masters' device.
 
     Example::
 
@@ -73,7 +80,7 @@ def set_master_update_kernel(optimizer: torch.optim.Optimizer, kernel: MasterKer
     if kernel not in KERNELS:
         raise AmpcoreError(f"set_master_update_kernel(kernel={kernel!r}): expected one of {', '.join(KERNELS)}")
     if kernel == "triton":
-        reason = triton_unavailable(weights.masters[0].device)
+        reason = _not_for_triton(optimizer) or triton_unavailable(weights.masters[0].device)
         if reason is not None:
             raise AmpcoreError(f"set_master_update_kernel(kernel='triton'): {reason}; the kernel stays 'torch'")
     weights.kernel = kernel
@@ -92,6 +99,42 @@ def get_master_update_kernel(optimizer: torch.optim.Optimizer) -> MasterKernel:
     if weights is None:
         raise AmpcoreError(f"get_master_update_kernel(): {type(optimizer).__name__} has no ampcore master weights")
     return weights.kernel
+
+
+class TritonKernelUnusedWarning(AmpcoreWarning):
+    """An optimizer set to the Triton master-update kernel ran a step through torch's kernel."""
+
+
+_warned: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+
+
+def _not_for_triton(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why the Triton kernel can never run ``optimizer``'s update (None: it can)."""
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        return f"the kernel runs torch.optim.Adam and AdamW updates, not {type(optimizer).__name__}'s"
+    if not any(group.get("fused") for group in optimizer.param_groups):
+        return "it runs the param groups with fused=True, and this optimizer has none (pass fused=True)"
+    return None
+
+
+def warn_unused(optimizer: torch.optim.Optimizer) -> None:
+    """Say once per optimizer that a step set to the Triton kernel ran torch's instead
+    (``optimizer.step`` found that ampcore does not run this step itself)."""
+    if optimizer in _warned:
+        return
+    _warned.add(optimizer)
+    scaled = getattr(optimizer, "grad_scale", None) is not None
+    why = (
+        "GradScaler handed the fused optimizer its scale (torch's fused kernel unscales inside), a path the "
+        "Triton kernel does not take yet"
+        if scaled
+        else "ampcore does not run this step itself (step hooks, a differentiable group, or a closure)"
+    )
+    warn_user(
+        f"set_master_update_kernel(kernel='triton'): this {type(optimizer).__name__} step ran torch's fused "
+        f"kernel on float32 gradient copies instead: {why} (said once per optimizer)",
+        TritonKernelUnusedWarning,
+    )
 
 
 def triton_unavailable(device: torch.device) -> str | None:

@@ -12,6 +12,7 @@ import copy
 import importlib
 import importlib.util
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -294,3 +295,57 @@ def test_float32_arithmetic_is_float32_throughout(interpreted: Any) -> None:
     assert torch.equal(master, want)
     with pytest.raises(ValueError, match="precision='float16'"):
         interpreted.launch_adam(group, [master], [grad], [low], [state], precision="float16")
+
+
+def scaled_train(model: nn.Module, opt: torch.optim.Optimizer, scaler: ampcore.GradScaler, seeds: range) -> None:
+    for seed in seeds:
+        x = torch.randn(8, 37, generator=torch.Generator().manual_seed(seed))
+        opt.zero_grad()
+        with ampcore.autocast(device="cpu", level="O2", dtype=FP16):
+            loss = model(x).float().pow(2).mean() * (1e9 if seed == 1 else 1.0)  # step 1 overflows
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+@needs_triton
+def test_under_gradscaler_the_triton_kernel_is_not_used_and_says_so(
+    interpreted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ampcore.GradScaler hands fused optimizers its scale (torch's fused kernel unscales
+    inside): that step is torch's, on float32 gradient copies; one warning says so, and
+    the results are torch's kernel's (the overflowing step skipped, the scale backed off)."""
+    launches: list[int] = []
+    launch = interpreted.launch_adam
+    monkeypatch.setattr(interpreted, "launch_adam", lambda g, m, *rest: launches.append(len(m)) or launch(g, m, *rest))
+    runs = []
+    for kernel in ("torch", "triton"):
+        model, opt = model_and_opt(FP16, fused=True)
+        ampcore.set_master_update_kernel(opt, kernel)  # type: ignore[arg-type]
+        scaler = ampcore.GradScaler(device="cpu", dtype=FP16, init_scale=1024.0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scaled_train(model, opt, scaler, range(5))
+        unused = [w for w in caught if issubclass(w.category, master_kernel.TritonKernelUnusedWarning)]
+        assert len(unused) == (kernel == "triton")
+        assert all("GradScaler handed the fused optimizer its scale" in str(w.message) for w in unused)
+        assert scaler.get_scale() == 512.0  # one overflow (seed 1) backed off, no growth in 5 steps
+        runs.append([m.detach().clone() for m in dict.__getitem__(opt.param_groups[0], "params")])
+    assert launches == []
+    for want, got in zip(*runs, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "why"),
+    [
+        (torch.optim.SGD, {"momentum": 0.9}, "runs torch.optim.Adam and AdamW updates, not SGD's"),
+        (torch.optim.AdamW, {"fused": False}, "param groups with fused=True, and this optimizer has none"),
+    ],
+)
+def test_triton_for_an_update_it_never_runs_is_refused(kind: Any, options: dict[str, Any], why: str) -> None:
+    model = nn.Linear(4, 4)
+    model, opt = ampcore.decorate(model, kind(model.parameters(), lr=0.1, **options), device="cpu")
+    with pytest.raises(ampcore.AmpcoreError, match=why):
+        ampcore.set_master_update_kernel(opt, "triton")
+    assert ampcore.get_master_update_kernel(opt) == "torch"
