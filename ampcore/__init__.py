@@ -23,7 +23,7 @@ from ._backends.support import is_bfloat16_supported, is_float16_supported
 from ._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, PluginWarning
 from ._o2.decorate import decorate
 from ._o2.fp32_modules import register_fp32_module, unregister_fp32_module
-from ._o2.master_kernel import get_master_update_kernel, set_master_update_kernel
+from ._o2.master_kernel import TritonKernelUnusedWarning, get_master_update_kernel, set_master_update_kernel
 from ._o2.no_optimizer import NoMasterWeightsWarning
 from ._policy.autocast import auto_cast, autocast
 from ._policy.custom_fwd import custom_bwd, custom_fwd
@@ -57,6 +57,7 @@ __all__ = [
     "PluginManager",
     "PluginWarning",
     "RegionInfo",
+    "TritonKernelUnusedWarning",
     "__version__",
     "active_region",
     "auto_cast",
