@@ -30,7 +30,13 @@ from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 if TYPE_CHECKING:
     from .master import MasterKernel
 
-__all__ = ["get_master_update_kernel", "set_master_update_kernel", "triton_update"]
+__all__ = [
+    "TritonKernelUnusedWarning",
+    "get_master_update_kernel",
+    "set_master_update_kernel",
+    "triton_update",
+    "warn_unused",
+]
 
 #: (master, gradient, low-precision parameter or None, Adam state) per parameter
 Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
