@@ -56,8 +56,24 @@ FORMULAS: Final = ("opmath", "double")
 
 
 @triton.jit
+def _decay(p, g, lr, weight_decay, DECAY: tl.constexpr, ADAMW: tl.constexpr, DOUBLE: tl.constexpr):
+    """Adam's weight decay (into the gradient) or AdamW's (into the parameter)."""
+    if DOUBLE:
+        if DECAY and ADAMW:
+            p = (p.to(tl.float64) - lr * weight_decay * p.to(tl.float64)).to(tl.float32)
+        elif DECAY:
+            g = (g.to(tl.float64) + p.to(tl.float64) * weight_decay).to(tl.float32)
+    else:
+        if DECAY and ADAMW:
+            p = tl.fma(-(lr * weight_decay), p, p)
+        elif DECAY:
+            g = tl.fma(p, weight_decay, g)
+    return p, g
+
+
+@triton.jit
 def _moments(g, m, v, beta1, beta2, DOUBLE: tl.constexpr):
-    """The Adam moments of the (weight-decayed) gradient ``g``, as float32."""
+    """The new ``exp_avg`` and ``exp_avg_sq`` (float32) from the decayed gradient ``g``."""
     if DOUBLE:
         wide = g.to(tl.float64)
         m = (beta1 * m.to(tl.float64) + (1.0 - beta1) * wide).to(tl.float32)
@@ -67,22 +83,6 @@ def _moments(g, m, v, beta1, beta2, DOUBLE: tl.constexpr):
         square = g * g
         v = tl.fma(beta2, v, tl.fma(-beta2, square, square))
     return m, v
-
-
-@triton.jit
-def _decay(p, g, lr, weight_decay, ADAMW: tl.constexpr, DOUBLE: tl.constexpr):
-    """Adam's (into the gradient) or AdamW's (into the parameter) weight decay."""
-    if DOUBLE:
-        if ADAMW:
-            p = (p.to(tl.float64) - lr * weight_decay * p.to(tl.float64)).to(tl.float32)
-        else:
-            g = (g.to(tl.float64) + p.to(tl.float64) * weight_decay).to(tl.float32)
-    else:
-        if ADAMW:
-            p = tl.fma(-(lr * weight_decay), p, p)
-        else:
-            g = tl.fma(p, weight_decay, g)
-    return p, g
 
 
 @triton.jit(do_not_specialize=["n"])  # one compilation per set of flags, whatever the sizes
@@ -110,7 +110,9 @@ def _adam_master_kernel(
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     if SKIP:  # torch's kernel returns when found_inf == 1: nothing is read or written
-        mask = mask & (tl.load(found_inf) != 1.0)
+        # (one address, broadcast; not tl.zeros_like, which the interpreter fails to call
+        # once Triton's driver was queried outside it)
+        mask = mask & (tl.load(found_inf + offsets * 0) != 1.0)
     lr, beta1, beta2 = tl.load(hyper), tl.load(hyper + 1), tl.load(hyper + 2)
     weight_decay, eps = tl.load(hyper + 3), tl.load(hyper + 4)
     correction1, correction2_sqrt = tl.load(corrections), tl.load(corrections + 1)
@@ -126,8 +128,7 @@ def _adam_master_kernel(
         g = tl.div_rn(g, tl.load(grad_scale))
     if MAXIMIZE:
         g = -g
-    if DECAY:
-        p, g = _decay(p, g, lr, weight_decay, ADAMW, DOUBLE)
+    p, g = _decay(p, g, lr, weight_decay, DECAY, ADAMW, DOUBLE)
     m, v = _moments(g, m, v, beta1, beta2, DOUBLE)
     top = v
     if AMSGRAD:
@@ -211,7 +212,8 @@ def _corrections(counts: torch.Tensor, beta1: float, beta2: float, double: bool)
     else:
         beta1, beta2 = (float(torch.tensor(b, dtype=torch.float32)) for b in (beta1, beta2))
     first = torch.pow(beta1, counts).neg_().add_(1)
-    second = torch.pow(beta2, counts).neg_().add_(1).sqrt_()
+    # (a correctly rounded square root, as the device's sqrtf: through float64 when float32)
+    second = torch.pow(beta2, counts).neg_().add_(1).double().sqrt_().to(counts.dtype)
     # four columns: every tensor's pair starts 16 bytes after the last, so that the kernel's
     # pointer argument stays 16-byte aligned (Triton compiles a variant per alignment)
     return torch.stack((first, second, first, second), dim=1).float()

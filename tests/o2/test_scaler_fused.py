@@ -46,6 +46,8 @@ class FloatAllocations(MasterGradWatch):
         if func.is_view:
             return func(*args, **(kwargs or {}))
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 FUSED: dict[str, Callable[[Params], torch.optim.Optimizer]] = {
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
     "adam-amsgrad-wd-maximize": lambda p: torch.optim.Adam(
