@@ -241,6 +241,19 @@ def test_under_gradscaler_the_triton_kernel_runs_with_the_scalers_tensors(
         assert_refreshed(low, master)
 
 
+@needs_triton
+def test_a_step_ampcore_does_not_run_itself_says_once_that_torchs_kernel_ran(interpreted: Any) -> None:
+    """A step hook: torch's fused kernel on float32 copies, one warning per optimizer."""
+    model, opt = model_and_opt(fused=True)
+    ampcore.set_master_update_kernel(opt, "triton")
+    opt.register_step_pre_hook(lambda *_: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, opt, 2)
+    unused = [w for w in caught if issubclass(w.category, master_kernel.TritonKernelUnusedWarning)]
+    assert len(unused) == 1 and "step hooks" in str(unused[0].message)
+
+
 @pytest.mark.parametrize(
     ("kind", "options", "why"),
     [
