@@ -24,7 +24,11 @@ to float32 once (``static_cast<opmath_t>``)::
 ``"double"`` (2022-2025): the hyperparameters stay ``double``, so ``beta1 * exp_avg + (1 -
 beta1) * grad``, ``beta2 * exp_avg_sq + (1 - beta2) * grad * grad``, the weight decay, the
 bias corrections (from the float32 step), ``lr / bias_correction1`` and ``... + eps`` are
-evaluated in double and rounded to float32 once each; the rest as above.
+evaluated in double and rounded to float32 once each; the rest as above.  (nvcc contracts
+those double multiply-adds; this transcription and the kernel's ``"double"`` formula do
+not: the float32 results differ only where the double values fall within a double
+rounding of a float32 rounding boundary, about one element in 10**8.  The kernel of
+2022-2023 also rounded ``1 - pow(beta2, step)`` to float32 before its square root.)
 
 Both: the step count advances by 1 before the update and goes back by ``found_inf`` after
 (``torch/optim/adam.py``'s ``_fused_adam``); with ``found_inf == 1`` nothing else changes.
