@@ -66,9 +66,11 @@ def train(
     whole: bool = False,
     watches: list[FloatAllocations] | None = None,
     scaler_options: dict[str, Any] | None = None,
+    unscale: bool = False,
 ) -> Run:
     """Five scaled steps, an overflow at :data:`OVERFLOW_AT`; ``whole``: the whole-tensor
-    walk (the GPU's) instead of the CPU's timed one."""
+    walk (the GPU's) instead of the CPU's timed one; ``unscale``: an explicit
+    ``scaler.unscale_`` first (as for clipping)."""
     model = make_model(norm, wide)
     model, opt = ampcore.decorate(model, FUSED[name](model.parameters()), dtype=dtype, device="cpu")
     if whole:
@@ -83,6 +85,8 @@ def train(
         scaler.scale(loss_of(model, x.to(dtype), y)).backward()
         if index == OVERFLOW_AT:
             first_weight(model).grad[0, 0] = float("inf")
+        if unscale:
+            scaler.unscale_(opt)
         if watches is None:
             scaler.step(opt)
         else:
@@ -96,7 +100,7 @@ def train(
     return states, scales
 
 
-def reference(name: str, dtype: torch.dtype, wide: bool = False) -> Run:
+def reference(name: str, dtype: torch.dtype, wide: bool = False, unscale: bool = False) -> Run:
     """torch's fused optimizer on float32 masters with torch's GradScaler (which hands it
     ``grad_scale``/``found_inf``), fed the widened low-precision gradients."""
     model = make_model(norm=False, wide=wide)
@@ -113,6 +117,8 @@ def reference(name: str, dtype: torch.dtype, wide: bool = False) -> Run:
         for master, param in zip(masters, low.parameters(), strict=True):
             master.grad = param.grad.float()
         if dtype == FP16:
+            if unscale:
+                scaler.unscale_(opt)
             scaler.step(opt)
             scaler.update()
         elif all(bool(torch.isfinite(m.grad).all()) for m in masters):  # (a scaler that does not scale)
@@ -167,6 +173,15 @@ def test_tensors_larger_than_a_chunk_skip_and_count_steps_as_torch(whole: bool) 
     count; the real count goes back by found_inf after a skipped step, as torch's does."""
     got = train("adamw", FP16, norm=False, wide=True, whole=whole)
     assert_same(got, reference("adamw", FP16, wide=True))
+
+
+@pytest.mark.parametrize("name", list(FUSED))
+def test_an_explicit_unscale_before_the_step_is_torchs_too(name: str) -> None:
+    """After ``scaler.unscale_`` (float32 copies, unscaled, for clipping) the scaler hands
+    the fused optimizer only ``found_inf``, as torch's does; the update reads the copies."""
+    got = train(name, FP16, norm=False, unscale=True)
+    assert got[1] == [1024.0, 1024.0, 512.0, 512.0, 512.0]
+    assert_same(got, reference(name, FP16, unscale=True))
 
 
 def test_a_step_hook_keeps_the_generic_path_and_its_results() -> None:
