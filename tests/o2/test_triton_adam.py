@@ -206,3 +206,46 @@ def test_torchs_cpu_kernel_computes_another_formula_than_its_cuda_kernel() -> No
     cpu_fused(group, master, grad, state)
     reference_step(group, mirror, expected, grad)
     assert not torch.equal(state["exp_avg_sq"], mirror["exp_avg_sq"])
+
+
+# -- the kernel compiled for a GPU (PTX; no GPU needed) ----------------------------------------
+def compiled_ops(formula: str, flags: dict[str, bool], monkeypatch: pytest.MonkeyPatch, cache: Any) -> dict[str, int]:
+    """Per element, the floating-point instructions of the kernel compiled for sm_90."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    from ampcore._o2 import triton_adam
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    pointers = {"grad": "*fp16", "low": "*fp16", "hyper": "*fp64" if formula == "double" else "*fp32"}
+    names = ("master", "grad", "low", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "corrections", "hyper")
+    signature = {name: pointers.get(name, "*fp32") for name in (*names, "grad_scale", "found_inf")}
+    constants = {**flags, "SCALE": True, "SKIP": True, "DOUBLE": formula == "double", "BLOCK": 2048}
+    signature.update({"n": "i64", **dict.fromkeys(constants, "constexpr")})
+    source = ASTSource(triton_adam._adam_master_kernel, signature, constexprs=constants)
+    try:
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+    except Exception as exc:  # a Triton without its CUDA tool chain
+        pytest.skip(f"Triton cannot compile for CUDA here ({type(exc).__name__}: {exc})")
+    ops = re.findall(r"\b((?:fma|mul|add|sub|div|sqrt)\.[a-z0-9.]+f(?:32|64))\b", kernel.asm["ptx"])
+    per_thread = 2048 // (32 * kernel.metadata.num_warps)
+    return {op: ops.count(op) // per_thread for op in set(ops)}
+
+
+@needs_triton
+def test_compiled_for_a_gpu_the_kernel_rounds_as_transcribed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Per element exactly the transcription's operations, each rounded to nearest
+    (``.rn``: ptxas contracts none of them), no approximate division or square root:
+    opmath AdamW 5 ``fma`` (decay, two per moment), 3 divisions (the scale, by
+    ``bc2_sqrt``, the update), 1 square root; the double formula no ``fma`` at all."""
+    flags = {"ADAMW": True, "DECAY": True, "AMSGRAD": False, "MAXIMIZE": True}
+    opmath = compiled_ops("opmath", flags, monkeypatch, tmp_path)
+    assert opmath == {"fma.rn.f32": 5, "div.rn.f32": 3, "sqrt.rn.f32": 1, "mul.rn.f32": 2, "add.rn.f32": 1,
+                      "sub.rn.f32": 1}  # fmt: skip
+    flags = {"ADAMW": False, "DECAY": True, "AMSGRAD": True, "MAXIMIZE": False}
+    double = compiled_ops("double", flags, monkeypatch, tmp_path)
+    assert not any(op.startswith("fma") for op in double)
+    assert double["div.rn.f32"] == 3 and double["sqrt.rn.f32"] == 1
