@@ -67,12 +67,14 @@ def train(
     watches: list[FloatAllocations] | None = None,
     scaler_options: dict[str, Any] | None = None,
     unscale: bool = False,
+    master_grad: bool = False,
 ) -> Run:
     """Five scaled steps, an overflow at :data:`OVERFLOW_AT`; ``whole``: the whole-tensor
     walk (the GPU's) instead of the CPU's timed one; ``unscale``: an explicit
     ``scaler.unscale_`` first (as for clipping)."""
     model = make_model(norm, wide)
-    model, opt = ampcore.decorate(model, FUSED[name](model.parameters()), dtype=dtype, device="cpu")
+    opt = FUSED[name](model.parameters())
+    model, opt = ampcore.decorate(model, opt, dtype=dtype, device="cpu", master_grad=master_grad)
     if whole:
         weights = master_weights_of(opt)
         assert weights is not None
@@ -173,6 +175,13 @@ def test_tensors_larger_than_a_chunk_skip_and_count_steps_as_torch(whole: bool) 
     count; the real count goes back by found_inf after a skipped step, as torch's does."""
     got = train("adamw", FP16, norm=False, wide=True, whole=whole)
     assert_same(got, reference("adamw", FP16, wide=True))
+
+
+@pytest.mark.skipif(not hasattr(torch.Tensor, "grad_dtype"), reason="master_grad=True needs torch >= 2.13")
+def test_master_grad_under_gradscaler_is_torchs_too() -> None:
+    """float32 gradients shared with the masters: nothing to widen; torch's fused kernel
+    unscales them as it does a float32 model's."""
+    assert_same(train("adamw", FP16, norm=False, master_grad=True), reference("adamw", FP16))
 
 
 @pytest.mark.parametrize("name", list(FUSED))
