@@ -32,8 +32,11 @@ steps, O2 / float32 training (the device's allocator; on the CPU the resident se
 high-water mark, glibc told to return freed blocks; both modes warmed up on a small model
 first, and measured before the timed rows).  ``--check``: whether O2's masters (and the
 optimizer's states) equal torch's optimizer of the same flavour on float32 masters fed the
-same gradients upcast, bit for bit, after 3 steps (on the device's own kernels); for the
-Triton kernel also with its hyperparameters rounded to float32 (a diagnostic).
+same gradients upcast, bit for bit, after 3 steps (on the device's own kernels), per state
+tensor; for the Triton kernel with each formula it knows; then (``o2_kernel_check.py``) on
+a device torch's fused kernel against its transcriptions and the Triton kernel, per state
+tensor, plainly and under GradScaler's tensors, and O2 + fused AdamW under a GradScaler
+(an overflowing step) against torch's on float32 masters, with each kernel.
 
     python benchmarks/bench_o2_update.py                            # CPU rows, AdamW and SGD
     python benchmarks/bench_o2_update.py --optimizers adamw --busy --rounds 9
@@ -364,8 +367,23 @@ def _return_freed_memory() -> None:
 def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
     """Bit-identity of O2's masters (and Adam's moments) with torch's optimizer (same
     flavour) on float32 masters, 3 steps; per flavour, and for the Triton kernel on fused
-    Adam/AdamW (with a diagnostic variant: its hyperparameters rounded to float32 first)."""
+    Adam/AdamW (with each formula of ``triton_adam.FORMULAS``); then, on a device, the
+    kernel-level rows and the GradScaler rows of ``o2_kernel_check.py``."""
     print()
+    _model_rows(args, backend, low)
+    if out_of_time(args, "the kernel-level checks"):
+        return
+    import o2_kernel_check
+
+    if args.device == "cpu":
+        print("kernel-level rows: on a device only (torch's CPU fused Adam computes another formula)")
+    else:
+        o2_kernel_check.kernel_rows(args.device, "triton" in args.kernels)
+    if "adamw" in args.optimizers and "fused" in args.flavours:
+        o2_kernel_check.scaler_rows(args.device, low, args.kernels)
+
+
+def _model_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
     for kind in args.optimizers:
         for flavour in args.flavours:
             if out_of_time(args, f"the {kind} ({flavour}) checks"):
@@ -373,9 +391,9 @@ def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
             variants: list[tuple[str, str, str | None]] = [("torch kernel", "torch", None)]
             if "triton" in args.kernels and flavour == "fused" and kind in TRITON_KINDS:
                 variants.append(("triton kernel", "triton", None))
-                variants += [(f"triton, diagnostic {p}", "triton", p) for p in ("float32-hyperparameters", "float32")]
+                variants.append(("triton kernel, formula double", "triton", "double"))
             for label, kernel, variant in variants:
-                with _precision(variant):
+                with _formula(variant):
                     pairs = _tried(functools.partial(_three_steps, args, backend, low, kind, flavour, kernel), kernel)
                 if isinstance(pairs, str):
                     print(f"{kind} {flavour}, {label}: failed: {pairs}")
@@ -399,15 +417,15 @@ def _verdict(pairs: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]]) ->
 
 
 @contextlib.contextmanager
-def _precision(precision: str | None) -> Iterator[None]:
-    """The Triton kernel with one of its diagnostic precisions (``triton_adam.PRECISIONS``)."""
-    if precision is None:
+def _formula(formula: str | None) -> Iterator[None]:
+    """The Triton kernel with another formula than its default (``triton_adam.FORMULAS``)."""
+    if formula is None:
         yield
         return
     from ampcore._o2 import triton_adam
 
     launch = triton_adam.launch_adam
-    triton_adam.launch_adam = functools.partial(launch, precision=precision)
+    triton_adam.launch_adam = functools.partial(launch, formula=formula)
     try:
         yield
     finally:

@@ -75,17 +75,26 @@ def fused_adam_applies(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ampcore may run ``optimizer``'s step itself.
 
     Yes for exactly ``torch.optim.Adam`` / ``AdamW`` (a subclass may change ``step``) with no
-    step hooks, not ``differentiable``, not in the middle of a GradScaler step that hands a
-    fused optimizer ``grad_scale``/``found_inf``, on a torch whose Adam has the param-group
-    keys this module knows.  Otherwise the generic path runs (fp32 gradient copies).
+    step hooks, not ``differentiable``, on a torch whose Adam has the param-group keys this
+    module knows; in the middle of a GradScaler step that hands the optimizer
+    ``grad_scale``/``found_inf`` (fused optimizers) only if every param group is
+    ``fused=True`` (torch's other flavours refuse them).  Otherwise the generic path runs
+    (fp32 gradient copies).
     """
     if type(optimizer) not in _ADAM_TYPES or not step_hooks_free(optimizer):
         return False
-    if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
-        return False
     if _adam_function() is None:
         return False
-    return all(_KEYS <= group.keys() and not group["differentiable"] for group in optimizer.param_groups)
+    groups = optimizer.param_groups
+    if any(not (_KEYS <= group.keys()) or group["differentiable"] for group in groups):
+        return False
+    return _scaler_tensors(optimizer) == (None, None) or all(group["fused"] for group in groups)
+
+
+def _scaler_tensors(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``grad_scale`` and ``found_inf``, which GradScaler sets on a fused optimizer for the
+    duration of its step (torch's protocol), or None."""
+    return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)
 
 
 @dataclass
@@ -148,7 +157,10 @@ def fused_adam_update(
     ``master_grad=True``), else its low-precision parameter's gradient, widened (whole, or
     chunk by chunk with ``chunk`` elements); the low-precision parameter is refreshed from
     its master.  Other parameters (float32 ones, e.g. norms) are updated whole with their
-    own gradients.  Returns those other parameters that were updated.
+    own gradients.  Under a GradScaler step of a fused optimizer, its ``grad_scale`` and
+    ``found_inf`` go to every fused update as torch's optimizer passes them (the gradients
+    divided inside the kernel, a step with an inf or a nan skipped on the device, the step
+    counts as torch leaves them).  Returns those other parameters that were updated.
     """
     adam = _adam_function()
     if adam is None:  # fused_adam_applies() checks this before the step comes here
@@ -168,10 +180,10 @@ def fused_adam_update(
                 work.append((param, grad, low, _state(optimizer, group, param)))
             if not work:
                 continue
-            options = _options(group, [param for param, *_ in work])
+            options = _options(group, [param for param, *_ in work], _scaler_tensors(optimizer))
             own.extend(param for param, _, low, _ in work if low is None)
             if triton and group["fused"]:
-                work = triton_update(group, work)
+                work = triton_update(group, work, options["grad_scale"], options["found_inf"])
                 if not work:
                     continue
             if chunk is None:
@@ -190,7 +202,7 @@ def fused_adam_update(
 _Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
 
 
-def _whole(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: _Work) -> None:
+def _whole(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: _Work) -> None:
     """One param group on whole tensors, in slices of at most :data:`WIDEN_ELEMENTS`
     widened elements (a single larger tensor makes a slice of its own): per slice, the
     low-precision gradients widened in one multi-tensor copy, one call of torch's Adam,
@@ -205,7 +217,7 @@ def _whole(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: 
     _whole_slice(adam, options, group, work[start:])
 
 
-def _whole_slice(adam: Any, options: dict[str, bool], group: Mapping[str, Any], work: _Work) -> None:
+def _whole_slice(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: _Work) -> None:
     params = [param for param, *_ in work]
     grads = [grad for _, grad, *_ in work]
     narrow = [index for index, (param, grad, *_) in enumerate(work) if grad.dtype != param.dtype]
@@ -252,9 +264,12 @@ def _state(optimizer: torch.optim.Optimizer, group: Mapping[str, Any], param: to
     return state
 
 
-def _options(group: Mapping[str, Any], params: list[torch.Tensor]) -> dict[str, bool]:
+def _options(
+    group: Mapping[str, Any], params: list[torch.Tensor], scaler: tuple[torch.Tensor | None, torch.Tensor | None]
+) -> dict[str, Any]:
     """The flavour torch's ``adam()`` would pick for the group's parameters with gradients
-    (decided once for the whole group, not per chunk)."""
+    (decided once for the whole group, not per chunk), and the GradScaler's ``grad_scale``
+    and ``found_inf`` (:func:`_scaler_tensors`)."""
     foreach, fused = group["foreach"], group["fused"]
     if fused is None and foreach is None:
         from torch.optim.optimizer import _default_to_fused_or_foreach
@@ -262,12 +277,12 @@ def _options(group: Mapping[str, Any], params: list[torch.Tensor]) -> dict[str, 
         _, foreach = _default_to_fused_or_foreach(params, False, use_fused=False)
         if foreach and isinstance(group["lr"], torch.Tensor) and not group["capturable"]:
             foreach = False
-    return {"foreach": bool(foreach), "fused": bool(fused)}
+    return {"foreach": bool(foreach), "fused": bool(fused), "grad_scale": scaler[0], "found_inf": scaler[1]}
 
 
 def _chunks(
     adam: Any,
-    options: dict[str, bool],
+    options: dict[str, Any],
     group: Mapping[str, Any],
     master: torch.Tensor,
     grad: torch.Tensor,
@@ -314,8 +329,11 @@ def _chunks(
             wide = views[1]
         batch.add(views[0], wide, views[2], views[3:], before.clone())
     # the real count: the same in-place increment torch applies (before the last chunk's
-    # update has run, which holds its own copy)
+    # update has run, which holds its own copy), and under a GradScaler the same decrement
+    # by found_inf after it (a skipped step leaves the count as it was)
     before += 1
+    if options["found_inf"] is not None:
+        before.sub_(options["found_inf"].to(before.device, non_blocking=True))
 
 
 def _states(group: Mapping[str, Any], state: Mapping[str, Any]) -> list[torch.Tensor]:
@@ -323,7 +341,7 @@ def _states(group: Mapping[str, Any], state: Mapping[str, Any]) -> list[torch.Te
     return [state[name] for name in names]
 
 
-def _flush(adam: Any, options: dict[str, bool], group: Mapping[str, Any], batch: _Batch) -> None:
+def _flush(adam: Any, options: dict[str, Any], group: Mapping[str, Any], batch: _Batch) -> None:
     if not batch.params:
         return
     _run(
@@ -345,7 +363,7 @@ def _flush(adam: Any, options: dict[str, bool], group: Mapping[str, Any], batch:
 
 def _call(
     adam: Any,
-    options: dict[str, bool],
+    options: dict[str, Any],
     group: Mapping[str, Any],
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
@@ -367,7 +385,7 @@ def _call(
 
 def _run(
     adam: Any,
-    options: dict[str, bool],
+    options: dict[str, Any],
     group: Mapping[str, Any],
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
@@ -388,8 +406,8 @@ def _run(
         capturable=group["capturable"],
         differentiable=False,
         fused=options["fused"],
-        grad_scale=None,
-        found_inf=None,
+        grad_scale=options["grad_scale"],
+        found_inf=options["found_inf"],
         has_complex=any(torch.is_complex(p) for p in params),
         decoupled_weight_decay=group["decoupled_weight_decay"],
         amsgrad=group["amsgrad"],

@@ -9,10 +9,12 @@ torch's optimizer on float32 masters.
 ``fused=True`` run ``triton_adam.py``'s one-pass kernel instead, which reads the
 low-precision gradients directly and writes the masters, the states and the low-precision
 parameters (28 bytes per parameter instead of 40; on a bandwidth-bound device that is the
-update's time).  Its arithmetic is that of torch's fused Adam; whether it is bit-identical
-to it on a device is measured, not assumed (``benchmarks/bench_o2_update.py --check``),
-hence opt-in.  Groups without ``fused=True``, a tensor ``lr``, and parameters whose
-tensors are not contiguous on one device keep torch's path.
+update's time).  Its arithmetic transcribes torch's CUDA fused Adam operation by operation
+(``triton_adam.py``), GradScaler's ``grad_scale``/``found_inf`` included; that the compiled
+kernel is bit-identical to torch's on a device is checked there, not assumed
+(``benchmarks/bench_o2_update.py --check``), hence opt-in.  Groups without ``fused=True``,
+a tensor ``lr``, and parameters whose tensors are not contiguous on one device keep
+torch's path.
 """
 
 from __future__ import annotations
@@ -50,14 +52,15 @@ def set_master_update_kernel(optimizer: torch.optim.Optimizer, kernel: MasterKer
     ``"torch"`` (the default) runs torch's own Adam on the float32 masters, bit-identical
     to torch's optimizer.  ``"triton"`` runs a one-pass Triton kernel for the param groups
     with ``fused=True``: it reads the low-precision gradients directly and refreshes the
-    low-precision parameters in the same pass, with the arithmetic of torch's fused Adam
-    (bit-identity with it is reported per device by ``benchmarks/bench_o2_update.py
+    low-precision parameters in the same pass, with the arithmetic of torch's CUDA fused
+    Adam (bit-identity with it is reported per device by ``benchmarks/bench_o2_update.py
     --check``; see docs/o2.md).  Needs Triton installed and a device Triton drives (or
     ``TRITON_INTERPRET=1``).
 
-    Under ``GradScaler`` torch's fused optimizers take the scale and unscale inside their
-    kernel; that path does not reach the Triton kernel yet: such steps run torch's fused
-    kernel on float32 gradient copies, with one :class:`TritonKernelUnusedWarning`.
+    Under ``GradScaler`` the kernel takes the scale and the found-inf flag the scaler hands
+    fused optimizers, as torch's fused kernel does (no float32 gradient copies either).
+    A step that ampcore does not run itself (step hooks, a closure, a differentiable
+    group) runs torch's fused kernel instead, with one :class:`TritonKernelUnusedWarning`.
 
     Raises:
         AmpcoreError: ``optimizer`` has no ampcore master weights; ``kernel`` is not one of
@@ -129,12 +132,9 @@ def warn_unused(optimizer: torch.optim.Optimizer) -> None:
     if optimizer in _warned:
         return
     _warned.add(optimizer)
-    scaled = getattr(optimizer, "grad_scale", None) is not None
     why = (
-        "GradScaler handed the fused optimizer its scale (torch's fused kernel unscales inside), a path the "
-        "Triton kernel does not take yet"
-        if scaled
-        else "ampcore does not run this step itself (step hooks, a differentiable group, or a closure)"
+        "ampcore does not run this step itself (step hooks, a differentiable group, a closure, or a GradScaler "
+        "step with a param group that is not fused=True)"
     )
     warn_user(
         f"set_master_update_kernel(kernel='triton'): this {type(optimizer).__name__} step ran torch's fused "
@@ -160,12 +160,17 @@ def triton_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def triton_update(group: Mapping[str, Any], work: Work) -> Work:
+def triton_update(
+    group: Mapping[str, Any],
+    work: Work,
+    grad_scale: torch.Tensor | None = None,
+    found_inf: torch.Tensor | None = None,
+) -> Work:
     """Update the masters of ``work`` that the Triton kernel can take (a master with a
     low-precision parameter, every tensor contiguous on the master's device, a float
     ``lr``, a float32 step count there, not ``capturable``: the kernel copies its
-    hyperparameters from the host, which a CUDA graph cannot capture); returns the rest,
-    for torch's Adam."""
+    hyperparameters from the host, which a CUDA graph cannot capture), with GradScaler's
+    ``grad_scale``/``found_inf`` where given; returns the rest, for torch's Adam."""
     if isinstance(group["lr"], torch.Tensor) or group.get("capturable"):
         return work
     taken: Work = []
@@ -180,5 +185,6 @@ def triton_update(group: Mapping[str, Any], work: Work) -> Work:
         from .triton_adam import launch_adam
 
         lows = [low for _, _, low, _ in taken if low is not None]
-        launch_adam(group, [p for p, *_ in taken], [g for _, g, *_ in taken], lows, [s for *_, s in taken])
+        masters, grads = [p for p, *_ in taken], [g for _, g, *_ in taken]
+        launch_adam(group, masters, grads, lows, [s for *_, s in taken], grad_scale=grad_scale, found_inf=found_inf)
     return rest

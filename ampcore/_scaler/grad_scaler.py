@@ -326,6 +326,21 @@ class GradScaler(PaddleScalerMethods):
         record.stage = Stage.UNSCALED
         self._records[id(optimizer)] = record
 
+    def _check_fused(
+        self, optimizer: torch.optim.Optimizer, scale: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> torch.Tensor:
+        """The found-inf flag of a fused optimizer's step (its kernel unscales).  The
+        low-precision gradients of O2 masters whose update reads them itself (fused
+        Adam/AdamW: ``ampcore/_o2/master_adam.py``) are checked read-only, so no float32
+        copy of them is made; the other gradients as :meth:`unscale_` checks them."""
+        ones = torch.ones_like(scale)
+        pending = deferred_unscale(optimizer, args, kwargs)
+        if pending is None:
+            return self._unscale_grads_(optimizer, ones, allow_fp16=True)
+        return self._kernels.unscale_params_(
+            pending.params(), ones, True, self._process_group, self._sync_found_inf, checked=pending.low_grads()
+        )
+
     def _fused_step(
         self,
         optimizer: torch.optim.Optimizer,
@@ -341,7 +356,7 @@ class GradScaler(PaddleScalerMethods):
                 "'found_inf' attributes the scaler sets on the optimizer instead"
             )
         if record.stage is Stage.READY:
-            record.found_inf = self._unscale_grads_(optimizer, torch.ones_like(scale), allow_fp16=True)
+            record.found_inf = self._check_fused(optimizer, scale, args, kwargs)
             grad_scale = scale * getattr(optimizer, "grad_scale", 1) if self._store.scaling else None
         else:
             grad_scale = getattr(optimizer, "grad_scale", None)
