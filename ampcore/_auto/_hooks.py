@@ -44,6 +44,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
 from .._validate import check_real, env_number
+from . import _cache
 from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
 from ._measure import Clock, device_clock, measure
@@ -52,7 +53,17 @@ from ._program import cast_floating
 from ._program import local as _prog
 from ._shapes import planned_ops, shape_class
 
-__all__ = ["BUDGET_ENV", "acquire", "budget_s", "can_measure", "check", "fingerprint_of", "installed", "release"]
+__all__ = [
+    "BUDGET_ENV",
+    "acquire",
+    "budget_s",
+    "can_measure",
+    "check",
+    "fingerprint_of",
+    "installed",
+    "plan_of",
+    "release",
+]
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
@@ -88,17 +99,21 @@ class _Process:
         self.lock = threading.Lock()
         self.handles: list[Any] = []
         self.active = 0
-        self.regions = 0  # active regions with programs (their sentinel and root hooks)
         self.spent_s = 0.0
         self.warned = False
         self.exhausted_warned = False
         self.untimed_warned: set[str] = set()
         self.fingerprints: dict[tuple[Any, ...], dict[str, Any]] = {}
+        #: (backend, index, dtype, threads) -> (the plans' generation, the plan) for plan_of
+        self.plans: dict[tuple[Any, ...], tuple[int, AutoPlan]] = {}
         self.clocks: dict[tuple[str, int], Clock | None] = {}
 
 
 _local = _Local()
 _process = _Process()
+#: thread id -> True while the thread is in a region with programs (its sentinel and root
+#: hooks are in place); dict operations are atomic, no lock
+region_threads: dict[int, bool] = {}
 
 
 def budget_s() -> float:
@@ -121,6 +136,19 @@ def _clock(region: Any) -> Clock | None:
 def can_measure(region: Any, plan: AutoPlan) -> bool:
     """Whether a class ``plan`` lacks can still be measured in ``region``."""
     return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None
+
+
+def plan_of(region: Any) -> AutoPlan:
+    """``current_plan(fingerprint_of(region))`` with one dictionary lookup when nothing changed."""
+    spec = region.spec
+    key = (spec.backend.name, getattr(region.owner, "device_index", None) or 0, spec.dtype, torch.get_num_threads())
+    found = _process.plans.get(key)
+    generation = _cache.plans.generation
+    if found is not None and found[0] == generation:
+        return found[1]
+    plan = current_plan(_fingerprint(region))
+    _process.plans[key] = (generation, plan)
+    return plan
 
 
 def fingerprint_of(region: Any) -> dict[str, Any]:
@@ -343,13 +371,7 @@ def release() -> None:
             _process.handles = []
 
 
-def count_region(step: int) -> None:
-    """A region with programs (:mod:`._roots`) was entered (1) or exited (-1)."""
-    with _process.lock:
-        _process.regions += step
-
-
 def installed() -> bool:
     """Whether hooks of auto are registered now: the global ones (while a ``level="auto"``
     region records or is nested) or those of a region with programs (in any thread)."""
-    return bool(_process.handles) or _process.regions > 0
+    return bool(_process.handles) or bool(region_threads)

@@ -63,7 +63,9 @@ class Program(NamedTuple):
     switched: tuple[weakref.ref[nn.Module], ...]
 
     def valid(self, plan: AutoPlan) -> bool:
-        return plan is self.plan and plan.changes == self.changes and all(r() is not None for r in self.switched)
+        if plan is not self.plan or plan.changes != self.changes:
+            return False
+        return not self.switched or all(r() is not None for r in self.switched)
 
 
 class _Local(threading.local):
