@@ -9,6 +9,7 @@ that all decided float32, which must then run as float32 does).
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,3 +103,26 @@ def test_a_root_running_an_all_float32_program_costs_its_two_hooks_and_runs_as_f
     extra = _python_calls(lambda: step(auto)) - _python_calls(lambda: step(o1))
     assert extra <= EMPTY_EXTRA + ROOT_EXTRA, extra
     assert torch.equal(step(auto), net(x)) and not _hooks.installed() and not net._forward_pre_hooks
+
+
+def test_threads_running_one_root_in_their_own_regions_leave_no_hook() -> None:
+    net, x = _small_net()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(30):
+                with ampcore.autocast("cpu", level="auto"):
+                    out = net(x)
+                    assert out.dtype == torch.float32 and torch.is_autocast_enabled("cpu")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert not _hooks.installed() and not net._forward_pre_hooks and not net._forward_hooks
+    assert not torch.nn.modules.module._global_forward_pre_hooks
