@@ -3,15 +3,19 @@
 An enabled ``level="auto"`` region that is a thread's outermost ampcore region and runs
 torch's own lists (no custom list, a device type with native autocast) is *eligible*: the
 modules it calls directly (its *roots*, normally the model) run the programs of
-:mod:`._program`.  When it is entered, the roots that regions entered at the same place in
-the code called before get two instance hooks each, and one global pre-hook (the
-*sentinel*) waits for any other module called directly; both are removed when it exits.
+:mod:`._program`.  When it is entered, one global pre-hook (the *sentinel*) goes into
+torch's dict of global pre-hooks, and the roots that regions entered at the same place in
+the code called before are *marked*: the sentinel's key goes into each root's dict of
+pre-hooks that take keyword arguments, so torch calls the sentinel with the root's kwargs
+(the guard needs them).  Both are removed when it exits.
 
-* A root with a program for its input signature runs it: the sentinel is off for the call,
-  so the modules inside run torch's hook-free path; only the switched ones run a hook.
-* A root without one (a new module, a new signature, a plan that changed) is recorded: the
-  global hooks of :mod:`._hooks` apply the plan to every module of the call (measuring new
-  shape classes within the budget) and the recording becomes its program.
+* A marked root with a program for its input signature runs it (the sentinel adds the
+  root's post-hook for that call): the sentinel is off for the call, so the modules inside
+  run torch's hook-free path; only the switched ones run a hook.
+* A root without one (a module called directly that is not marked, a new signature, a
+  plan that changed) is recorded and marked: the global hooks of :mod:`._hooks` apply the
+  plan to every module of the call (measuring new shape classes within the budget) and the
+  recording becomes its program.
 
 Other regions (nested in another ampcore region, with custom lists, on a device type
 ampcore's kernels serve, or while compiling) register the global hooks for their whole
@@ -83,8 +87,9 @@ class _Local(threading.local):
         self.hooked: set[int] = set()  # ids of the roots hooked in the active region
         self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # roots the site did not know
         self.sites: dict[tuple[Any, int], _Site] = {}
-        self.key = _Key()  # this thread's key in its roots' hook dicts
-        self.sentinel_key = _Key()
+        self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
+        self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
+        self.public: set[int] = set()  # ids of the roots hooked through torch's public API
         #: id(root) -> (its weak reference, the signature, the program) it ran last
         self.last: dict[int, tuple[weakref.ref[torch.nn.Module], tuple[Any, ...], Program]] = {}
 
@@ -93,12 +98,7 @@ _local = _Local()
 #: torch's dict of global forward pre-hooks (what register_module_forward_pre_hook fills):
 #: the sentinel goes in and out under a key of its own, without a handle per switch
 _GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
-_HOOK_DICTS: Final = (
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks",
-    "_forward_hooks_always_called",
-)
+_Module: Final = torch.nn.Module
 
 
 def check() -> None:
@@ -133,24 +133,23 @@ def region_entered() -> None:
     handles: list[Any] = []
     local.entered.append((region, site, handles))
     _hooks.region_threads[_get_ident()] = True
-    key, hooked = local.key, local.hooked
+    skey, hooked = local.sentinel_key, local.hooked
     for ref in site.roots:
         root = ref()
         if root is None:
             continue
         hooked.add(id(root))
-        try:  # torch's hook dicts of the module under our key: no handle objects per region
+        try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
+            if _GLOBAL_PRE is None:
+                raise TypeError
             dicts: Any = root  # torch types these dicts as keyed by handle ids; any hashable key works
-            dicts._forward_pre_hooks[key] = _root_pre
-            dicts._forward_pre_hooks_with_kwargs[key] = True
-            dicts._forward_hooks[key] = _root_post
-            dicts._forward_hooks_always_called[key] = True
+            dicts._forward_pre_hooks_with_kwargs[skey] = True
             handles.append(root)
-        except (AttributeError, TypeError):  # a module without torch's dicts: the public registration
+        except (AttributeError, TypeError):  # no torch dicts: the public registration
             _hook_public(root, handles)
     if _GLOBAL_PRE is not None:
-        _GLOBAL_PRE[local.sentinel_key] = _sentinel
-        local.sentinel = local.sentinel_key
+        _GLOBAL_PRE[skey] = _sentinel
+        local.sentinel = skey
     else:
         _sentinel_on()
 
@@ -167,50 +166,58 @@ def region_exited() -> None:
     run, rec = _prog.run, _prog.rec
     if run is not None:  # an exception skipped its hooks (a run is always the outermost region's)
         _prog.run = None
+        _drop_post(run.root)
         run.stop()
     if rec is not None and rec.region is region:
         _finish(rec, (), None, False)
-    if local.sentinel is local.sentinel_key and _GLOBAL_PRE is not None:
-        _GLOBAL_PRE.pop(local.sentinel_key, None)
+    skey = local.sentinel_key
+    if local.sentinel is skey and _GLOBAL_PRE is not None:
+        _GLOBAL_PRE.pop(skey, None)
         local.sentinel = None
     else:
         _sentinel_off()
-    key = local.key
     for handle in handles:
-        if isinstance(handle, torch.nn.Module):
-            for name in _HOOK_DICTS:
-                getattr(handle, name).pop(key, None)
+        if isinstance(handle, _Module):
+            handle._forward_pre_hooks_with_kwargs.pop(skey, None)  # type: ignore[call-overload]
         else:
             handle.remove()
     _hooks.region_threads.pop(_get_ident(), None)
     _prog.settled = None
     local.hooked.clear()
+    local.public.clear()
     if local.called:
         site.update(list(local.called.values()))
         local.called.clear()
 
 
 def _hook_root(module: torch.nn.Module) -> None:
-    """Give ``module`` (met through the sentinel) the root hooks until the active region exits."""
+    """Make ``module`` (met through the sentinel) a root until the active region exits."""
     local = _local
     local.hooked.add(id(module))
     handles = local.entered[-1][2]
     try:
+        if local.sentinel is not local.sentinel_key:
+            raise TypeError  # the sentinel has a public handle: public root hooks
         dicts: Any = module
-        for name, value in zip(_HOOK_DICTS, (_root_pre, True, _root_post, True), strict=True):
-            getattr(dicts, name)[local.key] = value
+        dicts._forward_pre_hooks_with_kwargs[local.sentinel_key] = True
         handles.append(module)
     except (AttributeError, TypeError):
-        for name in _HOOK_DICTS:
-            found = getattr(module, name, None)
-            if isinstance(found, dict):
-                found.pop(local.key, None)
         _hook_public(module, handles)
 
 
 def _hook_public(module: torch.nn.Module, handles: list[Any]) -> None:
+    """The root hooks through torch's public registration (where our keys cannot go)."""
+    _local.public.add(id(module))
     handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
     handles.append(module.register_forward_hook(_root_post, always_call=True))
+
+
+def _drop_post(module: torch.nn.Module) -> None:
+    """Remove the post-hook :func:`_sentinel` gave a root for the call that runs a program."""
+    if id(module) not in _local.public:
+        dicts: Any = module
+        dicts._forward_hooks.pop(_local.key, None)
+        dicts._forward_hooks_always_called.pop(_local.key, None)
 
 
 def _sentinel_on() -> None:
@@ -247,19 +254,12 @@ def _idle_region() -> Any:
     return region
 
 
-def _sentinel(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    """A module called directly in an eligible region that is not one of its hooked roots."""
-    if id(module) in _local.hooked:  # a root: its own hooks decide
-        return None
-    region = _idle_region()
-    if region is None or _compiled(module):
-        return None
-    _hook_root(module)  # its later calls in this region run its program
-    return _record(module, args, region, _hooks.plan_of(region))
-
-
-def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A root's call: run its program for this input signature, else record it."""
+def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    """The global pre-hook of an eligible region while no root call is in progress.  A root
+    (our key is in its with-kwargs dict, so torch gives its kwargs) runs its program for this
+    input signature, else is recorded; any other module called directly becomes a root."""
+    if kwargs is None:
+        return _new_root(module, args)
     prog = _prog
     region = prog.settled
     if region is None or prog.run is not None or prog.rec is not None or prog.measuring or _is_compiling():
@@ -291,6 +291,10 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         local.sentinel = None
     else:
         _sentinel_off()
+    if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
+        dicts: Any = module
+        dicts._forward_hooks[local.key] = _root_post
+        dicts._forward_hooks_always_called[local.key] = True
     run = prog.run = Running(program, module, region)
     if program.switched and any(ref() is module for ref in program.switched):  # its own pre-hook came too late
         new = run.switch(module, args)
@@ -298,12 +302,32 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     return None
 
 
+def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A root's pre-hook registered through torch's public API (see :func:`_hook_public`)."""
+    return _sentinel(module, args, kwargs)
+
+
+def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+    """A module called directly in an eligible region that is not one of its roots."""
+    if id(module) in _local.hooked:  # a root with public hooks: its own pre-hook decides
+        return None
+    region = _idle_region()
+    if region is None or _compiled(module):
+        return None
+    _hook_root(module)  # its later calls in this region run its program
+    return _record(module, args, region, _hooks.plan_of(region))
+
+
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
     run = _prog.run
     if run is not None and run.root is module:
         _prog.run = None
-        run.stop()
         local = _local
+        if id(module) not in local.public:
+            dicts: Any = module
+            dicts._forward_hooks.pop(local.key, None)
+            dicts._forward_hooks_always_called.pop(local.key, None)
+        run.stop()
         if _prog.settled is run.region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel

@@ -28,10 +28,9 @@ from ampcore._auto._shapes import shape_class
 #: and torch.compiler.is_compiling with the torch.jit.is_scripting it calls)
 EMPTY_EXTRA = 4
 #: and a root call that runs its program: torch's hook path (its ``inner`` and
-#: is_compiling, 3), the sentinel's return for a hooked root (1), the root's pre-hook with
-#: is_compiling (3), the plan's and the signature's lookup (2), the program's start and stop
-#: (2), the post-hook (1)
-ROOT_EXTRA = 12
+#: is_compiling, 3), the sentinel as the root's pre-hook with is_compiling (3), the plan's
+#: and the signature's lookup (2), the program's start and stop (2), the post-hook (1)
+ROOT_EXTRA = 11
 
 
 @pytest.fixture(autouse=True)
@@ -124,5 +123,28 @@ def test_threads_running_one_root_in_their_own_regions_leave_no_hook() -> None:
     for t in threads:
         t.join()
     assert errors == []
+    assert not _hooks.installed() and not net._forward_pre_hooks and not net._forward_hooks
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+def test_without_torchs_hook_dicts_the_public_registration_does_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_roots, "_GLOBAL_PRE", None)  # a torch whose global pre-hooks are not a dict
+    net, x = _small_net()
+    calls: list[str] = []
+    pre = _hooks._pre
+    monkeypatch.setattr(_hooks, "_pre", lambda *a: calls.append(type(a[0]).__name__) or pre(*a))
+
+    def step() -> torch.Tensor:
+        with ampcore.autocast("cpu", level="auto"):  # one place in the code: the root is known there
+            out: torch.Tensor = net(x)
+        return out
+
+    for _ in range(2):
+        step()
+    calls.clear()
+    expected = net(x)
+    for _ in range(3):
+        assert torch.equal(step(), expected)
+    assert calls == []  # the program ran: no global hook
     assert not _hooks.installed() and not net._forward_pre_hooks and not net._forward_hooks
     assert not torch.nn.modules.module._global_forward_pre_hooks
