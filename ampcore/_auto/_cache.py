@@ -74,6 +74,8 @@ class _Plans:
         #: id(fingerprint dict) -> (that dict, its plan): the hooks ask with the same dict
         #: object every call; hashing its JSON each time would cost more than the call
         self.by_object: dict[int, tuple[dict[str, Any], AutoPlan]] = {}
+        #: changes when a plan is put or the plans are cleared (caches of plans compare it)
+        self.generation = 0
 
     def get(self, fp: dict[str, Any]) -> AutoPlan:
         found = self.by_object.get(id(fp))
@@ -92,14 +94,18 @@ class _Plans:
         with self.lock:
             self.plans[_key(plan.fingerprint)] = plan
             self.by_object = {}
+            self.generation += 1
 
     def clear(self) -> None:
         with self.lock:
             self.plans.clear()
             self.by_object = {}
+            self.generation += 1
 
 
 _plans = _Plans()
+#: this process's plans (``plans.generation`` changes whenever a plan is put or dropped)
+plans = _plans
 
 
 def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:

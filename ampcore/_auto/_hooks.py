@@ -23,7 +23,9 @@ shape class:
   warm-up budget (``AMPCORE_AUTO_BUDGET`` seconds, default 10); a figure the plausibility
   checks flag (:func:`ampcore._auto._costs.implausible`) is measured again before it
   decides, and a cached neighbour it contradicts is dropped (measured again at its next
-  call).  A device that cannot be timed measures nothing: auto runs as torch.autocast.
+  call).  When the measurement decides ``"fp32"``, the call's low-precision outputs are
+  cast to float32: the dtype its later calls give.  A device that cannot be timed
+  measures nothing: auto runs as torch.autocast.
 
 A recording notes each planned call and its decision (:class:`~._program.Recording`).
 Custom lists win: a module whose ops a region's custom list names is left to the lists.
@@ -42,14 +44,26 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
 from .._validate import check_real, env_number
+from . import _cache
 from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
+from ._program import cast_floating
 from ._program import local as _prog
 from ._shapes import planned_ops, shape_class
 
-__all__ = ["BUDGET_ENV", "acquire", "budget_s", "can_measure", "check", "fingerprint_of", "installed", "release"]
+__all__ = [
+    "BUDGET_ENV",
+    "acquire",
+    "budget_s",
+    "can_measure",
+    "check",
+    "fingerprint_of",
+    "installed",
+    "plan_of",
+    "release",
+]
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
@@ -85,17 +99,21 @@ class _Process:
         self.lock = threading.Lock()
         self.handles: list[Any] = []
         self.active = 0
-        self.regions = 0  # active regions with programs (their sentinel and root hooks)
         self.spent_s = 0.0
         self.warned = False
         self.exhausted_warned = False
         self.untimed_warned: set[str] = set()
         self.fingerprints: dict[tuple[Any, ...], dict[str, Any]] = {}
+        #: (backend, index, dtype, threads) -> (the plans' generation, the plan) for plan_of
+        self.plans: dict[tuple[Any, ...], tuple[int, AutoPlan]] = {}
         self.clocks: dict[tuple[str, int], Clock | None] = {}
 
 
 _local = _Local()
 _process = _Process()
+#: thread id -> True while the thread is in a region with programs (its sentinel and root
+#: hooks are in place); dict operations are atomic, no lock
+region_threads: dict[int, bool] = {}
 
 
 def budget_s() -> float:
@@ -118,6 +136,19 @@ def _clock(region: Any) -> Clock | None:
 def can_measure(region: Any, plan: AutoPlan) -> bool:
     """Whether a class ``plan`` lacks can still be measured in ``region``."""
     return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None
+
+
+def plan_of(region: Any) -> AutoPlan:
+    """``current_plan(fingerprint_of(region))`` with one dictionary lookup when nothing changed."""
+    spec = region.spec
+    key = (spec.backend.name, getattr(region.owner, "device_index", None) or 0, spec.dtype, torch.get_num_threads())
+    found = _process.plans.get(key)
+    generation = _cache.plans.generation
+    if found is not None and found[0] == generation:
+        return found[1]
+    plan = current_plan(_fingerprint(region))
+    _process.plans[key] = (generation, plan)
+    return plan
 
 
 def fingerprint_of(region: Any) -> dict[str, Any]:
@@ -184,7 +215,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
     if rec is not None:
-        rec.note(module, decision, _per_element_ms(plan, key, module, args) if decision != "fp32" else 0.0)
+        rec.note(module, decision)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:
@@ -199,31 +230,23 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     return tuple(_to_fp32(a, device_type) for a in args)
 
 
-def _per_element_ms(plan: AutoPlan, key: str, module: torch.nn.Module, args: tuple[Any, ...]) -> float:
-    """What the class's measured casts (:func:`~._measure.measure`: inputs and parameters,
-    there and back) cost per element."""
-    entry = plan.entries.get(key)
-    if entry is None or entry.costs is None:
-        return 0.0
-    n = sum(a.numel() for a in args if isinstance(a, torch.Tensor)) + sum(p.numel() for p in module.parameters())
-    return entry.costs.cast_ms / (2 * n) if n else 0.0
-
-
-def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> None:
+def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
     if _is_compiling() or _prog.measuring or _prog.run is not None:
-        return
+        return None
     frames = _local.frames
+    output = None  # None: the output as the forward gave it
     if frames and frames[-1].module is module:
         _, off, key, plan, region = frames.pop()
         if off is not None:
             torch.set_autocast_enabled(off, True)
         elif len(rest) == 2:  # torch calls always-call hooks as (module, args, None) after an exception
             _decide(module, args, rest[0], key, plan, region)
+            if plan.decision(key) == "fp32":  # it ran with the O1 lists: the dtype of later calls
+                output = cast_floating(rest[1], torch.float32, region.spec.backend.device_type, low=True)
     rec = _prog.rec
-    if rec is not None and len(rest) == 2:
-        rec.output(module, rest[1])
     if rec is not None and rec.leave(module) and not rec.stack and module is rec.root:
         rec.done(rec, args, rest[0] if len(rest) == 2 else None, len(rest) == 2)  # the root call ended
+    return output
 
 
 def _decide(
@@ -348,13 +371,7 @@ def release() -> None:
             _process.handles = []
 
 
-def count_region(step: int) -> None:
-    """A region with programs (:mod:`._roots`) was entered (1) or exited (-1)."""
-    with _process.lock:
-        _process.regions += step
-
-
 def installed() -> bool:
     """Whether hooks of auto are registered now: the global ones (while a ``level="auto"``
     region records or is nested) or those of a region with programs (in any thread)."""
-    return bool(_process.handles) or _process.regions > 0
+    return bool(_process.handles) or bool(region_threads)

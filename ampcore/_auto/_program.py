@@ -9,12 +9,17 @@ while recording).  When every planned call had a decision, the recording becomes
 the tensors among its arguments, grad mode):
 
 * its *default*: float32 (autocast switched off for the root's forward) when more planned
-  modules decided float32 than low precision and nothing outside planned modules needs
-  the lists, else low precision (autocast on, as the region already is);
+  modules decided float32 than low precision and the float32 default changes nothing the
+  recording saw outside planned modules (no op of the O1 low-precision list ran there and
+  no low-precision tensor reached an op there: :class:`_Outside`), else low precision
+  (autocast on, as the region already is);
 * the *switched* modules: those whose decision differs from the default, each with two
   instance hooks for the root call (a float32 module: autocast off and its inputs cast to
-  float32; a low one in a float32 default: autocast on and its floating outputs cast to
-  float32, so everything outside planned modules sees float32, as in a float32 model).
+  float32; a low one in a float32 default: autocast on for its forward).
+
+Every module's output has the same dtype on the recorded call and in the program: the one
+torch.autocast gives for its decision (the low-precision dtype for ``"low"``, float32 for
+``"fp32"``), and every op outside planned modules sees the same dtypes.
 
 A later region hooks only the roots its thread called last time (two instance hooks per
 root); a root called with the same input signature runs its program: no global hook, no
@@ -39,16 +44,13 @@ from .._policy.thread_state import thread_state
 from ._costs import Decision
 from ._plan import AutoPlan
 
-__all__ = ["Program", "Recording", "Running", "local", "program_for", "signature"]
+__all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
 
 _LOW: Final = (torch.bfloat16, torch.float16)
 #: recordings of one root and signature that may fail (a class left undecided) before the
 #: program treats what is still undecided as the O1 lists do (low precision)
 _TRIES: Final = 3
 _thread = thread_state()
-#: the estimated ms a switched module's two instance hooks add to its call (torch's hook
-#: path, the autocast switch and the argument check; about 5 us on a CPU core)
-HOOK_MS: Final = 0.005
 
 
 class Program(NamedTuple):
@@ -61,7 +63,9 @@ class Program(NamedTuple):
     switched: tuple[weakref.ref[nn.Module], ...]
 
     def valid(self, plan: AutoPlan) -> bool:
-        return plan is self.plan and plan.changes == self.changes and all(r() is not None for r in self.switched)
+        if plan is not self.plan or plan.changes != self.changes:
+            return False
+        return not self.switched or all(r() is not None for r in self.switched)
 
 
 class _Local(threading.local):
@@ -90,20 +94,30 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any
 
 
 class _Outside(TorchDispatchMode):
-    """While recording: notes an op of the O1 low-precision list that runs outside every
-    planned module (a float32 default would run it in float32)."""
+    """While recording: notes what a float32 default would change outside planned modules:
+    an op of the O1 low-precision list, or any op given a low-precision floating tensor of
+    the region's device type (autocast may cast it, and a float32 default would not)."""
 
-    def __init__(self, rec: Recording, white: frozenset[str]) -> None:
+    def __init__(self, rec: Recording, white: frozenset[str], device_type: str) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
-        self.rec, self.white = rec, white
+        self.rec, self.white, self.device_type = rec, white, device_type
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         rec = self.rec
         if not rec.planned and not rec.outside and not local.measuring:
             packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
-            if getattr(packet, "__name__", None) in self.white:
+            if getattr(packet, "__name__", None) in self.white or self._low_input(args, kwargs):
                 rec.outside = True
         return func(*args, **(kwargs or {}))
+
+    def _low_input(self, args: Any, kwargs: Any) -> bool:
+        values = [*args, *(kwargs or {}).values()]
+        for value in values:
+            if isinstance(value, (list, tuple)):
+                values.extend(value)  # one level: the tensor lists of cat, stack, ...
+            elif isinstance(value, torch.Tensor) and value.dtype in _LOW and value.device.type == self.device_type:
+                return True
+        return False
 
 
 class Recording:
@@ -116,14 +130,10 @@ class Recording:
         self.stack: list[tuple[nn.Module, bool]] = []
         self.planned = 0
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
-        #: per low-precision module: the estimated ms of casting its outputs to float32 and
-        #: their gradients back (what a float32 default adds)
-        self.out_ms: dict[int, float] = {}
-        self.per_element: dict[int, float] = {}
         self.conflict = self.outside = False
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: None: the global hooks apply the plan to this call, nothing is recorded
-        self.mode = None if white is None else _Outside(self, white)
+        self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
         if self.mode is not None:
             self.mode.__enter__()  # type: ignore[no-untyped-call]
 
@@ -138,21 +148,12 @@ class Recording:
         self.planned -= self.stack.pop()[1]
         return True
 
-    def note(self, module: nn.Module, decision: Decision | None, per_element_ms: float = 0.0) -> None:
-        """A planned call of ``module`` and its decision; ``per_element_ms``: what its class's
-        measured casts cost per element (to estimate its outputs' casts)."""
+    def note(self, module: nn.Module, decision: Decision | None) -> None:
+        """A planned call of ``module`` and its decision."""
         found = self.calls.get(id(module))
         if found is not None and found[1] != decision:
             self.conflict = True
         self.calls[id(module)] = (module, decision)
-        self.per_element[id(module)] = per_element_ms
-
-    def output(self, module: nn.Module, output: Any) -> None:
-        """The output of a noted call: the casts a float32 default would add to it."""
-        per = self.per_element.get(id(module), 0.0)
-        if per:
-            n = sum(t.numel() for t in _tensors(output) if t.is_floating_point())
-            self.out_ms[id(module)] = self.out_ms.get(id(module), 0.0) + 2 * n * per
 
     def close(self) -> None:
         if self.mode is None:
@@ -172,29 +173,23 @@ class Recording:
         fp32 = [m for m, d in self.calls.values() if d == "fp32"]
         low = [m for m, d in self.calls.values() if d != "fp32"]  # undecided: the O1 lists
         low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
-        # the cheaper default: a float32 one hooks the low modules and casts their outputs
-        as_fp32 = HOOK_MS * len(low) + sum(self.out_ms.get(id(m), 0.0) for m in low)
-        default_fp32 = not self.outside and not low_inputs and as_fp32 < HOOK_MS * len(fp32)
+        # the default that hooks fewer modules; a float32 one only where it changes no dtype
+        # the recording saw (no low-precision tensor reached an op outside planned modules)
+        default_fp32 = not self.outside and not low_inputs and len(low) < len(fp32)
         switched = low if default_fp32 else fp32
         return Program(self.plan, self.changes, default_fp32, tuple(weakref.ref(m) for m in switched))
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    return []
-
-
-def _cast(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
+def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
+    """``value`` with its low-precision (``low``) or float32 tensors of ``device_type`` cast
+    to ``dtype`` (through tuples and lists)."""
     if isinstance(value, torch.Tensor):
         match = value.dtype in _LOW if low else value.dtype == torch.float32
         return value.to(dtype) if match and value.device.type == device_type else value
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_cast(v, dtype, device_type, low) for v in value)
+        return tuple(cast_floating(v, dtype, device_type, low) for v in value)
     if isinstance(value, list):
-        return [_cast(v, dtype, device_type, low) for v in value]
+        return [cast_floating(v, dtype, device_type, low) for v in value]
     return value
 
 
@@ -234,17 +229,13 @@ class Running:
             torch.set_autocast_enabled(self.device_type, True)
             return None
         torch.set_autocast_enabled(self.device_type, False)
-        return _cast(args, torch.float32, self.device_type, low=True)
+        return cast_floating(args, torch.float32, self.device_type, low=True)
 
-    def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any = None) -> Any:
+    def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
         if not self.pushed or self.pushed[-1] is not module or local.run is not self:
-            return None
+            return
         self.pushed.pop()
-        if self.program.default_fp32:
-            torch.set_autocast_enabled(self.device_type, False)
-            return _cast(output, torch.float32, self.device_type, low=True)
-        torch.set_autocast_enabled(self.device_type, True)
-        return None
+        torch.set_autocast_enabled(self.device_type, not self.program.default_fp32)
 
     def stop(self) -> None:
         for handle in self.handles:

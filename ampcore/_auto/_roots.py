@@ -3,15 +3,19 @@
 An enabled ``level="auto"`` region that is a thread's outermost ampcore region and runs
 torch's own lists (no custom list, a device type with native autocast) is *eligible*: the
 modules it calls directly (its *roots*, normally the model) run the programs of
-:mod:`._program`.  When it is entered, the roots that regions entered at the same place in
-the code called before get two instance hooks each, and one global pre-hook (the
-*sentinel*) waits for any other module called directly; both are removed when it exits.
+:mod:`._program`.  When it is entered, one global pre-hook (the *sentinel*) goes into
+torch's dict of global pre-hooks, and the roots that regions entered at the same place in
+the code called before are *marked*: the sentinel's key goes into each root's dict of
+pre-hooks that take keyword arguments, so torch calls the sentinel with the root's kwargs
+(the guard needs them).  Both are removed when it exits.
 
-* A root with a program for its input signature runs it: the sentinel is off for the call,
-  so the modules inside run torch's hook-free path; only the switched ones run a hook.
-* A root without one (a new module, a new signature, a plan that changed) is recorded: the
-  global hooks of :mod:`._hooks` apply the plan to every module of the call (measuring new
-  shape classes within the budget) and the recording becomes its program.
+* A marked root with a program for its input signature runs it (the sentinel adds the
+  root's post-hook for that call): the sentinel is off for the call, so the modules inside
+  run torch's hook-free path; only the switched ones run a hook.
+* A root without one (a module called directly that is not marked, a new signature, a
+  plan that changed) is recorded and marked: the global hooks of :mod:`._hooks` apply the
+  plan to every module of the call (measuring new shape classes within the budget) and the
+  recording becomes its program.
 
 Other regions (nested in another ampcore region, with custom lists, on a device type
 ampcore's kernels serve, or while compiling) register the global hooks for their whole
@@ -24,7 +28,8 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Final, NamedTuple
+from _thread import get_ident as _get_ident
+from typing import Any, Final
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
@@ -32,7 +37,6 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from .._policy.lists import compute_oplists
 from .._policy.thread_state import thread_state
 from . import _hooks
-from ._cache import current_plan
 from ._plan import AutoPlan
 from ._program import Program, Recording, Running, program_for, signature, store
 from ._program import forget as forget_programs
@@ -56,46 +60,45 @@ class _Site:
         self.roots: list[weakref.ref[torch.nn.Module]] = []
         self.overflow = False  # more than _MAX_ROOTS roots: its regions use the global hooks
 
-    def alive(self) -> list[torch.nn.Module]:
-        found = [m for m in (r() for r in self.roots) if m is not None]
-        if len(found) != len(self.roots):
-            self.roots = [weakref.ref(m) for m in found]
-        return found
-
     def update(self, called: list[weakref.ref[torch.nn.Module]]) -> None:
-        if not called:
-            return
+        """Add the roots ``called`` (those met through the sentinel); drop the collected ones."""
         known = {id(m): r for r in [*self.roots, *called] if (m := r()) is not None}
         self.overflow = len(known) > _MAX_ROOTS
         self.roots = list(known.values())
 
 
-class _Entered(NamedTuple):
-    """What :func:`region_entered` did for a region (undone by :func:`region_exited`)."""
+#: What :func:`region_entered` did for a region (undone by :func:`region_exited`): the
+#: region, its site (None: not eligible, the global hooks were acquired) and the roots given
+#: the instance hooks (or the hooks' handles).  A plain tuple: made on every region entry.
+_Entered = tuple[Any, "_Site | None", list[Any]]
 
-    region: Any
-    site: _Site | None  # None: not eligible, the global hooks were acquired
-    handles: list[Any]  # the instance hooks on the site's roots
+
+class _Key:
+    """A key of ours in torch's hook dicts (hashed by identity): one per thread for its root
+    hooks, one for its sentinel."""
+
+    __slots__ = ("__weakref__",)
 
 
 class _Local(threading.local):
     def __init__(self) -> None:
         self.entered: list[_Entered] = []
-        self.sentinel: Any = None  # its global pre-hook's handle while no root call is in progress
-        self.hooked: set[int] = set()  # ids of the roots hooked for it
-        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # the roots called in the active region
+        self.sentinel: Any = None  # its global pre-hook's key (or handle) while it is on
+        self.hooked: set[int] = set()  # ids of the roots hooked in the active region
+        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # roots the site did not know
         self.sites: dict[tuple[Any, int], _Site] = {}
+        self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
+        self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
+        self.public: set[int] = set()  # ids of the roots hooked through torch's public API
+        #: id(root) -> (its weak reference, the signature, the program) it ran last
+        self.last: dict[int, tuple[weakref.ref[torch.nn.Module], tuple[Any, ...], Program]] = {}
 
 
 _local = _Local()
-
-
-def _site() -> tuple[Any, int]:
-    """Where the user's code entered the region (the first frame outside ampcore)."""
-    frame = sys._getframe(2)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = frame.f_back
-    return frame.f_code, frame.f_lineno
+#: torch's dict of global forward pre-hooks (what register_module_forward_pre_hook fills):
+#: the sentinel goes in and out under a key of its own, without a handle per switch
+_GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
+_Module: Final = torch.nn.Module
 
 
 def check() -> None:
@@ -108,133 +111,135 @@ def region_entered() -> None:
     """An enabled ``level="auto"`` region was entered (the thread's innermost region)."""
     stack = _thread.stack
     region = stack[-1]
+    local = _local
     site = None
     if len(stack) == 1 and region.spec.policy is None and not _is_compiling():
-        key = _site()
-        site = _local.sites.get(key)
+        frame = sys._getframe(1)  # the site: where the user's code entered it (outside ampcore)
+        while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+            frame = frame.f_back
+        where = (frame.f_code, frame.f_lineno)
+        site = local.sites.get(where)
         if site is None:
-            if len(_local.sites) > _MAX_SITES:
-                _local.sites.clear()
-            site = _local.sites[key] = _Site()
-        if site.overflow:
+            if len(local.sites) > _MAX_SITES:
+                local.sites.clear()
+            site = local.sites[where] = _Site()
+        elif site.overflow:
             site = None
     if site is None:
         _hooks.acquire()
-        _local.entered.append(_Entered(region, None, []))
+        local.entered.append((region, None, []))
         return
-    roots = site.alive()
-    _hooks.count_region(1)
-    _prog.settled, _local.hooked, _local.called = region, set(), {}
-    _local.entered.append(_Entered(region, site, []))
-    for root in roots:
-        _hook_root(root)
-    _sentinel_on()
+    _prog.settled = region
+    handles: list[Any] = []
+    local.entered.append((region, site, handles))
+    _hooks.region_threads[_get_ident()] = True
+    skey, hooked = local.sentinel_key, local.hooked
+    for ref in site.roots:
+        root = ref()
+        if root is None:
+            continue
+        hooked.add(id(root))
+        try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
+            if _GLOBAL_PRE is None:
+                raise TypeError
+            dicts: Any = root  # torch types these dicts as keyed by handle ids; any hashable key works
+            dicts._forward_pre_hooks_with_kwargs[skey] = True
+            handles.append(root)
+        except (AttributeError, TypeError):  # no torch dicts: the public registration
+            _hook_public(root, handles)
+    if _GLOBAL_PRE is not None:
+        _GLOBAL_PRE[skey] = _sentinel
+        local.sentinel = skey
+    else:
+        _sentinel_on()
 
 
 def region_exited() -> None:
     """An enabled ``level="auto"`` region exited: undo what :func:`region_entered` did."""
-    if not _local.entered:
+    local = _local
+    if not local.entered:
         return
-    entered = _local.entered.pop()
-    if entered.site is None:
+    region, site, handles = local.entered.pop()
+    if site is None:
         _hooks.release()
         return
     run, rec = _prog.run, _prog.rec
-    if run is not None and run.region is entered.region:  # an exception skipped its hooks
+    if run is not None:  # an exception skipped its hooks (a run is always the outermost region's)
         _prog.run = None
+        _drop_post(run.root)
         run.stop()
-    if rec is not None and rec.region is entered.region:
+    if rec is not None and rec.region is region:
         _finish(rec, (), None, False)
-    _sentinel_off()
-    for handle in entered.handles:
-        _unhook(handle)
-    _hooks.count_region(-1)
-    entered.site.update(list(_local.called.values()))
-    _prog.settled, _local.hooked, _local.called = None, set(), {}
-
-
-def _note_called(module: torch.nn.Module) -> None:
-    if id(module) not in _local.called:
-        _local.called[id(module)] = weakref.ref(module)
+    skey = local.sentinel_key
+    if local.sentinel is skey and _GLOBAL_PRE is not None:
+        _GLOBAL_PRE.pop(skey, None)
+        local.sentinel = None
+    else:
+        _sentinel_off()
+    for handle in handles:
+        if isinstance(handle, _Module):
+            handle._forward_pre_hooks_with_kwargs.pop(skey, None)  # type: ignore[call-overload]
+        else:
+            handle.remove()
+    _hooks.region_threads.pop(_get_ident(), None)
+    _prog.settled = None
+    local.hooked.clear()
+    local.public.clear()
+    if local.called:
+        site.update(list(local.called.values()))
+        local.called.clear()
 
 
 def _hook_root(module: torch.nn.Module) -> None:
-    """Give ``module`` the root hooks until the active region exits."""
-    _local.hooked.add(id(module))
-    handles = _local.entered[-1].handles
-    key = _Key()
-    try:  # torch's hook dicts of the module under a key of ours: no handle objects per region
-        dicts: Any = module  # torch types these dicts as keyed by handle ids; any hashable key works
-        dicts._forward_pre_hooks[key] = _root_pre
-        dicts._forward_pre_hooks_with_kwargs[key] = True
-        dicts._forward_hooks[key] = _root_post
-        dicts._forward_hooks_always_called[key] = True
-        handles.append((module, key))
-    except (AttributeError, TypeError):  # a module without torch's dicts: the public registration
-        _unhook((module, key))
-        handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(_root_post, always_call=True))
+    """Make ``module`` (met through the sentinel) a root until the active region exits."""
+    local = _local
+    local.hooked.add(id(module))
+    handles = local.entered[-1][2]
+    try:
+        if local.sentinel is not local.sentinel_key:
+            raise TypeError  # the sentinel has a public handle: public root hooks
+        dicts: Any = module
+        dicts._forward_pre_hooks_with_kwargs[local.sentinel_key] = True
+        handles.append(module)
+    except (AttributeError, TypeError):
+        _hook_public(module, handles)
 
 
-def _unhook(handle: Any) -> None:
-    if not isinstance(handle, tuple):
-        handle.remove()
-        return
-    module, key = handle
-    for name in (
-        "_forward_pre_hooks",
-        "_forward_pre_hooks_with_kwargs",
-        "_forward_hooks",
-        "_forward_hooks_always_called",
-    ):
-        found = getattr(module, name, None)
-        if isinstance(found, dict):
-            found.pop(key, None)
+def _hook_public(module: torch.nn.Module, handles: list[Any]) -> None:
+    """The root hooks through torch's public registration (where our keys cannot go)."""
+    _local.public.add(id(module))
+    handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
+    handles.append(module.register_forward_hook(_root_post, always_call=True))
+
+
+def _drop_post(module: torch.nn.Module) -> None:
+    """Remove the post-hook :func:`_sentinel` gave a root for the call that runs a program."""
+    if id(module) not in _local.public:
+        dicts: Any = module
+        dicts._forward_hooks.pop(_local.key, None)
+        dicts._forward_hooks_always_called.pop(_local.key, None)
 
 
 def _sentinel_on() -> None:
-    if _local.sentinel is None:
-        _local.sentinel = _GLOBAL_PRE.on()
+    local = _local
+    if local.sentinel is None:
+        if _GLOBAL_PRE is not None:
+            _GLOBAL_PRE[local.sentinel_key] = _sentinel
+            local.sentinel = local.sentinel_key
+        else:
+            local.sentinel = register_module_forward_pre_hook(_sentinel)
 
 
 def _sentinel_off() -> None:
-    if _local.sentinel is not None:
-        _GLOBAL_PRE.off(_local.sentinel)
-        _local.sentinel = None
-
-
-class _GlobalPreHook:
-    """The sentinel as a global forward pre-hook, switched on and off several times per
-    region: an entry under a key of its own in torch's dict of global pre-hooks (what
-    ``register_module_forward_pre_hook`` fills, without a handle per switch), or the
-    public registration where that dict is not there."""
-
-    def __init__(self) -> None:
-        self.hooks = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
-        if not isinstance(self.hooks, dict):
-            self.hooks = None
-
-    def on(self) -> Any:
-        if self.hooks is None:
-            return register_module_forward_pre_hook(_sentinel)
-        key = _Key()  # one key per switch-on: each thread's sentinel is its own entry
-        self.hooks[key] = _sentinel
-        return key
-
-    def off(self, key: Any) -> None:
-        if isinstance(key, _Key) and self.hooks is not None:
-            self.hooks.pop(key, None)
+    local = _local
+    sentinel = local.sentinel
+    if sentinel is not None:
+        local.sentinel = None
+        if sentinel is local.sentinel_key:
+            if _GLOBAL_PRE is not None:
+                _GLOBAL_PRE.pop(sentinel, None)
         else:
-            key.remove()
-
-
-class _Key:
-    """A key of the sentinel in torch's dict of global pre-hooks (hashed by identity)."""
-
-    __slots__ = ("__weakref__",)
-
-
-_GLOBAL_PRE = _GlobalPreHook()
+            sentinel.remove()
 
 
 def _idle_region() -> Any:
@@ -249,40 +254,86 @@ def _idle_region() -> Any:
     return region
 
 
-def _sentinel(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    """A module called directly in an eligible region that is not one of its hooked roots."""
-    region = _idle_region()
-    if region is None or id(module) in _local.hooked or _compiled(module):
+def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    """The global pre-hook of an eligible region while no root call is in progress.  A root
+    (our key is in its with-kwargs dict, so torch gives its kwargs) runs its program for this
+    input signature, else is recorded; any other module called directly becomes a root."""
+    if kwargs is None:
+        return _new_root(module, args)
+    prog = _prog
+    region = prog.settled
+    if region is None or prog.run is not None or prog.rec is not None or prog.measuring or _is_compiling():
         return None
-    _hook_root(module)  # its later calls in this region run its program
-    return _record(module, args, region, current_plan(_hooks.fingerprint_of(region)))
+    stack = _thread.stack
+    if not stack or stack[-1] is not region or not torch.is_autocast_enabled(region.spec.backend.device_type):
+        return None
+    plan = _hooks.plan_of(region)
+    sig = signature(args, kwargs)
+    local = _local
+    last = local.last.get(id(module))  # the program it ran last: valid while nothing changed
+    program = None if last is None or last[1] != sig or last[0]() is not module else last[2]
+    if program is not None and (
+        program.plan is not plan or plan.changes != program.changes or (program.switched and not program.valid(plan))
+    ):
+        program = None
+    if program is None:
+        found = program_for(module, sig, plan)
+        if not isinstance(found, Program):
+            new = _record(module, args, region, plan)
+            return None if new is None else (new, kwargs)
+        program = found
+        if len(local.last) > _MAX_SITES:
+            local.last.clear()
+        local.last[id(module)] = (weakref.ref(module), sig, program)
+    sentinel = local.sentinel
+    if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:  # off while the program runs
+        _GLOBAL_PRE.pop(sentinel, None)
+        local.sentinel = None
+    else:
+        _sentinel_off()
+    if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
+        dicts: Any = module
+        dicts._forward_hooks[local.key] = _root_post
+        dicts._forward_hooks_always_called[local.key] = True
+    run = prog.run = Running(program, module, region)
+    if program.switched and any(ref() is module for ref in program.switched):  # its own pre-hook came too late
+        new = run.switch(module, args)
+        return None if new is None else (new, kwargs)
+    return None
 
 
 def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A root's pre-hook registered through torch's public API (see :func:`_hook_public`)."""
+    return _sentinel(module, args, kwargs)
+
+
+def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+    """A module called directly in an eligible region that is not one of its roots."""
+    if id(module) in _local.hooked:  # a root with public hooks: its own pre-hook decides
+        return None
     region = _idle_region()
-    if region is None:
+    if region is None or _compiled(module):
         return None
-    plan = current_plan(_hooks.fingerprint_of(region))
-    found = program_for(module, signature(args, kwargs), plan)
-    if isinstance(found, Program):
-        _note_called(module)
-        _sentinel_off()
-        run = _prog.run = Running(found, module, region)
-        if any(ref() is module for ref in found.switched):  # its own pre-hook came too late
-            new = run.switch(module, args)
-            return None if new is None else (new, kwargs)
-        return None
-    new = _record(module, args, region, plan)
-    return None if new is None else (new, kwargs)
+    _hook_root(module)  # its later calls in this region run its program
+    return _record(module, args, region, _hooks.plan_of(region))
 
 
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
     run = _prog.run
     if run is not None and run.root is module:
         _prog.run = None
+        local = _local
+        if id(module) not in local.public:
+            dicts: Any = module
+            dicts._forward_hooks.pop(local.key, None)
+            dicts._forward_hooks_always_called.pop(local.key, None)
         run.stop()
-        if _prog.settled is run.region:
-            _sentinel_on()
+        if _prog.settled is run.region and local.sentinel is None:
+            if _GLOBAL_PRE is not None:
+                _GLOBAL_PRE[local.sentinel_key] = _sentinel
+                local.sentinel = local.sentinel_key
+            else:
+                _sentinel_on()
 
 
 def _record(module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: AutoPlan) -> Any:
@@ -290,8 +341,8 @@ def _record(module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: A
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = program_for(module, None, plan)  # None: a module that cannot have programs
-    if found is not None:
-        _note_called(module)
+    if found is not None and id(module) not in _local.called:
+        _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
     _sentinel_off()
     _hooks.acquire()
     rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
@@ -330,3 +381,4 @@ def forget() -> None:
     """Forget every program and this thread's roots (``ampcore plan clear``, tests)."""
     forget_programs()
     _local.sites.clear()
+    _local.last.clear()
