@@ -21,6 +21,10 @@ initial weights and its own optimizer (bfloat16 on the CPU):
   ``fuse_update_step=False``), which says what each contributes;
 * ``O1``: float32 parameters + ``ampcore.autocast(level="O1")``; ``pure``: the model in bf16.
 
+``--flavour fused`` gives the non-IPEX modes torch's fused optimizer (``fused=True``): IPEX
+replaces every optimizer's step with its own kernel whatever was asked, while ampcore runs
+the flavour the user chose (bit-identical to it), so ``fused`` compares kernel with kernel.
+
 Each step is also split into its forward + backward and its ``optimizer.step()`` (host clock;
 the CPU runs synchronously), so the table shows where a difference comes from.
 """
@@ -41,10 +45,10 @@ from torch import nn
 import ampcore
 
 OPTIMIZERS: Final[dict[str, Callable[..., torch.optim.Optimizer]]] = {
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01),
-    "adam": lambda p: torch.optim.Adam(p, lr=1e-4),
-    "sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
-    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=1e-4, momentum=0.9),
+    "adamw": lambda p, **kw: torch.optim.AdamW(p, lr=1e-4, weight_decay=0.01, **kw),
+    "adam": lambda p, **kw: torch.optim.Adam(p, lr=1e-4, **kw),
+    "sgd": lambda p, **kw: torch.optim.SGD(p, lr=1e-4, **kw),
+    "sgd-momentum": lambda p, **kw: torch.optim.SGD(p, lr=1e-4, momentum=0.9, **kw),
 }
 #: ``ipex.optimize`` keyword arguments per IPEX mode
 IPEX_MODES: Final[dict[str, dict[str, bool]]] = {
@@ -59,7 +63,11 @@ LOW: Final = torch.bfloat16
 class Mode:
     """One mode's model, optimizer and region; ``step()`` returns (fwd+bwd s, step s)."""
 
-    def __init__(self, base: nn.Module, kind: str, mode: str, x: torch.Tensor, y: torch.Tensor) -> None:
+    def __init__(
+        self, base: nn.Module, kind: str, mode: str, data: tuple[torch.Tensor, torch.Tensor], flavour: str
+    ) -> None:
+        """``flavour``: the optimizer flavour of the non-IPEX modes (IPEX replaces the step)."""
+        x, y = data
         self.model = copy.deepcopy(base)
         self.inputs, self.y = x, y
         self.region: Callable[[], Any] = lambda: ampcore.autocast(device="cpu", level="O1", dtype=LOW)
@@ -67,7 +75,8 @@ class Mode:
             self.model.to(LOW)
             self.inputs = x.to(LOW)
             self.region = lambda: torch.autocast("cpu", enabled=False)
-        self.opt = OPTIMIZERS[kind](self.model.parameters())
+        options = {} if mode in IPEX_MODES or flavour == "default" else {flavour: True}
+        self.opt = OPTIMIZERS[kind](self.model.parameters(), **options)
         if mode == "ampcore O2":
             self.model, self.opt = ampcore.decorate(self.model, self.opt, level="O2", device="cpu", dtype=LOW)
             self.region = lambda: ampcore.autocast(device="cpu", level="O2", dtype=LOW)
@@ -93,7 +102,7 @@ def run(kind: str, modes: list[str], args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     base = nn.Sequential(*(nn.Linear(args.width, args.width) for _ in range(args.layers)))
     x, y = torch.randn(args.batch, args.width), torch.randn(args.batch, args.width)
-    steps = {name: Mode(base, kind, name, x, y) for name in modes}
+    steps = {name: Mode(base, kind, name, (x, y), args.flavour) for name in modes}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
     for round_ in range(args.warmup + args.rounds):
         order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
@@ -107,7 +116,10 @@ def run(kind: str, modes: list[str], args: argparse.Namespace) -> None:
         for name, got in times.items()
     }
     ours = median["ampcore O2"]
-    print(f"\n{kind}: {args.layers} x Linear({args.width}), batch {args.batch}, bf16, {args.rounds} rounds")
+    print(
+        f"\n{kind} ({args.flavour} flavour outside IPEX): {args.layers} x Linear({args.width}), "
+        f"batch {args.batch}, bf16, {args.rounds} rounds"
+    )
     print("| mode | ms / step | fwd+bwd ms | step ms | ampcore O2 / mode |")
     print("|---|---:|---:|---:|---:|")
     for name in modes:
@@ -119,6 +131,12 @@ def run(kind: str, modes: list[str], args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--optimizers", nargs="+", choices=tuple(OPTIMIZERS), default=["adamw", "sgd"])
+    parser.add_argument(
+        "--flavour",
+        choices=("default", "foreach", "fused"),
+        default="default",
+        help="torch optimizer flavour of the ampcore, O1 and pure modes (IPEX always runs its own step)",
+    )
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--width", type=int, default=1664)
