@@ -136,8 +136,10 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
     stale: list[tuple[MasterPair, torch.Tensor]] = []
     conflicts: list[MasterPair] = []
     for pair in weights.pairs:
-        grad = pair.model.grad
         seen = pair.seen_grad
+        if seen is None and not copy_missing:  # (checked first: it is the common case)
+            continue
+        grad = pair.model.grad
         if grad is None:
             if seen is not None:  # the model's gradients were cleared since the copy
                 pair.master.grad = None
@@ -145,8 +147,6 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
             continue
         same_object = seen is not None and seen() is grad
         if same_object and pair.seen_grad_version == grad._version:
-            continue
-        if seen is None and not copy_missing:
             continue
         if same_object and pair.master.grad is not None:
             # changed in place while the master still holds the copy (that GradScaler

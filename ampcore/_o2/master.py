@@ -49,8 +49,9 @@ from .grad_modes import GradientMode, choose_gradient_mode
 from .master_adam import fused_adam_applies, fused_adam_update
 from .master_kernel import warn_unused
 from .master_sgd import fused_sgd_applies, fused_sgd_update
-from .scaled_update import STEP_MARK, unscaled_update
-from .update_walk import UpdateWalk
+from .scaled_update import SLICES, STEP_MARK, unscaled_update
+from .torch_step import TorchStep, stand_in, torch_step_of
+from .update_walk import UpdateWalk, walks_differ
 
 if TYPE_CHECKING:
     from .scaled_update import PendingUnscale
@@ -176,6 +177,11 @@ class MasterWeights:
         # scheduler's counts too); None means the class's own method.
         self._inner_step: Callable[..., Any] | None = optimizer.__dict__.get("step")
         self._inner_zero_grad: Callable[..., Any] | None = optimizer.__dict__.get("zero_grad")
+        #: (the class's ``step`` it was found for, how to stand in for torch's step or None)
+        self._torch_step: tuple[object, TorchStep | None] | None = None
+        #: update kind -> whether chunks and whole tensors walk it differently (cleared when
+        #: the param groups change)
+        self._walks_differ: dict[str, bool] = {}
 
     # -- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -203,6 +209,7 @@ class MasterWeights:
         groups = self.optimizer.param_groups
         for index, group in enumerate(groups):
             if not isinstance(group, _MasterGroup):
+                self._walks_differ.clear()
                 if any(_low_precision(p) for p in dict.__getitem__(group, "params")):
                     raise AmpcoreError(
                         f"{type(self.optimizer).__name__}: a param group added after ampcore.decorate "
@@ -271,15 +278,17 @@ class MasterWeights:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
         self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
-        if self.kernel == "triton" and not (not args and not kwargs and fused_adam_applies(self.optimizer)):
-            warn_unused(self.optimizer)
+        own: Callable[[], list[torch.Tensor]] | None = None
         if not args and not kwargs:
             if fused_adam_applies(self.optimizer):
-                self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
-                return self._fused_adam_step()
-            if fused_sgd_applies(self.optimizer):
-                self.sync_grads(copy_missing=False)
-                return self._fused_sgd_step()
+                own = self._fused_adam_update
+            elif fused_sgd_applies(self.optimizer):
+                own = self._fused_sgd_update
+        if self.kernel == "triton" and own != self._fused_adam_update:
+            warn_unused(self.optimizer)
+        if own is not None:
+            self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
+            return self._own_step(own)
         self.sync_grads()
         if args and callable(args[0]):
             args = (self._wrap_closure(args[0]), *args[1:])
@@ -296,10 +305,31 @@ class MasterWeights:
             return self._inner_step(*args, **kwargs)
         return type(self.optimizer).step(self.optimizer, *args, **kwargs)
 
+    def _own_step(self, update: Callable[[], list[torch.Tensor]]) -> Any:
+        """ampcore's update (of the masters, and of the float32 parameters it updates whole)
+        with what torch's step does around an update (``torch_step.py``); where ampcore
+        cannot do that itself, torch's own step runs afterwards with those gradients hidden,
+        an update of nothing, for its bookkeeping."""
+        step = self._stand_in()
+        if step is None:
+            return self._bookkeeping_step(update())
+        stand_in(step, self.optimizer, update)
+        self.record_versions()
+        self.release_grads()
+        return None
+
+    def _stand_in(self) -> TorchStep | None:
+        """How to do what torch's step does around the update (None: run torch's step)."""
+        cls_step = type(self.optimizer).step
+        found = self._torch_step
+        if found is None or found[0] is not cls_step:
+            found = self._torch_step = (cls_step, torch_step_of(self.optimizer, self._inner_step))
+        return found[1]
+
     def _bookkeeping_step(self, own: list[torch.Tensor]) -> Any:
-        """After a fused update (of the masters and of ``own``, the float32 parameters it
-        updated whole): torch's own step with those gradients hidden, an update of nothing,
-        for its bookkeeping (LR schedulers' step counting, profiling)."""
+        """After an update of the masters and of ``own`` (the float32 parameters it updated
+        whole): torch's own step with those gradients hidden, an update of nothing, for its
+        bookkeeping (where :meth:`_stand_in` cannot stand in for it)."""
         self.record_versions()
         hidden = [(p, p.grad) for p in (*own, *self.masters) if p.grad is not None]
         for param, _ in hidden:
@@ -313,40 +343,51 @@ class MasterWeights:
                 param.grad = grad
             self.release_grads()
 
-    def _fused_sgd_step(self) -> Any:
-        """Momentum-free SGD from the low-precision gradients (``master_sgd``); then torch's
-        own step runs with the gradients hidden, an update of nothing, for its bookkeeping
-        (LR schedulers' step counting, profiling)."""
+    def _walk(
+        self, kind: str, update: Callable[[int | None], list[torch.Tensor]], scaled: bool = False
+    ) -> list[torch.Tensor]:
+        """``update`` on the walk of :attr:`walk`; untimed and whole where chunks cannot
+        walk ``kind``'s update (``scaled``: under GradScaler's deferred unscaling)
+        differently (``update_walk.walks_differ``)."""
+        key = f"{kind}-scaled" if scaled else kind
+        differ = self._walks_differ.get(key)
+        if differ is None:
+            groups, chunk = self.optimizer.param_groups, self.walk.chunk
+            differ = walks_differ(groups, chunk, batched=kind == "adam", slices=SLICES if scaled else 0)
+            self._walks_differ[key] = differ
+        return self.walk.run(update, alike=not differ)
+
+    def _fused_sgd_update(self) -> list[torch.Tensor]:
+        """Momentum-free SGD from the low-precision gradients (``master_sgd``)."""
         groups = self.optimizer.param_groups
         pending = self.pending
         if pending is not None and pending.masters:  # unscale as the gradients are widened
-            own = self.walk.run(
+            return self._walk(
+                "sgd",
                 lambda chunk: unscaled_update(
                     pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk)
-                )
+                ),
+                scaled=True,
             )
-            return self._bookkeeping_step(own)
-        own = self.walk.run(lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
-        return self._bookkeeping_step(own)
+        return self._walk("sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
 
-    def _fused_adam_step(self) -> Any:
+    def _fused_adam_update(self) -> list[torch.Tensor]:
         """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
-        the masters hold already); then torch's own step runs with the gradients hidden, as
-        for SGD."""
+        the masters hold already)."""
         pending, optimizer = self.pending, self.optimizer
         triton = self.kernel == "triton"
         if pending is not None and pending.masters:  # unscale as the gradients are widened
-            own = self.walk.run(
+            return self._walk(
+                "adam",
                 lambda chunk: unscaled_update(
                     pending,
                     optimizer.param_groups,
                     chunk,
                     lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, groups=part),
-                )
+                ),
+                scaled=True,
             )
-            return self._bookkeeping_step(own)
-        own = self.walk.run(lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton))
-        return self._bookkeeping_step(own)
+        return self._walk("adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton))
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from torch.optim import optimizer as _optim_module
 
 __all__ = ["MASTER_BLIND_HOOKS", "fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
 
@@ -45,14 +46,12 @@ def step_hooks_free(optimizer: torch.optim.Optimizer) -> bool:
     """Whether nothing observes ``optimizer``'s step from inside (no step pre/post hooks,
     global or its own, but :data:`MASTER_BLIND_HOOKS`); False on a torch that keeps its
     hooks elsewhere."""
-    from torch.optim import optimizer as optim_module
-
     hooks = [
         getattr(optimizer, "_optimizer_step_pre_hooks", None),
         getattr(optimizer, "_optimizer_step_post_hooks", None),
-        getattr(optim_module, "_global_optimizer_post_hooks", None),
+        getattr(_optim_module, "_global_optimizer_post_hooks", None),
     ]
-    global_pre = getattr(optim_module, "_global_optimizer_pre_hooks", None)
+    global_pre = getattr(_optim_module, "_global_optimizer_pre_hooks", None)
     if global_pre is None or any(h is None or len(h) for h in hooks):
         return False
     return all(hook in MASTER_BLIND_HOOKS for hook in global_pre.values())

@@ -13,16 +13,19 @@ where the backend asks for chunks, :class:`UpdateWalk` measures: it times ampcor
 on the host clock (such backends' updates run synchronously on the host), times each walk
 on the first steps, uses the faster one, and re-times the other now and then (after 16
 steps, the interval doubling up to 256 while the choice holds), so that it follows the
-machine's load.
+machine's load.  Where the parameters are too small for chunks to change anything, the
+two walks make the same calls (:func:`walks_differ`): the update then goes whole, untimed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Final, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, TypeVar
 
-__all__ = ["UpdateWalk"]
+import torch
+
+__all__ = ["UpdateWalk", "walks_differ"]
 
 #: steps before the first re-timing of the walk not in use; doubled while the choice holds
 FIRST_PROBE: Final = 16
@@ -78,11 +81,15 @@ class UpdateWalk:
         other = None if self._current is not None else self.chunk
         return other if self._probing else self._current
 
-    def run(self, update: Callable[[int | None], T]) -> T:
-        """``update(chunk)`` with the walk of :meth:`next_chunk`, timed where measured."""
-        chunk = self.next_chunk()
+    def run(self, update: Callable[[int | None], T], alike: bool = False) -> T:
+        """``update(chunk)`` with the walk of :meth:`next_chunk`, timed where measured;
+        ``alike``: both walks make the same calls (:func:`walks_differ`), so measured walks
+        run whole tensors, untimed (a fixed walk keeps its chunk)."""
         if not self.adaptive:
-            return update(chunk)
+            return update(self.chunk)
+        if alike:
+            return update(None)
+        chunk = self.next_chunk()
         start = self._clock()
         result = update(chunk)
         self.record(chunk, self._clock() - start)
@@ -107,3 +114,24 @@ class UpdateWalk:
         else:
             self._current = best
             self._probe_every = FIRST_PROBE
+
+
+def walks_differ(groups: Iterable[Mapping[str, Any]], chunk: int | None, batched: bool, slices: int = 0) -> bool:
+    """Whether chunks of ``chunk`` elements walk an update of ``groups`` differently from
+    whole tensors: where a parameter is larger than a chunk; for ``batched`` updates
+    (Adam's: a chunk's worth of small parameters per widening, call of torch's Adam and
+    refresh, where whole tensors do each for the whole group), also where a group holds
+    more than a chunk's elements; with ``slices`` (GradScaler's deferred unscaling, which
+    widens a ``slices``-th of all the elements at a time, at most a chunk on the chunked
+    walk: ``scaled_update.py``), also where such a slice is larger than a chunk.  Otherwise
+    both make the same calls on the same tensors."""
+    if chunk is None:
+        return False
+    total = 0
+    for group in groups:
+        params: list[torch.Tensor] = dict.__getitem__(group, "params")  # type: ignore[index]  # no gradient sync
+        sizes = [param.numel() for param in params]
+        if (sum(sizes) if batched else max(sizes, default=0)) > chunk:
+            return True
+        total += sum(sizes)
+    return bool(slices) and total // slices > chunk

@@ -64,3 +64,31 @@ def test_the_cpu_adapter_times_its_chunks_against_whole_tensors() -> None:
     weights = master_weights_of(opt)
     assert weights is not None and weights.walk.adaptive
     assert weights.walk.chunk == ampcore.get_backend("cpu").master_update_chunk_elements
+
+
+def test_alike_walks_go_whole_untimed_and_leave_the_measurements_alone() -> None:
+    def clock() -> float:
+        raise AssertionError("timed")
+
+    walk = UpdateWalk(CHUNK, True, clock)
+    assert [walk.run(lambda chunk: chunk, alike=True) for _ in range(5)] == [None] * 5
+    assert walk.next_chunk() == CHUNK  # a later update that can differ starts the timing afresh
+
+
+def test_walks_differ_where_a_chunk_splits_a_tensor_or_batches_a_group() -> None:
+    import torch
+
+    from ampcore._o2.update_walk import walks_differ
+
+    def groups(*sizes: int) -> list[dict[str, object]]:
+        return [{"params": [torch.empty(size) for size in sizes]}]
+
+    assert not walks_differ(groups(CHUNK, CHUNK), None, batched=True)  # whole tensors only
+    assert walks_differ(groups(CHUNK + 1), CHUNK, batched=False)  # a tensor in chunks
+    assert not walks_differ(groups(CHUNK, CHUNK), CHUNK, batched=False)  # SGD: small ones go together either way
+    assert walks_differ(groups(CHUNK, 1), CHUNK, batched=True)  # Adam: a chunk's worth per call
+    assert not walks_differ(groups(CHUNK // 2, CHUNK // 2) * 2, CHUNK, batched=True)
+    # GradScaler's deferred unscaling widens a quarter of all elements at a time, at most a
+    # chunk on the chunked walk: more than four chunks' worth makes the walks differ
+    assert not walks_differ(groups(CHUNK // 2, CHUNK // 2) * 4, CHUNK, batched=True, slices=4)
+    assert walks_differ(groups(CHUNK // 2, CHUNK // 2) * 5, CHUNK, batched=False, slices=4)
