@@ -135,22 +135,37 @@ def _per_call_rows(b: Bench, variants: dict[str, Callable[[], None]], what: str,
 
 
 def case_regions(b: Bench) -> None:
+    """Entry + exit of a region made in the loop (``with ampcore.autocast(...):``, as a
+    training step writes it), alone and nested in a region of the same kind (issue 26 item 3)."""
     n = 100
 
-    def entries(make: Region) -> Callable[[], None]:
+    def entries(make: Region, outer: Region | None = None) -> Callable[[], None]:
         def run() -> None:
             for _ in range(n):
                 with make():
                     pass
 
-        return run
+        if outer is None:
+            return run
 
+        def nested() -> None:
+            with outer():
+                run()
+
+        return nested
+
+    custom = b.region(custom_white_list={"add"})
     variants = {
         "torch.autocast": entries(b.torch_region),
         "ampcore O1": entries(b.region()),
-        'ampcore custom_white_list={"add"}': entries(b.region(custom_white_list={"add"})),
+        'ampcore custom_white_list={"add"}': entries(custom),
         "ampcore OD": entries(b.region(level="OD")),
         "ampcore O2": entries(b.region(level="O2")),
+        "torch.autocast inside torch.autocast": entries(b.torch_region, b.torch_region),
+        "ampcore O1 inside O1": entries(b.region(), b.region()),
+        'custom_white_list={"add"} inside custom_black_list={"softmax"}': entries(
+            custom, b.region(custom_black_list={"softmax"})
+        ),
     }
     medians = {name: value / n for name, value in b.interleaved(variants).items()}
     _table(f"Region entry + exit ({n} per sample, {b.rounds} rounds)", medians, "us", 1e6)

@@ -100,6 +100,7 @@ __all__ = [
     "choose_key",
     "has_native_autocast",
     "has_own_autocast_kernel",
+    "plain_entry",
     "policy_for",
     "registered_keys",
     "region_entry",
@@ -275,7 +276,7 @@ class _Registry:
             compiled.attach(table)
 
     def region_entry(self, device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
-        """``(module, arguments of its enter_region)`` for a region of ``policy`` in ``dtype``
+        """``(module, arguments of its add_entry)`` for a region of ``policy`` in ``dtype``
         on ``device_type``'s shadow key under the compiled executor, else None (remembered)."""
         key = (device_type, policy, dtype)
         if key in self._entries:
@@ -289,6 +290,18 @@ class _Registry:
             entry = None if arguments is None else (compiled.module, arguments)
         self._entries[key] = entry
         return entry
+
+    def plain_entry(self, device_type: str, dtype: torch.dtype) -> tuple[Any, ...] | None:
+        """:meth:`region_entry` for a region without a policy, where the compiled executor
+        was chosen already (never chosen, nor built, for it)."""
+        compiled = None if self._executor is None else self._executor[0]
+        if compiled is None:
+            return None
+        found = self.routes.get(device_type)
+        if found is not None and found.resident:
+            return None  # its kernels provide autocast: the Python side sets their policy
+        arguments = compiled.region_entry(None, device_type, None, dtype)
+        return None if arguments is None else (compiled.module, arguments)
 
     def prepare(self, device_type: str, policy: OpPolicy) -> None:
         """Register the kernels ``policy`` needs on ``device_type``'s shadow key (once)."""
@@ -354,6 +367,12 @@ def route(device_type: str, provider: Callable[[torch.dtype], Any], policy: OpPo
 def region_entry(device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
     """How a region of ``policy`` enters in one call of the compiled extension (or None)."""
     return _registry.region_entry(device_type, policy, dtype)
+
+
+def plain_entry(device_type: str, dtype: torch.dtype) -> tuple[Any, ...] | None:
+    """How a region without a policy enters in one call of the compiled extension, where
+    that executor was chosen already (or None)."""
+    return _registry.plain_entry(device_type, dtype)
 
 
 def routes() -> dict[str, Route]:
