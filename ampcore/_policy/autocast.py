@@ -304,28 +304,30 @@ class autocast:
             if not stack and state.cast_cache:
                 state.cast_cache.clear()
         finally:
+            kind = type(torch_region)
             previous = region.previous_policy
-            if region.guard_mode is not None or region.shadow is not None or type(torch_region) is torch.autocast:
-                _restore(
-                    state,
-                    self.device_type,
-                    region.spec.policy,
-                    previous,
-                    region.guard_mode,
-                    region.shadow,
-                    torch_region,
-                    (exc_type, exc, traceback),
-                )
-            elif type(torch_region) is CompiledRegion:  # the usual cases inline (restore's steps)
+            mode = region.guard_mode
+            if kind is CompiledRegion and mode is None:  # the usual cases inline (restore's steps)
                 if previous is None:
                     state.policies.pop(self.device_type, None)
                 else:
                     state.policies[self.device_type] = previous
                 torch_region[0](torch_region[1], torch_region[2])
-            else:
+            elif kind is DirectAutocast and mode is None and region.shadow is None:
                 if previous is not None or region.spec.policy is not None:
                     state.set_policy(self.device_type, previous, keep_none=False)
                 torch_region.__exit__()
+            else:
+                _restore(
+                    state,
+                    self.device_type,
+                    region.spec.policy,
+                    previous,
+                    mode,
+                    region.shadow,
+                    torch_region,
+                    (exc_type, exc, traceback),
+                )
 
     def __call__(self, func: F) -> F:
         """Use the region as a decorator: the function runs inside it on every call."""

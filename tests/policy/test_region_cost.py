@@ -25,6 +25,7 @@ import ampcore
 from ampcore._policy import autocast as autocast_module
 from ampcore._policy import entry, level_hooks
 from ampcore._policy.compile import guard_mode
+from ampcore._policy.executor import compiled_module
 from ampcore._policy.thread_state import thread_state
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -75,6 +76,13 @@ def no_compile(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(module, "compile_in_use", lambda: False)
 
 
+def _python_kernels_extra(kwargs: dict[str, Any]) -> int:
+    """Python calls a region with a policy adds under the Python executor: its shadow key
+    switched on (2) and off, its policy set and restored (2 + restore), the guard check."""
+    region = ampcore.autocast(device="cpu", **kwargs)
+    return 6 if region._spec.policy is not None and compiled_module() is None else 0
+
+
 def _clean() -> None:
     assert thread_state().stack == [] and thread_state().policies == {}
     assert not torch.is_autocast_enabled("cpu") and torch.mm(X, X).dtype == FP32
@@ -89,7 +97,7 @@ def test_a_region_made_again_enters_and_exits_in_a_few_python_calls(name: str) -
     # construction (torch.compiler.is_compiling, the plugin generation, the memo's key)
     # + __enter__ + __exit__ (+ the torch flags' saver for a region without a policy):
     # 20-25 calls before issue 26 item 3
-    assert len(calls) <= 11, calls
+    assert len(calls) <= 11 + _python_kernels_extra(REGIONS[name]), calls
     _clean()
 
 
@@ -104,7 +112,7 @@ def test_a_reused_region_object_enters_and_exits_in_a_few_python_calls(name: str
 
     _warm(run)
     calls = _python_calls(run)
-    assert len(calls) <= 4, calls
+    assert len(calls) <= 4 + _python_kernels_extra(REGIONS[name]), calls
     _clean()
 
 
@@ -127,7 +135,7 @@ def test_nested_regions_enter_from_their_plan_and_keep_their_lists(outer: str, i
     assert run() == first
     with outer_region:  # the inner region's custom lists merged on top of the outer's: once
         calls = _python_calls(lambda: inner_region.__exit__(None, None, inner_region.__enter__()))
-        assert len(calls) <= 4, calls
+        assert len(calls) <= 4 + _python_kernels_extra({**REGIONS[inner], "custom_black_list": {"softmax"}}), calls
     assert first[1] == FP32  # the outer's black list reaches inside the inner region
     if inner == "custom":
         assert first[0] == BF16
