@@ -30,11 +30,12 @@ import torch
 from .._backends.backend import Backend
 from .._backends.registry import on_backend_available
 from .._errors import AmpcoreError
+from .._forklock import LOCK
 from .compile import compile_in_use, guard_mode
 from .executor import executor_chosen
 from .lists import compute_oplists, merge_custom
 from .recompute import install as install_recompute
-from .registration import OpPolicy, has_native_autocast, plain_entry, policy_for, region_entry, route
+from .registration import OpPolicy, has_native_autocast, policy_for, region_entry, route
 from .thread_state import ActiveRegion, RegionSpec, ThreadState, current_region
 from .torch_state import CompiledRegion, DirectAutocast, accepted, compiled_call, enter_region_state, restore, switch_on
 
@@ -86,9 +87,10 @@ _BEFORE_EXECUTOR: weakref.WeakSet[Plans] = weakref.WeakSet()
 def _replan_after_choice() -> None:
     """Forget the plans made before the executor was chosen, once it is."""
     if _BEFORE_EXECUTOR and executor_chosen():
-        for plans in list(_BEFORE_EXECUTOR):
-            plans.forget()
-        _BEFORE_EXECUTOR.clear()
+        with LOCK:  # fork-safe; the long way only (a set iterated while another thread adds)
+            for plans in list(_BEFORE_EXECUTOR):
+                plans.forget()
+            _BEFORE_EXECUTOR.clear()
 
 
 def not_innermost(region: object) -> AmpcoreError:
@@ -198,10 +200,9 @@ def abandon(
 def _keep_plan(region: autocast, outer: RegionSpec | None, spec: RegionSpec, found: Any, torch_region: Any) -> None:
     """Keep how ``region`` entered (torch's flags set directly) for its next entries."""
     policy = spec.policy
-    if type(torch_region) is CompiledRegion:
+    entry = None  # without a policy: the extension's one call where it is loaded already
+    if type(torch_region) is CompiledRegion or policy is None:
         entry = region_entry(region.device_type, policy, region.dtype)
-    else:  # without a policy, the extension's one call where it is loaded already
-        entry = plain_entry(region.device_type, region.dtype) if policy is None else None
     call = None if entry is None else compiled_call(entry, region.enabled, region.cache_enabled)
     if call is not None:
         plan = EntryPlan(spec, call[0], call[1], call[2], None, entry[1][2] < 0)  # type: ignore[index]
@@ -211,7 +212,8 @@ def _keep_plan(region: autocast, outer: RegionSpec | None, spec: RegionSpec, fou
         plan = EntryPlan(spec, None, -1, None, None if found is None or found.resident else found.key, False)
     plans: Plans = region._plans
     if policy is None and call is None and not executor_chosen():
-        _BEFORE_EXECUTOR.add(plans)
+        with LOCK:
+            _BEFORE_EXECUTOR.add(plans)
     if spec is region._spec:
         plans.alone = plan
     elif outer is not None:

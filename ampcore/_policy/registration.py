@@ -86,12 +86,7 @@ from .executor import compiled_module
 from .kernels import kernel, needs_kernel
 from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists
-from .torch_tables import (
-    NATIVE_TABLES,
-    TENSOR_DEVICE_CHECKS,
-    dispatch_key_of,
-    table_name_of,
-)
+from .torch_tables import NATIVE_TABLES, TENSOR_DEVICE_CHECKS, dispatch_key_of, table_name_of
 
 __all__ = [
     "SHADOW_KEYS",
@@ -100,7 +95,6 @@ __all__ = [
     "choose_key",
     "has_native_autocast",
     "has_own_autocast_kernel",
-    "plain_entry",
     "policy_for",
     "registered_keys",
     "region_entry",
@@ -203,7 +197,7 @@ class _Registry:
         self.tables: dict[str, KeyTable] = {}
         self.registered: dict[str, set[str]] = {}  # key -> overloads with a kernel of ampcore's
         self._prepared: dict[str, set[OpPolicy]] = {}  # device type -> policies whose kernels are there
-        self._entries: dict[tuple[str, OpPolicy, torch.dtype], tuple[Any, ...] | None] = {}  # region_entry
+        self._entries: dict[tuple[str, OpPolicy | None, torch.dtype], tuple[Any, ...] | None] = {}  # region_entry
         self._libraries: list[torch.library.Library] = []  # kept alive: never removed
         self._library: dict[str, torch.library.Library] = {}  # key -> the one the Python kernels go in
         self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
@@ -275,33 +269,26 @@ class _Registry:
         if compiled is not None:
             compiled.attach(table)
 
-    def region_entry(self, device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
+    def region_entry(self, device_type: str, policy: OpPolicy | None, dtype: torch.dtype) -> tuple[Any, ...] | None:
         """``(module, arguments of its add_entry)`` for a region of ``policy`` in ``dtype``
-        on ``device_type``'s shadow key under the compiled executor, else None (remembered)."""
+        on ``device_type``'s shadow key under the compiled executor, else None (remembered);
+        ``policy`` None: a region without a policy, where that executor was chosen already."""
         key = (device_type, policy, dtype)
         if key in self._entries:
             known: tuple[Any, ...] | None = self._entries[key]
             return known
+        if policy is None and self._executor is None:
+            return None  # never chosen (nor built) for a region without a policy
         compiled = self._compiled()
         found = self.routes.get(device_type)
         entry = None
-        if compiled is not None and found is not None and not found.resident:
-            arguments = compiled.region_entry(self.tables[found.key], device_type, policy, dtype)
+        if compiled is not None and not (found.resident if found is not None else policy is not None):
+            table = None if policy is None else self.tables[found.key]  # type: ignore[union-attr]
+            arguments = compiled.region_entry(table, device_type, policy, dtype)
             entry = None if arguments is None else (compiled.module, arguments)
-        self._entries[key] = entry
+        if found is not None or policy is not None:  # else: no slot yet (-1), asked again later
+            self._entries[key] = entry
         return entry
-
-    def plain_entry(self, device_type: str, dtype: torch.dtype) -> tuple[Any, ...] | None:
-        """:meth:`region_entry` for a region without a policy, where the compiled executor
-        was chosen already (never chosen, nor built, for it)."""
-        compiled = None if self._executor is None else self._executor[0]
-        if compiled is None:
-            return None
-        found = self.routes.get(device_type)
-        if found is not None and found.resident:
-            return None  # its kernels provide autocast: the Python side sets their policy
-        arguments = compiled.region_entry(None, device_type, None, dtype)
-        return None if arguments is None else (compiled.module, arguments)
 
     def prepare(self, device_type: str, policy: OpPolicy) -> None:
         """Register the kernels ``policy`` needs on ``device_type``'s shadow key (once)."""
@@ -364,15 +351,9 @@ def route(device_type: str, provider: Callable[[torch.dtype], Any], policy: OpPo
     return found
 
 
-def region_entry(device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
-    """How a region of ``policy`` enters in one call of the compiled extension (or None)."""
+def region_entry(device_type: str, policy: OpPolicy | None, dtype: torch.dtype) -> tuple[Any, ...] | None:
+    """How a region of ``policy`` (None: without one) enters in one extension call (or None)."""
     return _registry.region_entry(device_type, policy, dtype)
-
-
-def plain_entry(device_type: str, dtype: torch.dtype) -> tuple[Any, ...] | None:
-    """How a region without a policy enters in one call of the compiled extension, where
-    that executor was chosen already (or None)."""
-    return _registry.plain_entry(device_type, dtype)
 
 
 def routes() -> dict[str, Route]:
