@@ -157,15 +157,15 @@ def enter(region: autocast, state: ThreadState, innermost: contextvars.ContextVa
         entered = ActiveRegion(region, spec, torch_region, previous, mode, shadow, innermost.get())
         stack.append(entered)
         innermost.set(entered)
+        if direct:
+            _keep_plan(region, outer, spec, found, torch_region)
+        if policy is not None:
+            _replan_after_choice()
         if region._level_hooks is not None:  # level auto: its plan's module hooks, while it is active
             region._level_hooks.region_entered()
     except BaseException:
         abandon(state, innermost, device_type, policy, previous, mode, shadow, torch_region)
         raise
-    if direct:
-        _keep_plan(region, outer, spec, found, torch_region)
-    if policy is not None:
-        _replan_after_choice()
     return region
 
 
