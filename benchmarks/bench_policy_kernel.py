@@ -47,13 +47,16 @@ class Bench:
 
     def __init__(self, device: str, dtype: torch.dtype, rounds: int, clock: str = "wall") -> None:
         self.device, self.dtype, self.rounds = device, dtype, rounds
+        self.device_type = torch.device(device).type
         #: ``cpu``: the thread's CPU time (blind to preemption on a loaded host; CPU only)
         self.clock: Callable[[], float] = time.thread_time if clock == "cpu" else time.perf_counter
         self.sync: Callable[[], None] = torch.cuda.synchronize if device.startswith("cuda") else lambda: None
         self.best: dict[str, float] = {}
 
     def torch_region(self) -> Any:
-        return torch.autocast(torch.device(self.device).type, dtype=self.dtype)
+        # the device type as a user writes it (a torch.device parsed here would cost the
+        # baseline 0.7 us per region: before issue 26 item 3 the region rows included it)
+        return torch.autocast(self.device_type, dtype=self.dtype)
 
     def region(self, **kwargs: Any) -> Region:
         return lambda: ampcore.autocast(device=self.device, dtype=self.dtype, **kwargs)
@@ -135,22 +138,37 @@ def _per_call_rows(b: Bench, variants: dict[str, Callable[[], None]], what: str,
 
 
 def case_regions(b: Bench) -> None:
+    """Entry + exit of a region made in the loop (``with ampcore.autocast(...):``, as a
+    training step writes it), alone and nested in a region of the same kind (issue 26 item 3)."""
     n = 100
 
-    def entries(make: Region) -> Callable[[], None]:
+    def entries(make: Region, outer: Region | None = None) -> Callable[[], None]:
         def run() -> None:
             for _ in range(n):
                 with make():
                     pass
 
-        return run
+        if outer is None:
+            return run
 
+        def nested() -> None:
+            with outer():
+                run()
+
+        return nested
+
+    custom = b.region(custom_white_list={"add"})
     variants = {
         "torch.autocast": entries(b.torch_region),
         "ampcore O1": entries(b.region()),
-        'ampcore custom_white_list={"add"}': entries(b.region(custom_white_list={"add"})),
+        'ampcore custom_white_list={"add"}': entries(custom),
         "ampcore OD": entries(b.region(level="OD")),
         "ampcore O2": entries(b.region(level="O2")),
+        "torch.autocast inside torch.autocast": entries(b.torch_region, b.torch_region),
+        "ampcore O1 inside O1": entries(b.region(), b.region()),
+        'custom_white_list={"add"} inside custom_black_list={"softmax"}': entries(
+            custom, b.region(custom_black_list={"softmax"})
+        ),
     }
     medians = {name: value / n for name, value in b.interleaved(variants).items()}
     _table(f"Region entry + exit ({n} per sample, {b.rounds} rounds)", medians, "us", 1e6)

@@ -9,7 +9,8 @@ Read in this order:
 * ``lists``: :class:`OpLists`, the lists of one region (a level, the backend's lists, the
   custom lists), and the per-overload *actions* they give.
 * ``autocast``: the ``ampcore.autocast`` context manager; ``region``: ``active_region``;
-  ``signature``: its arguments; ``torch_state``: torch's autocast flags a region enters.
+  ``signature``: its arguments; ``entry``: entering a region the long way, and the plan
+  that makes later entries short; ``torch_state``: torch's autocast flags a region enters.
 * ``thread_state``: the per-thread region stack and policies.
 * ``kernels``: the action table (:func:`kernels.decide`, once per policy) and the Python
   executor of it; ``compiled`` + ``policy_kernel.cpp``: the C++ executor of the same table;

@@ -10,21 +10,21 @@ from typing import Any, Final, TypeVar
 
 import torch
 
-from .._backends.backend import Backend, dtype_name
-from .._backends.registry import DeviceLike, loaded_generation, on_backend_available, resolve_device
+from .._backends.backend import dtype_name
+from .._backends.registry import DeviceLike, loaded_generation, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError, shown
 from .._op_names import canonical_ops
-from .compile import compile_in_use, constant_result, guard_mode, opaque
+from .compile import compile_in_use, constant_result, foreign_mode, guard_mode, opaque
+from .entry import Plans, abandon, enter, not_innermost, other_context
 from .level_hooks import level_hooks
 from .levels import check_level
-from .lists import check_custom, compute_oplists, merge_custom
-from .recompute import install as install_recompute
-from .registration import OpPolicy, has_native_autocast, policy_for, route
+from .lists import check_custom, compute_oplists
+from .registration import OpPolicy, has_native_autocast, policy_for
 from .signature import MADE, bind_arguments, check_use_promote, construction_key, remember
-from .thread_state import ActiveRegion, RegionSpec, current_region, thread_state
-from .torch_state import CompiledRegion, accepted, enter_region_state
+from .thread_state import ActiveRegion, RegionSpec, thread_state
+from .torch_state import CompiledRegion, DirectAutocast
 from .torch_state import restore as _restore
 from .torch_state import switch_on as _switch_on
 
@@ -37,6 +37,8 @@ _EMPTY: frozenset[str] = frozenset()
 _is_compiling = torch.compiler.is_compiling
 _thread = thread_state()
 _new_object = object.__new__
+_new_tuple = tuple.__new__
+_function_mode = torch._C._is_torch_function_mode_enabled
 
 
 class autocast:
@@ -135,8 +137,9 @@ class autocast:
         key = None
         generation = loaded_generation()
         if generation is not None and not args and not aliases and level != "auto":  # auto: budget per region
-            arguments = (device, dtype, level, enabled, cache_enabled)
-            key = construction_key(arguments, (custom_white_list, custom_black_list), generation)
+            key = construction_key(
+                device, dtype, level, enabled, cache_enabled, custom_white_list, custom_black_list, generation
+            )
             made = MADE.get(key) if key is not None else None
             if made is not None:  # validated before: the same attributes, without the checks
                 self.__dict__.update(made)
@@ -188,6 +191,7 @@ class autocast:
             backend.enforce_capability(self.dtype, self.device_index or 0)
         policy = self._policy_of(white, black)
         self._spec = RegionSpec(backend, self.dtype, checked_level, self.enabled, white, black, policy)
+        self._plans = Plans()  # how it enters once it entered (entry.py); shared by the same arguments
         if key is not None:
             remember(key, self.__dict__)
 
@@ -226,62 +230,54 @@ class autocast:
 
     @opaque
     def __enter__(self) -> autocast:
+        # The short way (issue 26 item 3): the plan an earlier entry kept (entry.py), carried
+        # out inline; anything a plan does not cover goes the long way (entry.enter).
         state = _thread
         stack = state.stack
-        if stack and _innermost.get() is not stack[-1]:
-            raise AmpcoreError(
-                f"{self!r}: another ampcore.autocast region of this thread is active in a different "
-                "asyncio task or context. Regions are thread-local, like torch.autocast's flags: "
-                "enter them inside one task (or use one thread per concurrent region)."
-            )
+        context_outer = _innermost.get()
+        plans = self._plans
+        plan = plans.alone
         device_type = self.device_type
-        spec = self._spec
-        outer = current_region(device_type) if stack else None
-        if outer is not None and (outer.custom_white or outer.custom_black):
-            white, black = merge_custom((outer.custom_white, outer.custom_black), spec.custom_white, spec.custom_black)
-            spec = spec._replace(custom_white=white, custom_black=black, policy=self._policy_of(white, black))
+        if stack:
+            top = stack[-1]
+            if context_outer is not top:
+                raise other_context(self, entering=True)
+            outer = top.spec
+            if outer.backend.device_type != device_type:
+                plan = None  # the enclosing region of this device type is further out
+            elif outer.custom_white or outer.custom_black:
+                plan = plans.nested.get((outer.custom_white, outer.custom_black))
+        if plan is None or (_function_mode() and foreign_mode()):  # torch.export traces torch.autocast's entry
+            return enter(self, state, _innermost)
+        spec = plan.spec
         policy = spec.policy
-        found = None
-        if policy is not None:
-            found = route(device_type, _provider(self.backend), policy)
-        if self.enabled:
-            install_recompute()  # activation checkpointing keeps the policy and casts (once per process)
-        # Every change below is undone if a later step fails or is interrupted.
-        previous = state.policies.get(device_type)
-        torch_region = enter_region_state(device_type, self.dtype, self.enabled, self.cache_enabled, policy, found)
-        in_one_call = type(torch_region) is CompiledRegion  # the key and the C++ table set too
+        policies = state.policies
+        previous = policies.get(device_type)
+        call = plan.enter
+        if call is not None:
+            if plan.slotless and previous is not None:  # a policy in force: its table to switch off
+                return enter(self, state, _innermost)
+            torch_region: Any = _new_tuple(CompiledRegion, (plan.leave, plan.entry, call(plan.entry)))
+        else:
+            torch_region = DirectAutocast(device_type, self.dtype, self.enabled, self.cache_enabled)
         mode = shadow = None
         try:
-            if (
-                self.enabled
-                and not in_one_call
-                and not (torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == self.dtype)
-            ):
-                raise AmpcoreError(
-                    f"{self!r}: torch did not enable autocast for device type {device_type!r} with "
-                    f"{self.dtype}; refusing to run in float32 silently. Check the {self.backend.name!r} "
-                    f"adapter ({self.backend.distribution}) and `ampcore info`."
-                )
-            if type(torch_region) is torch.autocast:
-                accepted(device_type, self.dtype, self.enabled)  # later entries set its flags directly
-            if found is not None and not found.resident and not in_one_call:
-                shadow = _switch_on(found.key)
+            if plan.shadow is not None:
+                shadow = _switch_on(plan.shadow)
             if policy is not None and compile_in_use():
                 mode = guard_mode(policy)  # graphs per policy
                 mode.__enter__()
-            if in_one_call:
-                state.policies[device_type] = policy  # the compiled kernels' table is set already
+            if call is not None:
+                policies[device_type] = policy  # the compiled kernels' table is set already
             elif policy is not None or previous is not None:
                 state.set_policy(device_type, policy)
-            region = ActiveRegion(self, spec, torch_region, previous, mode, shadow, _innermost.get())
+            region = _new_tuple(ActiveRegion, (self, spec, torch_region, previous, mode, shadow, context_outer))
             stack.append(region)
             _innermost.set(region)
             if self._level_hooks is not None:  # level auto: its plan's module hooks, while it is active
                 self._level_hooks.region_entered()
         except BaseException:
-            if stack and stack[-1].torch_region is torch_region:
-                _innermost.set(stack.pop().context_outer)
-            _restore(state, device_type, previous, mode, shadow, torch_region, None)
+            abandon(state, _innermost, device_type, policy, previous, mode, shadow, torch_region)
             raise
         return self
 
@@ -295,32 +291,43 @@ class autocast:
         state = _thread
         stack = state.stack
         if not stack or stack[-1].owner is not self:
-            raise AmpcoreError(
-                f"{self!r}.__exit__: this region is not the innermost active region of this thread "
-                "(exited twice, exited in another thread or asyncio task, or an inner region was "
-                "never exited); nothing was changed"
-            )
+            raise not_innermost(self)
         region = stack[-1]
         if _innermost.get() is not region:
-            raise AmpcoreError(
-                f"{self!r}.__exit__: the region was entered in another asyncio task or context; "
-                "exit it where it was entered"
-            )
+            raise other_context(self, entering=False)
         stack.pop()
         _innermost.set(region.context_outer)
-        if self._level_hooks is not None:
-            self._level_hooks.region_exited()
-        if not stack and state.cast_cache:
-            state.cast_cache.clear()
-        _restore(
-            state,
-            self.device_type,
-            region.previous_policy,
-            region.guard_mode,
-            region.shadow,
-            region.torch_region,
-            (exc_type, exc, traceback),
-        )
+        torch_region = region.torch_region
+        try:
+            if self._level_hooks is not None:
+                self._level_hooks.region_exited()
+            if not stack and state.cast_cache:
+                state.cast_cache.clear()
+        finally:
+            kind = type(torch_region)
+            previous = region.previous_policy
+            mode = region.guard_mode
+            if kind is CompiledRegion and mode is None:  # the usual cases inline (restore's steps)
+                if previous is None:
+                    state.policies.pop(self.device_type, None)
+                else:
+                    state.policies[self.device_type] = previous
+                torch_region[0](torch_region[1], torch_region[2])
+            elif kind is DirectAutocast and mode is None and region.shadow is None:
+                if previous is not None or region.spec.policy is not None:
+                    state.set_policy(self.device_type, previous, keep_none=False)
+                torch_region.__exit__()
+            else:
+                _restore(
+                    state,
+                    self.device_type,
+                    region.spec.policy,
+                    previous,
+                    mode,
+                    region.shadow,
+                    torch_region,
+                    (exc_type, exc, traceback),
+                )
 
     def __call__(self, func: F) -> F:
         """Use the region as a decorator: the function runs inside it on every call."""
@@ -350,26 +357,6 @@ _DEFAULTS: Final = {
 _innermost: contextvars.ContextVar[ActiveRegion | None] = contextvars.ContextVar("ampcore_region", default=None)
 
 
-@functools.cache
-def _provider(backend: Backend) -> Callable[[torch.dtype], OpPolicy | None]:
-    """The policies of ``backend``'s O1 lists per dtype, for kernels that provide autocast."""
-    by_dtype: dict[torch.dtype, OpPolicy | None] = {}
-
-    def provide(dtype: torch.dtype) -> OpPolicy | None:
-        try:
-            return by_dtype[dtype]
-        except KeyError:
-            pass
-        try:
-            policy = policy_for(compute_oplists(backend, dtype, "O1", _EMPTY, _EMPTY), cache=False)
-        except AmpcoreError:
-            policy = None  # a dtype the backend has no lists for: the op runs as called
-        by_dtype[dtype] = policy
-        return policy
-
-    return provide
-
-
 @constant_result
 def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, torch.dtype, bool, bool | None] | None:
     """``(device type, dtype, enabled, cache_enabled)`` of a region with torch's lists, else None.
@@ -386,14 +373,3 @@ def _native_region(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, 
 
 #: Paddle's name (``paddle.amp.auto_cast``): the same class; Paddle's positional order works.
 auto_cast = autocast
-
-
-def _provide_autocast(backend: Backend) -> None:
-    """Once ampcore knows an available backend whose device type has no autocast kernels
-    of its own, ampcore's kernels provide its autocast from then on (for plain
-    ``torch.autocast`` too), so results never depend on whether an ampcore region ran."""
-    if not has_native_autocast(backend.device_type):
-        route(backend.device_type, _provider(backend))
-
-
-on_backend_available(_provide_autocast)

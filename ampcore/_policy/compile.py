@@ -34,11 +34,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
 from torch.overrides import TorchFunctionMode
 
 from .._forklock import LOCK
 
-__all__ = ["compile_in_use", "constant_result", "guard_mode", "opaque"]
+__all__ = ["compile_in_use", "constant_result", "foreign_mode", "guard_mode", "opaque"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,3 +97,15 @@ def guard_mode(policy: object) -> TorchFunctionMode:
             if cls is None:
                 cls = _classes[policy] = type(f"AmpcorePolicy_{id(policy):x}", (_PolicyGuardMode,), {})
     return cls()
+
+
+def foreign_mode() -> bool:
+    """Whether a torch-function mode other than ampcore's guard modes is active (as
+    ``torch.export``'s pre-dispatch tracing, which must see torch.autocast's entry)."""
+    if not torch._C._is_torch_function_mode_enabled():
+        return False
+    try:
+        at, length = torch._C._get_function_stack_at, torch._C._len_torch_function_stack
+    except AttributeError:  # a torch without the stack's accessors: every mode is foreign
+        return True
+    return not all(isinstance(at(i), _PolicyGuardMode) for i in range(length()))

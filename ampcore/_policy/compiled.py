@@ -123,24 +123,25 @@ class CompiledKernels:
         self.module.set_clients(self._keys[table.key_name], entries)
 
     def region_entry(
-        self, table: KeyTable, device_type: str, policy: Any, dtype: torch.dtype
+        self, table: KeyTable | None, device_type: str, policy: Any, dtype: torch.dtype
     ) -> tuple[int, ...] | None:
-        """The arguments of the extension's ``enter_region`` for a region of ``policy`` on
+        """The arguments of the extension's ``add_entry`` for a region of ``policy`` on
         ``device_type`` in ``dtype`` on ``table``'s (shadow) key: device type, dtype, slot,
-        table id, key (None: a dtype the extension does not name)."""
+        table id, key (None: a dtype the extension does not name).  ``policy`` None (no
+        ``table``): a region without a policy, whose entry sets the slot's table to none
+        where the device type has a slot, else leaves the tables alone (slot -1)."""
         name = _PROVIDED.get(dtype)
+        if name is None:
+            return None
+        module = self.module
+        ids = (int(module.device_type_id(device_type)), int(module.scalar_type_id(name)))
+        if table is None:
+            return (*ids, self._slots.get(device_type, -1), 0, -1)
         client = next((c for c in table.clients if c.device_type == device_type), None)
-        if name is None or client is None:
+        if client is None:
             return None
         slot = self._slots[device_type]
-        module = self.module
-        return (
-            int(module.device_type_id(device_type)),
-            int(module.scalar_type_id(name)),
-            slot,
-            self.table_id(policy, client, slot),
-            int(table.key.value),
-        )
+        return (*ids, slot, self.table_id(policy, client, slot), int(table.key.value))
 
     def _mirror(self, client: Client, slot: int) -> Callable[[Any], None]:
         set_current, table_id = self.module.set_current, self.table_id

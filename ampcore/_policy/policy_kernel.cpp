@@ -408,47 +408,79 @@ int32_t new_table(const pybind11::bytes& codes, int32_t inner, bool cache) {
   return id;
 }
 
-// -- a region's entry and exit in one call each (ampcore/_policy/torch_state.py) ------------
+// -- a region's entry and exit in one call each (ampcore/_policy/entry.py) ----------------
 //
 // What torch.autocast's __enter__ sets (enabled, dtype, nesting, weight-cast cache), the
 // shadow key switched on for the thread and the thread's table for the slot; the previous
-// state comes back packed in one integer for exit_region, which restores it as __exit__
-// does (the weight-cast cache dropped when the outermost autocast exits).
+// state comes back packed in one integer for leave(), which restores it as __exit__ does
+// (the weight-cast cache dropped when the outermost autocast exits).  A region's arguments
+// are registered once (add_entry) and named by an id, so that each way is one call of a
+// single argument or two.  No key (-1): the shadow key is left alone; no slot (-1): the
+// thread's tables are left alone (a region without a policy entered where none is in force).
 constexpr int64_t kBits = 32;
+constexpr int kMaxEntries = 4096;
 
-int64_t enter_region(int64_t device_type, int64_t dtype, bool enabled, int cache, int slot, int32_t table,
-                     int64_t key) {
-  const auto type = static_cast<c10::DeviceType>(device_type);
-  TORCH_CHECK(slot >= 0 && slot < kMaxSlots, "ampcore: no slot ", slot);
-  int64_t saved = static_cast<uint32_t>(t_current[slot]);
-  saved |= static_cast<int64_t>(at::autocast::is_autocast_enabled(type)) << kBits;
+struct Entry {
+  c10::DeviceType device_type;
+  at::ScalarType dtype;
+  bool enabled;
+  int cache;  // -1: keep torch's weight-cast cache setting
+  int slot;   // -1: no table
+  int32_t table;
+  int64_t key;  // -1: no key
+};
+
+std::array<Entry, kMaxEntries> g_entries{};
+std::atomic<int> g_next_entry{0};
+std::mutex g_entries_lock;
+
+int add_entry(int64_t device_type, int64_t dtype, bool enabled, int cache, int slot, int32_t table,
+              int64_t key) {
+  TORCH_CHECK(slot >= -1 && slot < kMaxSlots, "ampcore: no slot ", slot);
+  std::lock_guard<std::mutex> guard(g_entries_lock);
+  const int id = g_next_entry.load();
+  if (id >= kMaxEntries) return -1;  // the caller enters the long way
+  g_entries[id] = Entry{static_cast<c10::DeviceType>(device_type), static_cast<at::ScalarType>(dtype), enabled,
+                        cache, slot, table, key};
+  g_next_entry.store(id + 1, std::memory_order_release);
+  return id;
+}
+
+const Entry& entry_of(int id) {
+  TORCH_CHECK(id >= 0 && id < g_next_entry.load(std::memory_order_acquire), "ampcore: no region entry ", id);
+  return g_entries[id];
+}
+
+int64_t enter(int id) {
+  const Entry& e = entry_of(id);
+  int64_t saved = e.slot >= 0 ? static_cast<uint32_t>(t_current[e.slot]) : 0;
+  saved |= static_cast<int64_t>(at::autocast::is_autocast_enabled(e.device_type)) << kBits;
   saved |= static_cast<int64_t>(at::autocast::is_autocast_cache_enabled()) << (kBits + 1);
-  saved |= static_cast<int64_t>(at::autocast::get_autocast_dtype(type)) << (kBits + 8);
-  if (key >= 0) {
-    const auto k = static_cast<DispatchKey>(key);
+  saved |= static_cast<int64_t>(at::autocast::get_autocast_dtype(e.device_type)) << (kBits + 8);
+  if (e.key >= 0) {
+    const auto k = static_cast<DispatchKey>(e.key);
     saved |= static_cast<int64_t>(c10::impl::tls_is_dispatch_key_included(k)) << (kBits + 2);
     saved |= static_cast<int64_t>(c10::impl::tls_is_dispatch_key_excluded(k)) << (kBits + 3);
     c10::impl::tls_set_dispatch_key_included(k, true);
     c10::impl::tls_set_dispatch_key_excluded(k, false);
   }
-  at::autocast::set_autocast_enabled(type, enabled);
-  at::autocast::set_autocast_dtype(type, static_cast<at::ScalarType>(dtype));
+  at::autocast::set_autocast_enabled(e.device_type, e.enabled);
+  at::autocast::set_autocast_dtype(e.device_type, e.dtype);
   at::autocast::increment_nesting();
-  if (cache >= 0) at::autocast::set_autocast_cache_enabled(cache != 0);
-  t_current[slot] = table;
+  if (e.cache >= 0) at::autocast::set_autocast_cache_enabled(e.cache != 0);
+  if (e.slot >= 0) t_current[e.slot] = e.table;
   return saved;
 }
 
-void exit_region(int64_t device_type, int slot, int64_t key, int64_t saved) {
-  const auto type = static_cast<c10::DeviceType>(device_type);
-  TORCH_CHECK(slot >= 0 && slot < kMaxSlots, "ampcore: no slot ", slot);
-  t_current[slot] = static_cast<int32_t>(static_cast<uint32_t>(saved & 0xffffffff));
+void leave(int id, int64_t saved) {
+  const Entry& e = entry_of(id);
+  if (e.slot >= 0) t_current[e.slot] = static_cast<int32_t>(static_cast<uint32_t>(saved & 0xffffffff));
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  at::autocast::set_autocast_enabled(type, (saved >> kBits) & 1);
-  at::autocast::set_autocast_dtype(type, static_cast<at::ScalarType>((saved >> (kBits + 8)) & 0xff));
+  at::autocast::set_autocast_enabled(e.device_type, (saved >> kBits) & 1);
+  at::autocast::set_autocast_dtype(e.device_type, static_cast<at::ScalarType>((saved >> (kBits + 8)) & 0xff));
   at::autocast::set_autocast_cache_enabled((saved >> (kBits + 1)) & 1);
-  if (key >= 0) {
-    const auto k = static_cast<DispatchKey>(key);
+  if (e.key >= 0) {
+    const auto k = static_cast<DispatchKey>(e.key);
     c10::impl::tls_set_dispatch_key_included(k, (saved >> (kBits + 2)) & 1);
     c10::impl::tls_set_dispatch_key_excluded(k, (saved >> (kBits + 3)) & 1);
   }
@@ -470,8 +502,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_clients", &set_clients);
   m.def("new_table", &new_table);
   m.def("set_current", &set_current);
-  m.def("enter_region", &enter_region);
-  m.def("exit_region", &exit_region);
+  m.def("add_entry", &add_entry);
+  m.def("enter", &enter);
+  m.def("leave", &leave);
   m.def("device_type_id", &device_type_id);
   m.def("scalar_type_id", &scalar_type_id);
   m.def("current", &current);

@@ -86,12 +86,7 @@ from .executor import compiled_module
 from .kernels import kernel, needs_kernel
 from .key_tables import Client, KeyTable, dispatch_key
 from .lists import DEFAULT_ACTIONS, PROMOTE, OpLists
-from .torch_tables import (
-    NATIVE_TABLES,
-    TENSOR_DEVICE_CHECKS,
-    dispatch_key_of,
-    table_name_of,
-)
+from .torch_tables import NATIVE_TABLES, TENSOR_DEVICE_CHECKS, dispatch_key_of, table_name_of
 
 __all__ = [
     "SHADOW_KEYS",
@@ -202,7 +197,7 @@ class _Registry:
         self.tables: dict[str, KeyTable] = {}
         self.registered: dict[str, set[str]] = {}  # key -> overloads with a kernel of ampcore's
         self._prepared: dict[str, set[OpPolicy]] = {}  # device type -> policies whose kernels are there
-        self._entries: dict[tuple[str, OpPolicy, torch.dtype], tuple[Any, ...] | None] = {}  # region_entry
+        self._entries: dict[tuple[str, OpPolicy | None, torch.dtype], tuple[Any, ...] | None] = {}  # region_entry
         self._libraries: list[torch.library.Library] = []  # kept alive: never removed
         self._library: dict[str, torch.library.Library] = {}  # key -> the one the Python kernels go in
         self._fallbacks: set[str] = set()  # keys ampcore registered a fallthrough for
@@ -274,20 +269,25 @@ class _Registry:
         if compiled is not None:
             compiled.attach(table)
 
-    def region_entry(self, device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
-        """``(module, arguments of its enter_region)`` for a region of ``policy`` in ``dtype``
-        on ``device_type``'s shadow key under the compiled executor, else None (remembered)."""
+    def region_entry(self, device_type: str, policy: OpPolicy | None, dtype: torch.dtype) -> tuple[Any, ...] | None:
+        """``(module, arguments of its add_entry)`` for a region of ``policy`` in ``dtype``
+        on ``device_type``'s shadow key under the compiled executor, else None (remembered);
+        ``policy`` None: a region without a policy, where that executor was chosen already."""
         key = (device_type, policy, dtype)
         if key in self._entries:
             known: tuple[Any, ...] | None = self._entries[key]
             return known
+        if policy is None and self._executor is None:
+            return None  # never chosen (nor built) for a region without a policy
         compiled = self._compiled()
         found = self.routes.get(device_type)
         entry = None
-        if compiled is not None and found is not None and not found.resident:
-            arguments = compiled.region_entry(self.tables[found.key], device_type, policy, dtype)
+        if compiled is not None and not (found.resident if found is not None else policy is not None):
+            table = None if policy is None else self.tables[found.key]  # type: ignore[union-attr]
+            arguments = compiled.region_entry(table, device_type, policy, dtype)
             entry = None if arguments is None else (compiled.module, arguments)
-        self._entries[key] = entry
+        if found is not None or policy is not None:  # else: no slot yet (-1), asked again later
+            self._entries[key] = entry
         return entry
 
     def prepare(self, device_type: str, policy: OpPolicy) -> None:
@@ -351,8 +351,8 @@ def route(device_type: str, provider: Callable[[torch.dtype], Any], policy: OpPo
     return found
 
 
-def region_entry(device_type: str, policy: OpPolicy, dtype: torch.dtype) -> tuple[Any, ...] | None:
-    """How a region of ``policy`` enters in one call of the compiled extension (or None)."""
+def region_entry(device_type: str, policy: OpPolicy | None, dtype: torch.dtype) -> tuple[Any, ...] | None:
+    """How a region of ``policy`` (None: without one) enters in one extension call (or None)."""
     return _registry.region_entry(device_type, policy, dtype)
 
 

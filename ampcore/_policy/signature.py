@@ -133,27 +133,47 @@ def check_use_promote(use_promote: object, level: str) -> None:
 MADE: dict[tuple[Any, ...], dict[str, Any]] = {}
 _MAX_MADE: Final = 256
 
-#: Argument types a region's construction may be remembered by (hashable, read in full).
-_KEY_TYPES: Final = (str, torch.device, torch.dtype, type(None))
-_LIST_TYPES: Final = (set, frozenset, list, tuple)
+#: Argument types a region's construction may be remembered by (hashable, read in full;
+#: exact types, so that ``1`` is never taken for ``True``).
+_KEY_TYPES: Final = frozenset({str, torch.device, torch.dtype, type(None)})
+_FLAG_TYPES: Final = frozenset({bool, type(None)})
+_LIST_TYPES: Final = frozenset({set, frozenset, list, tuple})
+_NAME_TYPES: Final = frozenset({str})
 
 
-def construction_key(values: tuple[Any, ...], lists: tuple[Any, Any], generation: int) -> tuple[Any, ...] | None:
-    """A key that identifies a keyword-only construction of ``ampcore.autocast`` (device,
-    dtype, level, enabled, cache_enabled as ``values``; the custom lists; the plugin
-    manager's ``generation``), or None where an argument cannot be keyed (an iterator would
-    be consumed, an unhashable or unusual value is validated the long way)."""
-    device, dtype, level, enabled, cache_enabled = values
-    if not isinstance(device, _KEY_TYPES) or not isinstance(dtype, _KEY_TYPES) or type(level) is not str:
+def construction_key(
+    device: Any,
+    dtype: Any,
+    level: Any,
+    enabled: Any,
+    cache_enabled: Any,
+    white: Any,
+    black: Any,
+    generation: int,
+) -> tuple[Any, ...] | None:
+    """A key that identifies a keyword-only construction of ``ampcore.autocast`` (its
+    arguments and the plugin manager's ``generation``), or None where an argument cannot be
+    keyed (an iterator would be consumed, an unhashable or unusual value is validated the
+    long way).  Called on every construction: type checks only, no Python calls."""
+    if (
+        type(device) not in _KEY_TYPES
+        or type(dtype) not in _KEY_TYPES
+        or type(level) is not str
+        or type(enabled) is not bool
+        or type(cache_enabled) not in _FLAG_TYPES
+    ):
         return None
-    if type(enabled) is not bool or (cache_enabled is not None and type(cache_enabled) is not bool):
-        return None
-    keyed: list[frozenset[str] | None] = []
-    for names in lists:
-        if names is not None and not (isinstance(names, _LIST_TYPES) and all(type(n) is str for n in names)):
+    if white is None and black is None:
+        return (device, dtype, level, enabled, cache_enabled, generation)
+    if white is not None:
+        if type(white) not in _LIST_TYPES or not _NAME_TYPES.issuperset(map(type, white)):
             return None
-        keyed.append(None if names is None else frozenset(names))
-    return (*values, *keyed, generation)
+        white = frozenset(white)
+    if black is not None:
+        if type(black) not in _LIST_TYPES or not _NAME_TYPES.issuperset(map(type, black)):
+            return None
+        black = frozenset(black)
+    return (device, dtype, level, enabled, cache_enabled, generation, white, black)
 
 
 def remember(key: tuple[Any, ...], attributes: dict[str, Any]) -> None:

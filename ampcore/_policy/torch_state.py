@@ -9,17 +9,19 @@ change is a handful of thread-local flags.  So a region enters the first time fo
 (``ampcore.autocast`` checks that autocast came on with the dtype) it sets the same flags
 with torch's C setters, in the same order, and restores them on exit as ``__exit__`` does
 (clearing the weight-cast cache when the outermost autocast exits).  Under a
-``TorchFunctionMode`` (``torch.export`` traces regions through
-``PreDispatchTorchFunctionMode``, which must see ``torch.amp._enter_autocast``) the object
-is always used.
+``TorchFunctionMode`` other than ampcore's own guard modes (``torch.export`` traces regions
+through ``PreDispatchTorchFunctionMode``, which must see ``torch.amp._enter_autocast``) the
+object is always used.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 import torch
 
+from .compile import foreign_mode
 from .key_tables import dispatch_key
 from .registration import OpPolicy, Route, region_entry
 
@@ -27,6 +29,8 @@ __all__ = [
     "CompiledRegion",
     "DirectAutocast",
     "accepted",
+    "compiled_call",
+    "enter_compiled",
     "enter_region_state",
     "enter_torch_autocast",
     "fast",
@@ -63,7 +67,8 @@ class DirectAutocast:
         _set_enabled(device_type, enabled)
         _set_dtype(device_type, dtype)
         _increment()
-        _set_cache_enabled(self.previous_cache if cache_enabled is None else cache_enabled)
+        if cache_enabled is not None:  # None: torch.autocast sets it to what it was
+            _set_cache_enabled(cache_enabled)
 
     def __exit__(self, *exc_info: Any) -> None:
         if _decrement() == 0:  # the outermost autocast of the thread: torch drops its cast cache
@@ -73,27 +78,53 @@ class DirectAutocast:
         _set_cache_enabled(self.previous_cache)
 
 
-class CompiledRegion:
+class CompiledRegion(tuple[Any, ...]):
     """:class:`DirectAutocast`, the shadow key switched on and the thread's table of the
-    compiled kernels set, in one call of the extension each way (``enter_region`` /
-    ``exit_region`` of policy_kernel.cpp)."""
+    compiled kernels set, in one call of the extension each way (``enter`` / ``leave`` of
+    policy_kernel.cpp): ``(leave, entry id, saved state)``, a tuple so that
+    ``autocast.__enter__`` makes one without a Python call."""
 
-    __slots__ = ("exit_arguments", "exit_region", "saved")
-
-    def __init__(self, module: Any, arguments: tuple[int, ...], enabled: bool, cache_enabled: bool | None) -> None:
-        device_type, dtype, slot, table, key = arguments
-        cache = -1 if cache_enabled is None else int(cache_enabled)
-        self.saved: int = module.enter_region(device_type, dtype, enabled, cache, slot, table, key)
-        self.exit_region = module.exit_region
-        self.exit_arguments = (device_type, slot, key)
+    __slots__ = ()
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.exit_region(*self.exit_arguments, self.saved)
+        self[0](self[1], self[2])
+
+
+#: (module, enter arguments) -> the extension's id of that region entry (add_entry); its
+#: entries are process-wide and only grow, as this memo does.
+_ENTRY_IDS: dict[tuple[Any, ...], int] = {}
+
+
+def compiled_call(
+    entry: tuple[Any, ...], enabled: bool, cache_enabled: bool | None
+) -> tuple[Callable[[int], int], int, Callable[[int, int], None]] | None:
+    """From ``(module, (device type id, dtype id, slot, table, key))`` (see
+    :func:`~ampcore._policy.registration.region_entry`): the extension's ``enter``, the id of
+    this entry and its ``leave``; None where the extension holds no more entries."""
+    module, (device_type, dtype, slot, table, key) = entry
+    cache = -1 if cache_enabled is None else int(cache_enabled)
+    arguments = (device_type, dtype, enabled, cache, slot, table, key)
+    found = _ENTRY_IDS.get((module, arguments))
+    if found is None:
+        found = int(module.add_entry(*arguments))
+        if found < 0:
+            return None
+        _ENTRY_IDS[(module, arguments)] = found
+    return module.enter, found, module.leave
+
+
+def enter_compiled(entry: tuple[Any, ...], enabled: bool, cache_enabled: bool | None) -> CompiledRegion | None:
+    """Enter a region in one call of the extension (``entry``: see :func:`compiled_call`)."""
+    call = compiled_call(entry, enabled, cache_enabled)
+    if call is None:
+        return None
+    enter, found, leave = call
+    return CompiledRegion((leave, found, enter(found)))
 
 
 def fast(device_type: str, dtype: torch.dtype, enabled: bool) -> bool:
     """Whether torch's flags for this region may be set directly (see the module docstring)."""
-    return (device_type, dtype, enabled) in _ACCEPTED and not _function_mode()
+    return (device_type, dtype, enabled) in _ACCEPTED and not (_function_mode() and foreign_mode())
 
 
 def enter_torch_autocast(device_type: str, dtype: torch.dtype, enabled: bool, cache_enabled: bool | None) -> Any:
@@ -124,8 +155,9 @@ def enter_region_state(
     region's shadow route and torch accepted these flags before."""
     if found is not None and policy is not None and not found.resident and fast(device_type, dtype, enabled):
         entry = region_entry(device_type, policy, dtype)
-        if entry is not None:
-            return CompiledRegion(entry[0], entry[1], enabled, cache_enabled)
+        region = None if entry is None else enter_compiled(entry, enabled, cache_enabled)
+        if region is not None:
+            return region
     return enter_torch_autocast(device_type, dtype, enabled, cache_enabled)
 
 
@@ -142,19 +174,20 @@ def switch_on(key_name: str) -> tuple[torch._C.DispatchKey, bool, bool]:
 def restore(
     state: Any,
     device_type: str,
+    policy: OpPolicy | None,
     previous: OpPolicy | None,
     mode: Any,
     shadow: tuple[torch._C.DispatchKey, bool, bool] | None,
     torch_region: Any,
     exc_info: tuple[Any, Any, Any] | None,
 ) -> None:
-    """Undo what entering a region changed, innermost change first."""
+    """Undo what entering a region of ``policy`` changed, innermost change first."""
     if type(torch_region) is CompiledRegion:  # its exit restores the compiled kernels' table
         if previous is None:
             state.policies.pop(device_type, None)
         else:
             state.policies[device_type] = previous
-    else:
+    elif policy is not None or previous is not None:  # else the entry left the policies alone
         state.set_policy(device_type, previous, keep_none=False)
     try:
         if mode is not None:

@@ -122,7 +122,12 @@ def test_a_generator_closed_in_another_thread_raises_there() -> None:
     assert_clean()
 
 
-def test_asyncio_tasks_cannot_share_a_thread_region() -> None:
+@pytest.mark.parametrize("planned", [False, True], ids=["first-entry", "planned"])
+def test_asyncio_tasks_cannot_share_a_thread_region(planned: bool) -> None:
+    """Also for regions entered before, which enter from a plan (issue 26 item 3)."""
+    for _ in range(3 if planned else 0):
+        with ampcore.autocast(device="cpu", custom_white_list={"add"}), ampcore.autocast(device="cpu", level="OD"):
+            pass
     results: dict[str, object] = {}
 
     async def a() -> None:
