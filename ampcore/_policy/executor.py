@@ -22,7 +22,9 @@ import os
 import re
 import shutil
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Final, Literal, NamedTuple
@@ -46,6 +48,8 @@ __all__ = [
 ENV: Final = "AMPCORE_POLICY_KERNEL"
 EXECUTORS: Final = ("auto", "compiled", "python")
 SOURCE: Final = Path(__file__).with_name("policy_kernel.cpp")
+#: A build lock older than this is a leftover of a killed build (a build takes 20-60 s).
+STALE_LOCK_S: Final = 600.0
 
 
 class CompiledKernelWarning(AmpcoreWarning):
@@ -120,9 +124,44 @@ def _missing_tools() -> str | None:
     return None
 
 
+def clear_stale_lock(
+    lock: Path, max_age_s: float = STALE_LOCK_S, clock: Callable[[], float] = time.time, poll_s: float = 1.0
+) -> bool:
+    """Wait while another process builds (``lock`` exists and is younger than ``max_age_s``);
+    remove a lock older than that, with a warning, and return True.
+
+    torch's build lock (``<extensions dir>/<name>/lock``) has no owner recorded: a build
+    killed with SIGKILL (an OOM kill, a job's time limit) leaves it behind, and torch then
+    waits for it forever in every later process.  A build takes 20-60 s, so a lock older
+    than :data:`STALE_LOCK_S` is no build in progress.
+    """
+    while True:
+        try:
+            age = clock() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if age > max_age_s:
+            break
+        time.sleep(poll_s)
+    lock.unlink(missing_ok=True)
+    warnings.warn(
+        f"ampcore: removed {lock}, a build lock {age:.0f} s old (left by a build that was killed); "
+        "building the compiled policy kernel now",
+        AmpcoreWarning,
+        stacklevel=2,
+    )
+    return True
+
+
 def _build() -> ModuleType:
     from torch.utils import cpp_extension
 
+    try:
+        directory = Path(cpp_extension._get_build_directory(build_name(), verbose=False))
+    except Exception:  # noqa: BLE001 - a torch without the helper: torch's own wait applies
+        directory = None
+    if directory is not None:
+        clear_stale_lock(directory / "lock")
     module: ModuleType = cpp_extension.load(
         name=build_name(), sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False
     )

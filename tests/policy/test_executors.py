@@ -207,3 +207,27 @@ def test_a_bad_executor_value_fails_the_first_policy_region_changing_nothing() -
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"error: {ENV}='fast': expected one of auto, compiled, python" in done.stdout
+
+
+def test_a_leftover_build_lock_is_removed_with_a_warning(tmp_path: Path) -> None:
+    """A build killed with SIGKILL leaves torch's lock behind; torch would wait forever."""
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    old = lock.stat().st_mtime - executor_module.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    with pytest.warns(ampcore.AmpcoreWarning, match=r"a build lock \d+ s old \(left by a build that was killed\)"):
+        assert executor_module.clear_stale_lock(lock) is True
+    assert not lock.exists()
+
+
+def test_a_fresh_build_lock_is_waited_for_until_it_goes_or_grows_stale(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    now = lock.stat().st_mtime
+    ticks = iter([now + 1, now + 2, now + 1000])  # another process builds; then it died
+    with pytest.warns(ampcore.AmpcoreWarning, match="1000 s old"):
+        assert executor_module.clear_stale_lock(lock, max_age_s=600, clock=lambda: next(ticks), poll_s=0) is True
+    assert not lock.exists()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert executor_module.clear_stale_lock(lock) is False  # no lock: nothing to wait for
