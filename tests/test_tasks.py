@@ -99,6 +99,36 @@ def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
     ]  # every dtype the device runs
 
 
+@pytest.mark.parametrize("reason", [None, "torch 2.8.0 cannot register a PrivateUse1 device from Python (...)"])
+def test_test_device_runs_are_skipped_with_the_reason_only_where_torch_cannot_host_it(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], reason: str | None
+) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(tasks, "installed_backends", lambda: {"cpu", "example", "acme"})
+    monkeypatch.setattr(tasks, "testdevice_unsupported_reason", lambda: reason)
+    monkeypatch.setattr(tasks, "_report_counts", lambda report_dir: "1 passed")
+    monkeypatch.setattr(
+        tasks.subprocess, "run", lambda command, **kw: ran.append(command[3]) or type("Done", (), {"returncode": 0})()
+    )
+    stages = tasks.conformance()
+    acme = [stage for stage in stages if stage.name.startswith("conformance acme")]
+    assert len(acme) == 5 and ran.count("cpu") == 2 and "example" in ran
+    assert all(stage.skipped == (reason is not None) and stage.ok for stage in acme)
+    assert ran.count("acme") == (0 if reason else 5)  # skipped: not started at all
+    assert tasks.summarize(stages, 0.0)
+    out = capsys.readouterr().out
+    if reason:
+        assert f"conformance acme-float16-none: skipped: {reason}" in out  # printed as it happens
+        assert "all 3 stages passed, 5 skipped" in out and out.count("  skip  conformance acme") == 5
+    else:
+        assert "all 8 stages passed" in out and "skip" not in out
+
+
+def test_the_test_device_capability_is_asked_of_the_venvs_torch(tasks: ModuleType) -> None:
+    device = pytest.importorskip("ampcore_testdevice")  # PY is this interpreter (the fixture)
+    assert tasks.testdevice_unsupported_reason() == device.unsupported_reason()
+
+
 def test_compat_pins_torch_and_the_matching_ipex(tasks: ModuleType) -> None:
     assert tasks.compat_requirements("2.8.0", "2.8.0") == ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0"]
     assert tasks.compat_requirements("2.8.0", "none") == ["torch==2.8.0"]
