@@ -219,6 +219,7 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     )
     monkeypatch.setattr(tasks, "conformance", lambda: [tasks.Stage("conformance cpu-bfloat16", True, "1 passed")])
     monkeypatch.setattr(tasks, "summarize", lambda stages, started: summarized.append([s.name for s in stages]) or True)
+    monkeypatch.setattr(tasks, "simulated_gpu_unsupported_reason", lambda: None)
     tasks.test(args)
     assert ("lint" in summarized[0]) is linted and "pytest" in summarized[0]
     # CI (no arguments) runs the policy tests a second time with the other policy-kernel
@@ -226,6 +227,31 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     assert (runs[1:] == [tasks.SECOND_EXECUTOR_RUN, tasks.SIMULATED_GPU_RUN]) is (not args)
     assert tasks.SECOND_EXECUTOR_RUN[1] == {"AMPCORE_POLICY_KERNEL": "python"}
     assert tasks.SIMULATED_GPU_RUN[1] == {"AMPCORE_TEST_SIMULATE_CUDA": "1"}
+
+
+def test_the_faked_gpu_run_is_skipped_with_the_reason_where_torch_would_take_the_fake_for_real(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    reason = tasks.simulated_gpu_unsupported_reason()  # PY is this interpreter (the fixture)
+    assert (reason is None) is (torch.version.cuda is None or torch.cuda.is_available())  # CI's CPU build: None
+    stages: list[list[tasks.Stage]] = []
+    runs: list[list[str]] = []
+    monkeypatch.setattr(tasks, "setup", lambda: None)
+    monkeypatch.setattr(tasks, "build_policy_kernel", lambda: None)
+    monkeypatch.setattr(tasks, "lint", lambda: tasks.Stage("lint", True, "clean"))
+    monkeypatch.setattr(tasks, "conformance", lambda: [])
+    monkeypatch.setattr(
+        tasks, "run_pytest", lambda args, env=None, name="p": runs.append(args) or tasks.Stage(name, True, "")
+    )
+    monkeypatch.setattr(tasks, "summarize", lambda got, started: stages.append(got) or True)
+    monkeypatch.setattr(tasks, "simulated_gpu_unsupported_reason", lambda: "torch 2.8.0+cu128 is a CUDA build (...)")
+    tasks.test([])
+    faked = stages[0][-1]
+    assert faked.name == "pytest with a faked CUDA GPU" and faked.skipped and faked.ok
+    assert faked.detail == "skipped: torch 2.8.0+cu128 is a CUDA build (...)" and tasks.SIMULATED_GPU_RUN[0] not in runs
+    assert "pytest with a faked CUDA GPU: skipped: torch 2.8.0+cu128" in capsys.readouterr().out
 
 
 def test_compat_runs_do_not_lint(tasks: ModuleType) -> None:
