@@ -6,6 +6,7 @@ with one would show it: tests that assume the absence of CUDA fail under it)."""
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -41,11 +42,30 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("AMPCORE_BLOCK_PLUGINS", "acme")
 
 
+def testdevice_unsupported_reason() -> str | None:
+    """Why the pure-Python PrivateUse1 test device (plugins/ampcore-testdevice) and the acme
+    adapter that drives it cannot run here: not installed, or this torch cannot host the
+    device (torch 2.8); None when they can."""
+    for module, plugin in (("ampcore_testdevice", "ampcore-testdevice"), ("ampcore_acme", "ampcore-privateuse1")):
+        if importlib.util.find_spec(module) is None:
+            return f"plugins/{plugin} is not installed (python3 tasks.py setup installs it)"
+    import ampcore_testdevice  # imports torch only: installs nothing
+
+    return ampcore_testdevice.unsupported_reason()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under :data:`SIMULATE_CUDA_ENV`, tests marked ``cuda_runtime`` are skipped: they reach
+    """Tests marked ``testdevice`` are skipped where the test device cannot run (with the
+    reason: :func:`testdevice_unsupported_reason`).
+
+    Under :data:`SIMULATE_CUDA_ENV`, tests marked ``cuda_runtime`` are skipped: they reach
     torch's own CUDA runtime (torch.compile reads the CUDA generator once a GPU is
     reported; ``torch.autocast("cuda")`` checks the build), which a faked GPU cannot give a
     CPU build of torch.  They run on real GPU machines (``python3 tasks.py gpu``)."""
+    on_device = [item for item in items if item.get_closest_marker("testdevice") is not None]
+    reason = testdevice_unsupported_reason() if on_device else None
+    for item in on_device if reason else []:
+        item.add_marker(pytest.mark.skip(reason=reason))
     if os.environ.get(SIMULATE_CUDA_ENV) != "1":
         return
     skip = pytest.mark.skip(reason=f"reaches torch's CUDA runtime, which {SIMULATE_CUDA_ENV}=1 only fakes")

@@ -9,6 +9,8 @@ need what this machine may lack start with an explicit marker comment:
     # doc-test: requires cuda          (skipped unless backend "cuda" is available)
     # doc-test: requires no cuda       (skipped where backend "cuda" is available: output
                                        # written for a machine without a GPU)
+    # doc-test: requires cpu-only torch  (skipped unless torch is a CPU-only build: output
+                                       # that names the build, e.g. why CUDA is unavailable)
     # doc-test: skip <reason>          (never run here; the reason is shown)
 
 A block may start with several marker lines; it runs when every one allows it.
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import ampcore
 
@@ -87,10 +90,18 @@ def _available(backend: str) -> bool:
         return False
 
 
+def _cpu_only_torch() -> bool:
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+
+
 def _skip_reason(block: Block) -> str | None:
     for kind, what in _markers(block):
         if kind == "skip":
             return f"{block.id}: {what}"
+        if what == "cpu-only torch":
+            if _cpu_only_torch():
+                continue
+            return f"{block.id}: needs a CPU-only build of torch, this is {torch.__version__}"
         absent = what.startswith("no ")
         backend = what.removeprefix("no ").strip()
         if _available(backend) == absent:

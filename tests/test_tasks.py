@@ -99,6 +99,36 @@ def test_conformance_runs_stay_a_data_table(tasks: ModuleType) -> None:
     ]  # every dtype the device runs
 
 
+@pytest.mark.parametrize("reason", [None, "torch 2.8.0 cannot register a PrivateUse1 device from Python (...)"])
+def test_test_device_runs_are_skipped_with_the_reason_only_where_torch_cannot_host_it(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], reason: str | None
+) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(tasks, "installed_backends", lambda: {"cpu", "example", "acme"})
+    monkeypatch.setattr(tasks, "testdevice_unsupported_reason", lambda: reason)
+    monkeypatch.setattr(tasks, "_report_counts", lambda report_dir: "1 passed")
+    monkeypatch.setattr(
+        tasks.subprocess, "run", lambda command, **kw: ran.append(command[3]) or type("Done", (), {"returncode": 0})()
+    )
+    stages = tasks.conformance()
+    acme = [stage for stage in stages if stage.name.startswith("conformance acme")]
+    assert len(acme) == 5 and ran.count("cpu") == 2 and "example" in ran
+    assert all(stage.skipped == (reason is not None) and stage.ok for stage in acme)
+    assert ran.count("acme") == (0 if reason else 5)  # skipped: not started at all
+    assert tasks.summarize(stages, 0.0)
+    out = capsys.readouterr().out
+    if reason:
+        assert f"conformance acme-float16-none: skipped: {reason}" in out  # printed as it happens
+        assert "all 3 stages passed, 5 skipped" in out and out.count("  skip  conformance acme") == 5
+    else:
+        assert "all 8 stages passed" in out and "skip" not in out
+
+
+def test_the_test_device_capability_is_asked_of_the_venvs_torch(tasks: ModuleType) -> None:
+    device = pytest.importorskip("ampcore_testdevice")  # PY is this interpreter (the fixture)
+    assert tasks.testdevice_unsupported_reason() == device.unsupported_reason()
+
+
 def test_compat_pins_torch_and_the_matching_ipex(tasks: ModuleType) -> None:
     assert tasks.compat_requirements("2.8.0", "2.8.0") == ["torch==2.8.0", "intel-extension-for-pytorch==2.8.0"]
     assert tasks.compat_requirements("2.8.0", "none") == ["torch==2.8.0"]
@@ -189,6 +219,7 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     )
     monkeypatch.setattr(tasks, "conformance", lambda: [tasks.Stage("conformance cpu-bfloat16", True, "1 passed")])
     monkeypatch.setattr(tasks, "summarize", lambda stages, started: summarized.append([s.name for s in stages]) or True)
+    monkeypatch.setattr(tasks, "simulated_gpu_unsupported_reason", lambda: None)
     tasks.test(args)
     assert ("lint" in summarized[0]) is linted and "pytest" in summarized[0]
     # CI (no arguments) runs the policy tests a second time with the other policy-kernel
@@ -196,6 +227,31 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     assert (runs[1:] == [tasks.SECOND_EXECUTOR_RUN, tasks.SIMULATED_GPU_RUN]) is (not args)
     assert tasks.SECOND_EXECUTOR_RUN[1] == {"AMPCORE_POLICY_KERNEL": "python"}
     assert tasks.SIMULATED_GPU_RUN[1] == {"AMPCORE_TEST_SIMULATE_CUDA": "1"}
+
+
+def test_the_faked_gpu_run_is_skipped_with_the_reason_where_torch_would_take_the_fake_for_real(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    reason = tasks.simulated_gpu_unsupported_reason()  # PY is this interpreter (the fixture)
+    assert (reason is None) is (torch.version.cuda is None or torch.cuda.is_available())  # CI's CPU build: None
+    stages: list[list[tasks.Stage]] = []
+    runs: list[list[str]] = []
+    monkeypatch.setattr(tasks, "setup", lambda: None)
+    monkeypatch.setattr(tasks, "build_policy_kernel", lambda: None)
+    monkeypatch.setattr(tasks, "lint", lambda: tasks.Stage("lint", True, "clean"))
+    monkeypatch.setattr(tasks, "conformance", lambda: [])
+    monkeypatch.setattr(
+        tasks, "run_pytest", lambda args, env=None, name="p": runs.append(args) or tasks.Stage(name, True, "")
+    )
+    monkeypatch.setattr(tasks, "summarize", lambda got, started: stages.append(got) or True)
+    monkeypatch.setattr(tasks, "simulated_gpu_unsupported_reason", lambda: "torch 2.8.0+cu128 is a CUDA build (...)")
+    tasks.test([])
+    faked = stages[0][-1]
+    assert faked.name == "pytest with a faked CUDA GPU" and faked.skipped and faked.ok
+    assert faked.detail == "skipped: torch 2.8.0+cu128 is a CUDA build (...)" and tasks.SIMULATED_GPU_RUN[0] not in runs
+    assert "pytest with a faked CUDA GPU: skipped: torch 2.8.0+cu128" in capsys.readouterr().out
 
 
 def test_compat_runs_do_not_lint(tasks: ModuleType) -> None:

@@ -89,6 +89,34 @@ def test_relative_error_is_normwise_in_the_max_norm() -> None:
     assert row.max_abs_error == pytest.approx(float((amp - ref).abs().max()), rel=1e-6)
 
 
+class _DispatchesMoreUnderAutocast(nn.Module):
+    """Under autocast one more ``mm`` of another shape runs first, as torch 2.8 runs a bfloat16
+    ``Linear`` on a 3-D input as a ``bmm`` where float32 folds it into an ``mm``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            torch.mm(x.t(), x)
+        return torch.mm(x, self.weight).exp()
+
+
+def test_an_op_only_the_amp_run_dispatches_is_unmatched_and_the_rest_still_pair() -> None:
+    torch.manual_seed(0)
+    report = dbg.compare_accuracy(_DispatchesMoreUnderAutocast(), torch.randn(4, 8) / 4, device="cpu", per_op=True)
+    assert report.unmatched == ("_DispatchesMoreUnderAutocast/mm#0",)  # its own index in the AMP run
+    rows = {r.name: r for r in report.rows}
+    assert set(rows) == {
+        "_DispatchesMoreUnderAutocast",
+        "_DispatchesMoreUnderAutocast/mm#0",
+        "_DispatchesMoreUnderAutocast/exp#0",
+    }
+    assert rows["_DispatchesMoreUnderAutocast/mm#0"].note == ""  # paired with the float32 mm of its shape
+    assert report.first_bad is None and all(r.max_rel_error < 0.05 for r in report.rows)
+
+
 def test_multihead_attention_inner_ops_get_rows(attention: tuple[AttentionNet, torch.Tensor]) -> None:
     net, x = attention  # train mode (dropout 0): the composite attention path, not the fused one
     with pytest.warns(ampcore.AmpcoreWarning, match=r"train mode"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 
@@ -246,6 +247,20 @@ def test_optimizer_zero_grad_reaches_the_model_parameters(set_to_none: bool) -> 
     for param, master in zip(model.parameters(), masters_of(opt), strict=False):
         assert param.grad is None if set_to_none else not param.grad.any()
         assert master.grad is None or not master.grad.any()
+
+
+@pytest.mark.skipif(hasattr(torch.Tensor, "grad_dtype"), reason="this torch has Tensor.grad_dtype (master_grad runs)")
+def test_master_grad_without_grad_dtype_is_refused_before_anything_changes() -> None:
+    """torch 2.8-2.12: a clear error naming the version, the model and optimizer untouched."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(
+        ampcore.AmpcoreError, match=rf"needs Tensor.grad_dtype, which torch {re.escape(torch.__version__)} lacks"
+    ):
+        ampcore.decorate(model, opt, device="cpu", master_grad=True)
+    assert all(p.dtype == FP32 for p in model.parameters())
+    model, opt = ampcore.decorate(model, opt, device="cpu")  # not half-decorated: decorate still works
+    assert all(p.dtype == BF16 for p in model.parameters())
 
 
 @needs_grad_dtype

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 PROBE = Path(__file__).with_name("_acme_probe.py")
 MODES = ("none", "fallthrough", "partial", "generic")
@@ -44,6 +45,7 @@ def probe(request: pytest.FixtureRequest) -> dict[str, Any]:
     return json.loads(done.stdout.splitlines()[-1])  # type: ignore[no-any-return]
 
 
+@pytest.mark.testdevice
 def test_ops_give_the_dtypes_of_the_lists_in_every_region(probe: dict[str, Any]) -> None:
     """torch.mm, F.linear, x + y, F.softmax, F.mse_loss at O1, OD, O2 and with custom lists."""
     wrong = [
@@ -54,6 +56,7 @@ def test_ops_give_the_dtypes_of_the_lists_in_every_region(probe: dict[str, Any])
     assert not wrong, f"autocast={probe['mode']}:\n" + "\n".join(wrong)
 
 
+@pytest.mark.testdevice
 def test_uncustomised_o1_does_not_depend_on_what_ran_before(probe: dict[str, Any]) -> None:
     by_region: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for r in probe["rows"]:
@@ -64,16 +67,19 @@ def test_uncustomised_o1_does_not_depend_on_what_ran_before(probe: dict[str, Any
         assert by_region[(dtype, "O1 last")] == first, f"autocast={probe['mode']} {dtype}"
 
 
+@pytest.mark.testdevice
 def test_grad_scaler_skips_a_step_with_a_planted_inf(probe: dict[str, Any]) -> None:
     assert probe["scaler"] == {"unchanged": True, "scale": 512.0}
 
 
+@pytest.mark.testdevice
 def test_decorate_o2_trains(probe: dict[str, Any]) -> None:
     o2 = probe["o2"]
     assert o2["param_dtype"] == "torch.bfloat16"
     assert o2["last"] < 0.5 * o2["first"], o2
 
 
+@pytest.mark.testdevice
 @pytest.mark.parametrize("mode", ["none", "generic"])
 def test_bench_runs_on_the_device(mode: str) -> None:
     done = _python(
@@ -87,12 +93,30 @@ def test_bench_runs_on_the_device(mode: str) -> None:
     assert ("registers no autocast kernels of its own" in done.stdout) == (mode == "none")
 
 
+@pytest.mark.testdevice
 def test_info_says_who_provides_autocast() -> None:
     for mode, provider in (("none", "ampcore"), ("generic", "native")):
         done = _python("-m", "ampcore", "info", "--json", mode=mode)
         assert done.returncode == 0, done.stderr
         acme = next(b for b in json.loads(done.stdout)["backends"] if b["name"] == "acme")
         assert acme["autocast"] == provider, (mode, acme)
+
+
+def test_a_torch_that_cannot_host_the_device_makes_acme_unavailable_with_the_reason() -> None:
+    """On a torch without Python PrivateUse1 registration (2.8), the adapter loads and says
+    why its device is unavailable; ampcore keeps working on the other backends."""
+    if importlib.util.find_spec("ampcore_testdevice") is None:
+        pytest.skip("plugins/ampcore-testdevice is not installed")
+    import ampcore_testdevice
+
+    if ampcore_testdevice.unsupported_reason() is None:
+        pytest.skip(f"torch {torch.__version__} hosts the test device (its tests above run)")
+    done = _python("-m", "ampcore", "info", "--json", mode="none")
+    assert done.returncode == 0, done.stderr
+    backends = {b["name"]: b for b in json.loads(done.stdout)["backends"]}
+    assert backends["cpu"]["available"] is True
+    assert backends["acme"]["available"] is False
+    assert "cannot register a PrivateUse1 device from Python" in backends["acme"]["reason"], backends["acme"]
 
 
 def test_generic_mode_registers_torchs_generic_lists() -> None:
@@ -127,6 +151,7 @@ def test_generic_mode_follows_the_torch_release(minor: int) -> None:
     assert {op: ours[op] for op in ours} == {op: torchs[op] for op in ours}
 
 
+@pytest.mark.testdevice
 def test_a_device_without_kernels_raises_until_ampcore_knows_it_then_follows_the_lists() -> None:
     code = (
         "import torch, ampcore_testdevice as d; d.install('acme', autocast='none')\n"
@@ -147,6 +172,7 @@ def test_a_device_without_kernels_raises_until_ampcore_knows_it_then_follows_the
     assert done.stdout.split() == ["raised", "torch.bfloat16", "torch.bfloat16"]
 
 
+@pytest.mark.testdevice
 def test_plain_torch_autocast_does_not_depend_on_earlier_ampcore_regions() -> None:
     code = (
         "import torch, ampcore; ampcore.get_backend('acme').require_available()\n"

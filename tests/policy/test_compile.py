@@ -32,14 +32,50 @@ def _dtypes(out: tuple[torch.Tensor, ...]) -> list[torch.dtype]:
     return [t.dtype for t in out]
 
 
-def test_uncustomised_region_inside_a_compiled_function_has_no_graph_break() -> None:
-    def step(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        with ampcore.autocast(device="cpu"):
-            return _body(x, w)
+def _uncustomised_step(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with ampcore.autocast(device="cpu"):
+        return _body(x, w)
 
+
+def _dynamo_cannot_trace_a_class_that_builds_an_autocast() -> str | None:
+    """Why this torch's dynamo cannot trace ``C()`` where ``C.__new__`` returns a
+    ``torch.autocast`` (what ``ampcore.autocast(...)`` is inside a compiled function), or
+    None.  torch 2.8's cannot: its ``isinstance(obj, C)`` check after ``__new__`` has no rule
+    for an autocast object.  Checked on a class of its own, not on ampcore's."""
+
+    class Region:
+        def __new__(cls) -> torch.autocast:  # type: ignore[misc]
+            return torch.autocast("cpu", dtype=BF16)
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        with Region():
+            return x + 1
+
+    try:
+        torch.compile(probe, fullgraph=True, backend="eager")(X)
+    except torch._dynamo.exc.Unsupported as exc:
+        first = str(exc).splitlines()[0]
+        return f"torch {torch.__version__}'s dynamo cannot trace a class whose __new__ returns torch.autocast ({first})"
+    finally:
+        torch._dynamo.reset()
+    return None
+
+
+def test_uncustomised_region_inside_a_compiled_function_has_no_graph_break() -> None:
+    reason = _dynamo_cannot_trace_a_class_that_builds_an_autocast()
+    if reason is not None:
+        pytest.skip(f"{reason}: the region is a graph break there (docs/backends.md)")
+    step = _uncustomised_step
     compiled = torch.compile(step, fullgraph=True)  # inductor: raises on any graph break
     assert _dtypes(compiled(X, W)) == _dtypes(step(X, W)) == [BF16, FP32]
     assert torch._dynamo.explain(step)(X, W).graph_break_count == 0
+
+
+def test_uncustomised_region_inside_a_compiled_function_is_correct_on_every_torch() -> None:
+    """Without fullgraph: also where dynamo breaks the graph at the region (torch 2.8), the
+    region runs and gives the lists' dtypes."""
+    compiled = torch.compile(_uncustomised_step, backend="aot_eager")
+    assert _dtypes(compiled(X, W)) == _dtypes(_uncustomised_step(X, W)) == [BF16, FP32]
 
 
 def test_compiled_model_under_an_uncustomised_region_has_no_graph_break() -> None:

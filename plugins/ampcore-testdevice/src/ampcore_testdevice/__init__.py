@@ -16,13 +16,16 @@ Example::
 Limits (those of a device written in Python): one device; no pinned memory, streams or
 memory statistics; ``torch.save`` of device tensors; tensors cannot be resized in place.
 A process hosts one PrivateUse1 device: ``install`` again with the same arguments is a
-no-op, with others an error.
+no-op, with others an error.  It needs a torch that registers a PrivateUse1 device from
+Python (``torch.utils.backend_registration._setup_privateuseone_for_python_backend`` and
+``torch._C._acc``; torch 2.8 has neither): :func:`unsupported_reason` says whether this one
+does, and ``install`` raises with that reason where it does not.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+from torch.utils import backend_registration
 
 from ._autocast import MODES, PARTIAL, Mode, register
 from ._module import DeviceModule
@@ -41,6 +44,7 @@ __all__ = [
     "installed",
     "overflow_flag",
     "to_cpu",
+    "unsupported_reason",
 ]
 
 _installed: tuple[str, str, str] | None = None
@@ -49,6 +53,36 @@ _installed: tuple[str, str, str] | None = None
 def installed() -> tuple[str, Mode, Fp16Mode] | None:
     """``(name, autocast mode, fp16 mode)`` of the device installed in this process, or None."""
     return _installed  # type: ignore[return-value]
+
+
+def unsupported_reason() -> str | None:
+    """Why this torch cannot host the test device, or None when it can (a capability check:
+    registering a PrivateUse1 device from Python needs two torch APIs that torch 2.8 lacks).
+
+    Example::
+
+        >>> import ampcore_testdevice
+        >>> reason = ampcore_testdevice.unsupported_reason()   # None on torch 2.13
+        >>> reason is None or "cannot register a PrivateUse1 device from Python" in reason
+        True
+    """
+    missing = [
+        api
+        for api, present in (
+            (
+                "torch.utils.backend_registration._setup_privateuseone_for_python_backend",
+                hasattr(backend_registration, "_setup_privateuseone_for_python_backend"),
+            ),
+            ("torch._C._acc", hasattr(torch._C, "_acc")),
+        )
+        if not present
+    ]
+    if not missing:
+        return None
+    return (
+        f"torch {torch.__version__} cannot register a PrivateUse1 device from Python "
+        f"(it lacks {' and '.join(missing)}), so the pure-Python test device cannot be installed"
+    )
 
 
 def install(name: str = "acme", autocast: Mode = "none", fp16: Fp16Mode = "ieee") -> None:
@@ -62,6 +96,7 @@ def install(name: str = "acme", autocast: Mode = "none", fp16: Fp16Mode = "ieee"
     Raises:
         ValueError: an unknown mode, or a different device already installed (torch has one
             PrivateUse1 key per process).
+        RuntimeError: this torch cannot host the device (:func:`unsupported_reason`).
     """
     global _installed
     call = f"ampcore_testdevice.install({name!r}, autocast={autocast!r}, fp16={fp16!r})"
@@ -71,6 +106,9 @@ def install(name: str = "acme", autocast: Mode = "none", fp16: Fp16Mode = "ieee"
         raise ValueError(f"{call}: fp16 must be one of {', '.join(FP16_MODES)}")
     if _installed == (name, autocast, fp16):
         return
+    reason = unsupported_reason()
+    if reason is not None:
+        raise RuntimeError(f"{call}: {reason}")
     if _installed is not None:
         raise ValueError(
             f"{call}: this process already has {_installed[0]!r} with autocast={_installed[1]!r}, "
@@ -80,7 +118,7 @@ def install(name: str = "acme", autocast: Mode = "none", fp16: Fp16Mode = "ieee"
     if current not in ("privateuseone", name):
         raise ValueError(f"{call}: PrivateUse1 is already {current!r} in this process")
     dtypes = [torch.float16] if fp16 == "saturate" else [torch.float16, torch.bfloat16]
-    _setup_privateuseone_for_python_backend(name, backend_module=DeviceModule(name, dtypes))
+    backend_registration._setup_privateuseone_for_python_backend(name, backend_module=DeviceModule(name, dtypes))
     install_fallback()
     register(autocast, name)
     if fp16 == "saturate":
