@@ -322,11 +322,11 @@ class MasterWeights:
         if pending is not None and pending.masters:  # unscale as the gradients are widened
             own = self.walk.run(
                 lambda chunk: unscaled_update(
-                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk)
+                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk, self.optimizer)
                 )
             )
             return self._bookkeeping_step(own)
-        own = self.walk.run(lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
+        own = self.walk.run(lambda chunk: fused_sgd_update(groups, self.low_of, chunk, self.optimizer))
         return self._bookkeeping_step(own)
 
     def _fused_adam_step(self) -> Any:

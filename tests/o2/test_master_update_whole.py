@@ -116,8 +116,8 @@ FOREACH: dict[str, MakeOpt] = {
 }
 #: optimizers on the generic path (float32 gradient copies, torch's own step)
 GENERIC: dict[str, MakeOpt] = {
-    "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01, fused=True),
-    "sgd-momentum-foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "adagrad-fused": lambda p: torch.optim.Adagrad(p, lr=1e-2, fused=True),
+    "adamax-foreach": lambda p: torch.optim.Adamax(p, lr=1e-3, foreach=True),
     "rmsprop-foreach": lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True),
 }
 
