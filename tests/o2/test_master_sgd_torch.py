@@ -12,12 +12,18 @@ dicts go either way.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 
 import pytest
 import torch
-from test_master_update_whole import WHOLE, _CountOps, _whole_tensor_adapter, backward, decorated, make_model
+from test_master_update_whole import (
+    WHOLE,
+    _CountOps,
+    _whole_tensor_adapter,
+    backward,
+    decorated,
+    reference_optimizer,
+)
 from test_scaler_fused import FloatAllocations
 from torch import nn
 
@@ -50,24 +56,6 @@ FUSED_SGD: dict[str, MakeOpt] = {
 }
 #: 1031: weights of 1.06M elements, 4 CPU chunks and a partial one
 WIDTHS = (96, 1031)
-
-
-def reference(make_opt: MakeOpt, width: int, steps: int, dtype: torch.dtype, device: str) -> torch.optim.Optimizer:
-    """torch's fused SGD on float32 masters fed the low-precision model's gradients upcast."""
-    model = make_model(width)
-    masters = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    low = ampcore.decorate(copy.deepcopy(model), device=device, dtype=dtype, master_weight=False, keep_norm_fp32=True)
-    opt = make_opt(masters)
-    for step in range(steps):
-        low.zero_grad()
-        backward(low, device, step)
-        for master, param in zip(masters, low.parameters(), strict=True):
-            master.grad = param.grad.to(master.dtype)
-        opt.step()
-        with torch.no_grad():
-            for param, master in zip(low.parameters(), masters, strict=True):
-                param.copy_(master)
-    return opt
 
 
 def trained(make_opt: MakeOpt, width: int, steps: int, dtype: torch.dtype, device: str) -> torch.optim.Optimizer:
@@ -121,7 +109,7 @@ def test_fused_sgd_makes_no_float32_gradient_copy(name: str, device: str, monkey
 @pytest.mark.parametrize("name", list(FUSED_SGD))
 def test_fused_sgd_is_torchs_fused_sgd_bit_for_bit(name: str, dtype: torch.dtype, width: int, device: str) -> None:
     got = tensors_of(trained(FUSED_SGD[name], width, 3, dtype, device))
-    want = tensors_of(reference(FUSED_SGD[name], width, 3, dtype, device))
+    want = tensors_of(reference_optimizer(FUSED_SGD[name], width, 3, dtype, device))
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype == FP32 and torch.equal(a, b)
@@ -134,7 +122,7 @@ def test_state_dicts_go_either_way(device: str, name: str) -> None:
     torch's into O2's, each giving the other's float32 momentum buffers exactly."""
     make = FUSED_SGD[name]
     ours = trained(make, 96, 2, BF16, device)
-    theirs = reference(make, 96, 2, BF16, device)
+    theirs = reference_optimizer(make, 96, 2, BF16, device)
     count = len(ours.state)
     _, resumed = decorated(make, 96, device=device, dtype=BF16)
     resumed.load_state_dict(theirs.state_dict())
