@@ -13,10 +13,11 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   read of ``group["params"]`` after they changed (by ``GradScaler.unscale_``, by the step
   itself, by clipping over the optimizer's parameters) gives each master an fp32 copy.  The
   copies are released after the step.
-  Exception: momentum-free torch SGD without step hooks: ampcore runs the update itself,
-  reading the low-precision gradients directly (``master_sgd.py``); in a dtype that needs
+  Exception: torch SGD without step hooks: ampcore runs the update itself. Momentum-free
+  SGD reads the low-precision gradients directly (``master_sgd.py``); in a dtype that needs
   no loss scaling the masters' ``.grad`` even *is* the low-precision gradient
-  (``grad_dtype=None``).
+  (``grad_dtype=None``). Fused SGD and SGD with momentum run torch's SGD of the group's
+  flavour on gradients widened slice by slice or chunk by chunk (``master_sgd_torch.py``).
   Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself
   (``master_adam.py``), widening the low-precision gradients as it goes.
   In both, a master gets an fp32 copy only if something reads the param groups between
@@ -358,18 +359,20 @@ class MasterWeights:
         return self.walk.run(update, alike=not differ)
 
     def _fused_sgd_update(self) -> list[torch.Tensor]:
-        """Momentum-free SGD from the low-precision gradients (``master_sgd``)."""
+        """torch SGD from the low-precision gradients: momentum-free in one pass
+        (``master_sgd``), fused or with momentum by torch's SGD of the group's flavour on
+        gradients widened chunk by chunk (``master_sgd_torch``)."""
         groups = self.optimizer.param_groups
         pending = self.pending
         if pending is not None and pending.masters:  # unscale as the gradients are widened
             return self._walk(
                 "sgd",
                 lambda chunk: unscaled_update(
-                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk)
+                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk, self.optimizer)
                 ),
                 scaled=True,
             )
-        return self._walk("sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk))
+        return self._walk("sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk, self.optimizer))
 
     def _fused_adam_update(self) -> list[torch.Tensor]:
         """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones

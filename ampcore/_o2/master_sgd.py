@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch.optim import optimizer as _optim_module
 
+from .master_sgd_torch import sgd_function, torch_group_update
+
 __all__ = ["MASTER_BLIND_HOOKS", "fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
 
 
@@ -60,32 +62,68 @@ def step_hooks_free(optimizer: torch.optim.Optimizer) -> bool:
 def fused_sgd_applies(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ampcore may run ``optimizer``'s step itself: exactly ``torch.optim.SGD`` (a
     subclass may change ``step``), nothing observes the step from inside (no step hooks),
-    no GradScaler hands it ``grad_scale``/``found_inf``, and every group is momentum-free,
-    single-tensor or foreach (not fused, not differentiable) with float hyperparameters."""
+    and every group is one that ampcore updates with torch's SGD (``fused=True``, or with
+    momentum: ``master_sgd_torch.py``) or with its own ops (momentum-free, single-tensor or
+    foreach), not differentiable, with float hyperparameters.  In the middle of a
+    GradScaler step that hands the optimizer ``grad_scale``/``found_inf`` only if every
+    group is fused (the kernel takes them; the other flavours refuse them)."""
     if type(optimizer) is not torch.optim.SGD or not step_hooks_free(optimizer):
         return False
-    if getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None:
-        return False
     groups = optimizer.param_groups  # .get() does not trigger a gradient sync
-    return all(
+    scaled = getattr(optimizer, "grad_scale", None) is not None or getattr(optimizer, "found_inf", None) is not None
+    if scaled and not all(group.get("fused") for group in groups):
+        return False
+    if not all(_torch_group(group) or _own_group(group) for group in groups):
+        return False
+    # torch's for-loop and foreach SGD with momentum take sparse gradients, which the
+    # chunked and widened walks do not: those steps keep the generic path
+    return not any(group["momentum"] != 0 and not group["fused"] for group in groups) or not _sparse_grads(optimizer)
+
+
+def _sparse_grads(optimizer: torch.optim.Optimizer) -> bool:
+    from .master import master_weights_of  # (master imports this module)
+
+    weights = master_weights_of(optimizer)
+    pairs = [] if weights is None else weights.pairs
+    return any(t is not None and t.is_sparse for pair in pairs for t in (pair.model.grad, pair.master.grad))
+
+
+def _torch_group(group: Mapping[str, Any]) -> bool:
+    """A group ampcore hands to torch's SGD (``master_sgd_torch.py``): fused, or with momentum."""
+    keys = ("momentum", "dampening", "nesterov", "weight_decay", "maximize", "foreach", "fused", "differentiable")
+    if not all(key in group for key in keys) or group["differentiable"] or sgd_function() is None:
+        return False
+    if isinstance(group["lr"], torch.Tensor) or isinstance(group["weight_decay"], torch.Tensor):
+        return False
+    return bool(group["fused"]) or group["momentum"] != 0
+
+
+def _own_group(group: Mapping[str, Any]) -> bool:
+    """A momentum-free group ampcore updates with its own ops (this module)."""
+    return (
         group.get("momentum", 0) == 0
         and not group.get("fused")
         and not group.get("differentiable")
         and not isinstance(group.get("weight_decay"), torch.Tensor)
         and not (isinstance(group.get("lr"), torch.Tensor) and group["lr"].requires_grad)
-        for group in groups
     )
 
 
 def fused_sgd_update(
-    groups: Iterable[Mapping[str, Any]], low_of: Mapping[torch.Tensor, torch.Tensor], chunk: int | None
+    groups: Iterable[Mapping[str, Any]],
+    low_of: Mapping[torch.Tensor, torch.Tensor],
+    chunk: int | None,
+    optimizer: torch.optim.Optimizer,
 ) -> list[torch.Tensor]:
     """Update every parameter with a gradient; for a master (a key of ``low_of``) read its
     own gradient if it has one, else the gradient of its low-precision parameter, and
     refresh that parameter.  Returns the parameters updated in place whose own ``.grad``
     was used (float32 parameters).
 
-    Parameters of up to ``chunk`` elements (all of them for ``chunk=None``) are updated
+    ``fused=True`` groups and groups with momentum run torch's SGD
+    (:func:`.master_sgd_torch.torch_group_update`, with ``optimizer``'s momentum buffers
+    and GradScaler tensors).  In the momentum-free others,
+    parameters of up to ``chunk`` elements (all of them for ``chunk=None``) are updated
     together, a few ``_foreach_`` calls per group (:func:`_update_small`); larger ones
     chunk by chunk (:func:`_chunked`).
     """
@@ -93,6 +131,9 @@ def fused_sgd_update(
     scratch: torch.Tensor | None = None
     with torch.no_grad():
         for group in groups:
+            if group.get("fused") or group.get("momentum", 0) != 0:
+                own.extend(torch_group_update(optimizer, group, low_of, chunk))
+                continue
             lr = float(group["lr"])
             decay = float(group.get("weight_decay", 0.0))
             maximize = bool(group.get("maximize", False))

@@ -116,8 +116,8 @@ FOREACH: dict[str, MakeOpt] = {
 }
 #: optimizers on the generic path (float32 gradient copies, torch's own step)
 GENERIC: dict[str, MakeOpt] = {
-    "sgd-fused": lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.01, fused=True),
-    "sgd-momentum-foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "adagrad-fused": lambda p: torch.optim.Adagrad(p, lr=1e-2, fused=True),
+    "adamax-foreach": lambda p: torch.optim.Adamax(p, lr=1e-3, foreach=True),
     "rmsprop-foreach": lambda p: torch.optim.RMSprop(p, lr=1e-3, foreach=True),
 }
 
@@ -168,20 +168,28 @@ SGDS: dict[str, MakeOpt] = {
 
 def reference(make_opt: MakeOpt, width: int, steps: int, dtype: torch.dtype) -> list[torch.Tensor]:
     """torch's own optimizer on fp32 masters, fed the low-precision model's gradients upcast."""
+    opt = reference_optimizer(make_opt, width, steps, dtype)
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def reference_optimizer(
+    make_opt: MakeOpt, width: int, steps: int, dtype: torch.dtype, device: str = WHOLE
+) -> torch.optim.Optimizer:
+    """:func:`reference`'s optimizer (its parameters are the fp32 masters, its state torch's)."""
     model = make_model(width)
     masters = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    low = ampcore.decorate(copy.deepcopy(model), device=WHOLE, dtype=dtype, master_weight=False, keep_norm_fp32=True)
+    low = ampcore.decorate(copy.deepcopy(model), device=device, dtype=dtype, master_weight=False, keep_norm_fp32=True)
     opt = make_opt(masters)
     for step in range(steps):
         low.zero_grad()
-        backward(low, WHOLE, step)
+        backward(low, device, step)
         for master, param in zip(masters, low.parameters(), strict=True):
             master.grad = param.grad.to(master.dtype)
         opt.step()
         with torch.no_grad():
             for param, master in zip(low.parameters(), masters, strict=True):
                 param.copy_(master)
-    return masters
+    return opt
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])

@@ -451,19 +451,27 @@ def test_the_one_pass_sgd_update_equals_torchs_sgd_step(
     assert fused[1][2].dtype == FP32 and not torch.equal(fused[1][2], torch.ones(16))  # BN trained
 
 
-def test_sparse_embedding_gradients_take_the_copying_path() -> None:
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sparse_embedding_gradients_take_the_copying_path(momentum: float) -> None:
     def make() -> nn.Module:
         torch.manual_seed(0)
         return nn.Embedding(10, 4, sparse=True)
 
     model = make()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=momentum)
     ampcore.decorate(model, opt, device="cpu")
-    model(torch.tensor([1, 2, 2])).float().sum().backward()
-    opt.step()
     reference = make()
-    master = reference.weight.detach().clone()
+    master = reference.weight.detach().clone().requires_grad_()
+    torch_opt = torch.optim.SGD([master], lr=0.5, momentum=momentum)
     low = reference.to(BF16)
-    low(torch.tensor([1, 2, 2])).float().sum().backward()
-    master.add_(low.weight.grad.float().to_dense(), alpha=-0.5)
+    for _ in range(2):
+        model.zero_grad()
+        model(torch.tensor([1, 2, 2])).float().sum().backward()
+        opt.step()
+        low.zero_grad()
+        low(torch.tensor([1, 2, 2])).float().sum().backward()
+        master.grad = low.weight.grad.float()
+        torch_opt.step()
+        with torch.no_grad():
+            low.weight.copy_(master)
     assert torch.equal(masters_of(opt)[0], master)

@@ -34,8 +34,9 @@ OPTIMIZERS: dict[str, Callable[[Params], torch.optim.Optimizer]] = {
     "adam-single-amsgrad-wd": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False, amsgrad=True, weight_decay=0.01),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
 }
-#: the optimizers whose update reads the low-precision gradients itself
-DEFERRING = ("sgd", "sgd-wd-maximize-foreach", "adam", "adam-single-amsgrad-wd", "adamw")
+#: the optimizers whose update reads the low-precision gradients itself (SGD with momentum
+#: too: ampcore runs torch's SGD on the masters, master_sgd_torch.py)
+DEFERRING = ("sgd", "sgd-wd-maximize-foreach", "sgd-momentum", "adam", "adam-single-amsgrad-wd", "adamw")
 STEPS = 5
 OVERFLOW_AT = 2
 
@@ -97,6 +98,8 @@ class MasterGradWatch(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if func.is_view:  # (a view allocates nothing: the chunked walks slice their tensors)
+            return out
         self.host_reads += func is torch.ops.aten._local_scalar_dense.default
         outs = out if isinstance(out, (list, tuple)) else [out]
         inputs = {id(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
@@ -242,7 +245,9 @@ def test_no_float32_gradient_copy_exists_during_the_step(name: str, monkeypatch:
     assert watches[OVERFLOW_AT].most_grad_bytes == 0  # the skipped step widened nothing
     if name.startswith("sgd"):  # SGD keeps no state: one widened gradient (+ its negated, decayed step)
         total = sum(p.numel() * 4 for p in make_model().parameters())
-        assert all(w.most_live <= 3 * largest < total for w in watches)
+        # (with momentum the first step creates the float32 momentum buffers)
+        later = watches[1:] if "momentum" in name else watches
+        assert all(w.most_live <= 3 * largest < total for w in later)
 
 
 def test_explicit_unscale_keeps_the_float32_copies_for_clipping() -> None:

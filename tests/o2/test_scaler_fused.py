@@ -53,6 +53,11 @@ FUSED: dict[str, Callable[[Params], torch.optim.Optimizer]] = {
     "adam-amsgrad-wd-maximize": lambda p: torch.optim.Adam(
         p, lr=1e-2, fused=True, amsgrad=True, weight_decay=0.01, maximize=True
     ),
+    # fused SGD: ampcore runs torch's fused kernel itself too (master_sgd_torch.py)
+    "sgd-nesterov-decay": lambda p: torch.optim.SGD(
+        p, lr=1e-2, fused=True, momentum=0.9, nesterov=True, weight_decay=0.01
+    ),
+    "sgd-maximize": lambda p: torch.optim.SGD(p, lr=1e-2, fused=True, maximize=True),
 }
 Run = tuple[list[list[torch.Tensor]], list[float]]
 
