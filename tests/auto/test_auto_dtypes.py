@@ -10,33 +10,26 @@ torch.autocast), float32 for ``"fp32"`` (the module with autocast off).
 from __future__ import annotations
 
 import itertools
-import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
+from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
-from ampcore._auto._cache import forget_plans
+from ampcore._auto import _hooks, _program
 from ampcore._auto._shapes import shape_class
+
+pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    monkeypatch.setenv("AMPCORE_AUTO_CACHE", str(tmp_path / "cache"))
+def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's measuring budget unspent."""
     monkeypatch.delenv("AMPCORE_AUTO_BUDGET", raising=False)
     for name, value in (("spent_s", 0.0), ("warned", False), ("exhausted_warned", False), ("clocks", {})):
         monkeypatch.setattr(_hooks._process, name, value)
-    forget_plans()
-    _roots.forget()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ampcore.AmpcoreWarning)
-        yield
-    forget_plans()
-    _roots.forget()
 
 
 class Chain(nn.Module):

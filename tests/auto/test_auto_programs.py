@@ -9,31 +9,18 @@ precision.  Decisions come from plans given to ``ampcore.load_plan`` (no timing)
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
-from ampcore._auto._cache import forget_plans
+from ampcore._auto import _hooks, _program
 from ampcore._auto._shapes import shape_class
 
-
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    monkeypatch.setenv("AMPCORE_AUTO_CACHE", str(tmp_path / "cache"))
-    forget_plans()
-    _roots.forget()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ampcore.AmpcoreWarning)
-        yield
-    forget_plans()
-    _roots.forget()
+pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
 
 class Net(nn.Module):

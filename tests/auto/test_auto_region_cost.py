@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import sys
 import threading
-import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
 from ampcore._auto import _hooks, _program, _roots
-from ampcore._auto._cache import forget_plans
 from ampcore._auto._shapes import shape_class
 
 #: Python calls an empty settled auto region may add to an O1 region (its two level hooks
@@ -33,16 +31,7 @@ EMPTY_EXTRA = 4
 ROOT_EXTRA = 11
 
 
-@pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    monkeypatch.setenv("AMPCORE_AUTO_CACHE", str(tmp_path / "cache"))
-    forget_plans()
-    _roots.forget()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ampcore.AmpcoreWarning)
-        yield
-    forget_plans()
-    _roots.forget()
+pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
 
 def _python_calls(run: Callable[[], Any]) -> int:

@@ -1,0 +1,28 @@
+"""Shared fixture of the level-auto tests: a private plan cache, and no plans or roots
+carried from one test to the next."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ampcore
+from ampcore._auto import _roots
+from ampcore._auto._cache import forget_plans
+
+
+@pytest.fixture
+def auto_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """A plan cache under ``tmp_path``, plans and roots forgotten before and after, and
+    ampcore's warnings (measurement notes) silenced."""
+    monkeypatch.setenv("AMPCORE_AUTO_CACHE", str(tmp_path / "cache"))
+    forget_plans()
+    _roots.forget()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ampcore.AmpcoreWarning)
+        yield
+    forget_plans()
+    _roots.forget()
