@@ -12,7 +12,7 @@ import copy
 import functools
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -170,14 +170,25 @@ def train(
     return states, scales
 
 
-def reference(name: str, dtype: torch.dtype) -> tuple[list[list[torch.Tensor]], list[float]]:
-    """torch's optimizer on float32 masters with torch's GradScaler, by hand (the model
-    without its BatchNorm)."""
-    model = make_model(norm=False)
+def reference(
+    name: str,
+    dtype: torch.dtype,
+    *,
+    factories: Mapping[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] | None = None,
+    wide: bool = False,
+    unscale: bool = False,
+    scaling: bool = True,
+) -> tuple[list[list[torch.Tensor]], list[float]]:
+    """torch's optimizer (``factories[name]``, default :data:`OPTIMIZERS`) on float32 masters
+    with torch's GradScaler, by hand (the model without its BatchNorm), fed the widened
+    low-precision gradients; ``unscale``: an explicit ``unscale_`` before the step;
+    ``scaling=False``: a scaler that does not scale (then a step with a non-finite gradient
+    is skipped by hand, as ampcore's scaler skips it)."""
+    model = make_model(norm=False, wide=wide)
     low = copy.deepcopy(model).to(dtype)
     masters = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    opt = OPTIMIZERS[name](masters)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    opt = (OPTIMIZERS if factories is None else factories)[name](masters)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=scaling)
     states, scales = [], []
     for index, (x, y) in enumerate(batches()):
         low.zero_grad()
@@ -186,14 +197,19 @@ def reference(name: str, dtype: torch.dtype) -> tuple[list[list[torch.Tensor]], 
             first_weight(low).grad[0, 0] = float("inf")
         for master, param in zip(masters, low.parameters(), strict=True):
             master.grad = param.grad.float()
-        scaler.step(opt)
-        scaler.update()
+        if scaling:
+            if unscale:
+                scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        elif all(bool(torch.isfinite(m.grad).all()) for m in masters):
+            opt.step()
         with torch.no_grad():
             for param, master in zip(low.parameters(), masters, strict=True):
                 param.copy_(master)
         state = [v for p in masters for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
         states.append([t.detach().clone() for t in (*masters, *low.parameters(), *state)])
-        scales.append(scaler.get_scale())
+        scales.append(scaler.get_scale() if scaling else 1.0)
     return states, scales
 
 

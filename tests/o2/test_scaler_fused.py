@@ -10,7 +10,6 @@ counts included.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -28,6 +27,9 @@ from test_scaler_deferred_unscale import (
     make_model,
     masters_of,
     snapshot,
+)
+from test_scaler_deferred_unscale import (
+    reference as scaled_reference,
 )
 
 import ampcore
@@ -109,34 +111,9 @@ def train(
 
 def reference(name: str, dtype: torch.dtype, wide: bool = False, unscale: bool = False) -> Run:
     """torch's fused optimizer on float32 masters with torch's GradScaler (which hands it
-    ``grad_scale``/``found_inf``), fed the widened low-precision gradients."""
-    model = make_model(norm=False, wide=wide)
-    low = copy.deepcopy(model).to(dtype)
-    masters = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    opt = FUSED[name](masters)
-    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, enabled=dtype == FP16)
-    states, scales = [], []
-    for index, (x, y) in enumerate(batches()):
-        low.zero_grad()
-        scaler.scale(loss_of(low, x.to(dtype), y)).backward()
-        if index == OVERFLOW_AT:
-            first_weight(low).grad[0, 0] = float("inf")
-        for master, param in zip(masters, low.parameters(), strict=True):
-            master.grad = param.grad.float()
-        if dtype == FP16:
-            if unscale:
-                scaler.unscale_(opt)
-            scaler.step(opt)
-            scaler.update()
-        elif all(bool(torch.isfinite(m.grad).all()) for m in masters):  # (a scaler that does not scale)
-            opt.step()
-        with torch.no_grad():
-            for param, master in zip(low.parameters(), masters, strict=True):
-                param.copy_(master)
-        state = [v for p in masters for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
-        states.append([t.detach().clone() for t in (*masters, *low.parameters(), *state)])
-        scales.append(scaler.get_scale() if dtype == FP16 else 1.0)
-    return states, scales
+    ``grad_scale``/``found_inf``), fed the widened low-precision gradients; bfloat16 needs
+    no scaling."""
+    return scaled_reference(name, dtype, factories=FUSED, wide=wide, unscale=unscale, scaling=dtype == FP16)
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["timed-walk", "whole-tensors"])
