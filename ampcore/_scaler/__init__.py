@@ -4,7 +4,8 @@
   loop ``scale`` / ``unscale_`` / ``step`` / ``update``.
 * ``store``: what the scaler keeps between iterations, as one record (settings, scale,
   counters, the scale tensors).
-* ``iteration``: the per-optimizer state machine of one iteration.
+* ``iteration``: the per-optimizer state machine of one iteration; ``unscaling``: how each
+  kind of optimizer's gradients are unscaled and checked (plain, O2 deferred, fused).
 * ``settings_api``: the getters, setters and state dicts; ``paddle``: the methods of
   Paddle's scaler that torch's lacks.
 * ``options``: validation of the constructor's options and Paddle's option names;

@@ -2,13 +2,14 @@
 
 The class holds three things: ``_store`` (settings, scale, counters: ``store.py``),
 ``_kernels`` (the device work: ``kernels.py``) and ``_records`` (the per-optimizer state
-machine of the current iteration: ``iteration.py``).  Its getters, setters and checkpoints
-come from ``settings_api.py`` and Paddle's names from ``paddle.py``.
+machine of the current iteration: ``iteration.py``).  How it unscales and checks each kind
+of optimizer's gradients (plain, O2 deferred, fused) comes from ``unscaling.py``, its
+getters, setters and checkpoints from ``settings_api.py`` and Paddle's names from
+``paddle.py``.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Final, TypeVar
 
 import torch
@@ -18,7 +19,7 @@ from .._backends.backend import dtype_name
 from .._backends.registry import DeviceLike
 from .._dtypes import parse_dtype
 from .._errors import AmpcoreError
-from .._o2.scaled_update import PendingUnscale, deferred_unscale
+from .._o2.scaled_update import deferred_unscale
 from .iteration import OptimizerRecord, Stage, check_optimizer
 from .kernels import ScalerKernels
 from .nest import map_tensors
@@ -27,6 +28,7 @@ from .options import ScalerOptions, accepts_paddle_option_names, check_bool
 from .paddle import PaddleScalerMethods, check_no_closure
 from .store import CALL as _CALL
 from .store import make_store
+from .unscaling import GradientUnscaling
 from .watch import CollapseWatch
 
 __all__ = ["GradScaler", "LossScaleAtMinimumError"]
@@ -37,7 +39,7 @@ _SCALE_FIRST: Final = (
 T = TypeVar("T")
 
 
-class GradScaler(PaddleScalerMethods):
+class GradScaler(GradientUnscaling, PaddleScalerMethods):
     """Dynamic loss scaling for mixed precision training, on any ampcore backend.
 
     Used like ``torch.amp.GradScaler``: ``scaler.scale(loss).backward()``,
@@ -305,73 +307,6 @@ class GradScaler(PaddleScalerMethods):
         record.stage = Stage.STEPPED
         return result
 
-    def _check_deferred(
-        self, optimizer: torch.optim.Optimizer, record: OptimizerRecord, scale: torch.Tensor, pending: PendingUnscale
-    ) -> None:
-        """:meth:`unscale_` for an O2 optimizer whose update unscales the low-precision
-        gradients of ``pending`` as it widens them (``ampcore/_o2/scaled_update.py``): those
-        are only checked for inf/nan here, read-only, so no float32 copy of them is made;
-        the other gradients are unscaled in place as :meth:`unscale_` does."""
-        scaling = self._store.scaling
-        inv_scale = self._kernels.inv_scale(scale) if scaling else torch.ones_like(scale)
-        record.found_inf = self._kernels.unscale_params_(
-            pending.params(),
-            inv_scale,
-            not scaling,
-            self._process_group,
-            self._sync_found_inf,
-            checked=pending.low_grads(),
-        )
-        pending.inv_scale = inv_scale if scaling else None
-        record.stage = Stage.UNSCALED
-        self._records[id(optimizer)] = record
-
-    def _check_fused(
-        self, optimizer: torch.optim.Optimizer, scale: torch.Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> torch.Tensor:
-        """The found-inf flag of a fused optimizer's step (its kernel unscales).  The
-        low-precision gradients of O2 masters whose update reads them itself (fused
-        Adam/AdamW: ``ampcore/_o2/master_adam.py``) are checked read-only, so no float32
-        copy of them is made; the other gradients as :meth:`unscale_` checks them."""
-        ones = torch.ones_like(scale)
-        pending = deferred_unscale(optimizer, args, kwargs)
-        if pending is None:
-            return self._unscale_grads_(optimizer, ones, allow_fp16=True)
-        return self._kernels.unscale_params_(
-            pending.params(), ones, True, self._process_group, self._sync_found_inf, checked=pending.low_grads()
-        )
-
-    def _fused_step(
-        self,
-        optimizer: torch.optim.Optimizer,
-        record: OptimizerRecord,
-        scale: torch.Tensor,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
-            raise AmpcoreError(
-                f"{_CALL}.step(): {type(optimizer).__name__}.step takes a 'grad_scaler' argument, torch's "
-                "deprecated protocol, which ampcore does not support; read the 'grad_scale' and "
-                "'found_inf' attributes the scaler sets on the optimizer instead"
-            )
-        if record.stage is Stage.READY:
-            record.found_inf = self._check_fused(optimizer, scale, args, kwargs)
-            grad_scale = scale * getattr(optimizer, "grad_scale", 1) if self._store.scaling else None
-        else:
-            grad_scale = getattr(optimizer, "grad_scale", None)
-            self._or_late_overflow_(record.found_inf)
-        optimizer.grad_scale = grad_scale  # type: ignore[attr-defined]
-        optimizer.found_inf = record.found_inf  # type: ignore[attr-defined]
-        try:
-            result = optimizer.step(*args, **kwargs)
-        finally:
-            del optimizer.grad_scale  # type: ignore[attr-defined]
-            del optimizer.found_inf  # type: ignore[attr-defined]
-        record.stage = Stage.STEPPED
-        self._records[id(optimizer)] = record
-        return result
-
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         """End the iteration: back off or grow the scale from the recorded found-inf flags,
         or set it to ``new_scale``.  No host sync (except with ``raise_at_min_scale=True``).
@@ -429,16 +364,3 @@ class GradScaler(PaddleScalerMethods):
         if not self._store.scaling or not options.dynamic:
             return ""
         return f", and the loss scale fell to {self.get_scale():g} (init_scale {options.init_scale:g})"
-
-    def _or_late_overflow_(self, found_inf: torch.Tensor | None) -> None:
-        """OR the device overflow flag into ``found_inf`` once more, at :meth:`step` after an
-        explicit :meth:`unscale_`: what ran in between (clipping) may have overflowed too."""
-        if found_inf is not None and found_inf.device.type == self._store.backend.device_type:
-            self._kernels.or_device_overflow_(found_inf)
-
-    def _unscale_grads_(
-        self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool
-    ) -> torch.Tensor:
-        return self._kernels.unscale_optimizer_(
-            optimizer, inv_scale, allow_fp16, self._process_group, self._sync_found_inf
-        )
