@@ -16,7 +16,7 @@ import torch
 
 from ._errors import AmpcoreError, closest, shown
 
-__all__ = ["DTYPE_NAMES", "parse_declared_dtype", "parse_dtype", "valid_dtype_names"]
+__all__ = ["DTYPE_NAMES", "dtype_name", "parse_declared_dtype", "parse_dtype", "valid_dtype_names"]
 
 #: Accepted names (lower case; a leading ``torch.`` is also accepted) -> the dtype.
 DTYPE_NAMES: Final[Mapping[str, torch.dtype]] = {
@@ -34,6 +34,17 @@ DTYPE_NAMES: Final[Mapping[str, torch.dtype]] = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as messages name it, without torch's prefix.
+
+    Example::
+
+        >>> dtype_name(torch.bfloat16)
+        'bfloat16'
+    """
+    return str(dtype).removeprefix("torch.")
+
+
 def valid_dtype_names(dtypes: Sequence[torch.dtype] | None = None) -> str:
     """``"bfloat16 (bf16), float16 (fp16, half), ..."``: each dtype (all, or ``dtypes``) with
     its aliases.
@@ -48,8 +59,7 @@ def valid_dtype_names(dtypes: Sequence[torch.dtype] | None = None) -> str:
         if dtypes is None or dtype in groups:
             groups.setdefault(dtype, []).append(name)
     return ", ".join(
-        f"{names[0]} ({', '.join(names[1:])})" if names else str(dtype).removeprefix("torch.")
-        for dtype, names in groups.items()
+        f"{names[0]} ({', '.join(names[1:])})" if names else dtype_name(dtype) for dtype, names in groups.items()
     )
 
 
@@ -120,7 +130,5 @@ def parse_declared_dtype(
         suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
         raise AmpcoreError(f"{where}: unknown dtype name{suggestion}; {owner} declares: {valid}") from None
     if dtype not in declared:
-        raise AmpcoreError(
-            f"{where}: {owner} does not declare {str(dtype).removeprefix('torch.')}; it declares: {valid}"
-        )
+        raise AmpcoreError(f"{where}: {owner} does not declare {dtype_name(dtype)}; it declares: {valid}")
     return dtype

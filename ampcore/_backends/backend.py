@@ -4,34 +4,23 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
 
 import pluggy
 import torch
 
-from .._dtypes import parse_dtype
+from .._dtypes import dtype_name, parse_dtype
 from .._errors import AmpcoreError, AmpcoreWarning, BackendUnavailableError, PluginError, warn_user
 from .._forklock import LOCK
-from .._op_names import canonical_ops
-from ..hookspec import BackendSpec
+from .answers import ADJUSTMENT_KEYS, read_adjustments, read_identity
 from .capability import CapabilityIssue
 from .checks import device_type_problem, indexed_device, privateuse1_name, result_problem, torch_knows
 from .importing import ImportTimeout, call_bounded, import_timeout
 
-__all__ = ["Backend", "ADJUSTMENT_KEYS", "dtype_name", "origin"]
+__all__ = ["ADJUSTMENT_KEYS", "Backend", "dtype_name", "origin"]
 
-#: The keys ``ampcore_op_list_adjustments`` may use.
-ADJUSTMENT_KEYS: Final = ("white", "black", "promote")
-
-_NAME_RE: Final = re.compile(r"^[a-z][a-z0-9_\-]*$")
 _MISSING: Final = object()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 def origin(distribution: str | None) -> str:
@@ -168,49 +157,15 @@ class Backend:
         return PluginError(self.plugin_name, message, self.distribution)
 
     def _validate_and_describe(self) -> None:
-        spec = self._call("ampcore_backend")
-        if not isinstance(spec, BackendSpec):
-            raise self._error(
-                f"ampcore_backend() returned {spec!r}; expected an ampcore.BackendSpec such as "
-                "BackendSpec(name='acme', device_type='acme', dtypes=[torch.bfloat16])"
-            )
-        name, device_type, raw = spec.name, spec.device_type, spec.dtypes
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise self._error(
-                f"ampcore_backend() gave name={name!r}; expected a lower-case name of "
-                "letters, digits, '_' or '-' (no ':'), e.g. 'cuda'"
-            )
-        if not isinstance(device_type, str) or not device_type:
-            raise self._error(f"ampcore_backend() gave device_type={device_type!r}; expected e.g. 'cuda'")
-        dtypes = tuple(raw) if isinstance(raw, (list, tuple)) else ()
-        bad = [d for d in dtypes if not isinstance(d, torch.dtype) or not d.is_floating_point]
-        if not dtypes or bad or len(set(dtypes)) != len(dtypes):
-            raise self._error(
-                f"ampcore_backend() gave dtypes={raw!r}; expected a non-empty "
-                "list of distinct floating torch dtypes such as [torch.bfloat16]"
-            )
-        default = dtypes[0] if spec.default_dtype is None else spec.default_dtype
-        if not isinstance(default, torch.dtype) or default not in dtypes:
-            raise self._error(
-                f"ampcore_backend() gave default_dtype={default!r}, which is not among its "
-                f"supported dtypes {[dtype_name(d) for d in dtypes]}"
-            )
-        priority = spec.priority
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise self._error(f"ampcore_backend() gave priority={priority!r}; expected an int")
-        chunk = getattr(spec, "master_update_chunk_elements", None)
-        if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
-            raise self._error(
-                f"ampcore_backend() gave master_update_chunk_elements={chunk!r}; expected None "
-                "(whole-tensor master-weight updates) or a positive number of elements such as 262144"
-            )
-        self.name: str = name
-        self.device_type: str = device_type
-        self.supported_dtypes: tuple[torch.dtype, ...] = dtypes
-        self.default_dtype: torch.dtype = default
-        self.priority: int = priority
+        """Read who the backend is from ``ampcore_backend()`` (checked: :mod:`.answers`)."""
+        identity = read_identity(self._call("ampcore_backend"), self._error)
+        self.name: str = identity.name
+        self.device_type: str = identity.device_type
+        self.supported_dtypes: tuple[torch.dtype, ...] = identity.supported_dtypes
+        self.default_dtype: torch.dtype = identity.default_dtype
+        self.priority: int = identity.priority
         #: elements per chunk of O2's master-weight updates; None: whole tensors (BackendSpec)
-        self.master_update_chunk_elements: int | None = chunk
+        self.master_update_chunk_elements: int | None = identity.master_update_chunk_elements
 
     def _validate_dtype_hooks(self) -> None:
         """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin
@@ -223,37 +178,8 @@ class Backend:
             self._adjustments[dtype] = self._validated_adjustments(dtype)
 
     def _validated_adjustments(self, dtype: torch.dtype) -> dict[str, frozenset[str]]:
-        hook = f"ampcore_op_list_adjustments({dtype})"
         raw = self._call("ampcore_op_list_adjustments", default=None, dtype=dtype)
-        if raw is None:
-            return {}
-        if not isinstance(raw, Mapping):
-            raise self._error(f"{hook} returned {raw!r}; expected None or a dict such as {{'black': ['layer_norm']}}")
-        bad = [key for key in raw if key not in ADJUSTMENT_KEYS]
-        if bad:
-            raise self._error(f"{hook} returned keys {bad!r}; valid keys: 'white', 'black', 'promote'")
-        adjusted: dict[str, frozenset[str]] = {}
-        for key, ops in raw.items():
-            if ops is None:
-                continue
-            if not isinstance(ops, (str, list, tuple, set, frozenset)):
-                raise self._error(
-                    f"{hook} returned {dict(raw)!r}; each value must be a list or set of op names, "
-                    f"got {type(ops).__name__} under {key!r}"
-                )
-            try:
-                names = canonical_ops(ops, hook, key)
-            except AmpcoreError as exc:
-                raise self._error(str(exc)) from None
-            if names:
-                adjusted[key] = names
-        seen: dict[str, str] = {}
-        for key, names in adjusted.items():
-            for op in sorted(names):
-                if op in seen:
-                    raise self._error(f"{hook} puts {op!r} under both {seen[op]!r} and {key!r}")
-                seen[op] = key
-        return adjusted
+        return read_adjustments(raw, f"ampcore_op_list_adjustments({dtype})", self._error)
 
     def __repr__(self) -> str:
         return (
