@@ -21,10 +21,12 @@ contracts and what changed (:data:`CONTRACT_CHANGES`); so does a contract-2 plug
 a contract-1 hook.  docs/migrating-contract-1.md maps every contract-1 hook to contract 2.
 
 One hook is required: :func:`ampcore_backend`, which says who the backend is (a
-:class:`BackendSpec`).  Every other hook is optional; the core default used when a
-plugin leaves it out is given in its docstring.  An implementation may accept any subset of
-the hook's parameters, by name.  A function in a plugin whose name starts with ``ampcore_``
-but matches no hook below is an error (it is almost always a misspelling).
+:class:`BackendSpec`, defined in ``ampcore/_backend_spec.py`` with the rules of its fields;
+public as ``ampcore.BackendSpec`` and ``ampcore.hookspec.BackendSpec``).  Every other hook
+is optional; the core default used when a plugin leaves it out is given in its docstring.
+An implementation may accept any subset of the hook's parameters, by name.  A function in a
+plugin whose name starts with ``ampcore_`` but matches no hook below is an error (it is
+almost always a misspelling).
 
 Example plugin module::
 
@@ -40,11 +42,13 @@ Example plugin module::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import pluggy
+
+# the value ampcore_backend() returns (its fields and their rules: ampcore/_backend_spec.py)
+from ._backend_spec import BackendSpec
 
 # what changed in each contract, and contract-1 hooks -> what replaces them (error texts)
 from ._contract_history import CONTRACT_CHANGES, REMOVED_HOOKS
@@ -84,58 +88,6 @@ REQUIRED_HOOKS: Final = ("ampcore_backend",)
 # ---------------------------------------------------------------------------------------
 # Identity (required)
 # ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """Who a backend is: what :func:`ampcore_backend` returns (``ampcore.BackendSpec``).
-
-    Attributes:
-        name: the backend's name, as users pass it to ``device=`` (e.g. ``"cuda"``): lower
-            case letters, digits, ``_`` and ``-``, no ``:`` (``"cuda:1"`` selects device 1 of
-            backend ``"cuda"``).  A plugin claiming the name of a first-party adapter
-            (distribution ``ampcore``) replaces it; two other plugins claiming one name
-            conflict (the user blocks one with ``AMPCORE_BLOCK_PLUGINS``).
-        device_type: the torch device type the backend drives (``torch.autocast(device_type)``);
-            usually the name (``"cuda"``, ``"xpu"``, ``"npu"`` after torch_npu renamed
-            PrivateUse1), but a template may drive ``"cpu"`` under its own name.
-        dtypes: the low-precision dtypes the backend can autocast to, best first: only those
-            the hardware (or a documented emulation) really runs, as the conformance suite
-            checks each one.  Non-empty, distinct, floating.  Read at load, before the
-            vendor extension is imported (so not from ``get_amp_supported_dtype()``): list
-            the dtypes of the product line, and refuse one on a device that lacks it with an
-            ``"error"`` :class:`ampcore.CapabilityIssue` from :func:`ampcore_check_capability`.
-        default_dtype: the dtype used for ``dtype=None``, one of ``dtypes``; ``None``: the
-            first of ``dtypes``.
-        priority: rank for ``device=None``: the available backend with the highest priority
-            wins (ties: alphabetical name).  Default 50; first-party values: ``cpu`` 0,
-            ``xpu`` 80, ``cuda`` and ``npu`` 100; the in-repo templates and test devices
-            -10 (never chosen over a real device, not even over ``cpu``).
-        master_update_chunk_elements: how O2's own master-weight updates (momentum-free
-            SGD, Adam, AdamW) walk large parameters: ``None`` (the default) updates whole
-            tensors, a few multi-tensor ops per param group (what a GPU-like device with
-            costly kernel launches wants); a positive int splits each parameter larger
-            than that many elements into chunks updated one after another, so that a
-            chunk stays in the CPU's caches between the optimizer's passes (the CPU
-            adapter's choice); ampcore then times its update on the host clock against
-            whole tensors and keeps the faster walk, so give a number only where updates
-            run synchronously on the host.  Optional; added to contract 2 with a default,
-            so adapters that predate it keep working.
-
-    Example::
-
-        >>> import torch
-        >>> spec = BackendSpec("acme", "acme", [torch.float16, torch.bfloat16], priority=100)
-        >>> spec.default_dtype, spec.priority
-        (None, 100)
-    """
-
-    name: str
-    device_type: str
-    dtypes: Sequence[torch.dtype]
-    default_dtype: torch.dtype | None = None
-    priority: int = 50
-    master_update_chunk_elements: int | None = None
 
 
 @hookspec

@@ -23,6 +23,7 @@ BEGIN: Final = "<!-- BEGIN GENERATED HOOK REFERENCE (python docs/gen_hooks.py; d
 END: Final = "<!-- END GENERATED HOOK REFERENCE -->"
 _ROLE: Final = re.compile(r":(?:func|class|meth|data|attr|mod):`~?([^`]+)`")
 _BANNER: Final = re.compile(r"^# ([A-Z].*)$")
+_FIELD: Final = re.compile(r"^    (\w+): (.*)$")
 
 
 def _hooks() -> list[tuple[str, Callable[..., Any]]]:
@@ -46,16 +47,34 @@ def _groups(hooks: list[tuple[str, Callable[..., Any]]]) -> list[tuple[str, list
     return list(groups.items())
 
 
+def _field(line: str) -> str | None:
+    """A line of an ``Attributes:`` section as markdown: a field opens a list item
+    (``- `name`: ...``), its indented continuation stays in it; None: the section ended."""
+    if line.startswith("        "):
+        return "  " + line.strip()
+    found = _FIELD.match(line)
+    return None if found is None else f"- `{found.group(1)}`: {found.group(2)}"
+
+
 def _markdown(docstring: str) -> str:
-    """The docstring with reST roles, literals and ``::`` blocks turned into markdown."""
+    """The docstring with reST roles, literals, ``::`` blocks and ``Attributes:`` sections
+    turned into markdown."""
     out: list[str] = []
-    code = False
+    code = fields = False
     for line in docstring.splitlines():
         if code and line.strip() and not line.startswith("    "):
             out.append("```")
             code = False
         if code:
             out.append(line[4:])
+            continue
+        if fields:
+            item = _field(line)
+            fields = item is not None
+            line = line if item is None else item
+        if line.strip() == "Attributes:":
+            out += [line, ""]
+            fields = True
             continue
         line = _ROLE.sub(lambda m: f"`{m.group(1)}()`" if m.group(0).startswith(":func:") else f"`{m.group(1)}`", line)
         line = line.replace("``", "`")
@@ -75,6 +94,15 @@ def _signature(name: str, function: Callable[..., Any]) -> str:
     return f"def {name}({params}) -> {signature.return_annotation}: ..."
 
 
+def _returned_class(function: Callable[..., Any]) -> tuple[str, type] | None:
+    """The class of the hookspec module a hook returns (``BackendSpec``), to document with it."""
+    from ampcore import hookspec
+
+    name = str(inspect.signature(function).return_annotation)
+    value = getattr(hookspec, name, None)
+    return (name, value) if inspect.isclass(value) else None
+
+
 def render() -> str:
     """The generated section, markers included."""
     from ampcore import hookspec
@@ -90,6 +118,9 @@ def render() -> str:
         for name, function in members:
             lines += ["", f"#### `{name}`", "", "```python", _signature(name, function), "```", ""]
             lines.append(_markdown(inspect.getdoc(function) or "(undocumented)"))
+            returned = _returned_class(function)
+            if returned is not None:
+                lines += ["", f"#### `{returned[0]}`", "", _markdown(inspect.getdoc(returned[1]) or "(undocumented)")]
     lines += ["", END]
     return "\n".join(lines)
 
