@@ -12,8 +12,9 @@ Read in this order:
   ``signature``: its arguments; ``entry``: entering a region the long way, and the plan
   that makes later entries short; ``torch_state``: torch's autocast flags a region enters.
 * ``thread_state``: the per-thread region stack and policies.
-* ``kernels``: the action table (:func:`kernels.decide`, once per policy) and the Python
-  executor of it; ``compiled`` + ``policy_kernel.cpp``: the C++ executor of the same table;
+* ``decisions``: the action table's entries (:func:`decisions.decide`, once per policy);
+  ``kernels``: the Python executor of it; ``compiled`` + ``policy_kernel.cpp``: the C++
+  executor of the same table;
   ``executor``: which one runs (``AMPCORE_POLICY_KERNEL``) and building the C++ one;
   ``registration``: where in the dispatcher the kernels are registered (per overload, when
   a policy first needs one; never removed) and the runtime :class:`OpPolicy`;

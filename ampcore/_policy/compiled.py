@@ -1,7 +1,7 @@
 """The compiled executor's Python side: its kernels on a key, its tables, the thread's table.
 
 The C++ kernels (``policy_kernel.cpp``, built by :mod:`ampcore._policy.executor`) carry out
-the same decisions as the Python kernels: :func:`ampcore._policy.kernels.decide`, taken once
+the same decisions as the Python kernels: :func:`ampcore._policy.decisions.decide`, taken once
 per (policy, device type) for every castable overload and handed to C++ as one byte per
 overload (:func:`encode`).  A thread's policy reaches C++ as that table's id, set per device
 type whenever the thread's policy changes (:attr:`ampcore._policy.thread_state.MIRRORS`).
@@ -23,8 +23,8 @@ from typing import Any, Final
 import torch
 
 from .._op_names import castable_overloads
+from .decisions import Decision, OverloadSpec, Plan, decide
 from .fused import FUSED_CHOICE, named_swallowed, warn_swallowed
-from .kernels import Decision, OverloadSpec, Plan, decide
 from .key_tables import Client, KeyTable, all_autocast_keys
 from .lists import Action
 from .thread_state import MIRRORS

@@ -1,6 +1,6 @@
 """Which executor carries out the policy kernels' action table, and building the compiled one.
 
-Two executors read the same decisions (:func:`ampcore._policy.kernels.decide`, once per
+Two executors read the same decisions (:func:`ampcore._policy.decisions.decide`, once per
 policy): the *compiled* one, a C++ boxed kernel per operator (``policy_kernel.cpp``, shipped
 in the package, carried out without Python per op: :mod:`ampcore._policy.compiled`), and the
 *Python* one (:mod:`ampcore._policy.kernels`), which needs nothing but torch.

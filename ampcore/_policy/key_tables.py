@@ -52,7 +52,7 @@ class Client:
     ampcore is active.  ``native`` maps an overload to the action of the device's own (torch's)
     autocast kernel: a policy that agrees passes the call on to it instead of casting in Python.
     ``own`` is every castable overload with a kernel on the device's own autocast key (a
-    vendor's too): the others may go without a kernel of ampcore's (kernels.needs_kernel).
+    vendor's too): the others may go without a kernel of ampcore's (decisions.needs_kernel).
     """
 
     device_type: str

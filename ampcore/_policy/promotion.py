@@ -4,7 +4,7 @@ Inside a composite that a policy with custom lists decomposes, ops on no list fo
 *inner* policy, whose default is ``promote`` (:mod:`ampcore._policy.registration`): a
 custom-listed op's cast may hand its neighbours inputs of mixed dtypes, which ops such as
 ``mm`` refuse.  For the ops here that step changes nothing, so they need no policy kernel
-for it (:func:`ampcore._policy.kernels.unlisted`), and the dispatcher passes them by: an op
+for it (:func:`ampcore._policy.decisions.unlisted`), and the dispatcher passes them by: an op
 with at most one tensor argument (nothing to reconcile), or a binary pointwise op whose
 TensorIterator promotes mixed floating inputs to the wider dtype itself
 (:data:`TYPE_PROMOTING_POINTWISE`; the ops of torch's own ``promote`` lists are left out,

@@ -17,7 +17,7 @@ Registration lifecycle (correct by construction, measured in docs/performance.md
   ever removed or replaced.  On a shadow key, the first region that needs the key registers
   a fallthrough fallback for it, and a region whose policy is new registers kernels for the
   overloads that policy (or its inner policy) decides anything but ``PASS`` for
-  (:func:`~ampcore._policy.kernels.needs_kernel`), under a lock, before the policy is put in
+  (:func:`~ampcore._policy.decisions.needs_kernel`), under a lock, before the policy is put in
   force.  Every other overload has no kernel there: the dispatcher folds the fallthrough
   into the operator's key mask, so those ops skip the key without entering any code of
   ampcore's.  A new kernel only replaces its op's fallthrough (the dispatcher fills the
@@ -34,7 +34,7 @@ Registration lifecycle (correct by construction, measured in docs/performance.md
   exactly as in a process without ampcore: it pays nothing and its results cannot depend on
   what ran before.  A kernel passes a call on untouched when its thread has no policy for
   the call's device type, and when the policy does what the dispatcher would do without it
-  (:class:`~ampcore._policy.kernels.Plan` ``PASS``: torch's own kernel below casts as the
+  (:class:`~ampcore._policy.decisions.Plan` ``PASS``: torch's own kernel below casts as the
   policy says, or nothing below casts and neither does the policy), so an op's result never
   depends on whether another policy gave it a kernel.
 * **Resident**, otherwise (a PrivateUse1 device such as ``npu``: no autocast key ranks

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from ampcore._policy.kernels import _op
+from ampcore._policy.decisions import _op
 from ampcore._policy.promotion import TYPE_PROMOTING_POINTWISE, promotes_natively
 
 BF16, FP32 = torch.bfloat16, torch.float32
