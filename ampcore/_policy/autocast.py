@@ -14,15 +14,13 @@ from .._backends.backend import dtype_name
 from .._backends.registry import DeviceLike, loaded_generation, resolve_device
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
-from .._errors import AmpcoreError, shown
-from .._op_names import canonical_ops
 from .compile import compile_in_use, constant_result, foreign_mode, guard_mode, opaque
 from .entry import Plans, abandon, enter, not_innermost, other_context
 from .level_hooks import level_hooks
 from .levels import check_level
-from .lists import check_custom, compute_oplists
+from .lists import compute_oplists
 from .registration import OpPolicy, has_native_autocast, policy_for
-from .signature import MADE, bind_arguments, check_use_promote, construction_key, remember
+from .signature import MADE, bind_arguments, check_switches, check_use_promote, construction_key, custom_lists, remember
 from .thread_state import ActiveRegion, RegionSpec, thread_state
 from .torch_state import CompiledRegion, DirectAutocast
 from .torch_state import restore as _restore
@@ -33,7 +31,6 @@ __all__ = ["auto_cast", "autocast"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CALL = "ampcore.autocast"
-_EMPTY: frozenset[str] = frozenset()
 _is_compiling = torch.compiler.is_compiling
 _thread = thread_state()
 _new_object = object.__new__
@@ -144,9 +141,8 @@ class autocast:
             if made is not None:  # validated before: the same attributes, without the checks
                 self.__dict__.update(made)
                 return
-        if args or aliases:
-            given = {
-                **aliases,
+        if args or aliases:  # positional (three orders) or aliased: bound to ampcore's names
+            keywords = {
                 "device": device,
                 "dtype": dtype,
                 "level": level,
@@ -155,27 +151,34 @@ class autocast:
                 "custom_white_list": custom_white_list,
                 "custom_black_list": custom_black_list,
             }
-            values = bind_arguments(args, given, _DEFAULTS)
-            device, dtype, level, enabled = values["device"], values["dtype"], values["level"], values["enabled"]
-            cache_enabled = values["cache_enabled"]
-            custom_white_list, custom_black_list = values["custom_white_list"], values["custom_black_list"]
-            check_use_promote(values["use_promote"], check_level(level))
+            values = bind_arguments(args, {**aliases, **keywords}, _DEFAULTS)
+            check_use_promote(values.pop("use_promote"), check_level(values["level"]))
+            self._construct(None, **values)
+        else:
+            self._construct(key, device, dtype, level, enabled, cache_enabled, custom_white_list, custom_black_list)
+
+    def _construct(
+        self,
+        key: tuple[Any, ...] | None,
+        device: DeviceLike,
+        dtype: torch.dtype | str | None,
+        level: str,
+        enabled: bool,
+        cache_enabled: bool | None,
+        custom_white_list: Iterable[str] | None,
+        custom_black_list: Iterable[str] | None,
+    ) -> None:
+        """Validate the arguments (bound to ampcore's names) and set the region's attributes;
+        remember them under ``key`` (see :func:`~ampcore._policy.signature.construction_key`)."""
         checked_level = check_level(level)
         hooks = level_hooks(checked_level)  # level="auto": its module hooks (ampcore._auto)
         if hooks is not None:  # AMPCORE_AUTO_BUDGET checked here, before anything changes
             hooks.check()
         self._level_hooks = hooks if enabled else None
-        if not isinstance(enabled, bool):
-            raise AmpcoreError(f"{_CALL}(enabled={shown(enabled)}): expected True or False")
-        if cache_enabled is not None and not isinstance(cache_enabled, bool):
-            raise AmpcoreError(f"{_CALL}(cache_enabled={shown(cache_enabled)}): expected True, False or None")
+        check_switches(enabled, cache_enabled)
         if dtype is not None:
             dtype = parse_dtype(dtype, _CALL)
-        white = black = _EMPTY
-        if custom_white_list is not None or custom_black_list is not None:
-            white = canonical_ops(custom_white_list, _CALL, "custom_white_list")
-            black = canonical_ops(custom_black_list, _CALL, "custom_black_list")
-            check_custom(white, black, _CALL)
+        white, black = custom_lists(custom_white_list, custom_black_list)
         resolved = resolve_device(device)
         backend = resolved.backend
         self.backend = backend

@@ -16,16 +16,22 @@ Keyword aliases: torch's ``device_type``, Paddle's ``enable`` and ``use_promote`
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning, closest, shown
+from .._op_names import canonical_ops
+from .lists import check_custom
 
-__all__ = ["AMPCORE_ORDER", "MADE", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "construction_key", "remember"]
+__all__ = [
+    "AMPCORE_ORDER", "MADE", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "check_switches", "check_use_promote",
+    "construction_key", "custom_lists", "remember",
+]  # fmt: skip
 
 _CALL: Final = "ampcore.autocast"
+_EMPTY: Final[frozenset[str]] = frozenset()
 AMPCORE_ORDER: Final = (
     "device",
     "dtype",
@@ -126,6 +132,26 @@ def check_use_promote(use_promote: object, level: str) -> None:
             AmpcoreWarning,
             stacklevel=4,
         )
+
+
+def check_switches(enabled: object, cache_enabled: object) -> None:
+    """``enabled`` must be a bool, ``cache_enabled`` a bool or None (never a truthy value)."""
+    if not isinstance(enabled, bool):
+        raise AmpcoreError(f"{_CALL}(enabled={shown(enabled)}): expected True or False")
+    if cache_enabled is not None and not isinstance(cache_enabled, bool):
+        raise AmpcoreError(f"{_CALL}(cache_enabled={shown(cache_enabled)}): expected True, False or None")
+
+
+def custom_lists(
+    white_list: Iterable[str] | None, black_list: Iterable[str] | None
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The custom white and black lists as canonical op names; no op in both."""
+    if white_list is None and black_list is None:
+        return _EMPTY, _EMPTY
+    white = canonical_ops(white_list, _CALL, "custom_white_list")
+    black = canonical_ops(black_list, _CALL, "custom_black_list")
+    check_custom(white, black, _CALL)
+    return white, black
 
 
 #: Constructions validated in this process (:func:`construction_key` -> the attributes they
