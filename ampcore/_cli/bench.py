@@ -108,6 +108,13 @@ def format_result(result: BenchResult) -> str:
             )
         )
     lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1))
+    wrapped = [textwrap.fill(note, WIDTH, break_on_hyphens=False) for note in _notes(result)]
+    return head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(wrapped)
+
+
+def _notes(result: BenchResult) -> list[str]:
+    """The notes under the table: what its columns mean, then what the run's backend and
+    spread say about reading it (unwrapped)."""
     notes = [
         "ms/step: median step time over the measured steps"
         + (" of all repeats" if result.repeats > 1 else "")
@@ -142,8 +149,7 @@ def format_result(result: BenchResult) -> str:
             )
         )
     notes.append(time_note(result))
-    wrapped = [textwrap.fill(note, WIDTH, break_on_hyphens=False) for note in notes]
-    return head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(wrapped)
+    return notes
 
 
 def time_note(result: BenchResult) -> str:

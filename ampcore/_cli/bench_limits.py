@@ -4,7 +4,8 @@
 allocator fails minutes into the run (or a worker process dies), with a traceback naming
 neither option.  :func:`bench_bytes` is a lower bound of what one mode holds at its peak,
 :func:`check_bench_fits` compares it with the device's memory (the adapter's
-``ampcore_memory`` total, else the host's RAM for host-memory backends).
+``ampcore_memory`` total, else the host's RAM for host-memory backends), and
+:func:`check_sizes` does so for one backend's device.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import os
 from dataclasses import dataclass
 from typing import Final
 
+from .._backends.backend import Backend
+from .._backends.memory import device_memory
 from .._errors import AmpcoreError
 
-__all__ = ["BenchBytes", "bench_bytes", "check_bench_fits", "host_memory"]
+__all__ = ["BenchBytes", "bench_bytes", "check_bench_fits", "check_sizes", "host_memory"]
 
 #: Layers of the guide's network (9 x Linear(size, size)).
 LAYERS: Final = 9
@@ -102,3 +105,10 @@ def host_memory() -> int | None:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
         return None
+
+
+def check_sizes(backend: Backend, index: int, size: int, batch: int, batches: int) -> None:
+    """Refuse sizes the device's memory (host RAM for host backends) cannot hold, naming the option."""
+    memory = device_memory(backend, index)
+    where = f"{backend.name}:{index} ({backend.device_name(index)})" if memory is not None else "host RAM"
+    check_bench_fits(size, batch, batches, memory if memory is not None else host_memory(), where)

@@ -37,7 +37,7 @@ from .._backends.support import resolve_dtype
 from .._errors import AmpcoreError
 from .._policy.executor import executor
 from .._policy.registration import has_native_autocast
-from .bench_limits import check_bench_fits, host_memory
+from .bench_limits import check_sizes
 from .results import BenchResult, ModeResult, add_speedups, load_average, merge_repeats, unreliable_reasons
 
 __all__ = [
@@ -119,6 +119,10 @@ def default_sizes(backend: Backend, device_index: int = 0) -> tuple[int, int]:
     return GUIDE_SIZES if memory is not None and memory >= _GUIDE_NEEDS else HOST_SIZES
 
 
+#: A mode's model, optimizer, region (a context-manager factory) and scaler (None: no scaling).
+Prepared = tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]
+
+
 def _setup(
     mode: str,
     model: nn.Module,
@@ -126,7 +130,7 @@ def _setup(
     settings: BenchSettings,
     dtype: torch.dtype,
     backend: Backend,
-) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], contextlib.AbstractContextManager[Any]], Any]:
+) -> Prepared:
     import ampcore
 
     device = settings.device
@@ -182,6 +186,38 @@ def _run_mode(
     model, opt, region, scaler = _setup(mode, model, opt, settings, dtype, backend)
     synchronize(backend, index)
     stepping = time.perf_counter()
+    times, losses = _train(mode, settings, (model, opt, region, scaler), (data, label), backend, index, on_step)
+    steps_s = time.perf_counter() - stepping
+    peak = peak_memory(backend, index)
+    scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None  # None: no scaling
+    del model, opt, data, label
+    return ModeResult(
+        mode=mode,
+        ms_per_step=statistics.median(times),
+        step_ms=times,
+        losses=losses,
+        final_loss=losses[-1],
+        peak_memory=None if peak is None or base is None else max(peak - base, 0),
+        loss_scale=scale,
+        repeat_ms=[statistics.median(times)],
+        setup_s=stepping - began,
+        steps_s=steps_s,
+    )
+
+
+def _train(
+    mode: str,
+    settings: BenchSettings,
+    prepared: Prepared,
+    batches: tuple[torch.Tensor, torch.Tensor],
+    backend: Backend,
+    index: int,
+    on_step: StepCallback | None,
+) -> tuple[list[float], list[float]]:
+    """The warm-up and measured steps of one mode: the measured steps' times (ms) and every
+    step's loss (read on the host, which synchronises, as the guide's loop does)."""
+    model, opt, region, scaler = prepared
+    data, label = batches
     total = settings.warmup + settings.steps
     times: list[float] = []
     losses: list[float] = []
@@ -203,22 +239,7 @@ def _run_mode(
             times.append((time.perf_counter() - start) * 1e3)
         if on_step is not None:
             on_step(mode, step + 1, total)
-    steps_s = time.perf_counter() - stepping
-    peak = peak_memory(backend, index)
-    scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None  # None: no scaling
-    del model, opt, data, label
-    return ModeResult(
-        mode=mode,
-        ms_per_step=statistics.median(times),
-        step_ms=times,
-        losses=losses,
-        final_loss=losses[-1],
-        peak_memory=None if peak is None or base is None else max(peak - base, 0),
-        loss_scale=scale,
-        repeat_ms=[statistics.median(times)],
-        setup_s=stepping - began,
-        steps_s=steps_s,
-    )
+    return times, losses
 
 
 def _worker(
@@ -325,7 +346,7 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     dtype = resolve_dtype(backend, settings.dtype, index, "ampcore bench")
     size, batch = default_sizes(backend, index)
     size, batch = settings.size or size, settings.batch or batch
-    check_sizes(settings, backend, index, size, batch)  # before anything is allocated
+    check_sizes(backend, index, size, batch, settings.batches)  # before anything is allocated
     result = BenchResult(
         backend=backend.name,
         device_name=backend.device_name(index),
@@ -354,13 +375,6 @@ def run_bench(settings: BenchSettings, on_step: StepCallback | None = None) -> B
     add_speedups(result.results, settings.repeats)
     result.wall_s = time.perf_counter() - began
     return result
-
-
-def check_sizes(settings: BenchSettings, backend: Backend, index: int, size: int, batch: int) -> None:
-    """Refuse sizes the device's memory (host RAM for host backends) cannot hold, naming the option."""
-    memory = device_memory(backend, index)
-    where = f"{backend.name}:{index} ({backend.device_name(index)})" if memory is not None else "host RAM"
-    check_bench_fits(size, batch, settings.batches, memory if memory is not None else host_memory(), where)
 
 
 def _check_settings(settings: BenchSettings) -> None:
