@@ -115,7 +115,11 @@ def register_plugin(plugin: object, name: str | None = None) -> Backend:
 
 
 def unregister_plugin(name: str) -> None:
-    """Remove the plugin registered under ``name``."""
+    """Remove the plugin registered under ``name`` (and its backend).
+
+    Example: the last line of :func:`register_plugin`'s example removes the plugin it
+    registered (``ampcore.unregister_plugin("demo")``).
+    """
     get_manager().unregister(name)
 
 

@@ -88,8 +88,6 @@ def is_float16_supported(device: DeviceLike = None) -> bool:
         >>> import ampcore
         >>> ampcore.is_float16_supported("cpu")   # declared by the CPU adapter (emulated on some CPUs)
         True
-        >>> ampcore.is_bfloat16_supported("cpu")
-        True
     """
     return is_dtype_supported(torch.float16, device)
 
@@ -98,5 +96,11 @@ def is_bfloat16_supported(device: DeviceLike = None) -> bool:
     """Whether bfloat16 mixed precision can run on ``device`` (``None``: the best backend).
 
     See :func:`is_dtype_supported` for what counts as supported.
+
+    Example::
+
+        >>> import ampcore
+        >>> ampcore.is_bfloat16_supported("cpu")
+        True
     """
     return is_dtype_supported(torch.bfloat16, device)
