@@ -11,13 +11,19 @@ still runs the copying path, so both run in one process, interleaved round by ro
   ``scaler.step`` did before);
 * ``deferred``: ``scaler.step(opt); scaler.update()``.
 
+The optimizers: momentum-free SGD, AdamW, and ``adamw-fused`` (``AdamW(fused=True)``, whose
+kernel unscales and skips on the device: GradScaler hands it ``grad_scale``/``found_inf``,
+and its ``deferred`` path checks the low-precision gradients read-only, so no float32
+gradient copies; its ``copying`` path is the explicit ``unscale_``, which makes them).
+
 Per case: the median time of the scaler calls (forward and backward are outside the timed
 span) and the peak bytes allocated during them: on a device with a memory allocator that
 counts (CUDA), the allocator's peak above what was allocated before; on the host, the
-largest sum of the tensors created during the calls that were alive at once (counted by a
-dispatch mode, in a separate untimed round).
+largest sum of the storages created during the calls that were alive at once (counted by a
+dispatch mode, in a separate untimed round; views allocate nothing and are not counted).
 
-    python benchmarks/bench_scaler_o2_step.py                        # the CPU, fp16 + bf16, SGD + AdamW
+    python benchmarks/bench_scaler_o2_step.py                        # the CPU, fp16 + bf16, every optimizer
+    python benchmarks/bench_scaler_o2_step.py --optimizers adamw-fused --dtypes float16 --threads 1
     python benchmarks/bench_scaler_o2_step.py --device cuda --size 8192 --batch 64
 """
 
@@ -36,33 +42,45 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampcore
 from ampcore._cli.experiment import SeedNet
+from ampcore._o2.master import master_weights_of
+from ampcore._o2.update_walk import UpdateWalk
 
 OPTIMIZERS: Final[dict[str, Callable[..., torch.optim.Optimizer]]] = {
     "sgd": lambda p: torch.optim.SGD(p, lr=1e-4),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-4),
+    "adamw-fused": lambda p: torch.optim.AdamW(p, lr=1e-4, fused=True),
 }
 PATHS: Final = ("copying", "deferred")
 
 
 class LiveBytes(TorchDispatchMode):
-    """The largest sum of bytes of tensors created inside the mode and alive at once."""
+    """The largest sum of bytes of storages created inside the mode and alive at once (a
+    view of an input, or of a tensor already counted, allocates nothing and is not counted;
+    a storage counts until the tensor that created it is freed)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.live = 0
         self.peak = 0
+        self._storages: set[int] = set()
 
-    def _gone(self, size: int) -> None:
+    def _gone(self, pointer: int, size: int) -> None:
+        self._storages.discard(pointer)
         self.live -= size
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        inputs = {id(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
         for tensor in out if isinstance(out, (list, tuple)) else [out]:
-            if isinstance(tensor, torch.Tensor) and id(tensor) not in inputs:
-                size = tensor.numel() * tensor.element_size()
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            storage = tensor.untyped_storage()
+            pointer, size = storage.data_ptr(), storage.nbytes()
+            if size and pointer not in inputs and pointer not in self._storages:
+                self._storages.add(pointer)
                 self.live += size
-                weakref.finalize(tensor, self._gone, size)
+                weakref.finalize(tensor, self._gone, pointer, size)
         self.peak = max(self.peak, self.live)
         return out
 
@@ -81,6 +99,17 @@ class Case:
         self.region = ampcore.autocast(args.device, dtype=dtype, level="O2")
         self.x = torch.rand(args.batch, args.size, device=self.device)
         self.cuda = self.device.type == "cuda"
+        self.weights = master_weights_of(self.opt)
+        if self.weights is not None and args.walk != "adaptive":  # pinned: "chunks" keeps the backend's chunk
+            chunk = self.weights.walk.chunk if args.walk == "chunks" else None
+            self.weights.walk = UpdateWalk(chunk, adaptive=False)
+
+    def walk(self) -> str:
+        """The walk of the coming update (its choice is deterministic between updates)."""
+        if self.weights is None:
+            return "-"
+        chunk = self.weights.walk.next_chunk()
+        return "whole" if chunk is None else f"chunks of {chunk}"
 
     def _sync(self) -> None:
         if self.cuda:
@@ -122,10 +151,24 @@ def main() -> None:
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=list(OPTIMIZERS))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--walk",
+        choices=("adaptive", "chunks", "whole"),
+        default="adaptive",
+        help="O2's update walk: timed per step as in training (default), or pinned",
+    )
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
-    print(f"9 x Linear({args.size}) on {args.device}, torch {torch.__version__}; {args.rounds} rounds (+{args.warmup})")
-    print("case | path | scaler calls ms (median) | peak bytes during them | ratio deferred / copying (ms, bytes)")
+    print(
+        f"9 x Linear({args.size}) on {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads; "
+        f"{args.rounds} rounds (+{args.warmup})"
+    )
+    print(
+        "case | path | walk | scaler calls ms (median) | peak bytes during them | ratio deferred / copying (ms, bytes)"
+    )
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         for optimizer in args.optimizers:
@@ -138,6 +181,7 @@ def main() -> None:
                     seconds, _ = cases[path].iteration(path, count_bytes=False)
                     if index >= args.warmup:
                         times[path].append(seconds * 1e3)
+            walks = {path: cases[path].walk() for path in PATHS}
             for path in PATHS:
                 peaks[path] = cases[path].iteration(path, count_bytes=True)[1]
             medians = {path: statistics.median(times[path]) for path in PATHS}
@@ -147,7 +191,10 @@ def main() -> None:
                     if path == "deferred"
                     else ""
                 )
-                print(f"{dtype_name} {optimizer} | {path} | {medians[path]:.1f} | {peaks[path] / 2**20:.1f} MiB{ratio}")
+                print(
+                    f"{dtype_name} {optimizer} | {path} | {walks[path]} | {medians[path]:.1f} | "
+                    f"{peaks[path] / 2**20:.1f} MiB{ratio}"
+                )
 
 
 if __name__ == "__main__":
