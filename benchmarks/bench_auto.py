@@ -22,8 +22,16 @@ Each model runs in its own processes (the ISA variable must be set before torch 
 imported), with ``torch.set_flush_denormal(True)`` on the CPU: a *cold* process with an
 empty disk cache (auto's first step measures the shape classes it meets), then a *warm*
 process reading the cache the cold one wrote.  Every mode trains its own copy of the model
-from the same initial weights; each round runs one step of every mode (the order rotates),
-the first ``--warmup`` rounds untimed.  Outside its regions auto registers no module hook,
+from the same initial weights; each round runs one step of every mode, the first
+``--warmup`` rounds untimed.  The rounds cycle through every order of the modes, so each
+mode follows each other mode equally often: a step that runs right after the float32 step
+pays for what that step left behind (caches, the allocator's free lists), measured at 4-6%
+on heldout-mixed; a rotation of one order put torch.autocast after fp32 in two rounds of
+three and auto in one.  ``--malloc steady`` runs the processes with glibc's allocator told
+to keep freed memory (``GLIBC_TUNABLES`` mmap and trim thresholds): with the default, each
+step of heldout-mixed returns 16-32 MB to the system and faults it back (4000-8000 minor
+page faults per step, a number that differs between processes and modes); the tables show
+the faults per step.  Outside its regions auto registers no module hook,
 so fp32 and torch.autocast pay nothing for it.  The tables give medians of the timed rounds
 and the ratios of those medians, all within one process; the check column compares with the
 targets of issue 27 (auto <= 1.03 x the better of fp32 and torch.autocast).
@@ -41,8 +49,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -52,6 +62,10 @@ from collections.abc import Callable
 from typing import Any, Final
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
+#: every order of the modes, cycled through round by round (balanced predecessors)
+ORDERS: Final = tuple(itertools.permutations(MODES))
+#: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)
+STEADY_MALLOC: Final = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {
     "mixed": (1024, 512, 4, 64, 16, 48),
@@ -137,12 +151,13 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     models = {mode: copy.deepcopy(base) for mode in MODES}
     opts = {mode: torch.optim.SGD(models[mode].parameters(), lr=1e-4) for mode in MODES}
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    faults: dict[str, list[int]] = {mode: [] for mode in MODES}
     losses: dict[str, float] = {}
     first_auto_ms = None
     for round_ in range(args.warmup + args.rounds):
-        order = MODES[round_ % len(MODES) :] + MODES[: round_ % len(MODES)]
-        for mode in order:
+        for mode in ORDERS[(round_ - args.warmup) % len(ORDERS)]:
             synchronize(backend)
+            flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
             with regions[mode]():
                 out = models[mode](*data)
@@ -157,16 +172,22 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 first_auto_ms = elapsed
             elif round_ >= args.warmup:
                 times[mode].append(elapsed)
+                faults[mode].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt)
     plan = ampcore.auto_plan(args.device)
     return {
         "model": name,
         "median_ms": {mode: statistics.median(t) for mode, t in times.items()},
         "times": times,
+        "faults": {mode: statistics.median(f) for mode, f in faults.items()},
         "losses": losses,
         "first_auto_ms": first_auto_ms,
         "measure_s": _hooks._process.spent_s,
         "hooks_left": _hooks.installed(),
         "decisions": {key: e.decision for key, e in plan.entries.items()},
+        "roots": {
+            key: [c.verdict, c.plan_over_low, c.plan_over_fp32, c.spread, c.runs, c.source]
+            for key, c in plan.roots.items()
+        },
         "sources": sorted({e.source for e in plan.entries.values()}),
         "table": plan.table(),
         "threads": torch.get_num_threads(),
@@ -270,8 +291,13 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mixed", "transformer@AVX512_CORE"])
     parser.add_argument("--device", default="cpu", help="the ampcore backend to run on (default cpu)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed rounds (2: auto records, then checks a mixed program)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine)")
+    parser.add_argument(
+        "--malloc", choices=("default", "steady"), default="default", help="steady: glibc keeps freed memory"
+    )
     parser.add_argument("--cache", choices=("cold", "warm", "both"), default="both", help="which processes to run")
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
     parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
@@ -282,7 +308,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args)))
         return
-    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs); device {args.device}")
+    malloc = f"GLIBC_TUNABLES={STEADY_MALLOC}" if args.malloc == "steady" else "default allocator"
+    print(f"load average at start: {_load()} ({os.cpu_count()} CPUs); device {args.device}; {malloc}")
     if args.pairs:
         for spec in args.models:
             pairs(spec, args.pairs)
@@ -312,6 +339,8 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
     env.pop("ONEDNN_MAX_CPU_ISA", None)
     if isa:
         env["ONEDNN_MAX_CPU_ISA"] = isa
+    if args.malloc == "steady":
+        env["GLIBC_TUNABLES"] = STEADY_MALLOC
     rounds = args.rounds if args.cache in (phase, "both") else 1  # a cold run only to fill the cache
     cmd = [
         sys.executable,
@@ -343,11 +372,11 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         f"\n{r['model']}{isa}, {r['phase']} cache, {r['device']} ({r['threads']} threads), "
         f"median of {len(r['times']['fp32'])} interleaved rounds"
     )
-    print(f"{'mode':<16}{'ms/step':>10}{'/ fp32':>9}{'/ torch.autocast':>18}{'final loss':>12}")
+    print(f"{'mode':<16}{'ms/step':>10}{'/ fp32':>9}{'/ torch.autocast':>18}{'final loss':>12}{'faults':>8}")
     for mode in MODES:
         print(
             f"{mode:<16}{med[mode]:>10.1f}{med[mode] / med['fp32']:>9.2f}"
-            f"{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}"
+            f"{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}{r['faults'][mode]:>8.0f}"
         )
     best = min(med["fp32"], med["torch.autocast"])
     verdict = "ok" if med["auto"] <= 1.03 * best else "OVER"
@@ -357,6 +386,11 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
         f"{len(r['decisions']) - low} float32; hooks left after the regions: {r['hooks_left']}"
     )
+    for key, (verdict, over_low, over_fp32, spread, runs, source) in r["roots"].items():
+        print(
+            f"whole-call check ({source}): {key}: program / low {over_low:.3f}, / fp32 {over_fp32:.3f}, "
+            f"spread {spread:.3f}, {runs} rounds -> runs as {verdict}"
+        )
     if tables:
         print(r["table"])
 

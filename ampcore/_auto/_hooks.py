@@ -58,6 +58,7 @@ __all__ = [
     "acquire",
     "budget_s",
     "can_measure",
+    "clock_of",
     "check",
     "fingerprint_of",
     "installed",
@@ -131,6 +132,11 @@ def _clock(region: Any) -> Clock | None:
     if key not in _process.clocks:
         _process.clocks[key] = device_clock(backend, key[1])
     return _process.clocks[key]
+
+
+def clock_of(region: Any) -> Clock | None:
+    """The clock of ``region``'s device (None: it can be neither timed nor synchronised)."""
+    return _clock(region)
 
 
 def can_measure(region: Any, plan: AutoPlan) -> bool:

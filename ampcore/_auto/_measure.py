@@ -38,8 +38,9 @@ from ._costs import Costs
 
 __all__ = ["Clock", "device_clock", "measure"]
 
-Label = Literal["fp32", "low", "casts"]
-#: Times one run: ``clock(run, label) -> milliseconds`` (``label`` says which candidate).
+Label = Literal["fp32", "low", "casts", "root-plan", "root-low", "root-fp32"]
+#: Times one run: ``clock(run, label) -> milliseconds`` (``label`` says which candidate;
+#: ``root-*``: a whole root call under its program or a fixed choice, :mod:`._verify`).
 Clock = Callable[[Callable[[], None], Label], float]
 
 MIN_RUNS: Final = 3

@@ -61,6 +61,27 @@ class Program(NamedTuple):
     changes: int
     default_fp32: bool
     switched: tuple[weakref.ref[nn.Module], ...]
+    #: every planned module of the recording, and whether a float32 default changes no
+    #: dtype the recording saw (the fixed choices a whole-call check compares with)
+    planned: tuple[weakref.ref[nn.Module], ...] = ()
+    fp32_ok: bool = False
+    #: the whole-call check (:mod:`._verify`) was applied: this is what the root runs
+    checked: bool = False
+
+    def mixed(self) -> bool:
+        """Whether some planned modules run in float32 and others in low precision."""
+        return 0 < len(self.switched) < len(self.planned)
+
+    def fixed(self, verdict: str) -> Program:
+        """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
+        torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
+        if verdict == "low":
+            return self._replace(default_fp32=False, switched=(), checked=True)
+        if verdict == "fp32":
+            if self.fp32_ok:
+                return self._replace(default_fp32=True, switched=(), checked=True)
+            return self._replace(default_fp32=False, switched=self.planned, checked=True)
+        return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
         if plan is not self.plan or plan.changes != self.changes:
@@ -175,9 +196,11 @@ class Recording:
         low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
         # the default that hooks fewer modules; a float32 one only where it changes no dtype
         # the recording saw (no low-precision tensor reached an op outside planned modules)
-        default_fp32 = not self.outside and not low_inputs and len(low) < len(fp32)
+        fp32_ok = not self.outside and not low_inputs
+        default_fp32 = fp32_ok and len(low) < len(fp32)
         switched = low if default_fp32 else fp32
-        return Program(self.plan, self.changes, default_fp32, tuple(weakref.ref(m) for m in switched))
+        refs = tuple(weakref.ref(m) for m in switched)
+        return Program(self.plan, self.changes, default_fp32, refs, tuple(weakref.ref(m) for m in fp32 + low), fp32_ok)
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
