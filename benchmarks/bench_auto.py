@@ -59,6 +59,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Final
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
@@ -298,7 +299,12 @@ def main() -> None:
     parser.add_argument(
         "--malloc", choices=("default", "steady"), default="default", help="steady: glibc keeps freed memory"
     )
-    parser.add_argument("--cache", choices=("cold", "warm", "both"), default="both", help="which processes to run")
+    parser.add_argument(
+        "--cache",
+        choices=("cold", "warm", "both", "corrupt"),
+        default="both",
+        help="which processes to time (corrupt: a warm one after the cold one's cache was poisoned, see corrupt())",
+    )
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
     parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
     parser.add_argument("--pairs", type=int, default=0, help="only auto vs fp32 step pairs (see pairs)")
@@ -324,6 +330,9 @@ def main() -> None:
         name, _, isa = spec.partition("@")
         with tempfile.TemporaryDirectory(prefix="ampcore-auto-cache-") as cache:
             for phase in ("cold", "warm"):
+                if phase == "warm" and args.cache == "corrupt":
+                    print(f"\ncorrupted: {corrupt(cache)}")
+                    phase = "corrupt"
                 result = _run(name, isa, phase, cache, args)
                 if args.cache in (phase, "both"):
                     results.append(result)
@@ -332,6 +341,27 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+
+
+def corrupt(cache: str) -> str:
+    """Poison the cache files in ``cache`` as issue 27 saw it: every other entry's low-precision
+    figure times 8.6 (a first call that paid kernel creation), one entry's costs not numbers,
+    and every whole-call verdict swapped for another; what was done."""
+    done = []
+    for path in sorted(Path(cache).glob("auto-*.json")):
+        data = json.loads(path.read_text())
+        for i, (key, entry) in enumerate(sorted(data["entries"].items())):
+            if i == 0:
+                entry["costs"]["fp32_ms"] = "fast"
+                done.append(f"{key}: fp32_ms='fast'")
+            elif i % 2 == 1:
+                entry["costs"]["low_ms"] *= 8.6
+                done.append(f"{key}: low_ms x 8.6")
+        for key, check in data.get("roots", {}).items():
+            check["verdict"] = {"plan": "low", "low": "fp32", "fp32": "plan"}[check["verdict"]]
+            done.append(f"{key}: verdict -> {check['verdict']}")
+        path.write_text(json.dumps(data))
+    return "; ".join(done) or "nothing (no cache file)"
 
 
 def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -380,7 +410,12 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         )
     best = min(med["fp32"], med["torch.autocast"])
     verdict = "ok" if med["auto"] <= 1.03 * best else "OVER"
-    print(f"auto / min(fp32, torch.autocast) = {med['auto'] / best:.2f} ({verdict}; target <= 1.03)")
+    t = r["times"]
+    paired = statistics.median(a / min(f, c) for a, f, c in zip(t["auto"], t["fp32"], t["torch.autocast"], strict=True))
+    print(
+        f"auto / min(fp32, torch.autocast) = {med['auto'] / best:.2f} ({verdict}; target <= 1.03); "
+        f"median of per-round ratios {paired:.3f}"
+    )
     print(
         f"auto: first step {r['first_auto_ms']:.0f} ms (measuring {r['measure_s']:.1f} s); "
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
