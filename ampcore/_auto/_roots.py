@@ -285,9 +285,11 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         program = found
         if not program.checked:  # a mixed program is timed as a whole once (see _verify)
             _sentinel_off()
-            clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
-            program = settle(module, args, kwargs, program, region, plan, sig, clock)
-            _sentinel_on()
+            try:
+                clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
+                program = settle(module, args, kwargs, program, region, plan, sig, clock)
+            finally:
+                _sentinel_on()
         if len(local.last) > _MAX_SITES:
             local.last.clear()
         local.last[id(module)] = (weakref.ref(module), sig, program)

@@ -80,7 +80,7 @@ def settle(
     whole-call check, else the better fixed choice (:meth:`Program.fixed`); checked once
     (``clock`` None: nothing can be measured, the program runs as recorded), cached in
     ``plan`` and stored as the root's program."""
-    if not program.mixed() or any(r() is root for r in program.switched):
+    if not program.mixed() or any(r() is root for r in program.planned):  # a planned root: its own hooks
         chosen = program.fixed("plan")
     else:
         key = root_key(root, sig, program)
