@@ -23,11 +23,12 @@ imported), with ``torch.set_flush_denormal(True)`` on the CPU: a *cold* process 
 empty disk cache (auto's first step measures the shape classes it meets), then a *warm*
 process reading the cache the cold one wrote.  Every mode trains its own copy of the model
 from the same initial weights; each round runs one step of every mode, the first
-``--warmup`` rounds untimed.  The rounds cycle through every order of the modes, so each
-mode follows each other mode equally often: a step that runs right after the float32 step
-pays for what that step left behind (caches, the allocator's free lists), measured at 4-6%
-on heldout-mixed; a rotation of one order put torch.autocast after fp32 in two rounds of
-three and auto in one.  ``--malloc steady`` runs the processes with glibc's allocator told
+``--warmup`` rounds untimed.  The rounds cycle through orders of the modes in which each
+mode follows each other mode equally often (:func:`orders`): a step that runs right after
+the float32 step pays for what that step left behind (caches, the allocator's free lists),
+2-12% on heldout-mixed; a rotation of one order put torch.autocast after fp32 in two rounds
+of three and auto in one.  ``--noise`` adds torch.autocast again on its own copy of the
+model (what 1.00 looks like in that process).  ``--malloc steady`` runs the processes with glibc's allocator told
 to keep freed memory (``GLIBC_TUNABLES`` mmap and trim thresholds): with the default, each
 step of heldout-mixed returns 16-32 MB to the system and faults it back (4000-8000 minor
 page faults per step, a number that differs between processes and modes); the tables show
@@ -50,7 +51,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import itertools
 import json
 import os
 import resource
@@ -64,8 +64,25 @@ from pathlib import Path
 from typing import Any, Final
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
-#: every order of the modes, cycled through round by round (balanced predecessors)
-ORDERS: Final = tuple(itertools.permutations(MODES))
+#: ``--noise``: torch.autocast again on its own copy of the model (what 1.00 looks like here)
+AGAIN: Final = "torch.autocast again"
+
+
+def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Orders of ``modes`` for successive rounds in which each mode follows each other mode
+    equally often (a Williams design: n orders for an even n, 2n for an odd one).
+
+    Example::
+
+        >>> orders(("a", "b", "c"))[:2], len(orders(("a", "b", "c", "d")))
+        ([('a', 'b', 'c'), ('b', 'c', 'a')], 4)
+    """
+    n = len(modes)
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    rows = [tuple(modes[(i + j) % n] for j in first) for i in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 #: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)
 STEADY_MALLOC: Final = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
 #: (big features, big batch, big layers, small features, small batch, small layers)
@@ -150,14 +167,17 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "torch.autocast": lambda: torch.autocast(device_type, dtype=dtype),
         "auto": lambda: auto_region,
     }
-    models = {mode: copy.deepcopy(base) for mode in MODES}
-    opts = {mode: torch.optim.SGD(models[mode].parameters(), lr=1e-4) for mode in MODES}
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
-    faults: dict[str, list[int]] = {mode: [] for mode in MODES}
+    modes = (*MODES, AGAIN) if args.noise else MODES
+    regions[AGAIN] = regions["torch.autocast"]
+    rounds = orders(modes)
+    models = {mode: copy.deepcopy(base) for mode in modes}
+    opts = {mode: torch.optim.SGD(models[mode].parameters(), lr=1e-4) for mode in modes}
+    times: dict[str, list[float]] = {mode: [] for mode in modes}
+    faults: dict[str, list[int]] = {mode: [] for mode in modes}
     losses: dict[str, float] = {}
     first_auto_ms = None
     for round_ in range(args.warmup + args.rounds):
-        for mode in ORDERS[(round_ - args.warmup) % len(ORDERS)]:
+        for mode in rounds[(round_ - args.warmup) % len(rounds)]:
             synchronize(backend)
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             start = time.perf_counter()
@@ -307,6 +327,7 @@ def main() -> None:
         help="which processes to time (corrupt: a warm one after the cold one's cache was poisoned, see corrupt())",
     )
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
+    parser.add_argument("--noise", action="store_true", help=f"add the mode {AGAIN!r}: its own copy, torch.autocast")
     parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
     parser.add_argument("--pairs", type=int, default=0, help="only auto vs fp32 step pairs (see pairs)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -386,6 +407,7 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
         str(args.warmup),
         "--threads",
         str(args.threads),
+        *(["--noise"] if args.noise else []),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -404,7 +426,7 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         f"median of {len(r['times']['fp32'])} interleaved rounds"
     )
     print(f"{'mode':<16}{'ms/step':>10}{'/ fp32':>9}{'/ torch.autocast':>18}{'final loss':>12}{'faults':>8}")
-    for mode in MODES:
+    for mode in r["times"]:
         print(
             f"{mode:<16}{med[mode]:>10.1f}{med[mode] / med['fp32']:>9.2f}"
             f"{med[mode] / med['torch.autocast']:>18.2f}{r['losses'][mode]:>12.5f}{r['faults'][mode]:>8.0f}"
@@ -417,6 +439,9 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         f"auto / min(fp32, torch.autocast) = {med['auto'] / best:.2f} (ratio of medians); "
         f"median of per-round ratios {paired:.3f} ({verdict}; target <= 1.03)"
     )
+    if AGAIN in t:
+        again = statistics.median(a / c for a, c in zip(t[AGAIN], t["torch.autocast"], strict=True))
+        print(f"noise: {AGAIN} / torch.autocast, median of per-round ratios {again:.3f} (the same work twice)")
     print(
         f"auto: first step {r['first_auto_ms']:.0f} ms (measuring {r['measure_s']:.1f} s); "
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
