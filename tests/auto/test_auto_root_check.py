@@ -232,3 +232,19 @@ def test_a_plan_file_with_a_bad_whole_call_check_is_refused_naming_it(tmp_path: 
     data["roots"] = {"Net in=[4x32] grad program=low+1 #0": {"plan_ms": "x"}}
     with pytest.raises(ampcore.AmpcoreError, match=r"whole-call check 'Net in=\[4x32\].*plan_ms = 'x'"):
         ampcore.load_plan(data)
+
+
+def test_an_exported_plan_carries_its_verdicts_to_every_process_that_loads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampcore._auto import _program, _roots
+
+    net = Net()
+    _steps(monkeypatch, Clock(10.0, 9.0, 12.0), net)  # rank 0 measures: the program loses, runs as low
+    exported = ampcore.auto_plan("cpu").to_dict()
+    forget_plans()  # another rank or a resumed run
+    _program.forget()
+    _roots.forget()
+    plan = ampcore.load_plan(exported)  # frozen: measures nothing
+    assert [c.source for c in plan.roots.values()] == ["loaded"]
+    silent = Clock(8.0, 9.0, 12.0)  # would say "plan" if asked
+    assert _steps(monkeypatch, silent, net)[1:] == [(torch.bfloat16, torch.bfloat16)] * 2
+    assert silent.labels == []
