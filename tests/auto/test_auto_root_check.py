@@ -248,3 +248,13 @@ def test_an_exported_plan_carries_its_verdicts_to_every_process_that_loads_it(mo
     silent = Clock(8.0, 9.0, 12.0)  # would say "plan" if asked
     assert _steps(monkeypatch, silent, net)[1:] == [(torch.bfloat16, torch.bfloat16)] * 2
     assert silent.labels == []
+
+
+def test_a_check_too_noisy_to_decide_is_measured_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(8.0, 9.0, 12.0)
+    first_low = [9.0, 27.0, 27.0, 9.0, 9.0, 9.0, 9.0, 9.0]  # two slow low runs: spread 0.67, beyond 0.5
+    clock.figures["root-low"] = itertools.chain(first_low, clock.figures["root-low"])
+    _steps(monkeypatch, clock, Net())
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.runs == 14 and len(clock.labels) == 3 * (1 + 7) * 2  # warmed and timed again
+    assert check.verdict == "plan" and check.spread < 0.05  # 14 rounds: the two outliers are trimmed
