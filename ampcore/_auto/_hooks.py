@@ -221,7 +221,9 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
     if rec is not None:
-        rec.note(module, decision)
+        entry = plan.entries.get(key) if decision == "fp32" else None
+        costs = None if entry is None else entry.costs
+        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:

@@ -67,6 +67,9 @@ class Program(NamedTuple):
     fp32_ok: bool = False
     #: the whole-call check (:mod:`._verify`) was applied: this is what the root runs
     checked: bool = False
+    #: what the float32-decided calls save against the O1 lists by their classes' own
+    #: figures (ms, sum of low - fp32 per call): the whole-call check's plausibility bound
+    saving_ms: float = 0.0
 
     def mixed(self) -> bool:
         """Whether some planned modules run in float32 and others in low precision."""
@@ -152,6 +155,7 @@ class Recording:
         self.planned = 0
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
         self.conflict = self.outside = False
+        self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
@@ -169,8 +173,9 @@ class Recording:
         self.planned -= self.stack.pop()[1]
         return True
 
-    def note(self, module: nn.Module, decision: Decision | None) -> None:
-        """A planned call of ``module`` and its decision."""
+    def note(self, module: nn.Module, decision: Decision | None, saving_ms: float = 0.0) -> None:
+        """A planned call of ``module``, its decision and what float32 saves there (ms)."""
+        self.saving_ms += saving_ms
         found = self.calls.get(id(module))
         if found is not None and found[1] != decision:
             self.conflict = True
@@ -200,7 +205,8 @@ class Recording:
         default_fp32 = fp32_ok and len(low) < len(fp32)
         switched = low if default_fp32 else fp32
         refs = tuple(weakref.ref(m) for m in switched)
-        return Program(self.plan, self.changes, default_fp32, refs, tuple(weakref.ref(m) for m in fp32 + low), fp32_ok)
+        planned = tuple(weakref.ref(m) for m in fp32 + low)
+        return Program(self.plan, self.changes, default_fp32, refs, planned, fp32_ok, False, self.saving_ms)
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:

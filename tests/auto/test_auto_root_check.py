@@ -258,3 +258,11 @@ def test_a_check_too_noisy_to_decide_is_measured_once_more(monkeypatch: pytest.M
     (check,) = ampcore.auto_plan("cpu").roots.values()
     assert check.runs == 14 and len(clock.labels) == 3 * (1 + 7) * 2  # warmed and timed again
     assert check.verdict == "plan" and check.spread < 0.05  # 14 rounds: the two outliers are trimmed
+
+
+def test_a_win_far_beyond_what_the_modules_save_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(9.5, 9.0, 12.0)  # the program loses...
+    clock.figures["root-plan"] = itertools.chain([4.0] * 8, clock.figures["root-plan"])  # ...but a burst says 0.44
+    _steps(monkeypatch, clock, Net())  # the two float32 layers save 2 x (2.0 - 1.0) ms by their own figures
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.runs == 14 and check.verdict == "low"  # timed again: no clear win, torch.autocast's program
