@@ -182,8 +182,9 @@ def stages(
     ]
 
 
-#: The closing lines worth a summary cell: pytest's counts, bench's table rows and speed-ups.
-_SUMMARY_LINE: Final = re.compile(r"(\d+ (passed|failed|errors?)\b|^\s*AMP-O[12]\s+\d|^time: wall)")
+#: The closing lines worth a summary cell: pytest's counts, bench's table rows and speed-ups,
+#: bench_auto's verdict per process.
+_SUMMARY_LINE: Final = re.compile(r"(\d+ (passed|failed|errors?)\b|^\s*AMP-O[12]\s+\d|^time: wall|^auto / min\()")
 
 
 def detail_of(log_text: str, limit: int = 3) -> str:

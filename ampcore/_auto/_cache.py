@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .._errors import AmpcoreWarning, warn_at
+from ._checks import check_from_mapping
 from ._costs import implausible
 from ._plan import FORMAT, AutoPlan, _key, entry_from_mapping
 
@@ -133,7 +134,7 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
             dropped.append(f"{key!r}: {reason}")
             continue
         plan.entries[entry.shape_class] = entry
-    dropped += _disagreeing(plan)
+    dropped += _disagreeing(plan) + _checks(plan, data.get("roots", {}))
     if dropped or not isinstance(entries, Mapping):
         _warn(path, dropped or ["'entries' is not an object"])
         write_cache(plan)
@@ -151,6 +152,20 @@ def _disagreeing(plan: AutoPlan) -> list[str]:
     for key, _ in found:
         del plan.entries[key]
     return [f"{key!r}: {reason}" for key, reason in found]
+
+
+def _checks(plan: AutoPlan, raw: object) -> list[str]:
+    """Read the whole-call checks into ``plan``; the reasons of those dropped (damaged, or a
+    verdict that does not follow from its figures: checked again at the root's next call)."""
+    if not isinstance(raw, Mapping):
+        return ["'roots' is not an object"]
+    dropped = []
+    for key, value in raw.items():
+        try:
+            plan.roots[str(key)] = check_from_mapping(value, "cache")
+        except ValueError as exc:
+            dropped.append(f"whole-call check {key!r}: {exc}")
+    return dropped
 
 
 def _warn(path: Path, reasons: list[str]) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "Decision",
     "costs_from_mapping",
     "decide",
+    "finite",
     "implausible",
     "merge",
     "module_of",
@@ -86,7 +87,7 @@ _NUMBERS: Final = {"fp32_ms": True, "low_ms": True, "cast_ms": False, "fp32_spre
 _FLAGS: Final = ("estimated", "checked")
 
 
-def _finite(value: float) -> bool:
+def finite(value: float) -> bool:
     """``math.isfinite``, also for an int too large for a float (a JSON ``1`` followed by
     400 zeros), which is not finite as a cost."""
     try:
@@ -124,7 +125,7 @@ def costs_from_mapping(raw: object) -> Costs:
                 raise ValueError(f"costs: {name!r} is missing")
             continue
         value = raw[name]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value)
         if not ok or value < 0 or (positive and value == 0):
             what = "milliseconds" if name.endswith("_ms") else "a spread"
             bound = "> 0" if positive else ">= 0"

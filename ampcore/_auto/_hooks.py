@@ -58,6 +58,7 @@ __all__ = [
     "acquire",
     "budget_s",
     "can_measure",
+    "clock_of",
     "check",
     "fingerprint_of",
     "installed",
@@ -131,6 +132,11 @@ def _clock(region: Any) -> Clock | None:
     if key not in _process.clocks:
         _process.clocks[key] = device_clock(backend, key[1])
     return _process.clocks[key]
+
+
+def clock_of(region: Any) -> Clock | None:
+    """The clock of ``region``'s device (None: it can be neither timed nor synchronised)."""
+    return _clock(region)
 
 
 def can_measure(region: Any, plan: AutoPlan) -> bool:
@@ -215,7 +221,9 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     plan = current_plan(_fingerprint(region))
     decision = plan.decision(key)
     if rec is not None:
-        rec.note(module, decision)
+        entry = plan.entries.get(key) if decision == "fp32" else None
+        costs = None if entry is None else entry.costs
+        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:

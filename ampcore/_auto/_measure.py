@@ -38,8 +38,9 @@ from ._costs import Costs
 
 __all__ = ["Clock", "device_clock", "measure"]
 
-Label = Literal["fp32", "low", "casts"]
-#: Times one run: ``clock(run, label) -> milliseconds`` (``label`` says which candidate).
+Label = Literal["fp32", "low", "casts", "root-plan", "root-low", "root-fp32"]
+#: Times one run: ``clock(run, label) -> milliseconds`` (``label`` says which candidate;
+#: ``root-*``: a whole root call under its program or a fixed choice, :mod:`._verify`).
 Clock = Callable[[Callable[[], None], Label], float]
 
 MIN_RUNS: Final = 3
@@ -185,16 +186,20 @@ def _fork_rng(device_type: str) -> Any:
 
 def summary(times: Sequence[float]) -> tuple[float, float]:
     """The median of ``times`` and their spread: the range without the highest and lowest
-    run (with four runs or more), over the median.
+    run (with four runs or more; without the highest and lowest quarter with eight or
+    more), over the median.
 
     Example::
 
         >>> summary([10.0, 11.0, 10.5, 90.0])
         (10.75, 0.046511627906976744)
+        >>> summary([10.0, 10.2, 10.1, 10.0, 10.1, 10.2, 90.0, 95.0])[1]
+        0.00985221674876844
     """
     ordered = sorted(times)
     median = statistics.median(ordered)
-    kept = ordered[1:-1] if len(ordered) >= 4 else ordered
+    cut = max(1, len(ordered) // 4)
+    kept = ordered[cut:-cut] if len(ordered) >= 4 else ordered
     return median, (kept[-1] - kept[0]) / median if median > 0 else 0.0
 
 

@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -29,6 +29,7 @@ from .._errors import AmpcoreError
 from .._table import format_table
 from .._validate import check_bool
 from .._version import __version__
+from ._checks import RootCheck, check_from_mapping
 from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 
 __all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
@@ -129,6 +130,9 @@ class AutoPlan:
     #: how many times an entry was set or dropped (the programs of :mod:`._program` are
     #: valid while it stays the same)
     changes: int = field(default=0, compare=False)
+    #: whole-call checks of mixed programs (:mod:`._checks`), by :func:`root_key`; setting
+    #: one does not count as a change (the programs it chose between stay valid)
+    roots: dict[str, RootCheck] = field(default_factory=dict)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""
@@ -141,6 +145,10 @@ class AutoPlan:
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
         self.changes += 1
         return decision
+
+    def set_root(self, key: str, check: RootCheck) -> None:
+        """Record the whole-call check of a root's mixed program (:func:`root_key`)."""
+        self.roots[key] = check
 
     def drop(self, shape_class: str) -> None:
         """Forget the entry of ``shape_class`` (measured again at its next call)."""
@@ -169,6 +177,7 @@ class AutoPlan:
             "fingerprint": self.fingerprint,
             "margin": self.margin,
             "entries": {key: entry.as_dict() for key, entry in sorted(self.entries.items())},
+            "roots": {key: check.as_dict() for key, check in sorted(self.roots.items())},
         }
 
     @classmethod
@@ -186,6 +195,14 @@ class AutoPlan:
                 plan.entries[key] = entry_from_mapping(key, raw, source)
             except ValueError as exc:
                 raise AmpcoreError(f"ampcore.load_plan: {where}: entry {key!r}: {exc}") from None
+        roots = data.get("roots", {})
+        if not isinstance(roots, Mapping):
+            raise AmpcoreError(f"ampcore.load_plan: {where}: 'roots' = {roots!r}: expected an object")
+        for key, raw in roots.items():
+            try:
+                plan.roots[str(key)] = check_from_mapping(raw, source)
+            except ValueError as exc:
+                raise AmpcoreError(f"ampcore.load_plan: {where}: whole-call check {key!r}: {exc}") from None
         return plan
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -223,7 +240,23 @@ class AutoPlan:
             "a plausibility check); ~: stopped early, one side clearly slower; a difference within "
             f"the spread (at least {self.margin:.0%}) is a tie and goes to low, as torch.autocast"
         )
-        return "\n".join([head, *lines, foot])
+        return "\n".join([head, *lines, foot, *self._roots_table()])
+
+    def _roots_table(self) -> list[str]:
+        if not self.roots:
+            return []
+        rows: list[tuple[str, ...]] = [("whole call (mixed program)", "plan ms", "low ms", "fp32 ms", "plan/low")]
+        rows[0] += ("plan/fp32", "spread", "runs", "runs as", "source")
+        for key, c in sorted(self.roots.items()):
+            ms = (f"{c.plan_ms:.3f}", f"{c.low_ms:.3f}", f"{c.fp32_ms:.3f}")
+            ratios = (f"{c.plan_over_low:.3f}", f"{c.plan_over_fp32:.3f}", f"{c.spread:.3f}")
+            rows.append((key, *ms, *ratios, str(c.runs), c.verdict, c.source))
+        foot = (
+            "a mixed program is timed as a whole against the O1 lists alone (low) and float32, "
+            "interleaved; plan/low, plan/fp32: medians of per-round ratios; it runs as planned only "
+            "where it wins beyond the spread (at least 3%), else as the better fixed choice"
+        )
+        return ["", *format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None), foot]
 
 
 def entry_from_mapping(key: object, raw: object, source: str) -> PlanEntry:
@@ -317,6 +350,7 @@ def load_plan(
         )
     entries = {key: PlanEntry(key, e.decision, e.costs, "loaded") for key, e in given.entries.items()}
     plan = AutoPlan(here, entries, given.margin, freeze)
+    plan.roots = {key: replace(check, source="loaded") for key, check in given.roots.items()}
     from ._cache import install_plan
 
     install_plan(plan)

@@ -61,6 +61,30 @@ class Program(NamedTuple):
     changes: int
     default_fp32: bool
     switched: tuple[weakref.ref[nn.Module], ...]
+    #: every planned module of the recording, and whether a float32 default changes no
+    #: dtype the recording saw (the fixed choices a whole-call check compares with)
+    planned: tuple[weakref.ref[nn.Module], ...] = ()
+    fp32_ok: bool = False
+    #: the whole-call check (:mod:`._verify`) was applied: this is what the root runs
+    checked: bool = False
+    #: what the float32-decided calls save against the O1 lists by their classes' own
+    #: figures (ms, sum of low - fp32 per call): the whole-call check's plausibility bound
+    saving_ms: float = 0.0
+
+    def mixed(self) -> bool:
+        """Whether some planned modules run in float32 and others in low precision."""
+        return 0 < len(self.switched) < len(self.planned)
+
+    def fixed(self, verdict: str) -> Program:
+        """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
+        torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
+        if verdict == "low":
+            return self._replace(default_fp32=False, switched=(), checked=True)
+        if verdict == "fp32":
+            if self.fp32_ok:
+                return self._replace(default_fp32=True, switched=(), checked=True)
+            return self._replace(default_fp32=False, switched=self.planned, checked=True)
+        return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
         if plan is not self.plan or plan.changes != self.changes:
@@ -131,6 +155,7 @@ class Recording:
         self.planned = 0
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
         self.conflict = self.outside = False
+        self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
@@ -148,8 +173,9 @@ class Recording:
         self.planned -= self.stack.pop()[1]
         return True
 
-    def note(self, module: nn.Module, decision: Decision | None) -> None:
-        """A planned call of ``module`` and its decision."""
+    def note(self, module: nn.Module, decision: Decision | None, saving_ms: float = 0.0) -> None:
+        """A planned call of ``module``, its decision and what float32 saves there (ms)."""
+        self.saving_ms += saving_ms
         found = self.calls.get(id(module))
         if found is not None and found[1] != decision:
             self.conflict = True
@@ -175,9 +201,12 @@ class Recording:
         low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
         # the default that hooks fewer modules; a float32 one only where it changes no dtype
         # the recording saw (no low-precision tensor reached an op outside planned modules)
-        default_fp32 = not self.outside and not low_inputs and len(low) < len(fp32)
+        fp32_ok = not self.outside and not low_inputs
+        default_fp32 = fp32_ok and len(low) < len(fp32)
         switched = low if default_fp32 else fp32
-        return Program(self.plan, self.changes, default_fp32, tuple(weakref.ref(m) for m in switched))
+        refs = tuple(weakref.ref(m) for m in switched)
+        planned = tuple(weakref.ref(m) for m in fp32 + low)
+        return Program(self.plan, self.changes, default_fp32, refs, planned, fp32_ok, False, self.saving_ms)
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:

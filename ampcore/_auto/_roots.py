@@ -41,6 +41,7 @@ from ._plan import AutoPlan
 from ._program import Program, Recording, Running, program_for, signature, store
 from ._program import forget as forget_programs
 from ._program import local as _prog
+from ._verify import settle
 
 __all__ = ["check", "forget", "region_entered", "region_exited"]
 
@@ -282,6 +283,13 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
             new = _record(module, args, region, plan)
             return None if new is None else (new, kwargs)
         program = found
+        if not program.checked:  # a mixed program is timed as a whole once (see _verify)
+            _sentinel_off()
+            try:
+                clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
+                program = settle(module, args, kwargs, program, region, plan, sig, clock)
+            finally:
+                _sentinel_on()
         if len(local.last) > _MAX_SITES:
             local.last.clear()
         local.last[id(module)] = (weakref.ref(module), sig, program)

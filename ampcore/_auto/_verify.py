@@ -1,0 +1,200 @@
+"""The whole-call check of a root's mixed program (:mod:`._checks` says why and the rule).
+
+Once per root, input signature and program (and per fingerprint: the verdict is cached on
+disk with the plan), before the program first runs: the root's call is timed under the
+program, under the O1 lists alone (``low``: as torch.autocast) and in float32, forward
+and backward, with the adapter's clock (device events where the device has them: no host
+synchronisation inside a timed run).  Each candidate runs once untimed (one-time set-up),
+then the three are timed in rounds whose order cycles through every order of the three,
+so each follows each other equally often (a step after the float32 one pays for what it
+left behind: caches, the allocator's free lists).  At least :data:`~._measure.MIN_RUNS`
+rounds, at most :data:`~._measure.MAX_RUNS`, within :data:`PER_ROOT_MS` of the process's
+budget; a check too noisy to decide (:func:`_doubtful`: a wide spread, or a win far beyond
+what the program's float32 modules save by their own figures) is measured once more, its
+rounds added to the first ones.  The root's
+parameters, gradients, buffers (running statistics) and the RNG state are left as they
+were; the autocast weight cache is cleared before each run, as a step's region starts
+without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+from ._checks import RootCheck
+from ._costs import MARGIN, SPREAD_BOUND
+from ._measure import MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
+from ._plan import AutoPlan
+from ._program import Program, Running, store
+from ._program import local as _prog
+
+__all__ = ["PER_ROOT_MS", "root_key", "settle"]
+
+#: The share of the process's measuring budget one whole-call check may use (ms); a check
+#: always times :data:`~._measure.MIN_RUNS` rounds.
+PER_ROOT_MS: Final = 1500.0
+_CANDIDATES: Final = ("plan", "low", "fp32")
+_ORDERS: Final = tuple(itertools.permutations(_CANDIDATES))
+_LABELS: Final[dict[str, Label]] = {"plan": "root-plan", "low": "root-low", "fp32": "root-fp32"}
+
+
+def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
+    """The key of a whole-call check: the root's class, its input signature and the
+    program (its default and which modules, by name, are switched).
+
+    Example::
+
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        >>> p = Program(None, 0, False, (), (), False)  # type: ignore[arg-type]
+        >>> root_key(net, (True, (torch.Size([4, 2]), torch.float32, torch.device("cpu"))), p)
+        'Sequential in=[4x2] grad program=low+0 #9f7e0383'
+    """
+    shapes = []
+    for entry in sig[1:]:
+        shape, dtype = entry[-3], entry[-2]
+        text = "x".join(map(str, shape)) + ("" if dtype == torch.float32 else f":{str(dtype).removeprefix('torch.')}")
+        shapes.append(f"{entry[0]}={text}" if len(entry) == 4 else text)
+    names = {id(m): name for name, m in root.named_modules()}
+    switched = sorted(names.get(id(m), "?") for r in program.switched if (m := r()) is not None)
+    digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}".encode()).hexdigest()[:8]
+    default = "fp32" if program.default_fp32 else "low"
+    grad = "grad" if sig[0] else "no-grad"
+    return f"{type(root).__name__} in=[{', '.join(shapes)}] {grad} program={default}+{len(switched)} #{digest}"
+
+
+def settle(
+    root: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    program: Program,
+    region: Any,
+    plan: AutoPlan,
+    sig: tuple[Any, ...],
+    clock: Clock | None,
+) -> Program:
+    """What ``root`` runs for ``sig``: ``program`` when it is not mixed or wins its
+    whole-call check, else the better fixed choice (:meth:`Program.fixed`); checked once
+    (``clock`` None: nothing can be measured, the program runs as recorded), cached in
+    ``plan`` and stored as the root's program."""
+    if not program.mixed() or any(r() is root for r in program.planned):  # a planned root: its own hooks
+        chosen = program.fixed("plan")
+    else:
+        key = root_key(root, sig, program)
+        check = plan.roots.get(key)
+        if check is None and clock is not None:
+            check = _check(root, args, kwargs, program, region, clock)
+            plan.set_root(key, check)
+            from ._cache import write_cache
+
+            write_cache(plan)
+        chosen = program.fixed("plan" if check is None else check.verdict)
+    store(root, sig, chosen)
+    return chosen
+
+
+def _check(
+    root: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], program: Program, region: Any, clock: Clock
+) -> RootCheck:
+    from . import _hooks
+
+    device_type: str = region.spec.backend.device_type
+    grad = torch.is_grad_enabled()
+    params = [p for p in root.parameters() if p.requires_grad] if grad else []
+    buffers = [(b, b.detach().clone()) for b in root.buffers()]
+    runs = {name: _run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES}
+    start = time.perf_counter()
+    _prog.measuring = True
+    try:
+        with _fork_rng(device_type):
+            times = _rounds(clock, runs, min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3))
+            left_ms = (_hooks.budget_s() - _hooks._process.spent_s - (time.perf_counter() - start)) * 1e3
+            if left_ms > 0 and _doubtful(RootCheck.of(times), program.saving_ms):  # once more, rounds added
+                again = _rounds(clock, runs, min(PER_ROOT_MS, left_ms))
+                times = {name: times[name] + again[name] for name in times}
+    finally:
+        _prog.measuring = False
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+        with _hooks._process.lock:
+            _hooks._process.spent_s += time.perf_counter() - start
+    return RootCheck.of(times)
+
+
+def _doubtful(check: RootCheck, saving_ms: float) -> bool:
+    """Whether a check must be timed again before it decides: its ratios spread over
+    :data:`~._costs.SPREAD_BOUND`, or the program's win over the O1 lists is more than twice
+    what its float32 modules save by their own figures (``saving_ms``), plus 3%: a burst of
+    load on the ``low`` runs looks like that.  A program that loses is never doubted: that
+    is what the check is for.
+
+    Example::
+
+        >>> check = RootCheck.of({"plan": [5.0] * 3, "low": [9.0] * 3, "fp32": [20.0] * 3})
+        >>> _doubtful(check, saving_ms=1.0), _doubtful(check, saving_ms=3.0)
+        (True, False)
+    """
+    win_ms = check.low_ms - check.plan_ms
+    return check.spread > SPREAD_BOUND or (saving_ms > 0 and win_ms > 2 * saving_ms + MARGIN * check.low_ms)
+
+
+def _rounds(clock: Clock, runs: dict[str, Callable[[], None]], budget_ms: float) -> dict[str, list[float]]:
+    """Warm each candidate, then time them in rounds of every order (see the module)."""
+    spent = sum(clock(run, _LABELS[name]) for name, run in runs.items())  # warm-up: one-time set-up, not timed
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for order in itertools.islice(itertools.cycle(_ORDERS), MAX_RUNS):
+        for name in order:
+            times[name].append(clock(runs[name], _LABELS[name]))
+        last = sum(found[-1] for found in times.values())
+        spent += last
+        if len(times["plan"]) >= MIN_RUNS and spent + last > budget_ms:
+            break
+    return times
+
+
+def _run(
+    root: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    program: Program,
+    region: Any,
+    params: Sequence[torch.Tensor],
+    device_type: str,
+) -> Callable[[], None]:
+    """One call of ``root`` under ``program`` (forward, then backward outside autocast as in
+    training; gradients through :func:`torch.autograd.grad`, the parameters' ``.grad``
+    untouched)."""
+
+    def run() -> None:
+        torch.clear_autocast_cache()  # a step's region starts without cast weights
+        running = _prog.run = Running(program, root, region)
+        try:
+            out = root.forward(*args, **kwargs)
+        finally:
+            _prog.run = None
+            running.stop()
+        outs = [t for t in _tensors(out) if t.requires_grad]
+        if outs and params:
+            with torch.autocast(device_type, enabled=False):
+                torch.autograd.grad(outs, params, [torch.ones_like(t) for t in outs], allow_unused=True)
+
+    return run
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The floating tensors of an output (through tuples, lists and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []

@@ -1,0 +1,268 @@
+"""The whole-call check of a mixed program (issue 27, fourth stop): per-module decisions that
+each win locally, composed into a program that loses to a fixed choice, must not run.
+
+Decisions are given (``plan.set`` with costs), whole-call times come from a fake clock
+(labels ``root-plan``, ``root-low``, ``root-fp32``): no wall-clock threshold anywhere.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _auto_testing import auto_state  # noqa: F401 (fixture)
+from torch import nn
+
+import ampcore
+from ampcore._auto import Costs, _hooks
+from ampcore._auto._cache import cache_file, forget_plans
+from ampcore._auto._checks import check_from_mapping, choose
+from ampcore._auto._measure import MIN_RUNS
+from ampcore._auto._shapes import shape_class
+from ampcore._cli.main import main
+
+pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
+_LOSES, _WINS = Costs(1.0, 2.0, 0.1), Costs(2.0, 1.0, 0.1)  # low/fp32 2.0: fp32; 0.5: low
+
+
+class Net(nn.Module):
+    """One big layer (decided low) and two small ones (decided float32): a mixed program."""
+
+    def __init__(self, norm: bool = False) -> None:
+        super().__init__()
+        self.big = nn.Linear(32, 32)
+        self.small = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+        self.norm = nn.Sequential(nn.BatchNorm1d(8), nn.Dropout(0.5)) if norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for layer in self.small:
+            y = layer(y)
+        return self.big(x), self.norm(y)
+
+
+class Clock:
+    """Whole-call figures per candidate (a little jitter); module measurements must not happen."""
+
+    def __init__(self, plan: float, low: float, fp32: float) -> None:
+        self.labels: list[str] = []
+        jitter = [1.0, 1.01, 0.99]
+        self.figures = {
+            f"root-{name}": itertools.cycle([ms * j for j in jitter])
+            for name, ms in (("plan", plan), ("low", low), ("fp32", fp32))
+        }
+
+    def __call__(self, run: Callable[[], None], label: str) -> float:
+        run()
+        self.labels.append(label)
+        return next(self.figures[label])
+
+
+@pytest.fixture(autouse=True)
+def budget(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("AMPCORE_AUTO_BUDGET", raising=False)
+    for name, value in (("spent_s", 0.0), ("warned", False), ("clocks", {})):
+        monkeypatch.setattr(_hooks._process, name, value)
+    yield
+
+
+def _decide(net: Net, x: torch.Tensor, y: torch.Tensor, small: Costs = _LOSES) -> None:
+    plan = ampcore.auto_plan("cpu")
+    plan.set(shape_class(net.big, (x,), "cpu") or "", _WINS, source="given")
+    for dtype in (torch.float32, torch.bfloat16):  # the second small layer's input is low when the first is
+        plan.set(shape_class(net.small[0], (y.to(dtype),), "cpu") or "", small, source="given")
+
+
+def _steps(monkeypatch: pytest.MonkeyPatch, clock: Any, net: Net, n: int = 3) -> list[tuple[torch.dtype, ...]]:
+    """``n`` training steps in auto regions (one place in the code); the output dtypes of each."""
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})  # this clock, not one an earlier run kept
+    x, y = torch.randn(4, 32), torch.randn(4, 8)
+    _decide(net, x, y)
+    found = []
+    for _ in range(n):
+        with ampcore.autocast("cpu", level="auto"):
+            out = net(x, y)
+        sum(o.float().sum() for o in out).backward()
+        found.append(tuple(o.dtype for o in out))
+        net.zero_grad(set_to_none=True)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("figures", "verdict", "small_dtype"),
+    [
+        ((10.0, 9.0, 12.0), "low", torch.bfloat16),  # each decision wins alone, the program loses
+        ((10.0, 11.0, 8.0), "fp32", torch.float32),  # float32 beats both
+        ((8.0, 9.0, 12.0), "plan", torch.float32),  # the program wins beyond the noise: kept
+        ((8.9, 9.0, 12.0), "low", torch.bfloat16),  # a 1% win is within the noise: torch.autocast's choice
+    ],
+)
+def test_a_mixed_program_runs_only_where_it_beats_the_better_fixed_choice(
+    monkeypatch: pytest.MonkeyPatch, figures: tuple[float, float, float], verdict: str, small_dtype: torch.dtype
+) -> None:
+    net = Net()
+    clock = Clock(*figures)
+    first, *later = _steps(monkeypatch, clock, net)
+    assert first == (torch.bfloat16, torch.float32)  # recorded with the plan's decisions
+    big_dtype = torch.float32 if verdict == "fp32" else torch.bfloat16
+    assert later == [(big_dtype, small_dtype)] * 2  # checked once, then run as the verdict says
+    (key, check), *_ = ampcore.auto_plan("cpu").roots.items()
+    assert (check.verdict, check.source, check.runs) == (verdict, "measured", 7)
+    assert key.startswith("Net in=[4x32, 4x8] grad program=")
+    assert len(clock.labels) == 3 * (1 + 7)  # one check: each candidate warmed, then 7 rounds
+
+
+def test_the_check_warms_each_candidate_and_balances_the_order_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(10.0, 9.0, 12.0)
+    _steps(monkeypatch, clock, Net())
+    assert set(clock.labels[:3]) == {"root-plan", "root-low", "root-fp32"}  # warm-up, untimed
+    rounds = [clock.labels[i : i + 3] for i in range(3, 3 + 6 * 3, 3)]
+    assert len({tuple(r) for r in rounds}) == 6  # every order once in six rounds
+    pairs = Counter((r[i], r[i + 1]) for r in rounds for i in range(2))
+    assert set(pairs.values()) == {2} and len(pairs) == 6  # each candidate after each other equally often
+
+
+def test_a_program_that_is_not_mixed_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    net, x, y = Net(), torch.randn(4, 32), torch.randn(4, 8)
+    clock = Clock(10.0, 9.0, 12.0)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    _decide(net, x, y, small=_WINS)  # every module low: the program is torch.autocast's
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            net(x, y)
+    assert clock.labels == [] and ampcore.auto_plan("cpu").roots == {}
+
+
+def test_the_check_leaves_parameters_gradients_buffers_and_rng_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampcore._auto import _verify
+
+    seen: list[bool] = []
+    original = _verify._check
+
+    def spy(root: nn.Module, *args: Any) -> Any:
+        state = {k: v.clone() for k, v in root.state_dict().items()}
+        rng = torch.get_rng_state()
+        found = original(root, *args)
+        seen.append(all(torch.equal(v, state[k]) for k, v in root.state_dict().items()))
+        seen.append(torch.equal(rng, torch.get_rng_state()))
+        seen.append(all(p.grad is None for p in root.parameters()))
+        return found
+
+    monkeypatch.setattr(_verify, "_check", spy)
+    net = Net(norm=True)  # BatchNorm (running statistics) and dropout (the RNG), training mode
+    _steps(monkeypatch, Clock(10.0, 9.0, 12.0), net, n=2)
+    assert seen == [True, True, True]
+
+
+def test_the_verdict_is_cached_and_a_corrupted_one_is_checked_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    net = Net()
+    _steps(monkeypatch, Clock(10.0, 9.0, 12.0), net)
+    path = cache_file(ampcore.auto_plan("cpu").fingerprint)
+    assert path is not None
+    data = json.loads(path.read_text())
+    (key, stored), *_ = data["roots"].items()
+    assert stored["verdict"] == "low"
+
+    forget_plans()  # a new process: reads the verdict, measures nothing
+    from ampcore._auto import _program, _roots
+
+    _program.forget()
+    _roots.forget()
+    silent = Clock(1.0, 1.0, 1.0)
+    assert _steps(monkeypatch, silent, net)[1:] == [(torch.bfloat16, torch.bfloat16)] * 2
+    assert silent.labels == [] and ampcore.auto_plan("cpu").roots[key].source == "cache"
+
+    data["roots"][key]["verdict"] = "plan"  # does not follow from its figures
+    path.write_text(json.dumps(data))
+    forget_plans()
+    _program.forget()
+    _roots.forget()
+    clock = Clock(8.0, 9.0, 12.0)
+    with pytest.warns(ampcore.AmpcoreWarning, match="whole-call check .* does not follow from the figures"):
+        later = _steps(monkeypatch, clock, net)[1:]
+    assert clock.labels and later == [(torch.bfloat16, torch.float32)] * 2  # measured again: the plan wins now
+    assert main(["plan", "show"]) == 0
+    shown = capsys.readouterr().out
+    assert "whole call (mixed program)" in shown and key in shown and "measured" in shown
+
+
+@pytest.mark.parametrize("frozen", [True, False], ids=["loaded-plan", "no-budget"])
+def test_without_measuring_a_mixed_program_runs_as_recorded(monkeypatch: pytest.MonkeyPatch, frozen: bool) -> None:
+    net, x, y = Net(), torch.randn(4, 32), torch.randn(4, 8)
+    clock = Clock(10.0, 9.0, 12.0)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    _decide(net, x, y)
+    if frozen:
+        ampcore.load_plan(ampcore.auto_plan("cpu").to_dict())
+    else:
+        monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            out = net(x, y)
+    assert clock.labels == [] and [o.dtype for o in out] == [torch.bfloat16, torch.float32]
+
+
+def test_choose_is_a_pure_rule_and_read_checks_follow_it() -> None:
+    assert choose(10.0, 20.0, 0.95, 0.47, 0.01) == "plan"
+    assert choose(10.0, 20.0, 0.95, 0.47, 0.06) == "low"  # a 5% win within a 6% spread
+    assert choose(10.0, 9.0, 1.05, 1.17, 0.01) == "fp32"
+    good = {"plan_ms": 9.0, "low_ms": 10.0, "fp32_ms": 20.0, "plan_over_low": 0.9, "plan_over_fp32": 0.45}
+    good |= {"spread": 0.01, "runs": MIN_RUNS, "verdict": "plan"}
+    assert check_from_mapping(good, "cache").verdict == "plan"
+    for bad, match in (
+        ({"low_ms": float("nan")}, "low_ms = nan"),
+        ({"runs": 0}, "runs = 0"),
+        ({"verdict": "auto"}, "verdict 'auto'"),
+        ({"extra": 1}, "unknown field"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            check_from_mapping(good | bad, "cache")
+
+
+def test_a_plan_file_with_a_bad_whole_call_check_is_refused_naming_it(tmp_path: Path) -> None:
+    data = ampcore.auto_plan("cpu").to_dict()
+    data["roots"] = {"Net in=[4x32] grad program=low+1 #0": {"plan_ms": "x"}}
+    with pytest.raises(ampcore.AmpcoreError, match=r"whole-call check 'Net in=\[4x32\].*plan_ms = 'x'"):
+        ampcore.load_plan(data)
+
+
+def test_an_exported_plan_carries_its_verdicts_to_every_process_that_loads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampcore._auto import _program, _roots
+
+    net = Net()
+    _steps(monkeypatch, Clock(10.0, 9.0, 12.0), net)  # rank 0 measures: the program loses, runs as low
+    exported = ampcore.auto_plan("cpu").to_dict()
+    forget_plans()  # another rank or a resumed run
+    _program.forget()
+    _roots.forget()
+    plan = ampcore.load_plan(exported)  # frozen: measures nothing
+    assert [c.source for c in plan.roots.values()] == ["loaded"]
+    silent = Clock(8.0, 9.0, 12.0)  # would say "plan" if asked
+    assert _steps(monkeypatch, silent, net)[1:] == [(torch.bfloat16, torch.bfloat16)] * 2
+    assert silent.labels == []
+
+
+def test_a_check_too_noisy_to_decide_is_measured_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(8.0, 9.0, 12.0)
+    first_low = [9.0, 27.0, 27.0, 9.0, 9.0, 9.0, 9.0, 9.0]  # two slow low runs: spread 0.67, beyond 0.5
+    clock.figures["root-low"] = itertools.chain(first_low, clock.figures["root-low"])
+    _steps(monkeypatch, clock, Net())
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.runs == 14 and len(clock.labels) == 3 * (1 + 7) * 2  # warmed and timed again
+    assert check.verdict == "plan" and check.spread < 0.05  # 14 rounds: the two outliers are trimmed
+
+
+def test_a_win_far_beyond_what_the_modules_save_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(9.5, 9.0, 12.0)  # the program loses...
+    clock.figures["root-plan"] = itertools.chain([4.0] * 8, clock.figures["root-plan"])  # ...but a burst says 0.44
+    _steps(monkeypatch, clock, Net())  # the two float32 layers save 2 x (2.0 - 1.0) ms by their own figures
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.runs == 14 and check.verdict == "low"  # timed again: no clear win, torch.autocast's program
