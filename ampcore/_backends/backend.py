@@ -204,6 +204,9 @@ class Backend:
                 f"ampcore_backend() gave master_update_chunk_elements={chunk!r}; expected None "
                 "(whole-tensor master-weight updates) or a positive number of elements such as 262144"
             )
+        onepass = getattr(spec, "master_update_onepass", False)
+        if not _is_bool(onepass):
+            raise self._error(f"ampcore_backend() gave master_update_onepass={onepass!r}; expected True or False")
         self.name: str = name
         self.device_type: str = device_type
         self.supported_dtypes: tuple[torch.dtype, ...] = dtypes
@@ -211,6 +214,8 @@ class Backend:
         self.priority: int = priority
         #: elements per chunk of O2's master-weight updates; None: whole tensors (BackendSpec)
         self.master_update_chunk_elements: int | None = chunk
+        #: fused O2 updates may run the one-pass CPU kernel (BackendSpec)
+        self.master_update_onepass: bool = onepass
 
     def _validate_dtype_hooks(self) -> None:
         """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin

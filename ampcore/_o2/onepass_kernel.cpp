@@ -1,0 +1,328 @@
+// ampcore's one-pass CPU master update: torch's CPU fused Adam/AdamW and SGD, transcribed.
+//
+// Per tensor, one pass over memory: read the low-precision (bfloat16/float16) gradient,
+// widen it exactly, apply the arithmetic of torch's CPU fused kernel
+// (aten/src/ATen/native/cpu/FusedAdamKernel.cpp, FusedSGDKernel.cpp, the float32 `adam_math`
+// and `sgd_math`) to the float32 master and its states, and write the master rounded to the
+// low-precision parameter (round to nearest even, as torch's copy_ rounds).  torch's kernels
+// read float32 gradients, so O2 otherwise widens the gradients and refreshes the parameters
+// in passes of their own.
+//
+// Bit-identity with torch's kernel on float32 masters rests on doing, per element, the same
+// correctly rounded float32 operations in the same order (this file is built with
+// -ffp-contract=off, so the compiler fuses nothing the source does not say), and on
+// splitting the elements as torch does: at::parallel_for(0, units, 0) over 64-byte units of
+// the float32 master (the same runtime, so the same chunks for the same thread count), in
+// each chunk a vector body of whole vectors of `width` floats (torch's
+// Vectorized<float>::size() at its dispatched CPU capability) and a scalar tail, of which
+// GCC vectorised the first whole `tail_width` elements.  The three parts round differently
+// where torch's build contracts multiply-adds (`contract`: its AVX2/AVX512 kernels, built
+// with FMA and GCC's default -ffp-contract=fast).  Python passes these for torch's
+// capability and checks the result against torch's own kernel on this machine before using
+// it (ampcore/_o2/onepass.py).
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/extension.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kUnit = 64 / sizeof(float);  // torch's cache_line_aligned_task_unit
+
+struct AdamConsts {
+  bool scaled, maximize, amsgrad, adamw, decay, small, contract;
+  float scale, wd, keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
+};
+
+AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_decay, double eps, double step,
+                       bool amsgrad, bool maximize, bool adamw, const float* scale, bool contract) {
+  AdamConsts k{};
+  // double where torch's kernel computes in double, rounded to float where it casts
+  double bias_correction1 = 1 - std::pow(beta1, step);
+  double bias_correction2 = 1 - std::pow(beta2, step);
+  k.scaled = scale != nullptr;
+  k.scale = scale ? *scale : 1.0f;
+  k.maximize = maximize;
+  k.amsgrad = amsgrad;
+  k.adamw = adamw;
+  k.decay = weight_decay != 0.f;
+  k.contract = contract;
+  k.wd = static_cast<float>(weight_decay);
+  k.keep = static_cast<float>(1 - lr * weight_decay);
+  k.weight = static_cast<float>(1 - beta1);
+  k.small = std::abs(k.weight) < 0.5f;
+  k.coeff = k.small ? k.weight : k.weight - 1.0f;
+  k.one_minus_weight = 1.0f - k.weight;
+  k.beta2 = static_cast<float>(beta2);
+  k.sq_coeff = static_cast<float>(1 - beta2);
+  k.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  k.eps = static_cast<float>(eps);
+  k.step_size = static_cast<float>(lr / bias_correction1);
+  return k;
+}
+
+// a * b + c as torch's build computes it: one fused multiply-add where its compiler
+// contracted it (torch's AVX2/AVX512 kernels are built with FMA and GCC's default
+// -ffp-contract=fast), else a multiply and an add (this file is built with -ffp-contract=off)
+inline float madd(float a, float b, float c, bool contract) { return contract ? std::fma(a, b, c) : a * b + c; }
+
+// x * y + (u * v): with contraction one of the two products is fused into the add: GCC
+// fuses the first multiplication in its statement order, which is `x * y` in scalar code and
+// `u * v` in vectorised code (`vector`: torch's vector body, and the part of its scalar
+// tail loop that GCC vectorised), as measured against torch's kernels
+inline float madd2(float x, float y, float u, float v, bool contract, bool vector) {
+  if (!contract) return x * y + u * v;
+  return vector ? std::fma(u, v, x * y) : std::fma(x, y, u * v);
+}
+
+// One element of torch's vector body (`adam_math<float>`'s first loop).
+inline void adam_body(float& p, float g, float& m, float& v, float* vmax, const AdamConsts& k) {
+  if (k.scaled) g = g / k.scale;
+  if (k.maximize) g = g * -1.0f;
+  if (k.decay) {
+    if (k.adamw) {
+      p = p * k.keep;
+    } else {
+      g = madd(p, k.wd, g, k.contract);
+    }
+  }
+  float base = k.small ? m : g;
+  m = madd(k.coeff, g - m, base, k.contract);  // vec::fmadd
+  v = madd2(v, k.beta2, k.sq_coeff * g, g, k.contract, true);
+  float s = v;
+  if (k.amsgrad) {
+    // Vectorized<float>'s maximum: NaN if either is NaN, else _mm512_max_ps(a, b)
+    s = (std::isnan(*vmax) || std::isnan(v)) ? std::numeric_limits<float>::quiet_NaN() : (*vmax > v ? *vmax : v);
+    *vmax = s;
+  }
+  float denom = std::sqrt(s) / k.bc2_sqrt + k.eps;
+  p = p + (-k.step_size) * m / denom;
+}
+
+// One element of torch's scalar tail (`adam_math<float>`'s second loop).
+inline void adam_tail(float& p, float g, float& m, float& v, float* vmax, const AdamConsts& k, bool vector) {
+  if (k.scaled) g = g / k.scale;
+  if (k.maximize) g = -g;
+  if (k.decay) {
+    if (k.adamw) {
+      p = p * k.keep;
+    } else {
+      g = madd(p, k.wd, g, k.contract);
+    }
+  }
+  if (k.small) {
+    m = madd(k.weight, g - m, m, k.contract);
+  } else {
+    m = madd(-(g - m), k.one_minus_weight, g, k.contract);
+  }
+  v = madd2(v, k.beta2, k.sq_coeff * g, g, k.contract, vector);
+  float s = v;
+  if (k.amsgrad) {
+    s = *vmax < v ? v : *vmax;  // std::max
+    *vmax = s;
+  }
+  float denom = std::sqrt(s) / k.bc2_sqrt + k.eps;
+  p = p - k.step_size * m / denom;
+}
+
+struct Split {
+  int64_t width;       // torch's Vectorized<float>::size()
+  int64_t tail_width;  // the vector width GCC gave torch's tail loop (0: not vectorised)
+  // [begin, body) vector body, [body, vec) vectorised tail, [vec, end) scalar tail
+  void of(int64_t begin, int64_t end, int64_t& body, int64_t& vec) const {
+    body = end - (end - begin) % width;
+    vec = tail_width ? body + (end - body) / tail_width * tail_width : body;
+  }
+};
+
+template <typename low_t>
+inline float widen(low_t x) {
+  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
+    uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+    float out;
+    std::memcpy(&out, &bits, sizeof(out));
+    return out;
+  } else {
+    return static_cast<float>(x);
+  }
+}
+
+template <typename low_t>
+inline low_t narrow(float value) {
+  return low_t(value);  // c10's round to nearest even (BFloat16: a NaN stays a quiet NaN)
+}
+
+template <typename low_t>
+struct AdamRange {
+  float* p;
+  const low_t* g;
+  low_t* out;
+  float* m;
+  float* v;
+  float* vmax;
+};
+
+template <typename low_t>
+void adam_range(const AdamRange<low_t>& t, const AdamConsts& k, const Split& split, int64_t begin, int64_t end) {
+  int64_t body, vec;
+  split.of(begin, end, body, vec);
+  float none = 0.0f;
+  for (int64_t i = begin; i < body; ++i) {
+    adam_body(t.p[i], widen(t.g[i]), t.m[i], t.v[i], t.vmax ? t.vmax + i : &none, k);
+    t.out[i] = narrow<low_t>(t.p[i]);
+  }
+  for (int64_t i = body; i < end; ++i) {
+    adam_tail(t.p[i], widen(t.g[i]), t.m[i], t.v[i], t.vmax ? t.vmax + i : &none, k, i < vec);
+    t.out[i] = narrow<low_t>(t.p[i]);
+  }
+}
+
+template <typename low_t>
+void adam_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& low, const at::Tensor& exp_avg,
+                 const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, const AdamConsts& k,
+                 const Split& split) {
+  AdamRange<low_t> t{master.data_ptr<float>(), grad.data_ptr<low_t>(), low.data_ptr<low_t>(),
+                     exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
+                     k.amsgrad ? max_exp_avg_sq.data_ptr<float>() : nullptr};
+  const int64_t numel = master.numel();
+  at::parallel_for(0, (numel + kUnit - 1) / kUnit, 0, [&](int64_t begin, int64_t end) {
+    adam_range(t, k, split, begin * kUnit, std::min(end * kUnit, numel));
+  });
+}
+
+struct SgdConsts {
+  bool scaled, maximize, decay, momentum, first, nesterov, contract;
+  float scale, wd, mom, keep_grad, lr;
+};
+
+// One element of torch's fused SGD (`sgd_math<float>`; its body's `p + g * -lr` is its
+// tail's `p - g * lr`).
+inline void sgd_elem(float& p, float g, float* buf, const SgdConsts& k, bool vector) {
+  if (k.scaled) g = g / k.scale;
+  if (k.maximize) g = g * -1.0f;
+  if (k.decay) g = madd(p, k.wd, g, k.contract);
+  if (k.momentum) {
+    float b = k.first ? g : madd2(*buf, k.mom, g, k.keep_grad, k.contract, vector);
+    *buf = b;
+    g = k.nesterov ? madd(b, k.mom, g, k.contract) : b;
+  }
+  p = madd(-g, k.lr, p, k.contract);
+}
+
+template <typename low_t>
+void sgd_range(float* p, const low_t* g, low_t* out, float* buf, const SgdConsts& k, const Split& split,
+               int64_t begin, int64_t end) {
+  int64_t body, vec;
+  split.of(begin, end, body, vec);
+  float none = 0.0f;
+  for (int64_t i = begin; i < end; ++i) {
+    sgd_elem(p[i], widen(g[i]), buf ? buf + i : &none, k, i < vec);
+    out[i] = narrow<low_t>(p[i]);
+  }
+}
+
+template <typename low_t>
+void sgd_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& low, const at::Tensor& buf,
+                const SgdConsts& k, const Split& split) {
+  float* p = master.data_ptr<float>();
+  const low_t* g = grad.data_ptr<low_t>();
+  low_t* out = low.data_ptr<low_t>();
+  float* b = k.momentum ? buf.data_ptr<float>() : nullptr;
+  const int64_t numel = master.numel();
+  at::parallel_for(0, (numel + kUnit - 1) / kUnit, 0, [&](int64_t begin, int64_t end) {
+    sgd_range(p, g, out, b, k, split, begin * kUnit, std::min(end * kUnit, numel));
+  });
+}
+
+void check_tensor(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& master, const char* what) {
+  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == dtype && t.numel() == master.numel(),
+              "ampcore one-pass update: ", what, " must be a contiguous CPU tensor of ", c10::toString(dtype),
+              " with the master's ", master.numel(), " elements");
+}
+
+const float* scale_of(const c10::optional<at::Tensor>& grad_scale) {
+  return grad_scale.has_value() ? grad_scale->data_ptr<float>() : nullptr;
+}
+
+Split checked_split(int64_t width, int64_t tail_width) {
+  TORCH_CHECK(width > 0 && kUnit % width == 0 && tail_width >= 0 && tail_width < width,
+              "ampcore one-pass update: vector widths ", width, ", ", tail_width);
+  return Split{width, tail_width};
+}
+
+bool skipped(const c10::optional<at::Tensor>& found_inf) {
+  return found_inf.has_value() && *found_inf->data_ptr<float>() == 1.0f;
+}
+
+// torch._fused_adam_/_fused_adamw_ on float32 masters with gradients `grads` in
+// `lows`' dtype (the step counts already advanced, as torch's _fused_adam does).
+void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
+          const std::vector<at::Tensor>& lows, const std::vector<at::Tensor>& exp_avgs,
+          const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& max_exp_avg_sqs,
+          const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2, double weight_decay,
+          double eps, bool amsgrad, bool maximize, bool adamw, const c10::optional<at::Tensor>& grad_scale,
+          const c10::optional<at::Tensor>& found_inf, int64_t width, int64_t tail_width, bool contract) {
+  const Split split = checked_split(width, tail_width);
+  if (skipped(found_inf)) return;
+  for (size_t i = 0; i < masters.size(); ++i) {
+    const at::Tensor& master = masters[i];
+    const at::ScalarType low_type = lows[i].scalar_type();
+    check_tensor(master, at::kFloat, master, "a master");
+    check_tensor(grads[i], low_type, master, "a gradient");
+    check_tensor(exp_avgs[i], at::kFloat, master, "exp_avg");
+    check_tensor(exp_avg_sqs[i], at::kFloat, master, "exp_avg_sq");
+    if (amsgrad) check_tensor(max_exp_avg_sqs[i], at::kFloat, master, "max_exp_avg_sq");
+    const double step = steps[i].item<float>();
+    AdamConsts k = adam_consts(lr, beta1, beta2, weight_decay, eps, step, amsgrad, maximize, adamw,
+                               scale_of(grad_scale), contract);
+    const at::Tensor& vmax = amsgrad ? max_exp_avg_sqs[i] : exp_avg_sqs[i];
+    if (low_type == at::kBFloat16) {
+      adam_tensor<c10::BFloat16>(master, grads[i], lows[i], exp_avgs[i], exp_avg_sqs[i], vmax, k, split);
+    } else {
+      TORCH_CHECK(low_type == at::kHalf, "ampcore one-pass update: low-precision dtype ", low_type);
+      adam_tensor<c10::Half>(master, grads[i], lows[i], exp_avgs[i], exp_avg_sqs[i], vmax, k, split);
+    }
+  }
+}
+
+// torch._fused_sgd_ on float32 masters with gradients in `lows`' dtype.
+void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
+         const std::vector<at::Tensor>& lows, const std::vector<at::Tensor>& bufs, double weight_decay,
+         double momentum, double lr, double dampening, bool nesterov, bool maximize, bool is_first_step,
+         const c10::optional<at::Tensor>& grad_scale, const c10::optional<at::Tensor>& found_inf, int64_t width, int64_t tail_width, bool contract) {
+  const Split split = checked_split(width, tail_width);
+  if (skipped(found_inf)) return;
+  const float* scale = scale_of(grad_scale);
+  SgdConsts k{scale != nullptr, maximize, weight_decay != 0.0, momentum != 0.0, is_first_step, nesterov,
+              contract,
+              scale ? *scale : 1.0f, static_cast<float>(weight_decay), static_cast<float>(momentum),
+              static_cast<float>(1 - dampening), static_cast<float>(lr)};
+  for (size_t i = 0; i < masters.size(); ++i) {
+    const at::Tensor& master = masters[i];
+    const at::ScalarType low_type = lows[i].scalar_type();
+    check_tensor(master, at::kFloat, master, "a master");
+    check_tensor(grads[i], low_type, master, "a gradient");
+    if (k.momentum) check_tensor(bufs[i], at::kFloat, master, "a momentum buffer");
+    const at::Tensor& buf = k.momentum ? bufs[i] : master;
+    if (low_type == at::kBFloat16) {
+      sgd_tensor<c10::BFloat16>(master, grads[i], lows[i], buf, k, split);
+    } else {
+      TORCH_CHECK(low_type == at::kHalf, "ampcore one-pass update: low-precision dtype ", low_type);
+      sgd_tensor<c10::Half>(master, grads[i], lows[i], buf, k, split);
+    }
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("adam", &adam, "torch's CPU fused Adam/AdamW from low-precision gradients, in one pass");
+  m.def("sgd", &sgd, "torch's CPU fused SGD from low-precision gradients, in one pass");
+}
