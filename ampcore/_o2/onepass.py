@@ -138,7 +138,7 @@ class _Chooser:
         if problem is not None:
             return problem
         try:
-            module = _build(found)
+            module = _build(capability)
         except Exception as exc:  # a compiler error, a missing header, a broken toolchain
             return f"the build failed: {type(exc).__name__}: {str(exc).strip()[-600:]}"
         from .onepass_check import self_check
@@ -150,13 +150,20 @@ class _Chooser:
         return None
 
 
-def _build(found: Layout) -> ModuleType:
-    flags = ["-O3", "-ffp-contract=off", "-fno-math-errno"]
-    stem = "ampcore_o2_onepass"
-    if found.contract:  # torch dispatched AVX2/AVX512 here: the CPU has FMA and AVX2
-        flags += ["-mavx2", "-mfma"]
-        stem += "_fma"
-    return build_extension(extension_name(stem, SOURCE), SOURCE, flags)
+#: instruction sets the CPU has where torch dispatched this capability (compiled for them)
+ISA_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {
+    "AVX512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"),
+    "AVX2": ("-mavx2", "-mfma"),
+    "DEFAULT": (),
+}
+#: no contraction the source does not spell (it spells torch's); no errno or trap
+#: semantics, so that square roots and selects vectorise (neither changes a value)
+BASE_FLAGS: Final = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
+
+
+def _build(capability: str) -> ModuleType:
+    stem = f"ampcore_o2_onepass_{capability.lower()}"  # one build per instruction set
+    return build_extension(extension_name(stem, SOURCE), SOURCE, [*BASE_FLAGS, *ISA_FLAGS.get(capability, ())])
 
 
 _chooser = _Chooser()

@@ -36,9 +36,77 @@ namespace {
 
 constexpr int64_t kUnit = 64 / sizeof(float);  // torch's cache_line_aligned_task_unit
 
+// a * b + c as torch's build computes it: one fused multiply-add where its compiler
+// contracted it (torch's AVX2/AVX512 kernels are built with FMA and GCC's default
+// -ffp-contract=fast), else a multiply and an add (this file is built with -ffp-contract=off)
+template <bool Contract>
+inline float madd(float a, float b, float c) {
+  if constexpr (Contract) {
+    return std::fma(a, b, c);
+  } else {
+    return a * b + c;
+  }
+}
+
+// x * y + (u * v): with contraction one of the two products is fused into the add: GCC
+// fuses the first multiplication in its statement order, which is `x * y` in scalar code and
+// `u * v` in vectorised code (`Vector`: torch's vector body, and the part of its scalar tail
+// loop that GCC vectorised), as measured against torch's kernels
+template <bool Contract, bool Vector>
+inline float madd2(float x, float y, float u, float v) {
+  if constexpr (!Contract) {
+    return x * y + u * v;
+  } else if constexpr (Vector) {
+    return std::fma(u, v, x * y);
+  } else {
+    return std::fma(x, y, u * v);
+  }
+}
+
+inline uint32_t bits_of(float value) {
+  uint32_t out;
+  std::memcpy(&out, &value, sizeof(out));
+  return out;
+}
+
+inline float float_of(uint32_t bits) {
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+// `yes ? a : b` by bit masks: both computed, no branch (so that the loops vectorise)
+inline float pick(bool yes, float a, float b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(yes);
+  return float_of((bits_of(a) & mask) | (bits_of(b) & ~mask));
+}
+
+// the low-precision types as their 16 bits (so that the loops vectorise)
+template <typename low_t>
+inline float widen(uint16_t x) {
+  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
+    return float_of(static_cast<uint32_t>(x) << 16);
+  } else {
+    return static_cast<float>(c10::Half(x, c10::Half::from_bits()));
+  }
+}
+
+// rounded to nearest even, as torch's copy_ rounds (a NaN becomes a quiet NaN)
+template <typename low_t>
+inline uint16_t narrow(float value) {
+  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
+    const uint32_t u = bits_of(value);
+    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7FFFFFFFu) > 0x7F800000u);
+    return static_cast<uint16_t>((0x7FC0u & nan) | (rounded & ~nan));
+  } else {
+    return c10::Half(value).x;
+  }
+}
+
 struct AdamConsts {
   bool scaled, maximize, amsgrad, adamw, decay, small, contract;
-  float scale, wd, keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
+  float scale, sign, wd, keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
 };
 
 AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_decay, double eps, double step,
@@ -55,7 +123,8 @@ AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_deca
   k.decay = weight_decay != 0.f;
   k.contract = contract;
   k.wd = static_cast<float>(weight_decay);
-  k.keep = static_cast<float>(1 - lr * weight_decay);
+  k.keep = adamw && k.decay ? static_cast<float>(1 - lr * weight_decay) : 1.0f;
+  k.sign = maximize ? -1.0f : 1.0f;
   k.weight = static_cast<float>(1 - beta1);
   k.small = std::abs(k.weight) < 0.5f;
   k.coeff = k.small ? k.weight : k.weight - 1.0f;
@@ -68,68 +137,52 @@ AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_deca
   return k;
 }
 
-// a * b + c as torch's build computes it: one fused multiply-add where its compiler
-// contracted it (torch's AVX2/AVX512 kernels are built with FMA and GCC's default
-// -ffp-contract=fast), else a multiply and an add (this file is built with -ffp-contract=off)
-inline float madd(float a, float b, float c, bool contract) { return contract ? std::fma(a, b, c) : a * b + c; }
-
-// x * y + (u * v): with contraction one of the two products is fused into the add: GCC
-// fuses the first multiplication in its statement order, which is `x * y` in scalar code and
-// `u * v` in vectorised code (`vector`: torch's vector body, and the part of its scalar
-// tail loop that GCC vectorised), as measured against torch's kernels
-inline float madd2(float x, float y, float u, float v, bool contract, bool vector) {
-  if (!contract) return x * y + u * v;
-  return vector ? std::fma(u, v, x * y) : std::fma(x, y, u * v);
-}
-
-// One element of torch's vector body (`adam_math<float>`'s first loop).
-inline void adam_body(float& p, float g, float& m, float& v, float* vmax, const AdamConsts& k) {
-  if (k.scaled) g = g / k.scale;
-  if (k.maximize) g = g * -1.0f;
-  if (k.decay) {
-    if (k.adamw) {
-      p = p * k.keep;
+// torch's `adam_math<float>` on [begin, end) of one of its parts: the vector body
+// (`Vector`), or its scalar tail loop (of which GCC vectorised the first whole vectors:
+// `Vector` too).  The lerp of the body (one fmadd of `coeff` and `base`) equals the tail's
+// two branches except in the sign of a zero when beta1 is 0; the rest differs only in how a
+// multiply-add is contracted (madd2) and in `maximum` against `std::max` (NaN).  Options
+// are selects, so that the loop vectorises.
+template <bool Contract, bool Vector, bool Tail, bool Amsgrad, bool Scaled, typename low_t>
+void adam_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t* __restrict__ out,
+               float* __restrict__ m, float* __restrict__ v, float* __restrict__ vmax, const AdamConsts k,
+               int64_t begin, int64_t end) {
+  const bool l2 = k.decay && !k.adamw;
+  for (int64_t i = begin; i < end; ++i) {
+    float param = p[i];
+    float g = widen<low_t>(g16[i]);
+    if constexpr (Scaled) g = g / k.scale;
+    if constexpr (Vector) {
+      g = g * k.sign;  // maximize: -1, else 1
     } else {
-      g = madd(p, k.wd, g, k.contract);
+      g = k.maximize ? -g : g;
     }
-  }
-  float base = k.small ? m : g;
-  m = madd(k.coeff, g - m, base, k.contract);  // vec::fmadd
-  v = madd2(v, k.beta2, k.sq_coeff * g, g, k.contract, true);
-  float s = v;
-  if (k.amsgrad) {
-    // Vectorized<float>'s maximum: NaN if either is NaN, else _mm512_max_ps(a, b)
-    s = (std::isnan(*vmax) || std::isnan(v)) ? std::numeric_limits<float>::quiet_NaN() : (*vmax > v ? *vmax : v);
-    *vmax = s;
-  }
-  float denom = std::sqrt(s) / k.bc2_sqrt + k.eps;
-  p = p + (-k.step_size) * m / denom;
-}
-
-// One element of torch's scalar tail (`adam_math<float>`'s second loop).
-inline void adam_tail(float& p, float g, float& m, float& v, float* vmax, const AdamConsts& k, bool vector) {
-  if (k.scaled) g = g / k.scale;
-  if (k.maximize) g = -g;
-  if (k.decay) {
-    if (k.adamw) {
-      p = p * k.keep;
+    g = pick(l2, madd<Contract>(param, k.wd, g), g);
+    param = param * k.keep;  // 1 but for AdamW's decay
+    float mi = m[i], diff = g - mi;
+    if constexpr (Tail && !Vector) {
+      mi = pick(k.small, madd<Contract>(k.weight, diff, mi), madd<Contract>(-diff, k.one_minus_weight, g));
     } else {
-      g = madd(p, k.wd, g, k.contract);
+      mi = madd<Contract>(k.coeff, diff, pick(k.small, mi, g));  // vec::fmadd
     }
+    float vi = madd2<Contract, Vector>(v[i], k.beta2, k.sq_coeff * g, g);
+    m[i] = mi;
+    v[i] = vi;
+    float s = vi;
+    if constexpr (Amsgrad) {
+      float old = vmax[i];
+      if constexpr (Vector) {  // Vectorized<float>'s maximum: NaN if either is
+        s = pick((old != old) | (vi != vi), std::numeric_limits<float>::quiet_NaN(), pick(old > vi, old, vi));
+      } else {  // std::max
+        s = pick(old < vi, vi, old);
+      }
+      vmax[i] = s;
+    }
+    float denom = std::sqrt(s) / k.bc2_sqrt + k.eps;
+    param = param - k.step_size * mi / denom;  // the body's `p + (-step_size * m) / denom`
+    p[i] = param;
+    out[i] = narrow<low_t>(param);
   }
-  if (k.small) {
-    m = madd(k.weight, g - m, m, k.contract);
-  } else {
-    m = madd(-(g - m), k.one_minus_weight, g, k.contract);
-  }
-  v = madd2(v, k.beta2, k.sq_coeff * g, g, k.contract, vector);
-  float s = v;
-  if (k.amsgrad) {
-    s = *vmax < v ? v : *vmax;  // std::max
-    *vmax = s;
-  }
-  float denom = std::sqrt(s) / k.bc2_sqrt + k.eps;
-  p = p - k.step_size * m / denom;
 }
 
 struct Split {
@@ -143,44 +196,30 @@ struct Split {
 };
 
 template <typename low_t>
-inline float widen(low_t x) {
-  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
-    uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-    float out;
-    std::memcpy(&out, &bits, sizeof(out));
-    return out;
-  } else {
-    return static_cast<float>(x);
-  }
-}
-
-template <typename low_t>
-inline low_t narrow(float value) {
-  return low_t(value);  // c10's round to nearest even (BFloat16: a NaN stays a quiet NaN)
-}
-
-template <typename low_t>
-struct AdamRange {
+struct AdamTensors {
   float* p;
-  const low_t* g;
-  low_t* out;
+  const uint16_t* g;
+  uint16_t* out;
   float* m;
   float* v;
   float* vmax;
 };
 
-template <typename low_t>
-void adam_range(const AdamRange<low_t>& t, const AdamConsts& k, const Split& split, int64_t begin, int64_t end) {
+template <bool Contract, bool Amsgrad, bool Scaled, typename low_t>
+void adam_parts(const AdamTensors<low_t>& t, const AdamConsts& k, const Split& split, int64_t begin, int64_t end) {
   int64_t body, vec;
   split.of(begin, end, body, vec);
-  float none = 0.0f;
-  for (int64_t i = begin; i < body; ++i) {
-    adam_body(t.p[i], widen(t.g[i]), t.m[i], t.v[i], t.vmax ? t.vmax + i : &none, k);
-    t.out[i] = narrow<low_t>(t.p[i]);
-  }
-  for (int64_t i = body; i < end; ++i) {
-    adam_tail(t.p[i], widen(t.g[i]), t.m[i], t.v[i], t.vmax ? t.vmax + i : &none, k, i < vec);
-    t.out[i] = narrow<low_t>(t.p[i]);
+  adam_part<Contract, true, false, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, begin, body);
+  adam_part<Contract, true, true, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, body, vec);
+  adam_part<Contract, false, true, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, vec, end);
+}
+
+template <bool Contract, bool Amsgrad, typename low_t>
+void adam_range(const AdamTensors<low_t>& t, const AdamConsts& k, const Split& split, int64_t begin, int64_t end) {
+  if (k.scaled) {
+    adam_parts<Contract, Amsgrad, true, low_t>(t, k, split, begin, end);
+  } else {
+    adam_parts<Contract, Amsgrad, false, low_t>(t, k, split, begin, end);
   }
 }
 
@@ -188,43 +227,66 @@ template <typename low_t>
 void adam_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& low, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq, const AdamConsts& k,
                  const Split& split) {
-  AdamRange<low_t> t{master.data_ptr<float>(), grad.data_ptr<low_t>(), low.data_ptr<low_t>(),
-                     exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(),
-                     k.amsgrad ? max_exp_avg_sq.data_ptr<float>() : nullptr};
+  AdamTensors<low_t> t{master.data_ptr<float>(),
+                       reinterpret_cast<const uint16_t*>(grad.data_ptr<low_t>()),
+                       reinterpret_cast<uint16_t*>(low.data_ptr<low_t>()),
+                       exp_avg.data_ptr<float>(),
+                       exp_avg_sq.data_ptr<float>(),
+                       k.amsgrad ? max_exp_avg_sq.data_ptr<float>() : nullptr};
   const int64_t numel = master.numel();
   at::parallel_for(0, (numel + kUnit - 1) / kUnit, 0, [&](int64_t begin, int64_t end) {
-    adam_range(t, k, split, begin * kUnit, std::min(end * kUnit, numel));
+    begin *= kUnit;
+    end = std::min(end * kUnit, numel);
+    if (k.contract) {
+      k.amsgrad ? adam_range<true, true>(t, k, split, begin, end) : adam_range<true, false>(t, k, split, begin, end);
+    } else {
+      k.amsgrad ? adam_range<false, true>(t, k, split, begin, end) : adam_range<false, false>(t, k, split, begin, end);
+    }
   });
 }
 
 struct SgdConsts {
   bool scaled, maximize, decay, momentum, first, nesterov, contract;
-  float scale, wd, mom, keep_grad, lr;
+  float scale, sign, wd, mom, keep_grad, lr;
 };
 
-// One element of torch's fused SGD (`sgd_math<float>`; its body's `p + g * -lr` is its
-// tail's `p - g * lr`).
-inline void sgd_elem(float& p, float g, float* buf, const SgdConsts& k, bool vector) {
-  if (k.scaled) g = g / k.scale;
-  if (k.maximize) g = g * -1.0f;
-  if (k.decay) g = madd(p, k.wd, g, k.contract);
-  if (k.momentum) {
-    float b = k.first ? g : madd2(*buf, k.mom, g, k.keep_grad, k.contract, vector);
-    *buf = b;
-    g = k.nesterov ? madd(b, k.mom, g, k.contract) : b;
+// torch's `sgd_math<float>` on [begin, end) of one of its parts (its body's `p + g * -lr`
+// is its tail's `p - g * lr`).
+template <bool Contract, bool Vector, bool Momentum, bool Scaled, typename low_t>
+void sgd_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t* __restrict__ out,
+              float* __restrict__ buf, const SgdConsts k, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    float param = p[i];
+    float g = widen<low_t>(g16[i]);
+    if constexpr (Scaled) g = g / k.scale;
+    if constexpr (Vector) {
+      g = g * k.sign;  // maximize: -1, else 1
+    } else {
+      g = k.maximize ? -g : g;
+    }
+    g = pick(k.decay, madd<Contract>(param, k.wd, g), g);
+    if constexpr (Momentum) {
+      float b = pick(k.first, g, madd2<Contract, Vector>(buf[i], k.mom, g, k.keep_grad));
+      buf[i] = b;
+      g = pick(k.nesterov, madd<Contract>(b, k.mom, g), b);
+    }
+    param = madd<Contract>(-g, k.lr, param);
+    p[i] = param;
+    out[i] = narrow<low_t>(param);
   }
-  p = madd(-g, k.lr, p, k.contract);
 }
 
-template <typename low_t>
-void sgd_range(float* p, const low_t* g, low_t* out, float* buf, const SgdConsts& k, const Split& split,
+template <bool Contract, bool Momentum, typename low_t>
+void sgd_range(float* p, const uint16_t* g, uint16_t* out, float* buf, const SgdConsts& k, const Split& split,
                int64_t begin, int64_t end) {
   int64_t body, vec;
   split.of(begin, end, body, vec);
-  float none = 0.0f;
-  for (int64_t i = begin; i < end; ++i) {
-    sgd_elem(p[i], widen(g[i]), buf ? buf + i : &none, k, i < vec);
-    out[i] = narrow<low_t>(p[i]);
+  if (k.scaled) {
+    sgd_part<Contract, true, Momentum, true, low_t>(p, g, out, buf, k, begin, vec);
+    sgd_part<Contract, false, Momentum, true, low_t>(p, g, out, buf, k, vec, end);
+  } else {
+    sgd_part<Contract, true, Momentum, false, low_t>(p, g, out, buf, k, begin, vec);
+    sgd_part<Contract, false, Momentum, false, low_t>(p, g, out, buf, k, vec, end);
   }
 }
 
@@ -232,12 +294,20 @@ template <typename low_t>
 void sgd_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& low, const at::Tensor& buf,
                 const SgdConsts& k, const Split& split) {
   float* p = master.data_ptr<float>();
-  const low_t* g = grad.data_ptr<low_t>();
-  low_t* out = low.data_ptr<low_t>();
+  const uint16_t* g = reinterpret_cast<const uint16_t*>(grad.data_ptr<low_t>());
+  uint16_t* out = reinterpret_cast<uint16_t*>(low.data_ptr<low_t>());
   float* b = k.momentum ? buf.data_ptr<float>() : nullptr;
   const int64_t numel = master.numel();
   at::parallel_for(0, (numel + kUnit - 1) / kUnit, 0, [&](int64_t begin, int64_t end) {
-    sgd_range(p, g, out, b, k, split, begin * kUnit, std::min(end * kUnit, numel));
+    begin *= kUnit;
+    end = std::min(end * kUnit, numel);
+    if (k.contract) {
+      k.momentum ? sgd_range<true, true, low_t>(p, g, out, b, k, split, begin, end)
+                 : sgd_range<true, false, low_t>(p, g, out, b, k, split, begin, end);
+    } else {
+      k.momentum ? sgd_range<false, true, low_t>(p, g, out, b, k, split, begin, end)
+                 : sgd_range<false, false, low_t>(p, g, out, b, k, split, begin, end);
+    }
   });
 }
 
@@ -302,7 +372,7 @@ void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& 
   const float* scale = scale_of(grad_scale);
   SgdConsts k{scale != nullptr, maximize, weight_decay != 0.0, momentum != 0.0, is_first_step, nesterov,
               contract,
-              scale ? *scale : 1.0f, static_cast<float>(weight_decay), static_cast<float>(momentum),
+              scale ? *scale : 1.0f, maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay), static_cast<float>(momentum),
               static_cast<float>(1 - dampening), static_cast<float>(lr)};
   for (size_t i = 0; i < masters.size(); ++i) {
     const at::Tensor& master = masters[i];
