@@ -394,13 +394,11 @@ class MasterWeights:
                     pending,
                     optimizer.param_groups,
                     chunk,
-                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, groups=part, onepass=onepass),
+                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass, groups=part),
                 ),
                 scaled=True,
             )
-        return self._walk(
-            "adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass=onepass)
-        )
+        return self._walk("adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass))
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:

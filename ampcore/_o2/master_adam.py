@@ -146,9 +146,9 @@ def fused_adam_update(
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
     triton: bool = False,
+    onepass: bool = False,
     *,
     groups: Sequence[dict[str, Any]] | None = None,
-    onepass: bool = False,
 ) -> list[torch.Tensor]:
     """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`), on
     ``groups`` (copies of some of its param groups, as ``scaled_update.py`` passes) or on all.

@@ -349,7 +349,9 @@ void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>&
     check_tensor(exp_avgs[i], at::kFloat, master, "exp_avg");
     check_tensor(exp_avg_sqs[i], at::kFloat, master, "exp_avg_sq");
     if (amsgrad) check_tensor(max_exp_avg_sqs[i], at::kFloat, master, "max_exp_avg_sq");
-    const double step = steps[i].item<float>();
+    TORCH_CHECK(steps[i].device().is_cpu() && steps[i].scalar_type() == at::kFloat && steps[i].numel() == 1,
+                "ampcore one-pass update: a step count must be a float32 CPU tensor of one element");
+    const double step = *steps[i].data_ptr<float>();  // (what torch's kernel reads with item<float>())
     AdamConsts k = adam_consts(lr, beta1, beta2, weight_decay, eps, step, amsgrad, maximize, adamw,
                                scale_of(grad_scale), contract);
     const at::Tensor& vmax = amsgrad ? max_exp_avg_sqs[i] : exp_avg_sqs[i];
