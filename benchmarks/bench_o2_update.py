@@ -319,9 +319,10 @@ def _tried(make: Callable[[], T], kernel: str) -> T | str:
 
 
 def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
-    """Peak memory of 3 SGD steps, O2 / float32 training (fresh models, one after the other,
-    after both ran once on a small model: one-time costs such as the CPU's thread pools
-    and the allocator's first blocks are paid before either is measured)."""
+    """Peak memory of 3 SGD steps (the first of ``--flavours``), O2 / float32 training (fresh
+    models, one after the other, after both ran once on a small model: one-time costs such
+    as the CPU's thread pools and the allocator's first blocks are paid before either is
+    measured)."""
     _return_freed_memory()
     for mode in ("fp32", "O2"):
         _sgd_steps(args, backend, low, mode, 64)
@@ -350,7 +351,7 @@ def _sgd_steps(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
     x = torch.rand(args.batch, width, device=args.device)
     y = torch.rand(args.batch, width, device=args.device)
     model = network(width, args.layers, args.device)
-    opt: torch.optim.Optimizer = OPTIMIZERS["sgd"](model.parameters())
+    opt: torch.optim.Optimizer = OPTIMIZERS["sgd"](model.parameters(), **FLAVOURS[args.flavours[0]])
     region: Callable[[], Any] = contextlib.nullcontext
     if mode == "O2":
         model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)

@@ -252,8 +252,9 @@ def adam_update(
             _on_cpu(found_inf),
             *found,
         )
-        if found_inf is not None:
-            torch._foreach_sub_(steps, [_on_cpu(found_inf)] * len(steps))
+        if found_inf is not None:  # a skipped step leaves the counts as they were
+            flag = found_inf.to("cpu", torch.float32)
+            torch._foreach_sub_(steps, [flag] * len(steps))
     return rest
 
 
