@@ -143,7 +143,10 @@ class _Chooser:
             return f"the build failed: {type(exc).__name__}: {str(exc).strip()[-600:]}"
         from .onepass_check import self_check
 
-        mismatch = self_check(module, found)
+        try:
+            mismatch = self_check(module, found)
+        except Exception as exc:  # a torch without the fused kernels (or another signature)
+            return f"the self-check could not run: {type(exc).__name__}: {str(exc).strip()[-300:]}"
         if mismatch is not None:
             return f"it differs from torch's fused kernel on this machine: {mismatch}"
         self.module, self.layout = module, found

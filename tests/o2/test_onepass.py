@@ -81,6 +81,17 @@ def test_a_passing_self_check_selects_the_kernel(monkeypatch: pytest.MonkeyPatch
     assert chooser.layout == onepass.layout("AVX2")
 
 
+def test_a_self_check_that_cannot_run_keeps_torchs_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    chooser = _chooser(monkeypatch, None)
+
+    def broken(module: object, layout: object) -> None:
+        raise AttributeError("module 'torch' has no attribute '_fused_sgd_'")
+
+    monkeypatch.setattr(onepass_check, "self_check", broken)
+    with pytest.warns(onepass.OnePassWarning, match="the self-check could not run: AttributeError"):
+        assert chooser.choose().name == "torch"
+
+
 def test_compiled_raises_where_the_self_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ampcore.AmpcoreError, match="compiled, but .* differs"):
         _chooser(monkeypatch, "SGD: master differ", wanted="compiled").choose()
