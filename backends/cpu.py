@@ -131,6 +131,7 @@ def ampcore_backend() -> BackendSpec:
         dtypes=[torch.bfloat16, torch.float16],
         priority=0,
         master_update_chunk_elements=MASTER_UPDATE_CHUNK,
+        master_update_onepass=True,
     )
 
 

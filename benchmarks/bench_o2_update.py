@@ -13,7 +13,10 @@ Like with like: every mode of a row has the same optimizer *and flavour* (``--fl
 ``default``, torch's choice for the device, for-loop on the CPU and foreach on CUDA;
 ``foreach``; ``fused``; ``--quick`` runs foreach and fused).  For fused Adam/AdamW an extra
 O2 mode runs ampcore's Triton kernel (``--kernels torch triton``; by default wherever
-Triton drives the device; a kernel that fails costs its own rows only).  The last column
+Triton drives the device; a kernel that fails costs its own rows only), and one the
+one-pass CPU kernel (``onepass``, ``ampcore/_o2/onepass.py``; by default where the backend
+offers it; the ``torch`` rows then run torch's fused kernels with separate widening and
+refresh passes, what O2 did before it).  The last column
 counts the kernels one ``optimizer.step()`` launches in each mode (torch.profiler's device
 events; on the CPU the aten ops dispatched, a proxy).
 
@@ -126,8 +129,10 @@ class Mode:
         if mode.startswith("O2"):
             self.model, self.opt = ampcore.decorate(self.model, self.opt, level="O2", device=backend.name, dtype=low)
             self.region = lambda: ampcore.autocast(device=backend.name, level="O2", dtype=low)
-            ampcore.set_master_update_kernel(self.opt, kernel)  # type: ignore[arg-type]
+            ampcore.set_master_update_kernel(self.opt, "torch" if kernel == "onepass" else kernel)  # type: ignore[arg-type]
             weights = master_weights_of(self.opt)
+            if weights is not None:  # the one-pass CPU kernel only in its own rows
+                weights.onepass = kernel == "onepass"
             if chunk is not None and weights is not None:
                 weights.walk = UpdateWalk(chunk or None, adaptive=False)
         elif mode == "O1":
@@ -229,8 +234,10 @@ def o2_modes(
     for kernel in args.kernels:
         if kernel == "triton" and (flavour != "fused" or kind not in TRITON_KINDS):
             continue
+        if kernel == "onepass" and flavour != "fused":
+            continue
         for c in args.chunks or [-1]:
-            suffix = "" if kernel == "torch" else ", triton kernel"
+            suffix = "" if kernel == "torch" else f", {kernel} kernel"
             modes[f"O2 ({names.get(c, f'{c}-element chunks')}{suffix})"] = (None if c == -1 else c, kernel)
     return modes
 
@@ -312,9 +319,10 @@ def _tried(make: Callable[[], T], kernel: str) -> T | str:
 
 
 def memory_row(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
-    """Peak memory of 3 SGD steps, O2 / float32 training (fresh models, one after the other,
-    after both ran once on a small model: one-time costs such as the CPU's thread pools
-    and the allocator's first blocks are paid before either is measured)."""
+    """Peak memory of 3 SGD steps (the first of ``--flavours``), O2 / float32 training (fresh
+    models, one after the other, after both ran once on a small model: one-time costs such
+    as the CPU's thread pools and the allocator's first blocks are paid before either is
+    measured)."""
     _return_freed_memory()
     for mode in ("fp32", "O2"):
         _sgd_steps(args, backend, low, mode, 64)
@@ -343,7 +351,7 @@ def _sgd_steps(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
     x = torch.rand(args.batch, width, device=args.device)
     y = torch.rand(args.batch, width, device=args.device)
     model = network(width, args.layers, args.device)
-    opt: torch.optim.Optimizer = OPTIMIZERS["sgd"](model.parameters())
+    opt: torch.optim.Optimizer = OPTIMIZERS["sgd"](model.parameters(), **FLAVOURS[args.flavours[0]])
     region: Callable[[], Any] = contextlib.nullcontext
     if mode == "O2":
         model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
@@ -380,7 +388,7 @@ def check_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dt
     else:
         o2_kernel_check.kernel_rows(args.device, "triton" in args.kernels)
     if "adamw" in args.optimizers and "fused" in args.flavours:
-        o2_kernel_check.scaler_rows(args.device, low, args.kernels)
+        o2_kernel_check.scaler_rows(args.device, low, [k for k in args.kernels if k != "onepass"])
 
 
 def _model_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.dtype) -> None:
@@ -392,6 +400,8 @@ def _model_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.d
             if "triton" in args.kernels and flavour == "fused" and kind in TRITON_KINDS:
                 variants.append(("triton kernel", "triton", None))
                 variants.append(("triton kernel, formula double", "triton", "double"))
+            if "onepass" in args.kernels and flavour == "fused":
+                variants.append(("onepass kernel", "onepass", None))
             for label, kernel, variant in variants:
                 with _formula(variant):
                     pairs = _tried(functools.partial(_three_steps, args, backend, low, kind, flavour, kernel), kernel)
@@ -442,7 +452,10 @@ def _three_steps(
     model = copy.deepcopy(base)
     opt = OPTIMIZERS[kind](model.parameters(), **FLAVOURS[flavour])
     model, opt = ampcore.decorate(model, opt, level="O2", device=backend.name, dtype=low)
-    ampcore.set_master_update_kernel(opt, kernel)  # type: ignore[arg-type]
+    ampcore.set_master_update_kernel(opt, "torch" if kernel == "onepass" else kernel)  # type: ignore[arg-type]
+    weights = master_weights_of(opt)
+    if weights is not None:
+        weights.onepass = kernel == "onepass"
     masters = [p.detach().clone().requires_grad_() for p in base.parameters()]
     ref = OPTIMIZERS[kind](masters, **FLAVOURS[flavour])
     lowm = ampcore.decorate(copy.deepcopy(base), level="O2", device=backend.name, dtype=low, master_weight=False)
@@ -488,9 +501,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--kernels",
         nargs="+",
-        choices=("torch", "triton"),
+        choices=("torch", "triton", "onepass"),
         default=None,
-        help="O2 update kernels (default: torch, and triton where it can run)",
+        help="O2 update kernels (default: torch, onepass where the backend offers it, triton where it can run)",
     )
     parser.add_argument("--chunks", type=int, nargs="+", default=None, help="O2 update chunks (0: whole tensors)")
     parser.add_argument("--busy", action="store_true", help="also rows with one busy sibling process")
@@ -519,7 +532,7 @@ def main() -> None:
     args.warmup = 1 if args.quick else args.warmup
     args.optimizers = args.optimizers or (list(OPTIMIZERS) if args.quick else ["adamw", "sgd"])
     args.flavours = args.flavours or (["foreach", "fused"] if args.quick else ["default"])
-    args.kernels = args.kernels or ["torch"] + (
+    args.kernels = args.kernels or ["torch"] + (["onepass"] if backend.master_update_onepass else []) + (
         ["triton"] if triton_unavailable(torch.device(args.device)) is None else []
     )
     if args.threads:

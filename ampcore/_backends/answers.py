@@ -2,7 +2,7 @@
 
 * :func:`read_identity`: who the backend is, from the :class:`~ampcore.hookspec.BackendSpec`
   that ``ampcore_backend()`` returned (its name, device type, dtypes, default dtype,
-  priority and master-update chunk);
+  priority, master-update chunk and one-pass flag);
 * :func:`read_adjustments`: what ``ampcore_op_list_adjustments(dtype)`` returned, as
   canonical op names per list.
 
@@ -46,6 +46,7 @@ class Identity:
     default_dtype: torch.dtype
     priority: int
     master_update_chunk_elements: int | None
+    master_update_onepass: bool
 
 
 def _is_int(value: object) -> bool:
@@ -96,7 +97,10 @@ def read_identity(spec: object, error: ErrorFactory) -> Identity:
             f"ampcore_backend() gave master_update_chunk_elements={chunk!r}; expected None "
             "(whole-tensor master-weight updates) or a positive number of elements such as 262144"
         )
-    return Identity(name, device_type, dtypes, default, spec.priority, chunk)
+    onepass = getattr(spec, "master_update_onepass", False)
+    if not isinstance(onepass, bool):
+        raise error(f"ampcore_backend() gave master_update_onepass={onepass!r}; expected True or False")
+    return Identity(name, device_type, dtypes, default, spec.priority, chunk, onepass)
 
 
 def read_adjustments(raw: object, hook: str, error: ErrorFactory) -> dict[str, frozenset[str]]:

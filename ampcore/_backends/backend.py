@@ -166,6 +166,8 @@ class Backend:
         self.priority: int = identity.priority
         #: elements per chunk of O2's master-weight updates; None: whole tensors (BackendSpec)
         self.master_update_chunk_elements: int | None = identity.master_update_chunk_elements
+        #: fused O2 updates may run the one-pass CPU kernel (BackendSpec)
+        self.master_update_onepass: bool = identity.master_update_onepass
 
     def _validate_dtype_hooks(self) -> None:
         """Ask every dtype-dependent hook once per supported dtype, now, so that a plugin

@@ -19,6 +19,7 @@ from .._backends.plugins import ENV_STRICT, PluginManager
 from .._backends.registry import get_manager
 from .._backends.support import device_dtypes
 from .._errors import AmpcoreError
+from .._o2.onepass import describe as describe_onepass
 from .._policy.executor import describe as describe_executor
 from .._policy.registration import has_native_autocast
 from .._table import format_table
@@ -98,6 +99,7 @@ def collect_info() -> dict[str, Any]:
         "load_warnings": strict + [str(w.message) for w in caught],
         "strict_error": strict[0] if strict else None,
         "policy_kernel": describe_executor(),
+        "o2_cpu_update": describe_onepass(),
     }
 
 
@@ -144,6 +146,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         "   ampcore's only in customised regions; 'ampcore' = ampcore's kernels provide it)",
         "",
         *_wrapped([f"Policy kernels (custom lists, OD, O2): {info.get('policy_kernel', '-')}"], width, hanging=2),
+        *_wrapped([f"O2 fused CPU master update: {info.get('o2_cpu_update', '-')}"], width, hanging=2),
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]

@@ -44,7 +44,12 @@ def install_masters(
         if not own:  # master_weight=False, or only float32 parameters: nothing to do
             continue
         weights = MasterWeights(
-            opt, own, request.master_grad, may_share=may_share, chunk=backend.master_update_chunk_elements
+            opt,
+            own,
+            request.master_grad,
+            may_share=may_share,
+            chunk=backend.master_update_chunk_elements,
+            onepass=backend.master_update_onepass,
         )
         weights.install()
         OptimizerCheckpointHooks(weights).register(opt)

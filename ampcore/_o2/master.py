@@ -155,8 +155,11 @@ class MasterWeights:
         master_grad: bool,
         may_share: bool = False,
         chunk: int | None = None,
+        onepass: bool = False,
     ) -> None:
         self.optimizer = optimizer
+        #: fused groups may run the one-pass CPU kernel (``BackendSpec.master_update_onepass``)
+        self.onepass = onepass
         #: how ampcore's own updates walk the parameters: the backend's chunks
         #: (``BackendSpec.master_update_chunk_elements``), measured against whole tensors
         self.walk = UpdateWalk(chunk)
@@ -368,17 +371,22 @@ class MasterWeights:
             return self._walk(
                 "sgd",
                 lambda chunk: unscaled_update(
-                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk, self.optimizer)
+                    pending,
+                    groups,
+                    chunk,
+                    lambda part: fused_sgd_update(part, self.low_of, chunk, self.optimizer, self.onepass),
                 ),
                 scaled=True,
             )
-        return self._walk("sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk, self.optimizer))
+        return self._walk(
+            "sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk, self.optimizer, self.onepass)
+        )
 
     def _fused_adam_update(self) -> list[torch.Tensor]:
         """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
         the masters hold already)."""
         pending, optimizer = self.pending, self.optimizer
-        triton = self.kernel == "triton"
+        triton, onepass = self.kernel == "triton", self.onepass
         if pending is not None and pending.masters:  # unscale as the gradients are widened
             return self._walk(
                 "adam",
@@ -386,11 +394,11 @@ class MasterWeights:
                     pending,
                     optimizer.param_groups,
                     chunk,
-                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, groups=part),
+                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass, groups=part),
                 ),
                 scaled=True,
             )
-        return self._walk("adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton))
+        return self._walk("adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass))
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:

@@ -146,6 +146,7 @@ def fused_adam_update(
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
     triton: bool = False,
+    onepass: bool = False,
     *,
     groups: Sequence[dict[str, Any]] | None = None,
 ) -> list[torch.Tensor]:
@@ -160,7 +161,9 @@ def fused_adam_update(
     own gradients.  Under a GradScaler step of a fused optimizer, its ``grad_scale`` and
     ``found_inf`` go to every fused update as torch's optimizer passes them (the gradients
     divided inside the kernel, a step with an inf or a nan skipped on the device, the step
-    counts as torch leaves them).  Returns those other parameters that were updated.
+    counts as torch leaves them).  With ``onepass``, ``fused=True`` groups run the one-pass
+    CPU kernel where it applies (``onepass.py``).  Returns those other parameters that were
+    updated.
     """
     adam = _adam_function()
     if adam is None:  # fused_adam_applies() checks this before the step comes here
@@ -184,6 +187,12 @@ def fused_adam_update(
             own.extend(param for param, _, low, _ in work if low is None)
             if triton and group["fused"]:
                 work = triton_update(group, work, options["grad_scale"], options["found_inf"])
+                if not work:
+                    continue
+            if onepass and group["fused"]:
+                from .onepass import adam_update
+
+                work = adam_update(group, work, options["grad_scale"], options["found_inf"])
                 if not work:
                     continue
             if chunk is None:

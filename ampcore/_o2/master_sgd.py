@@ -114,6 +114,7 @@ def fused_sgd_update(
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
     optimizer: torch.optim.Optimizer,
+    onepass: bool = False,
 ) -> list[torch.Tensor]:
     """Update every parameter with a gradient; for a master (a key of ``low_of``) read its
     own gradient if it has one, else the gradient of its low-precision parameter, and
@@ -122,7 +123,8 @@ def fused_sgd_update(
 
     ``fused=True`` groups and groups with momentum run torch's SGD
     (:func:`.master_sgd_torch.torch_group_update`, with ``optimizer``'s momentum buffers
-    and GradScaler tensors).  In the momentum-free others,
+    and GradScaler tensors; with ``onepass``, ``fused=True`` groups run the one-pass CPU
+    kernel where it applies: ``onepass.py``).  In the momentum-free others,
     parameters of up to ``chunk`` elements (all of them for ``chunk=None``) are updated
     together, a few ``_foreach_`` calls per group (:func:`_update_small`); larger ones
     chunk by chunk (:func:`_chunked`).
@@ -132,7 +134,7 @@ def fused_sgd_update(
     with torch.no_grad():
         for group in groups:
             if group.get("fused") or group.get("momentum", 0) != 0:
-                own.extend(torch_group_update(optimizer, group, low_of, chunk))
+                own.extend(torch_group_update(optimizer, group, low_of, chunk, onepass))
                 continue
             lr = float(group["lr"])
             decay = float(group.get("weight_decay", 0.0))

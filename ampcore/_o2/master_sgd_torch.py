@@ -79,6 +79,7 @@ def torch_group_update(
     group: Mapping[str, Any],
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
+    onepass: bool = False,
 ) -> list[torch.Tensor]:
     """torch's SGD (fused, or with momentum) on one param group of ``optimizer``: each
     master with its own gradient if it has one (a float32 copy, or the shared gradient of
@@ -112,19 +113,30 @@ def torch_group_update(
             item.buf = torch.empty_like(item.grad, dtype=item.param.dtype)
             optimizer.state[item.param]["momentum_buffer"] = item.buf
         made = {id(item) for item in fresh}
-        _run(optimizer, group, [item for item in items if id(item) not in made], chunk, first=False)
-        _run(optimizer, group, fresh, chunk, first=True)
+        _run(optimizer, group, [item for item in items if id(item) not in made], chunk, False, onepass)
+        _run(optimizer, group, fresh, chunk, True, onepass)
         return own
-    _run(optimizer, group, items, chunk, first=False)
+    _run(optimizer, group, items, chunk, False, onepass)
     return own
 
 
 def _run(
-    optimizer: torch.optim.Optimizer, group: Mapping[str, Any], items: list[_Item], chunk: int | None, first: bool
+    optimizer: torch.optim.Optimizer,
+    group: Mapping[str, Any],
+    items: list[_Item],
+    chunk: int | None,
+    first: bool,
+    onepass: bool = False,
 ) -> None:
     if not items:
         return
     options = _options(optimizer, group, items, first)
+    if onepass and options["fused"]:  # the one-pass CPU kernel takes what it can (onepass.py)
+        from .onepass import sgd_update
+
+        items = [items[i] for i in sgd_update(options, [(i.param, i.grad, i.low, i.buf) for i in items])]
+        if not items:
+            return
     if chunk is None:
         _whole(items, options)
     else:

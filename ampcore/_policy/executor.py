@@ -16,28 +16,24 @@ is built at install time.  ``ampcore info`` prints :func:`describe`.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import re
-import shutil
 import threading
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Final, Literal, NamedTuple
 
-import torch
-
+from .._cpp_build import STALE_LOCK_S, build_extension, clear_stale_lock, extension_name
+from .._cpp_build import missing_tools as _missing_tools
 from .._errors import AmpcoreError, AmpcoreWarning
 
 __all__ = [
     "ENV",
     "EXECUTORS",
+    "STALE_LOCK_S",
     "CompiledKernelWarning",
     "Executor",
+    "clear_stale_lock",
     "compiled_module",
     "describe",
     "executor",
@@ -48,8 +44,6 @@ __all__ = [
 ENV: Final = "AMPCORE_POLICY_KERNEL"
 EXECUTORS: Final = ("auto", "compiled", "python")
 SOURCE: Final = Path(__file__).with_name("policy_kernel.cpp")
-#: A build lock older than this is a leftover of a killed build (a build takes 20-60 s).
-STALE_LOCK_S: Final = 600.0
 
 
 class CompiledKernelWarning(AmpcoreWarning):
@@ -72,11 +66,8 @@ def requested() -> str:
 
 
 def build_name() -> str:
-    """The extension's name: one per torch version and source (torch keys the rest of its
-    cache), so installs of different ampcore versions sharing torch's extensions directory
-    never load each other's build."""
-    source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
-    return f"ampcore_policy_kernel_{re.sub(r'[^0-9A-Za-z]+', '_', torch.__version__)}_{source}"
+    """The extension's name: one per torch version and source (:func:`extension_name`)."""
+    return extension_name("ampcore_policy_kernel", SOURCE)
 
 
 class _Chooser:
@@ -115,57 +106,8 @@ class _Chooser:
         return Executor("python", f"fallback: {problem}")
 
 
-def _missing_tools() -> str | None:
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None and shutil.which("g++") is None:
-        return f"no C++ compiler ({compiler}) on PATH"
-    if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
-        return "ninja (needed by torch.utils.cpp_extension) is not installed"
-    return None
-
-
-def clear_stale_lock(
-    lock: Path, max_age_s: float = STALE_LOCK_S, clock: Callable[[], float] = time.time, poll_s: float = 1.0
-) -> bool:
-    """Wait while another process builds (``lock`` exists and is younger than ``max_age_s``);
-    remove a lock older than that, with a warning, and return True.
-
-    torch's build lock (``<extensions dir>/<name>/lock``) has no owner recorded: a build
-    killed with SIGKILL (an OOM kill, a job's time limit) leaves it behind, and torch then
-    waits for it forever in every later process.  A build takes 20-60 s, so a lock older
-    than :data:`STALE_LOCK_S` is no build in progress.
-    """
-    while True:
-        try:
-            age = clock() - lock.stat().st_mtime
-        except FileNotFoundError:
-            return False
-        if age > max_age_s:
-            break
-        time.sleep(poll_s)
-    lock.unlink(missing_ok=True)
-    warnings.warn(
-        f"ampcore: removed {lock}, a build lock {age:.0f} s old (left by a build that was killed); "
-        "building the compiled policy kernel now",
-        AmpcoreWarning,
-        stacklevel=2,
-    )
-    return True
-
-
 def _build() -> ModuleType:
-    from torch.utils import cpp_extension
-
-    try:
-        directory = Path(cpp_extension._get_build_directory(build_name(), verbose=False))
-    except Exception:  # noqa: BLE001 - a torch without the helper: torch's own wait applies
-        directory = None
-    if directory is not None:
-        clear_stale_lock(directory / "lock")
-    module: ModuleType = cpp_extension.load(
-        name=build_name(), sources=[str(SOURCE)], extra_cflags=["-O2"], verbose=False
-    )
-    return module
+    return build_extension(build_name(), SOURCE, ["-O2"])
 
 
 _chooser = _Chooser()

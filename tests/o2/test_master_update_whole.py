@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampcore
+from ampcore._o2 import onepass
 from ampcore._o2.master import master_weights_of
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -123,9 +124,12 @@ GENERIC: dict[str, MakeOpt] = {
 
 
 @pytest.mark.parametrize("name", list(FOREACH))
-def test_whole_tensor_updates_dispatch_a_few_ops_per_group_whatever_the_size(name: str) -> None:
+def test_whole_tensor_updates_dispatch_a_few_ops_per_group_whatever_the_size(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The GPU defect (20,889 kernels per step): the chunked update's ops grow with the
     parameters' size; whole-tensor updates with a foreach or fused optimizer do not."""
+    monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
     small = ops_of_one_step(FOREACH[name], 64)
     large = ops_of_one_step(FOREACH[name], 1031)  # 1M-element weights: 4 CPU chunks each
     deeper = ops_of_one_step(FOREACH[name], 64, layers=9)
