@@ -135,3 +135,21 @@ def test_the_trainers_own_mixed_precision_is_refused(tmp_path: Path) -> None:
     args = transformers.TrainingArguments(str(tmp_path), bf16=True, use_cpu=True, report_to=[])
     with pytest.raises(ampcore.AmpcoreError, match="leave both False"):
         AmpcoreTrainer(model=build(), args=args, train_dataset=dataset())
+
+
+def test_the_accelerators_clip_unscales_as_transformers_4_calls_it(tmp_path: Path) -> None:
+    # transformers 4.x clips in its loop with accelerator.clip_grad_norm_ (5.x: through
+    # Trainer._clip_grad_norm), which unscales only accelerate's own fp16 mode (off here):
+    # 4.51 clipped the loss-scaled gradients and trained differently from the raw loop
+    run = trainer("O1", False, tmp_path, save_strategy="no")
+    run.create_optimizer()
+    part = dataset()[:BATCH]
+    batch = {key: torch.stack([row[key] for row in part]) for key in part[0]}
+    with run.autocast_smart_context_manager():
+        loss = run.model(**batch).loss
+    scaler = run.accelerator.scaler
+    scaler.scale(loss).backward()
+    grads = [p.grad / scaler.get_scale() for p in run.model.parameters() if p.grad is not None]
+    want = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    got = run.accelerator.clip_grad_norm_(run.model.parameters(), float("inf"))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
