@@ -4,6 +4,7 @@ the checkpoints."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,13 @@ def trainer(level: str, checkpointing: bool, out: Path, **kwargs: Any) -> Record
 
 
 @pytest.fixture(autouse=True)
+def _accelerate_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers 4.x's TrainingArguments writes its mixed precision into os.environ
+    # (ACCELERATE_MIXED_PRECISION="bf16" after the refused bf16=True): restored after each test
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+
+
+@pytest.fixture(autouse=True)
 def _quiet() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -119,6 +127,13 @@ def test_trainer_matches_the_raw_loop(level: str, checkpointing: bool, tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    "intel_extension_for_pytorch" in sys.modules,
+    reason="open ampcore bug with IPEX 2.8 imported (python3 tasks.py compat): under O1 with custom lists, "
+    "GPT-2 with transformers' (reentrant) gradient checkpointing trains differently from without it from the "
+    "second step (4.1547418 vs 4.1547422); torch.autocast alone is bit-equal there, ampcore is without IPEX",
+    strict=True,
+)
 def test_gradient_checkpointing_changes_nothing_under_custom_lists(tmp_path: Path) -> None:
     assert raw_loop("O1", True)[0] == raw_loop("O1", False)[0]
 
