@@ -10,7 +10,8 @@
                               # the machine's own Python and torch (benchmarks/gpu_check.py)
     python3 tasks.py compat   # the same at the oldest supported torch (2.8.0), then again
                               # with Intel Extension for PyTorch 2.8.0 imported in every
-                              # process (.venv-compat; wheels cached, ~3.6 GB; args go to pytest)
+                              # process (.venv-compat; wheels cached, ~3.6 GB; args go to pytest;
+                              # AMPCORE_COMPAT_IPEX=none: the plain run only)
 
 Only Python >= 3.10 is needed.  torch is pinned: ``AMPCORE_TORCH`` (default
 ``torch==2.13.0``) is split like a shell command line and handed to pip, so it can carry pip
@@ -379,6 +380,8 @@ def test(args: list[str]) -> None:
 COMPAT_TORCH = os.environ.get("AMPCORE_COMPAT_TORCH", "2.8.0")
 COMPAT_IPEX = os.environ.get("AMPCORE_COMPAT_IPEX", "2.8.0")
 COMPAT_VENV = Path(os.environ.get("AMPCORE_COMPAT_VENV", ROOT / ".venv-compat"))
+#: ``ipex``: the IPEX run only (the venv is set up first, the plain run skipped); empty: both.
+COMPAT_ONLY = os.environ.get("AMPCORE_COMPAT_ONLY", "")
 #: The downloaded wheels (torch's CUDA build and its nvidia libraries: ~3.6 GB), kept
 #: between runs so that only the first one downloads.
 #: What an imported IPEX changes in torch.autocast itself (the cpu conformance runs waive it).
@@ -436,16 +439,56 @@ def _download_compat() -> None:
     stamp.write_text(f"downloaded in {time.monotonic() - started:.0f} s\n")
 
 
+#: What the IPEX run needs at other versions than the plain run, installed into IPEX's folder
+#: (first on its PYTHONPATH) so that the plain run keeps the venv's own: IPEX 2.8.0 does not
+#: import next to transformers 5 (its reference models import classes transformers 5 removed:
+#: ``NameError: name 'MoeModelOutputWithPast' is not defined``), so the IPEX run gets the
+#: transformers release IPEX 2.8 is validated with (``ipex.llm.optimize``'s ``validated_version``).
+COMPAT_IPEX_PINS = ("transformers==4.51.3",)
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def ipex_overlay(dry_run: dict[str, list[dict[str, dict[str, str]]]], installed: dict[str, str]) -> list[str]:
+    """``name==version`` of what pip's dry run (``--report``) would install that the venv
+    (``installed``: name -> version) lacks at that version: what IPEX's folder must add."""
+    have = {_canonical(name): version for name, version in installed.items()}
+    metadata = [item["metadata"] for item in dry_run.get("install", [])]
+    return [f"{m['name']}=={m['version']}" for m in metadata if have.get(_canonical(m["name"])) != m["version"]]
+
+
+def _install_ipex_pins(python: Path, target: Path, pip_install: list[str | Path]) -> None:
+    """COMPAT_IPEX_PINS and what they pull in at other versions into ``target`` (no-deps):
+    pip resolves ampcore's test requirements in the venv with the pins, dry."""
+    stamp = target / "ampcore-ipex-pins.txt"
+    if stamp.exists() and stamp.read_text().split() == list(COMPAT_IPEX_PINS):
+        return
+    constraints, report = COMPAT_VENV / "ipex-constraints.txt", COMPAT_VENV / "ipex-dry-run.json"
+    constraints.write_text((COMPAT_VENV / CONSTRAINTS.name).read_text() + "".join(f"{p}\n" for p in COMPAT_IPEX_PINS))
+    sh(*pip_install, "--quiet", "--dry-run", "--report", report, "-c", constraints,
+       "-e", f"{ROOT}[{','.join(TEST_EXTRAS)}]", *COMPAT_IPEX_PINS)  # fmt: skip
+    code = "import importlib.metadata as m, json; print(json.dumps({d.name: d.version for d in m.distributions()}))"
+    installed = json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
+    overlay = ipex_overlay(json.loads(report.read_text()), installed)
+    if overlay:
+        sh(*pip_install, "--no-deps", "--upgrade", "--target", target, *overlay)
+    stamp.write_text("\n".join(COMPAT_IPEX_PINS) + "\n")
+
+
 def _install_ipex() -> Path:
-    """IPEX into its own folder (put on PYTHONPATH for the IPEX run only), its dependencies
-    into the compat venv; returns the folder."""
+    """IPEX into its own folder (put on PYTHONPATH for the IPEX run only) with COMPAT_IPEX_PINS,
+    its dependencies into the compat venv; returns the folder."""
     target = COMPAT_VENV / "ipex"
     python = COMPAT_VENV / BIN.name / PY.name
+    pip_install: list[str | Path] = [python, "-m", "pip", "install", "--disable-pip-version-check"]
+    pip_install += ["--find-links", COMPAT_CACHE]
     if not (target / "intel_extension_for_pytorch").exists():
         constraints = COMPAT_VENV / CONSTRAINTS.name
-        pip_install = [python, "-m", "pip", "install", "--disable-pip-version-check", "--find-links", COMPAT_CACHE]
         sh(*pip_install, "--no-deps", "--target", target, f"intel-extension-for-pytorch=={COMPAT_IPEX}")
         sh(*pip_install, "-c", constraints, "psutil", "packaging", "numpy")  # IPEX's requirements
+    _install_ipex_pins(python, target, pip_install)
     (target / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(prefix=str(COMPAT_VENV.resolve())))
     return target
 
@@ -453,14 +496,20 @@ def _install_ipex() -> Path:
 def compat(args: list[str]) -> None:
     """``test`` (args go to pytest) at torch ``COMPAT_TORCH``, then with IPEX imported."""
     started = time.monotonic()
+    if COMPAT_ONLY not in ("", "ipex") or (COMPAT_ONLY and COMPAT_IPEX.lower() == "none"):
+        sys.exit(f"AMPCORE_COMPAT_ONLY={COMPAT_ONLY!r}: expected 'ipex' (with an IPEX to run) or nothing")
     _download_compat()
     stages: list[Stage] = []
     runs: list[tuple[str, Path | None]] = [(f"torch {COMPAT_TORCH}", None)]
+    if COMPAT_ONLY == "ipex":
+        setup_venv = [sys.executable, "-c", "import tasks; tasks.setup()"]
+        subprocess.run(setup_venv, cwd=ROOT, env=compat_env(None), check=True)
+        runs = [(f"torch {COMPAT_TORCH} + IPEX {COMPAT_IPEX} imported", _install_ipex())]
     for label, ipex_dir in runs:
         print(f"\ncompat: {label}", flush=True)
         code = subprocess.run([sys.executable, __file__, "test", *args], cwd=ROOT, env=compat_env(ipex_dir)).returncode
         stages.append(Stage(label, code == 0, "see its summary above" + ("" if code == 0 else f" (exit {code})")))
-        if ipex_dir is None and COMPAT_IPEX.lower() != "none":
+        if ipex_dir is None and COMPAT_IPEX.lower() != "none" and not COMPAT_ONLY:
             runs.append((f"torch {COMPAT_TORCH} + IPEX {COMPAT_IPEX} imported", _install_ipex()))
     if not summarize(stages, started):
         sys.exit(1)

@@ -189,9 +189,36 @@ def _no_cast(name: str) -> bool:
     return False
 
 
+@functools.cache
+def _device_keys() -> tuple[str, ...]:
+    """The dispatch keys of the backends a region can run on and their autograd keys
+    (``CPU``, ``AutogradCPU``, ...), from torch's key enum: each backend ``X`` with an
+    ``AutogradX`` key, less the meta and nested-tensor keys (no device of their own)."""
+    names = torch._C.DispatchKey.__members__
+    backends = [n.removeprefix("Autograd") for n in names if n.startswith("Autograd")]
+    backends = [b for b in backends if b in names]
+    keys = [key for b in backends if b not in ("Meta", "NestedTensor") for key in (b, f"Autograd{b}")]
+    return tuple(key for key in keys if _parses(key))
+
+
+def _parses(key: str) -> bool:
+    try:  # the dispatcher's key-name parser knows fewer keys than the enum (no AutogradHIP)
+        torch._C._dispatch_has_kernel_for_dispatch_key("aten::add.Tensor", key)
+    except RuntimeError:
+        return False
+    return True
+
+
 def is_composite(overload: str) -> bool:
-    """Whether an overload is CompositeImplicitAutograd (made of other ops, no kernel of its own)."""
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{overload}", "CompositeImplicitAutograd")
+    """Whether an overload is CompositeImplicitAutograd (made of other ops, no kernel of its own).
+
+    A composite that also has a kernel of its own on a backend (an extension's: IPEX 2.8
+    registers CPU kernels for ``layer_norm`` and ``group_norm``; torch's own for
+    ``native_channel_shuffle``) does not decompose there, so its inner ops never see a
+    policy: it counts as a kernel, cast as such, on every device type."""
+    name = f"aten::{overload}"
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    return has_kernel(name, "CompositeImplicitAutograd") and not any(has_kernel(name, k) for k in _device_keys())
 
 
 def _has_dtype_argument(overload: str) -> bool:

@@ -189,12 +189,19 @@ def decomposes_under_autocast(op: str, device_type: str) -> bool:
     ``device_type``: it has a CompositeImplicitAutograd kernel and no kernel of its own for
     the device's autocast key (ampcore's own kernels not counted).  A composite with such a
     kernel (IPEX registers AutocastCPU kernels for ``group_norm``...) is cast by that kernel,
-    and is checked like any kernel."""
+    and is checked like any kernel; so is one with a kernel of its own on the device's backend
+    key (IPEX's CPU kernel of ``layer_norm``): it never decomposes there."""
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
     try:
-        composite = bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", "CompositeImplicitAutograd"))
+        composite = bool(has_kernel(f"aten::{op}", "CompositeImplicitAutograd"))
     except RuntimeError:  # no default overload
         return False
-    return composite and not has_own_autocast_kernel(op, device_type)
+    try:
+        backend = torch._C._dispatch_key_for_device(device_type)
+        own = any(has_kernel(f"aten::{op}", key) for key in (backend, f"Autograd{backend}"))
+    except RuntimeError:  # a key the dispatcher cannot name: no kernel of its own there
+        own = False
+    return composite and not own and not has_own_autocast_kernel(op, device_type)
 
 
 def ops_inside(sample: OpSample, device: torch.device) -> set[str]:

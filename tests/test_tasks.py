@@ -134,6 +134,30 @@ def test_compat_pins_torch_and_the_matching_ipex(tasks: ModuleType) -> None:
     assert tasks.compat_requirements("2.8.0", "none") == ["torch==2.8.0"]
 
 
+def test_the_ipex_run_adds_only_what_its_pins_change(tasks: ModuleType) -> None:
+    # pip's dry run (--report) with transformers pinned below 5: what differs from the venv
+    # goes into IPEX's folder (first on the IPEX run's PYTHONPATH), nothing the venv has already
+    report = {"install": [{"metadata": {"name": n, "version": v}} for n, v in (
+        ("transformers", "4.51.3"), ("huggingface_hub", "0.36.2"), ("requests", "2.34.2"), ("ampcore", "0.2.0"),
+    )]}  # fmt: skip
+    installed = {"transformers": "5.24.0", "huggingface-hub": "2.4.0", "ampcore": "0.2.0", "numpy": "2.4.6"}
+    wanted = ["transformers==4.51.3", "huggingface_hub==0.36.2", "requests==2.34.2"]
+    assert tasks.ipex_overlay(report, installed) == wanted
+    assert tasks.ipex_overlay({"install": []}, installed) == []
+    assert any(pin.startswith("transformers==4.") for pin in tasks.COMPAT_IPEX_PINS)
+
+
+@pytest.mark.parametrize(("only", "ipex"), [("plain", "2.8.0"), ("ipex", "none")])
+def test_compat_refuses_a_run_it_cannot_make_alone(
+    tasks: ModuleType, monkeypatch: pytest.MonkeyPatch, only: str, ipex: str
+) -> None:
+    monkeypatch.setattr(tasks, "COMPAT_ONLY", only)
+    monkeypatch.setattr(tasks, "COMPAT_IPEX", ipex)
+    monkeypatch.setattr(tasks, "_download_compat", lambda: pytest.fail("downloaded before the check"))
+    with pytest.raises(SystemExit, match=f"AMPCORE_COMPAT_ONLY='{only}': expected 'ipex'"):
+        tasks.compat([])
+
+
 def test_compat_runs_install_torch_from_the_cache_only(tasks: ModuleType, tmp_path: Path) -> None:
     plain = tasks.compat_env(None)
     assert plain["AMPCORE_VENV"] == str(tasks.COMPAT_VENV) and plain["AMPCORE_CONFORMANCE"] == "always"

@@ -10,7 +10,8 @@ The Trainer keeps its own loop; the mixin changes four places of it:
   LR scheduler, as the Trainer does for torch's scaler), and the Trainer saves and resumes
   it as ``scaler.pt`` in each checkpoint;
 * gradient clipping (``max_grad_norm``) and the logged gradient norm unscale first, and at
-  O2 use the optimizer's fp32 master gradients;
+  O2 use the optimizer's fp32 master gradients (transformers 5 clips in ``_clip_grad_norm``,
+  4.x through ``accelerator.clip_grad_norm_``: both are served);
 * at level O2 the Trainer's optimizer is decorated with the model when the Trainer creates
   it (with your own optimizer, ``ampcore.decorate`` both before building the Trainer).
 
@@ -88,6 +89,9 @@ class AmpcoreTrainerMixin:
     def create_accelerator_and_postprocess(self) -> None:
         super().create_accelerator_and_postprocess()  # type: ignore[misc]
         self.accelerator.scaler = self.ampcore.make_scaler()
+        # transformers 4.x clips in its loop with accelerator.clip_grad_norm_, which unscales
+        # only the accelerator's own fp16 mixed precision (off here): the loss-scaled gradients
+        self.accelerator.clip_grad_norm_ = self._ampcore_clip
 
     def autocast_smart_context_manager(
         self, cache_enabled: bool | None = True
@@ -107,13 +111,11 @@ class AmpcoreTrainerMixin:
         return optimizer
 
     def _clip_grad_norm(self, model: torch.nn.Module) -> Any:
-        self._ampcore_unscale()
-        return torch.nn.utils.clip_grad_norm_(self._ampcore_clip_targets(model), self.args.max_grad_norm)
+        return self._ampcore_clip(model.parameters(), self.args.max_grad_norm)
 
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
         if grad_norm is None:
-            self._ampcore_unscale()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._ampcore_clip_targets(model), float("inf"))
+            grad_norm = self._ampcore_clip(model.parameters(), float("inf"))
         return super()._get_grad_norm(model, grad_norm=grad_norm)  # type: ignore[misc]
 
     # -- helpers ------------------------------------------------------------------------
@@ -128,11 +130,14 @@ class AmpcoreTrainerMixin:
         if scaler is not None:
             scaler.unscale_(self._ampcore_optimizer())
 
-    def _ampcore_clip_targets(self, model: torch.nn.Module) -> list[torch.Tensor]:
+    def _ampcore_clip(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Unscale, then clip (and measure) the gradients the update uses: at O2 the
+        optimizer's fp32 master gradients, else ``parameters``'."""
+        self._ampcore_unscale()
         optimizer = self._ampcore_optimizer()
-        if master_weights_of(optimizer) is not None:  # O2: the gradients the update uses
-            return [p for group in optimizer.param_groups for p in group["params"]]
-        return list(model.parameters())
+        if master_weights_of(optimizer) is not None:
+            parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
 
 class AmpcoreTrainer(AmpcoreTrainerMixin, Trainer):

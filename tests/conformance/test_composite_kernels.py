@@ -56,9 +56,14 @@ SCRIPT = textwrap.dedent(
 
 
 def test_an_unregistered_composite_decomposes_and_a_kernel_is_not_composite() -> None:
-    assert decomposes_under_autocast("group_norm", "cpu")  # no AutocastCPU kernel in torch
+    # instance_norm: no kernel of its own for the CPU, in torch or IPEX 2.8 (group_norm, used
+    # before, has IPEX's AutocastCPU and CPU kernels once IPEX is imported)
+    assert decomposes_under_autocast("instance_norm", "cpu")
     assert not decomposes_under_autocast("mm", "cpu")  # not composite
     assert not decomposes_under_autocast("cross_entropy_loss", "cpu")  # composite, with an AutocastCPU kernel
+    # composite, with torch's own CPU kernel: it never decomposes on the CPU, and does elsewhere
+    assert not decomposes_under_autocast("native_channel_shuffle", "cpu")
+    assert decomposes_under_autocast("native_channel_shuffle", "cuda")
 
 
 def test_a_composite_with_its_own_autocast_kernel_is_checked_like_any_kernel() -> None:

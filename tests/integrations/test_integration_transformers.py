@@ -4,6 +4,7 @@ the checkpoints."""
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,13 @@ def trainer(level: str, checkpointing: bool, out: Path, **kwargs: Any) -> Record
 
 
 @pytest.fixture(autouse=True)
+def _accelerate_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers 4.x's TrainingArguments writes its mixed precision into os.environ
+    # (ACCELERATE_MIXED_PRECISION="bf16" after the refused bf16=True): restored after each test
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+
+
+@pytest.fixture(autouse=True)
 def _quiet() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -119,6 +127,13 @@ def test_trainer_matches_the_raw_loop(level: str, checkpointing: bool, tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    "intel_extension_for_pytorch" in sys.modules,
+    reason="open ampcore bug with IPEX 2.8 imported (python3 tasks.py compat): under O1 with custom lists, "
+    "GPT-2 with transformers' (reentrant) gradient checkpointing trains differently from without it from the "
+    "second step (4.1547418 vs 4.1547422); torch.autocast alone is bit-equal there, ampcore is without IPEX",
+    strict=True,
+)
 def test_gradient_checkpointing_changes_nothing_under_custom_lists(tmp_path: Path) -> None:
     assert raw_loop("O1", True)[0] == raw_loop("O1", False)[0]
 
@@ -135,3 +150,21 @@ def test_the_trainers_own_mixed_precision_is_refused(tmp_path: Path) -> None:
     args = transformers.TrainingArguments(str(tmp_path), bf16=True, use_cpu=True, report_to=[])
     with pytest.raises(ampcore.AmpcoreError, match="leave both False"):
         AmpcoreTrainer(model=build(), args=args, train_dataset=dataset())
+
+
+def test_the_accelerators_clip_unscales_as_transformers_4_calls_it(tmp_path: Path) -> None:
+    # transformers 4.x clips in its loop with accelerator.clip_grad_norm_ (5.x: through
+    # Trainer._clip_grad_norm), which unscales only accelerate's own fp16 mode (off here):
+    # 4.51 clipped the loss-scaled gradients and trained differently from the raw loop
+    run = trainer("O1", False, tmp_path, save_strategy="no")
+    run.create_optimizer()
+    part = dataset()[:BATCH]
+    batch = {key: torch.stack([row[key] for row in part]) for key in part[0]}
+    with run.autocast_smart_context_manager():
+        loss = run.model(**batch).loss
+    scaler = run.accelerator.scaler
+    scaler.scale(loss).backward()
+    grads = [p.grad / scaler.get_scale() for p in run.model.parameters() if p.grad is not None]
+    want = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    got = run.accelerator.clip_grad_norm_(run.model.parameters(), float("inf"))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)

@@ -50,6 +50,7 @@ kernel only where those coincide (``tests/o2/test_master_kernel.py`` checks both
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -189,3 +190,29 @@ def _double(
     correction1 = torch.tensor(1 - beta1**count, dtype=F64).float()
     correction2_sqrt = torch.tensor(math.sqrt(1 - beta2**count), dtype=F64).float()
     return _update(group, state, p, _rn(lr / correction1.double()), correction2_sqrt, eps)
+
+
+@functools.cache
+def interpreter_fma_unfused() -> str | None:
+    """Why Triton's interpreter cannot run the ``"opmath"`` formula bit for bit, or None.
+    Its ``tl.fma`` must round once; Triton 3.4's (torch 2.8's pin, ``python3 tasks.py
+    compat``) computes ``a * b`` and ``+ c`` in float32, rounding twice.  Call with
+    ``TRITON_INTERPRET=1`` set (the tests' ``interpreted`` fixture)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit  # type: ignore[misc]
+    def fma_kernel(a: Any, b: Any, c: Any, out: Any) -> None:
+        index = tl.arange(0, 2)
+        tl.store(out + index, tl.fma(tl.load(a + index), tl.load(b + index), tl.load(c + index)))
+
+    near = 1.0 + 2.0**-12  # near * near + 2**-80 lies just above a float32 halfway point
+    a, c, out = torch.tensor([near, near]), torch.tensor([2.0**-80, 2.0**-80]), torch.empty(2)
+    fma_kernel[(1,)](a, a, c, out)
+    if float(out[0]) == 1.0 + 2.0**-11 + 2.0**-23:
+        return None
+    return (
+        f"Triton {triton.__version__}'s interpreter rounds tl.fma twice ((1 + 2**-12)**2 + 2**-80 gave "
+        f"{float(out[0])!r}, not 1 + 2**-11 + 2**-23): the opmath formula cannot be checked bit for bit in it "
+        "(a GPU compiles a real fma: benchmarks/bench_o2_update.py --check)"
+    )

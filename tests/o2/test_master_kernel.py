@@ -10,6 +10,7 @@ a GPU (``benchmarks/bench_o2_update.py --check``)."""
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import importlib.util
 import warnings
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from fused_adam_reference import reference_step
+from fused_adam_reference import interpreter_fma_unfused, reference_step
 from torch import nn
 
 import ampcore
@@ -196,6 +197,10 @@ def test_under_gradscaler_the_triton_kernel_runs_with_the_scalers_tensors(
     does: the Triton kernel takes them (no warning, no float32 gradient copies), every
     step is torch's CUDA fused Adam on those gradients (the transcription), the
     overflowing step skipped with its step count, the scale backed off."""
+    # bit for bit where the interpreter's tl.fma rounds once; Triton 3.4's rounds twice, a
+    # last-bit difference in some elements (masters off by < 1e-6 after 3 steps of lr 1e-2)
+    exact = interpreter_fma_unfused() is None
+    same = torch.equal if exact else functools.partial(torch.allclose, rtol=1e-5, atol=1e-6)
     launches: list[int] = []
     launch = interpreted.launch_adam
     monkeypatch.setattr(
@@ -235,8 +240,8 @@ def test_under_gradscaler_the_triton_kernel_runs_with_the_scalers_tensors(
     for master, low, want, state in zip(masters, lows, expected, states, strict=True):
         if low.dtype == torch.float32:  # the LayerNorm: torch's own fused Adam, not the kernel
             continue
-        assert torch.equal(master, want)
-        assert torch.equal(opt.state[master]["exp_avg_sq"], state["exp_avg_sq"])
+        assert same(master, want)
+        assert same(opt.state[master]["exp_avg_sq"], state["exp_avg_sq"])
         assert float(opt.state[master]["step"]) == float(state["step"]) == 3  # the skipped step not counted
         assert_refreshed(low, master)
 

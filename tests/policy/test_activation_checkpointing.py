@@ -50,9 +50,34 @@ def _grads(region: dict[str, object], mode: str) -> list[torch.Tensor]:
     return [x.grad, *(p.grad for p in net.parameters())]  # type: ignore[list-item]
 
 
+@functools.cache
+def _selective_checkpointing_loses_layer_norm_grads() -> str | None:
+    """Why selective checkpointing of ``nn.LayerNorm`` loses its input's gradient in this
+    process with neither autocast nor ampcore involved, or None when it does not.  It does
+    with IPEX 2.8 imported: IPEX registers a CPU kernel for ``aten::layer_norm`` (torch: a
+    CompositeImplicitAutograd op, no kernel of its own), so the op has no autograd kernel and
+    runs through torch's autograd fallback, whose output under the selective-checkpointing
+    dispatch mode gives no gradient to its inputs (docs/backends.md, IPEX)."""
+    x = torch.randn(2, 4, requires_grad=True)
+    policy = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    checkpoint(torch.nn.LayerNorm(4), x, use_reentrant=False, context_fn=policy).sum().backward()
+    if x.grad is not None:
+        return None
+    dump = torch._C._dispatch_dump("aten::layer_norm").splitlines()
+    kernel = next((line for line in dump if line.startswith("CPU:")), "")
+    return (
+        "plain torch (no autocast, no ampcore) loses nn.LayerNorm's input gradient under selective checkpointing "
+        f"here: aten::layer_norm has a CPU kernel and no autograd kernel ({kernel.partition(' :: ')[0] or 'none'}; "
+        "IPEX 2.8 registers it)"
+    )
+
+
 @pytest.mark.parametrize("mode", ["non-reentrant", "reentrant", "selective"])
 @pytest.mark.parametrize("region", sorted(REGIONS))
 def test_checkpointed_grads_equal_plain_ones(region: str, mode: str) -> None:
+    reason = _selective_checkpointing_loses_layer_norm_grads() if mode == "selective" else None
+    if reason:
+        pytest.skip(reason)
     plain = _grads(REGIONS[region], "plain")
     checkpointed = _grads(REGIONS[region], mode)
     for want, got in zip(plain, checkpointed, strict=False):

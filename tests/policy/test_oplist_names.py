@@ -13,6 +13,7 @@ from ampcore._op_names import (
     canonical_ops,
     functional_overloads,
     generated_overloads,
+    is_composite,
 )
 
 CANONICAL = [
@@ -89,7 +90,8 @@ def test_generated_set_skips_no_cast_views_and_inplace() -> None:
     assert {"add.Tensor", "relu", "mm", "index_copy"} <= generated
     assert "softmax.int" in generated  # composite, but takes dtype=: kept to honour it
     for name in ("einsum", "nll_loss_nd", "layer_norm"):  # composites fall through to their ops
-        assert name not in generated
+        # unless a backend has a kernel of its own for it (IPEX 2.8's for layer_norm on the CPU)
+        assert (name in generated) == (not is_composite(name))
     for name in ("clone", "_to_copy", "isnan", "transpose_copy.int", "_foreach_add.List", "add_.Tensor", "view"):
         assert name not in generated
     assert all(o.partition(".")[0] not in NO_CAST_OPS for o in generated)
