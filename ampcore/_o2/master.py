@@ -46,13 +46,12 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._errors import AmpcoreError
+from .adam_plans import AdamPlans
 from .grad_modes import GradientMode, choose_gradient_mode
-from .master_adam import fused_adam_applies, fused_adam_update
-from .master_kernel import warn_unused
-from .master_sgd import fused_sgd_applies, fused_sgd_update
-from .scaled_update import SLICES, STEP_MARK, unscaled_update
+from .own_update import own_update
+from .scaled_update import STEP_MARK
 from .torch_step import TorchStep, stand_in, torch_step_of
-from .update_walk import UpdateWalk, walks_differ
+from .update_walk import UpdateWalk
 
 if TYPE_CHECKING:
     from .scaled_update import PendingUnscale
@@ -182,7 +181,9 @@ class MasterWeights:
         self._torch_step: tuple[object, TorchStep | None] | None = None
         #: update kind -> whether chunks and whole tensors walk it differently (cleared when
         #: the param groups change)
-        self._walks_differ: dict[str, bool] = {}
+        self.walks_differ: dict[str, bool] = {}
+        #: what the whole-tensor Adam updates keep between steps (``adam_plans.py``)
+        self.adam_plans = AdamPlans(self.low_of)
 
     # -- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -210,7 +211,7 @@ class MasterWeights:
         groups = self.optimizer.param_groups
         for index, group in enumerate(groups):
             if not isinstance(group, _MasterGroup):
-                self._walks_differ.clear()
+                self.walks_differ.clear()
                 if any(_low_precision(p) for p in dict.__getitem__(group, "params")):
                     raise AmpcoreError(
                         f"{type(self.optimizer).__name__}: a param group added after ampcore.decorate "
@@ -279,14 +280,7 @@ class MasterWeights:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
         self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
-        own: Callable[[], list[torch.Tensor]] | None = None
-        if not args and not kwargs:
-            if fused_adam_applies(self.optimizer):
-                own = self._fused_adam_update
-            elif fused_sgd_applies(self.optimizer):
-                own = self._fused_sgd_update
-        if self.kernel == "triton" and own != self._fused_adam_update:
-            warn_unused(self.optimizer)
+        own = own_update(self, plain=not args and not kwargs)
         if own is not None:
             self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
             return self._own_step(own)
@@ -343,54 +337,6 @@ class MasterWeights:
             for param, grad in hidden:
                 param.grad = grad
             self.release_grads()
-
-    def _walk(
-        self, kind: str, update: Callable[[int | None], list[torch.Tensor]], scaled: bool = False
-    ) -> list[torch.Tensor]:
-        """``update`` on the walk of :attr:`walk`; untimed and whole where chunks cannot
-        walk ``kind``'s update (``scaled``: under GradScaler's deferred unscaling)
-        differently (``update_walk.walks_differ``)."""
-        key = f"{kind}-scaled" if scaled else kind
-        differ = self._walks_differ.get(key)
-        if differ is None:
-            groups, chunk = self.optimizer.param_groups, self.walk.chunk
-            differ = walks_differ(groups, chunk, batched=kind == "adam", slices=SLICES if scaled else 0)
-            self._walks_differ[key] = differ
-        return self.walk.run(update, alike=not differ)
-
-    def _fused_sgd_update(self) -> list[torch.Tensor]:
-        """torch SGD from the low-precision gradients: momentum-free in one pass
-        (``master_sgd``), fused or with momentum by torch's SGD of the group's flavour on
-        gradients widened chunk by chunk (``master_sgd_torch``)."""
-        groups = self.optimizer.param_groups
-        pending = self.pending
-        if pending is not None and pending.masters:  # unscale as the gradients are widened
-            return self._walk(
-                "sgd",
-                lambda chunk: unscaled_update(
-                    pending, groups, chunk, lambda part: fused_sgd_update(part, self.low_of, chunk, self.optimizer)
-                ),
-                scaled=True,
-            )
-        return self._walk("sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk, self.optimizer))
-
-    def _fused_adam_update(self) -> list[torch.Tensor]:
-        """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
-        the masters hold already)."""
-        pending, optimizer = self.pending, self.optimizer
-        triton = self.kernel == "triton"
-        if pending is not None and pending.masters:  # unscale as the gradients are widened
-            return self._walk(
-                "adam",
-                lambda chunk: unscaled_update(
-                    pending,
-                    optimizer.param_groups,
-                    chunk,
-                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, groups=part),
-                ),
-                scaled=True,
-            )
-        return self._walk("adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton))
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:

@@ -262,7 +262,7 @@ def test_adams_graph_capture_check_runs_before_the_update(monkeypatch: pytest.Mo
 def test_small_parameters_take_one_untimed_walk(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """No parameter larger than the CPU adapter's chunk: chunks and whole tensors are the
     same walk, so the update is never timed and goes whole."""
-    import ampcore._o2.master as master_module
+    import ampcore._o2.own_update as master_module
 
     calls: list[int | None] = []
     for function in ("fused_adam_update", "fused_sgd_update"):
