@@ -133,6 +133,8 @@ class AdamPlans:
         walk.  Returns the float32 parameters without master it updated, or None where the
         plan does not do this step (nothing done: the caller walks the group)."""
         plan = self.plan(index, group)
+        if plan.elements > widen_limit or (plan.scratch is None and not self._room_for(plan)):
+            return None  # (before any work: a large group walks as before)
         grads = [
             g if g is not None or low is None else low.grad
             for g, low in zip(map(_GRAD, plan.params), plan.lows, strict=True)
@@ -144,26 +146,25 @@ class AdamPlans:
         if not all(found) or any(map(_SPARSE, chosen.grads)):
             return None
         states = cast(list[dict[str, Any]], found)
-        wide = self._widened(plan, chosen, widen_limit)
+        wide = self._widened(plan, chosen)
         if wide is None:
             return None
-        check_tensor_lr(group)
-        options = flavour(group, chosen.params, scaler_tensors(optimizer), plan.foreach_default)
-        call_adam(adam, options, group, chosen.params, wide, states, None if plan.has_complex else False)
+        options_now = dict(group)  # (a plain dict: its lookups sync no gradients; read at every step)
+        check_tensor_lr(options_now)
+        options = flavour(options_now, chosen.params, scaler_tensors(optimizer), plan.foreach_default)
+        call_adam(adam, options, options_now, chosen.params, wide, states, None if plan.has_complex else False)
         lows, masters = chosen.refreshed()
         if lows:
             torch._foreach_copy_(lows, masters)
         return [param for param, low in zip(chosen.params, chosen.lows, strict=True) if low is None]
 
-    def _widened(self, plan: GroupPlan, chosen: _Chosen, limit: int) -> list[torch.Tensor] | None:
+    def _widened(self, plan: GroupPlan, chosen: _Chosen) -> list[torch.Tensor] | None:
         """The step's gradients, the low-precision ones widened into the scratch (one
         multi-tensor copy); None where that cannot be done from the plan."""
         flags = list(map(operator.ne, map(_DTYPE, chosen.grads), chosen.dtypes))
         if not any(flags):
             return chosen.grads
-        scratch = chosen.scratch(self._scratch(plan, limit))
-        if scratch is None:
-            return None
+        scratch = chosen.scratch(_scratch(plan))
         some = list(compress(scratch, flags))
         if not all(map(operator.is_not, some, repeat(None))):  # a low-precision gradient without master
             return None
@@ -174,15 +175,18 @@ class AdamPlans:
         torch._foreach_copy_(targets, list(compress(chosen.grads, flags)))
         return [wide if flag else grad for grad, wide, flag in zip(chosen.grads, scratch, flags, strict=True)]  # type: ignore[misc]
 
-    def _scratch(self, plan: GroupPlan, limit: int) -> list[torch.Tensor | None] | None:
-        """The plan's scratch, made now if within ``limit`` and the optimizer's budget."""
-        if plan.scratch is None:
-            held = sum(p.elements for p in self._plans if p is not None and p.scratch is not None)
-            if plan.elements > limit or held + plan.elements > SCRATCH_ELEMENTS:
-                return None
-            pairs = zip(plan.params, plan.lows, strict=True)
-            plan.scratch = [None if low is None else torch.empty_like(param) for param, low in pairs]
-        return plan.scratch
+    def _room_for(self, plan: GroupPlan) -> bool:
+        """Whether the optimizer's scratch budget has room for ``plan``'s scratch."""
+        held = sum(p.elements for p in self._plans if p is not None and p.scratch is not None)
+        return held + plan.elements <= SCRATCH_ELEMENTS
+
+
+def _scratch(plan: GroupPlan) -> list[torch.Tensor | None]:
+    """The plan's scratch (made at the first step that widens)."""
+    if plan.scratch is None:
+        pairs = zip(plan.params, plan.lows, strict=True)
+        plan.scratch = [None if low is None else torch.empty_like(param) for param, low in pairs]
+    return plan.scratch
 
 
 @dataclass
@@ -211,8 +215,8 @@ class _Chosen:
             list(compress(plan.dtypes, keep)),
         )
 
-    def scratch(self, scratch: list[torch.Tensor | None] | None) -> list[torch.Tensor | None] | None:
-        return scratch if scratch is None or self.keep is None else list(compress(scratch, self.keep))
+    def scratch(self, scratch: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        return scratch if self.keep is None else list(compress(scratch, self.keep))
 
     def refreshed(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The low-precision parameters to refresh and their masters."""

@@ -35,6 +35,7 @@ Each way is a strategy (``grad_modes.py``) that decorate's options choose once p
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
 _ATTR: Final = "_ampcore_master_weights"
+_VERSION: Final = operator.attrgetter("_version")
+_RECORDED: Final = operator.attrgetter("version")
 
 #: the kernels of the Adam/AdamW master update (``master_kernel.py``)
 MasterKernel = Literal["torch", "triton"]
@@ -171,6 +174,9 @@ class MasterWeights:
         #: master -> its low-precision model parameter (for the fused updates)
         self.low_of: dict[torch.Tensor, torch.Tensor] = {pair.master: pair.model for pair in pairs}
         self._suspended = False
+        #: False only while no pair holds a gradient copy (``seen_grad``): the sync before
+        #: ampcore's own update then has nothing to bring up to date (``grad_modes.py``)
+        self.copies_held = False
         #: a GradScaler step in progress whose unscaling the update does (``scaled_update.py``)
         self.pending: PendingUnscale | None = None
         # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
@@ -252,10 +258,13 @@ class MasterWeights:
             self._suspended = False
         for pair in self.pairs:
             pair.seen_grad = None
+        self.copies_held = False
 
     # -- weights ----------------------------------------------------------------------
     def adopt_model_changes(self) -> None:
         """Copy into the masters any model parameter that was changed outside ampcore."""
+        if list(map(_VERSION, self.models)) == list(map(_RECORDED, self.pairs)):  # (the common case)
+            return
         changed = [pair for pair in self.pairs if pair.model._version != pair.version]
         if changed:
             with torch.no_grad():
@@ -272,8 +281,8 @@ class MasterWeights:
 
     def record_versions(self) -> None:
         """Remember the model parameters' versions: ampcore's own writes are not adopted."""
-        for pair in self.pairs:
-            pair.version = pair.model._version
+        for pair, version in zip(self.pairs, map(_VERSION, self.models), strict=True):
+            pair.version = version
 
     # -- step -------------------------------------------------------------------------
     def step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

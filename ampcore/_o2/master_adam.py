@@ -76,14 +76,13 @@ def fused_adam_applies(optimizer: torch.optim.Optimizer) -> bool:
     ``fused=True`` (torch's other flavours refuse them).  Otherwise the generic path runs
     (fp32 gradient copies).
     """
-    if type(optimizer) not in _ADAM_TYPES or not step_hooks_free(optimizer):
-        return False
-    if adam_function() is None:
+    if type(optimizer) not in _ADAM_TYPES or adam_function() is None or not step_hooks_free(optimizer):
         return False
     groups = optimizer.param_groups
-    if any(not (ADAM_KEYS <= group.keys()) or group["differentiable"] for group in groups):
-        return False
-    return scaler_tensors(optimizer) == (None, None) or all(group["fused"] for group in groups)
+    for group in groups:  # (dict's own lookups: reading a group's options syncs nothing)
+        if not ADAM_KEYS <= group.keys() or dict.__getitem__(group, "differentiable"):
+            return False
+    return scaler_tensors(optimizer) == (None, None) or all(dict.__getitem__(group, "fused") for group in groups)
 
 
 @dataclass
@@ -163,7 +162,7 @@ def fused_adam_update(
         if plans is not None:
             plans.keep(len(optimizer.param_groups))
         for index, group in enumerate(optimizer.param_groups if groups is None else groups):
-            if plans is not None and chunk is None and not (triton and group["fused"]):
+            if plans is not None and chunk is None and not (triton and dict.__getitem__(group, "fused")):
                 planned = plans.update(adam, optimizer, index, group, WIDEN_ELEMENTS)
                 if planned is not None:  # the group's update from what the last steps kept
                     own.extend(planned)
