@@ -120,7 +120,6 @@ class AdamPlans:
         if found is not None and found.holds(group, params):
             return found
         plans.extend([None] * (index + 1 - len(plans)))
-        plans[index] = None  # (its scratch no longer counts against the budget)
         plans[index] = found = GroupPlan.make(group, params, self.low_of)
         return found
 
