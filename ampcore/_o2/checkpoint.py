@@ -211,6 +211,7 @@ class OptimizerCheckpointHooks:
             weights.refresh()
         for pair in weights.pairs:
             pair.seen_grad = None
+        weights.copies_held = False
 
 
 def _short(value: object) -> str:

@@ -133,6 +133,8 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
     With ``copy_missing=False`` only masters that already hold a copy are brought up to
     date (or dropped, if the model's gradient is gone); the others keep no gradient.
     """
+    if not copy_missing and not weights.copies_held:  # no master holds a copy to bring up to date
+        return
     stale: list[tuple[MasterPair, torch.Tensor]] = []
     conflicts: list[MasterPair] = []
     for pair in weights.pairs:
@@ -162,6 +164,7 @@ def _copy(weights: MasterWeights, copy_missing: bool) -> None:
         # one multi-tensor copy (a few kernels on a GPU), not one per parameter; each copy
         # in its gradient's layout, as ``grad.to(dtype)`` makes it
         copies = [torch.empty_like(grad, dtype=pair.master.dtype) for pair, grad in stale]
+        weights.copies_held = True
         torch._foreach_copy_(copies, [grad for _, grad in stale])
         for (pair, grad), copy in zip(stale, copies, strict=True):
             pair.master.grad = copy

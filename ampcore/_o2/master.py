@@ -35,6 +35,7 @@ Each way is a strategy (``grad_modes.py``) that decorate's options choose once p
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -46,13 +47,12 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .._errors import AmpcoreError
+from .adam_plans import AdamPlans
 from .grad_modes import GradientMode, choose_gradient_mode
-from .master_adam import fused_adam_applies, fused_adam_update
-from .master_kernel import warn_unused
-from .master_sgd import fused_sgd_applies, fused_sgd_update
-from .scaled_update import SLICES, STEP_MARK, unscaled_update
+from .own_update import own_update
+from .scaled_update import STEP_MARK
 from .torch_step import TorchStep, stand_in, torch_step_of
-from .update_walk import UpdateWalk, walks_differ
+from .update_walk import UpdateWalk
 
 if TYPE_CHECKING:
     from .scaled_update import PendingUnscale
@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["MasterPair", "MasterWeights", "master_of", "master_weights_of"]
 
 _ATTR: Final = "_ampcore_master_weights"
+_VERSION: Final = operator.attrgetter("_version")
+_RECORDED: Final = operator.attrgetter("version")
 
 #: the kernels of the Adam/AdamW master update (``master_kernel.py``)
 MasterKernel = Literal["torch", "triton"]
@@ -175,6 +177,9 @@ class MasterWeights:
         #: master -> its low-precision model parameter (for the fused updates)
         self.low_of: dict[torch.Tensor, torch.Tensor] = {pair.master: pair.model for pair in pairs}
         self._suspended = False
+        #: False only while no pair holds a gradient copy (``seen_grad``): the sync before
+        #: ampcore's own update then has nothing to bring up to date (``grad_modes.py``)
+        self.copies_held = False
         #: a GradScaler step in progress whose unscaling the update does (``scaled_update.py``)
         self.pending: PendingUnscale | None = None
         # What ``step``/``zero_grad`` meant before (an instance-level wrapper such as an LR
@@ -185,7 +190,9 @@ class MasterWeights:
         self._torch_step: tuple[object, TorchStep | None] | None = None
         #: update kind -> whether chunks and whole tensors walk it differently (cleared when
         #: the param groups change)
-        self._walks_differ: dict[str, bool] = {}
+        self.walks_differ: dict[str, bool] = {}
+        #: what the whole-tensor Adam updates keep between steps (``adam_plans.py``)
+        self.adam_plans = AdamPlans(self.low_of)
 
     # -- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -213,7 +220,7 @@ class MasterWeights:
         groups = self.optimizer.param_groups
         for index, group in enumerate(groups):
             if not isinstance(group, _MasterGroup):
-                self._walks_differ.clear()
+                self.walks_differ.clear()
                 if any(_low_precision(p) for p in dict.__getitem__(group, "params")):
                     raise AmpcoreError(
                         f"{type(self.optimizer).__name__}: a param group added after ampcore.decorate "
@@ -254,10 +261,13 @@ class MasterWeights:
             self._suspended = False
         for pair in self.pairs:
             pair.seen_grad = None
+        self.copies_held = False
 
     # -- weights ----------------------------------------------------------------------
     def adopt_model_changes(self) -> None:
         """Copy into the masters any model parameter that was changed outside ampcore."""
+        if list(map(_VERSION, self.models)) == list(map(_RECORDED, self.pairs)):  # (the common case)
+            return
         changed = [pair for pair in self.pairs if pair.model._version != pair.version]
         if changed:
             with torch.no_grad():
@@ -274,22 +284,15 @@ class MasterWeights:
 
     def record_versions(self) -> None:
         """Remember the model parameters' versions: ampcore's own writes are not adopted."""
-        for pair in self.pairs:
-            pair.version = pair.model._version
+        for pair, version in zip(self.pairs, map(_VERSION, self.models), strict=True):
+            pair.version = version
 
     # -- step -------------------------------------------------------------------------
     def step(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``optimizer.step``: update the masters, then refresh the model parameters."""
         self.wrap_groups()  # a group added by add_param_group since decorate
         self.adopt_model_changes()
-        own: Callable[[], list[torch.Tensor]] | None = None
-        if not args and not kwargs:
-            if fused_adam_applies(self.optimizer):
-                own = self._fused_adam_update
-            elif fused_sgd_applies(self.optimizer):
-                own = self._fused_sgd_update
-        if self.kernel == "triton" and own != self._fused_adam_update:
-            warn_unused(self.optimizer)
+        own = own_update(self, plain=not args and not kwargs)
         if own is not None:
             self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
             return self._own_step(own)
@@ -346,59 +349,6 @@ class MasterWeights:
             for param, grad in hidden:
                 param.grad = grad
             self.release_grads()
-
-    def _walk(
-        self, kind: str, update: Callable[[int | None], list[torch.Tensor]], scaled: bool = False
-    ) -> list[torch.Tensor]:
-        """``update`` on the walk of :attr:`walk`; untimed and whole where chunks cannot
-        walk ``kind``'s update (``scaled``: under GradScaler's deferred unscaling)
-        differently (``update_walk.walks_differ``)."""
-        key = f"{kind}-scaled" if scaled else kind
-        differ = self._walks_differ.get(key)
-        if differ is None:
-            groups, chunk = self.optimizer.param_groups, self.walk.chunk
-            differ = walks_differ(groups, chunk, batched=kind == "adam", slices=SLICES if scaled else 0)
-            self._walks_differ[key] = differ
-        return self.walk.run(update, alike=not differ)
-
-    def _fused_sgd_update(self) -> list[torch.Tensor]:
-        """torch SGD from the low-precision gradients: momentum-free in one pass
-        (``master_sgd``), fused or with momentum by torch's SGD of the group's flavour on
-        gradients widened chunk by chunk (``master_sgd_torch``)."""
-        groups = self.optimizer.param_groups
-        pending = self.pending
-        if pending is not None and pending.masters:  # unscale as the gradients are widened
-            return self._walk(
-                "sgd",
-                lambda chunk: unscaled_update(
-                    pending,
-                    groups,
-                    chunk,
-                    lambda part: fused_sgd_update(part, self.low_of, chunk, self.optimizer, self.onepass),
-                ),
-                scaled=True,
-            )
-        return self._walk(
-            "sgd", lambda chunk: fused_sgd_update(groups, self.low_of, chunk, self.optimizer, self.onepass)
-        )
-
-    def _fused_adam_update(self) -> list[torch.Tensor]:
-        """Adam/AdamW (``master_adam``), from the low-precision gradients (or the fp32 ones
-        the masters hold already)."""
-        pending, optimizer = self.pending, self.optimizer
-        triton, onepass = self.kernel == "triton", self.onepass
-        if pending is not None and pending.masters:  # unscale as the gradients are widened
-            return self._walk(
-                "adam",
-                lambda chunk: unscaled_update(
-                    pending,
-                    optimizer.param_groups,
-                    chunk,
-                    lambda part: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass, groups=part),
-                ),
-                scaled=True,
-            )
-        return self._walk("adam", lambda chunk: fused_adam_update(optimizer, self.low_of, chunk, triton, onepass))
 
     def _wrap_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
         def evaluate() -> Any:

@@ -42,7 +42,18 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreError
-from .master_kernel import triton_update
+from .adam_call import (
+    ADAM_KEYS,
+    adam_function,
+    adam_state,
+    call_adam,
+    flavour,
+    run_adam,
+    scaler_tensors,
+    state_tensors,
+)
+from .adam_plans import AdamPlans
+from .master_kernel import Work, triton_update
 from .master_sgd import step_hooks_free
 
 __all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
@@ -53,22 +64,6 @@ __all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
 WIDEN_ELEMENTS: Final = 1 << 26
 
 _ADAM_TYPES: Final = (torch.optim.Adam, torch.optim.AdamW)
-#: The param-group keys of the torch versions whose Adam this module reproduces.
-_KEYS: Final = frozenset(
-    (
-        "lr",
-        "betas",
-        "eps",
-        "weight_decay",
-        "amsgrad",
-        "maximize",
-        "foreach",
-        "capturable",
-        "differentiable",
-        "fused",
-        "decoupled_weight_decay",
-    )
-)
 
 
 def fused_adam_applies(optimizer: torch.optim.Optimizer) -> bool:
@@ -81,20 +76,13 @@ def fused_adam_applies(optimizer: torch.optim.Optimizer) -> bool:
     ``fused=True`` (torch's other flavours refuse them).  Otherwise the generic path runs
     (fp32 gradient copies).
     """
-    if type(optimizer) not in _ADAM_TYPES or not step_hooks_free(optimizer):
-        return False
-    if _adam_function() is None:
+    if type(optimizer) not in _ADAM_TYPES or adam_function() is None or not step_hooks_free(optimizer):
         return False
     groups = optimizer.param_groups
-    if any(not (_KEYS <= group.keys()) or group["differentiable"] for group in groups):
-        return False
-    return _scaler_tensors(optimizer) == (None, None) or all(group["fused"] for group in groups)
-
-
-def _scaler_tensors(optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``grad_scale`` and ``found_inf``, which GradScaler sets on a fused optimizer for the
-    duration of its step (torch's protocol), or None."""
-    return getattr(optimizer, "grad_scale", None), getattr(optimizer, "found_inf", None)
+    for group in groups:  # (dict's own lookups: reading a group's options syncs nothing)
+        if not ADAM_KEYS <= group.keys() or dict.__getitem__(group, "differentiable"):
+            return False
+    return scaler_tensors(optimizer) == (None, None) or all(dict.__getitem__(group, "fused") for group in groups)
 
 
 @dataclass
@@ -149,6 +137,7 @@ def fused_adam_update(
     onepass: bool = False,
     *,
     groups: Sequence[dict[str, Any]] | None = None,
+    plans: AdamPlans | None = None,
 ) -> list[torch.Tensor]:
     """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`), on
     ``groups`` (copies of some of its param groups, as ``scaled_update.py`` passes) or on all.
@@ -164,26 +153,32 @@ def fused_adam_update(
     counts as torch leaves them).  With ``onepass``, ``fused=True`` groups run the one-pass
     CPU kernel where it applies (``onepass.py``).  Returns those other parameters that were
     updated.
+
+    ``plans`` (with ``groups`` None): what the optimizer's whole-tensor updates keep
+    between steps (``adam_plans.py``); a group it covers takes the same calls from there
+    (not a ``fused=True`` group that the Triton or the one-pass kernel may take).
     """
-    adam = _adam_function()
+    adam = adam_function()
     if adam is None:  # fused_adam_applies() checks this before the step comes here
         raise AmpcoreError("the chunked Adam update needs torch.optim.adam.adam, which this torch does not have")
+    if onepass:
+        from .onepass import ready
+
+        onepass = ready()  # else its fused groups may take the kept plans
     own: list[torch.Tensor] = []
     with torch.no_grad():
-        for group in optimizer.param_groups if groups is None else groups:
-            params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
-            work: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]] = []
-            for param in params:
-                low = low_of.get(param)
-                grad = param.grad if param.grad is not None or low is None else low.grad
-                if grad is None:
+        if plans is not None:
+            plans.keep(len(optimizer.param_groups))
+        for index, group in enumerate(optimizer.param_groups if groups is None else groups):
+            if plans is not None and chunk is None and not ((triton or onepass) and dict.__getitem__(group, "fused")):
+                planned = plans.update(adam, optimizer, index, group, WIDEN_ELEMENTS)
+                if planned is not None:  # the group's update from what the last steps kept
+                    own.extend(planned)
                     continue
-                if grad.is_sparse:
-                    raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
-                work.append((param, grad, low, _state(optimizer, group, param)))
+            work = _work(optimizer, group, low_of)
             if not work:
                 continue
-            options = _options(group, [param for param, *_ in work], _scaler_tensors(optimizer))
+            options = flavour(group, [param for param, *_ in work], scaler_tensors(optimizer))
             own.extend(param for param, _, low, _ in work if low is None)
             if triton and group["fused"]:
                 work = triton_update(group, work, options["grad_scale"], options["found_inf"])
@@ -201,17 +196,29 @@ def fused_adam_update(
             batch = _Batch(chunk)
             for param, grad, low, state in work:
                 if low is None:
-                    _call(adam, options, group, [param], [grad], [state])
+                    call_adam(adam, options, group, [param], [grad], [state])
                     continue
                 _chunks(adam, options, group, param, grad, low, state, batch)
             _flush(adam, options, group, batch)
     return own
 
 
-_Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
+def _work(optimizer: torch.optim.Optimizer, group: dict[str, Any], low_of: Mapping[torch.Tensor, torch.Tensor]) -> Work:
+    """The group's parameters with a gradient: (master or float32 parameter, its gradient,
+    its low-precision parameter or None, its state, created if new)."""
+    work: Work = []
+    for param in dict.__getitem__(group, "params"):  # no gradient sync
+        low = low_of.get(param)
+        grad = param.grad if param.grad is not None or low is None else low.grad
+        if grad is None:
+            continue
+        if grad.is_sparse:
+            raise RuntimeError("Adam does not support sparse gradients, please consider SparseAdam instead")
+        work.append((param, grad, low, adam_state(optimizer, group, param)))
+    return work
 
 
-def _whole(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: _Work) -> None:
+def _whole(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: Work) -> None:
     """One param group on whole tensors, in slices of at most :data:`WIDEN_ELEMENTS`
     widened elements (a single larger tensor makes a slice of its own): per slice, the
     low-precision gradients widened in one multi-tensor copy, one call of torch's Adam,
@@ -226,7 +233,7 @@ def _whole(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: _
     _whole_slice(adam, options, group, work[start:])
 
 
-def _whole_slice(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: _Work) -> None:
+def _whole_slice(adam: Any, options: dict[str, Any], group: Mapping[str, Any], work: Work) -> None:
     params = [param for param, *_ in work]
     grads = [grad for _, grad, *_ in work]
     narrow = [index for index, (param, grad, *_) in enumerate(work) if grad.dtype != param.dtype]
@@ -235,58 +242,10 @@ def _whole_slice(adam: Any, options: dict[str, Any], group: Mapping[str, Any], w
         torch._foreach_copy_(wide, [grads[index] for index in narrow])
         for index, tensor in zip(narrow, wide, strict=True):
             grads[index] = tensor
-    _call(adam, options, group, params, grads, [state for *_, state in work])
+    call_adam(adam, options, group, params, grads, [state for *_, state in work])
     refreshed = [(low, param) for param, _, low, _ in work if low is not None]
     if refreshed:
         torch._foreach_copy_([low for low, _ in refreshed], [param for _, param in refreshed])
-
-
-def _adam_function() -> Any:
-    try:
-        from torch.optim.adam import adam
-    except ImportError:  # another torch: do not guess
-        return None
-    return adam
-
-
-def _state(optimizer: torch.optim.Optimizer, group: Mapping[str, Any], param: torch.Tensor) -> dict[str, Any]:
-    """``optimizer.state[param]``, created on first use exactly as ``Adam._init_group`` does."""
-    state: dict[str, Any] = optimizer.state[param]
-    if len(state) == 0:
-        from torch.optim.optimizer import _get_scalar_dtype
-
-        if group["fused"]:
-            from torch.optim.optimizer import _device_dtype_check_for_fused
-
-            _device_dtype_check_for_fused(param)
-        state["step"] = (
-            torch.zeros((), dtype=_get_scalar_dtype(is_fused=group["fused"]), device=param.device)
-            if group["capturable"] or group["fused"]
-            else torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
-        )
-        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-    if group["foreach"] and torch.is_tensor(group["lr"]) and not group["capturable"]:
-        raise RuntimeError("lr as a Tensor is not supported for capturable=False and foreach=True")
-    return state
-
-
-def _options(
-    group: Mapping[str, Any], params: list[torch.Tensor], scaler: tuple[torch.Tensor | None, torch.Tensor | None]
-) -> dict[str, Any]:
-    """The flavour torch's ``adam()`` would pick for the group's parameters with gradients
-    (decided once for the whole group, not per chunk), and the GradScaler's ``grad_scale``
-    and ``found_inf`` (:func:`_scaler_tensors`)."""
-    foreach, fused = group["foreach"], group["fused"]
-    if fused is None and foreach is None:
-        from torch.optim.optimizer import _default_to_fused_or_foreach
-
-        _, foreach = _default_to_fused_or_foreach(params, False, use_fused=False)
-        if foreach and isinstance(group["lr"], torch.Tensor) and not group["capturable"]:
-            foreach = False
-    return {"foreach": bool(foreach), "fused": bool(fused), "grad_scale": scaler[0], "found_inf": scaler[1]}
 
 
 def _chunks(
@@ -309,14 +268,14 @@ def _chunks(
         # as for a parameter without master); the batch's float32 gradients stay within a chunk
         if batch.used + total > size_of:
             _flush(adam, options, group, batch)
-        batch.add(master, grad.to(master.dtype) if widen else grad, low, _states(group, state), state["step"])
+        batch.add(master, grad.to(master.dtype) if widen else grad, low, state_tensors(group, state), state["step"])
         return
-    tensors = [master, grad, low, *_states(group, state)]
+    tensors = [master, grad, low, *state_tensors(group, state)]
     if not all(t.is_contiguous() for t in tensors):
         # (a strided layout: no flat chunks) one whole-tensor update from a widened copy
         _flush(adam, options, group, batch)
         wide = grad.to(master.dtype) if widen else grad
-        _call(adam, options, group, [master], [wide], [state])
+        call_adam(adam, options, group, [master], [wide], [state])
         low.copy_(master)
         return
     flat = [t.view(-1) for t in tensors]
@@ -345,15 +304,10 @@ def _chunks(
         before.sub_(options["found_inf"].to(before.device, non_blocking=True))
 
 
-def _states(group: Mapping[str, Any], state: Mapping[str, Any]) -> list[torch.Tensor]:
-    names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group["amsgrad"] else ("exp_avg", "exp_avg_sq")
-    return [state[name] for name in names]
-
-
 def _flush(adam: Any, options: dict[str, Any], group: Mapping[str, Any], batch: _Batch) -> None:
     if not batch.params:
         return
-    _run(
+    run_adam(
         adam,
         options,
         group,
@@ -368,62 +322,3 @@ def _flush(adam: Any, options: dict[str, Any], group: Mapping[str, Any], batch: 
     # whichever kernel runs it)
     torch._foreach_copy_([low for low, _ in batch.refresh], [master for _, master in batch.refresh])
     batch.clear()
-
-
-def _call(
-    adam: Any,
-    options: dict[str, Any],
-    group: Mapping[str, Any],
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    states: list[dict[str, Any]],
-) -> None:
-    """torch's Adam on whole tensors with their own step counts (advanced by torch)."""
-    _run(
-        adam,
-        options,
-        group,
-        params,
-        grads,
-        [s["exp_avg"] for s in states],
-        [s["exp_avg_sq"] for s in states],
-        [s["max_exp_avg_sq"] for s in states] if group["amsgrad"] else [],
-        [s["step"] for s in states],
-    )
-
-
-def _run(
-    adam: Any,
-    options: dict[str, Any],
-    group: Mapping[str, Any],
-    params: list[torch.Tensor],
-    grads: list[torch.Tensor],
-    exp_avgs: list[torch.Tensor],
-    exp_avg_sqs: list[torch.Tensor],
-    max_exp_avg_sqs: list[torch.Tensor],
-    steps: list[torch.Tensor],
-) -> None:
-    beta1, beta2 = group["betas"]
-    adam(
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        max_exp_avg_sqs,
-        steps,
-        foreach=options["foreach"],
-        capturable=group["capturable"],
-        differentiable=False,
-        fused=options["fused"],
-        grad_scale=options["grad_scale"],
-        found_inf=options["found_inf"],
-        has_complex=any(torch.is_complex(p) for p in params),
-        decoupled_weight_decay=group["decoupled_weight_decay"],
-        amsgrad=group["amsgrad"],
-        beta1=beta1,
-        beta2=beta2,
-        lr=group["lr"],
-        weight_decay=group["weight_decay"],
-        eps=group["eps"],
-        maximize=group["maximize"],
-    )

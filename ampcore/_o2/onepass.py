@@ -36,7 +36,7 @@ import torch
 from .._cpp_build import build_extension, extension_name, missing_tools
 from .._errors import AmpcoreError, AmpcoreWarning
 
-__all__ = ["ENV", "OnePassWarning", "adam_update", "choice", "describe", "layout", "sgd_update"]
+__all__ = ["ENV", "OnePassWarning", "adam_update", "choice", "describe", "layout", "ready", "sgd_update"]
 
 ENV: Final = "AMPCORE_O2_ONEPASS"
 CHOICES: Final = ("auto", "compiled", "torch")
@@ -195,6 +195,11 @@ def describe() -> str:
     if problem is not None:
         return f"torch at first use ({problem})"
     return f"onepass at first use, if it matches torch's fused kernels here ({ENV}={wanted}; built once per torch)"
+
+
+def ready() -> bool:
+    """Whether the one-pass kernel runs in this process (built and self-checked at the first call)."""
+    return _module() is not None
 
 
 def _module() -> tuple[ModuleType, Layout] | None:

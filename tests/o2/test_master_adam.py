@@ -144,11 +144,11 @@ def assert_same_state(got: torch.optim.Optimizer, want: torch.optim.Optimizer) -
 def test_update_is_bit_identical_to_torch_on_fp32_masters(
     name: str, device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ampcore._o2.master as master_module
+    import ampcore._o2.own_update as master_module
 
     calls: list[int | None] = []
     original = master_module.fused_adam_update
-    monkeypatch.setattr(master_module, "fused_adam_update", lambda *a: calls.append(a[2]) or original(*a))
+    monkeypatch.setattr(master_module, "fused_adam_update", lambda *a, **k: calls.append(a[2]) or original(*a, **k))
     model, opt = train_decorated(ADAMS[name], 4, device=device)
     # the CPU adapter's walk: an untimed step and a timed one in chunks, one whole, then the faster
     assert calls[:3] == ([ADAM_CHUNK, ADAM_CHUNK, None] if device == "cpu" else [None] * 3) and len(calls) == 4

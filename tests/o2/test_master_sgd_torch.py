@@ -80,7 +80,7 @@ def test_fused_sgd_makes_no_float32_gradient_copy(name: str, device: str, monkey
     """Before: the generic path, a float32 copy of every gradient on the masters.  Now
     ampcore's update runs, and on the CPU's chunks the float32 it allocates stays within
     one chunk of scratch (whole tensors widen a slice, as Adam's update does)."""
-    import ampcore._o2.master as master_module
+    import ampcore._o2.own_update as master_module
 
     monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
     calls: list[int] = []

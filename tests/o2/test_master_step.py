@@ -7,6 +7,7 @@ step back through torch's code (issue 26: the O2 + decorate step row)."""
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -144,6 +145,29 @@ def test_lr_schedulers_see_the_step_in_either_order(name: str, order: str, torch
     assert same(got, want)
 
 
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_a_deep_copy_steps_itself_not_the_original_through_its_scheduler_wrapper(name: str) -> None:
+    """An LR scheduler wrapped ``step`` before decorate (the wrapper refers to the original
+    by a weak reference): a deep copy of the decorated optimizer is a torch optimizer of its
+    own, as torch deep-copies any optimizer (its state and param groups), whose step updates
+    the copy's float32 weights and neither touches nor marks the original."""
+    model = make_model()
+    opt = OPTIMIZERS[name](model.parameters())
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model, opt = ampcore.decorate(model, opt, device="cpu")
+    train(opt, model, 2)
+    twin = copy.deepcopy(opt)
+    original = [t.detach().clone() for t in weights(opt, model)]
+    opt._opt_called = False  # type: ignore[attr-defined]
+    masters = [p for g in twin.param_groups for p in g["params"]]
+    for master in masters:
+        master.grad = torch.ones_like(master)
+    kept = [m.detach().clone() for m in masters]
+    twin.step()
+    assert same(weights(opt, model), original) and not opt._opt_called  # type: ignore[attr-defined]
+    assert all(m.dtype == torch.float32 for m in masters) and not same(masters, kept)
+
+
 def test_an_unknown_step_wrapper_still_runs_with_torchs_step(torch_steps: list[str]) -> None:
     """ampcore cannot know what a wrapper installed on the instance before decorate does:
     it keeps calling it (and torch's step behind it), as before."""
@@ -264,7 +288,7 @@ def test_adams_graph_capture_check_runs_before_the_update(monkeypatch: pytest.Mo
 def test_small_parameters_take_one_untimed_walk(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """No parameter larger than the CPU adapter's chunk: chunks and whole tensors are the
     same walk, so the update is never timed and goes whole."""
-    import ampcore._o2.master as master_module
+    import ampcore._o2.own_update as master_module
 
     calls: list[int | None] = []
     for function in ("fused_adam_update", "fused_sgd_update"):

@@ -217,7 +217,7 @@ def test_whole_tensor_steps_are_bit_identical_to_torch_on_fp32_masters(name: str
 def test_momentum_free_sgd_makes_no_float32_gradient_copy(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Also in a dtype that needs loss scaling (float16) and with foreach SGD (the default
     flavour on GPUs): the update reads the low-precision gradients."""
-    import ampcore._o2.master as master_module
+    import ampcore._o2.own_update as master_module
 
     calls: list[int] = []
     original = master_module.fused_sgd_update

@@ -425,7 +425,7 @@ def test_the_one_pass_sgd_update_equals_torchs_sgd_step(
     options: dict[str, object], chunked: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Plain SGD runs ampcore's fused update; a step hook makes ampcore call torch's SGD."""
-    import ampcore._o2.master as master_module
+    import ampcore._o2.own_update as master_module
 
     calls: list[int] = []
     original = master_module.fused_sgd_update

@@ -33,7 +33,7 @@ from test_scaler_deferred_unscale import (
 )
 
 import ampcore
-from ampcore._o2 import master_adam, onepass
+from ampcore._o2 import adam_call, master_adam, onepass
 from ampcore._o2.master import master_weights_of
 from ampcore._o2.update_walk import UpdateWalk
 
@@ -221,13 +221,14 @@ def _with_scale(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 def test_scaler_tensors_reach_torchs_adam_of_every_fused_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
     seen: list[tuple[Any, Any]] = []
-    real = master_adam._run
+    real = adam_call.run_adam
 
     def spy(adam: Any, options: dict[str, Any], *rest: Any) -> None:
         seen.append((options["grad_scale"], options["found_inf"]))
         real(adam, options, *rest)
 
-    monkeypatch.setattr(master_adam, "_run", spy)
+    for module in (adam_call, master_adam):  # every caller of torch's Adam
+        monkeypatch.setattr(module, "run_adam", spy)
     model = make_model(norm=False)
     model, opt = ampcore.decorate(model, FUSED["adamw"](model.parameters()), dtype=FP16, device="cpu")
     scaler = ampcore.GradScaler("cpu", dtype=FP16, init_scale=1024.0)
