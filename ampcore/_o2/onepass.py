@@ -115,6 +115,9 @@ class _Chooser:
         self.layout: Layout | None = None
 
     def choose(self) -> Choice:
+        made = self.choice  # set once, under the lock: read without it on every step after
+        if made is not None:
+            return made
         with self._lock:
             if self.choice is None:
                 wanted = requested()
