@@ -79,6 +79,22 @@ class Twin:
         for extra in self.extra:
             extra.grad = None
 
+    def steps(self, count: int) -> None:
+        """``count`` steps of each, checked after every one."""
+        for _ in range(count):
+            self.step()
+            self.check()
+
+    def step_with(self, event: str) -> None:
+        """The change ``event`` (:data:`EVENTS`, at its time), a step of each, checked."""
+        change, between = EVENTS[event]
+        if between:
+            self.step(change)
+        else:
+            change(self)
+            self.step()
+        self.check()
+
     def check(self) -> None:
         got, want = masters_of(self.opt), [p for g in self.ref_opt.param_groups for p in g["params"]]
         assert len(got) == len(want)
@@ -183,20 +199,10 @@ def test_a_change_between_steps_keeps_the_update_bit_identical_to_torch(
     the steps before the change (but the first, which creates the state) run from one
     plan, and the steps after it from a plan again."""
     twin = Twin(OPTIMIZERS[name])
-    change, between = EVENTS[event]
-    for _ in range(3):
-        twin.step()
-        twin.check()
+    twin.steps(3)
     assert counted == {"made": 1, "walked": 1}  # the first step creates the state: walked
-    if between:
-        twin.step(change)
-    else:
-        change(twin)
-        twin.step()
-    twin.check()
-    for _ in range(3):
-        twin.step()
-        twin.check()
+    twin.step_with(event)
+    twin.steps(3)
     if event == "requires-grad-toggled":
         for low in (*twin.lows[:2], *twin.ref_lows[:2]):
             low.requires_grad_(True)
@@ -254,17 +260,7 @@ def test_a_change_between_steps_under_the_onepass_kernel(event: str, monkeypatch
 
     monkeypatch.setattr(onepass, "adam_update", spy)
     twin = Twin(OPTIMIZERS["adam-fused"])
-    change, between = EVENTS[event]
-    for _ in range(2):
-        twin.step()
-        twin.check()
-    if between:
-        twin.step(change)
-    else:
-        change(twin)
-        twin.step()
-    twin.check()
-    for _ in range(2):
-        twin.step()
-        twin.check()
+    twin.steps(2)
+    twin.step_with(event)
+    twin.steps(2)
     assert sum(taken) > 0  # the kernel took the masters
