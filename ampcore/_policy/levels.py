@@ -9,6 +9,11 @@ from .._errors import AmpcoreError, shown
 
 __all__ = ["LEVELS", "Level", "check_level"]
 
+#: The name of an AMP level, as ``ampcore.autocast(level=...)`` and ``ampcore.decorate``
+#: take it: ``"O0"`` float32, ``"OD"`` the white list only, ``"O1"`` torch.autocast's
+#: lists, ``"O2"`` a low-precision model with float32 master weights, ``"auto"`` measured
+#: per module (docs/levels.md).  Paddle's lower-case spellings are accepted and normalised
+#: by :func:`check_level`, e.g. ``check_level("o2") == "O2"``.
 Level = Literal["O0", "OD", "O1", "O2", "auto"]
 
 #: Every level, from no mixed precision to the most aggressive.
