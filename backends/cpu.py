@@ -12,6 +12,7 @@ see ``ampcore_backends._ipex``); ``ampcore info`` shows IPEX's state.
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Mapping
 from typing import Final
@@ -204,3 +205,27 @@ def ampcore_memory(reset_peak: bool) -> dict[str, int | None]:
     if reset_peak:
         reset_peak_rss()
     return {"in_use": _status_field("VmRSS"), "peak": _status_field("VmHWM")}
+
+
+@hookimpl
+def ampcore_auto_load() -> float | None:
+    """Other work on the host: the 1-minute load average minus this process's threads, over
+    the cores this process may use (None where the OS has no load average)."""
+    return host_load(torch.get_num_threads())
+
+
+def host_load(own_threads: int) -> float | None:
+    """The others' share of this process's cores by the load average (see ampcore_auto_load).
+
+    Example::
+
+        >>> load = host_load(1)
+        >>> load is None or load >= 0.0
+        True
+    """
+    try:
+        average = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0.0, average - own_threads) / max(1, cores)
