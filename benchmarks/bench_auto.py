@@ -7,6 +7,11 @@ Models (training steps: forward, MSE loss, backward, SGD):
 * ``heldout-mixed``: the same kind at the sizes of issue 27: 3 x ``Linear(1536)`` on a batch
   of 384 plus 40 small residual ``Linear(48)`` on a batch of 8 (``heldout-small``: its 40
   small layers alone, the part where auto can beat torch.autocast);
+* ``heldout-wide``: other sizes of the same kind: 2 x ``Linear(1024)`` on a batch of 256 plus
+  64 small residual ``Linear(96)`` on a batch of 4;
+* ``heldout-conv``: three parts of other shapes: 2 x ``Conv2d(32, 32, 3)`` on 16 x 32 x 32
+  images (ReLU between), 2 x ``Linear(1024)`` on a batch of 256, 24 small residual
+  ``Linear(96)`` on a batch of 4;
 * ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward
   1024, dropout 0.1, batch_first) on batch 16 x 64 tokens;
 * ``heldout-transformer``: 3 layers, d_model 320, 5 heads, feed-forward 1280, batch 16 x 64;
@@ -90,6 +95,7 @@ _MIXED: Final = {
     "mixed": (1024, 512, 4, 64, 16, 48),
     "heldout-mixed": (1536, 384, 3, 48, 8, 40),
     "heldout-small": (1536, 384, 0, 48, 8, 40),
+    "heldout-wide": (1024, 256, 2, 96, 4, 64),
     "gpu-mixed": (4096, 4096, 4, 64, 16, 64),
 }
 #: (layers, d_model, heads, feed-forward, batch, tokens)
@@ -119,12 +125,35 @@ def _mixed(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]]:
     return Mixed().to(device), data
 
 
+def _conv_mixed(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-conv``: a convolution part, a GEMM part and small residual layers."""
+    import torch
+    from torch import nn
+
+    gemm, rest = _mixed((1024, 256, 2, 96, 4, 24), device)
+
+    class ConvMixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.ModuleList(nn.Conv2d(32, 32, 3, padding=1) for _ in range(2))
+            self.rest = gemm
+
+        def forward(self, image: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            image = self.conv[1](torch.relu(self.conv[0](image)))
+            return (image, *self.rest(x, y))
+
+    data = (torch.rand(16, 32, 32, 32, device=device), *rest)
+    return ConvMixed().to(device), data
+
+
 def _build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
     import torch
     from torch import nn
 
     if name in _MIXED:
         return _mixed(_MIXED[name], device)
+    if name == "heldout-conv":
+        return _conv_mixed(device)
     if name in _TRANSFORMERS:
         layers, d, heads, ff, batch, tokens = _TRANSFORMERS[name]
         layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
@@ -134,7 +163,7 @@ def _build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         from ampcore._cli.experiment import SeedNet
 
         return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
-    raise SystemExit(f"unknown model {name!r}; valid: {', '.join([*_MIXED, *_TRANSFORMERS, 'seed'])}")
+    raise SystemExit(f"unknown model {name!r}; valid: {', '.join([*_MIXED, 'heldout-conv', *_TRANSFORMERS, 'seed'])}")
 
 
 def _loss(out: Any, inputs: tuple[Any, ...]) -> Any:
@@ -155,6 +184,9 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     backend = resolve_device(args.device).backend
     device_type = backend.device_type
+    if args.clock == "cpu" and device_type != "cpu":
+        raise SystemExit("--clock cpu times this process's CPU time: for --device cpu only")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if device_type == "cpu":
         torch.set_flush_denormal(True)
         torch.set_num_threads(args.threads)
@@ -180,7 +212,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         for mode in rounds[(round_ - args.warmup) % len(rounds)]:
             synchronize(backend)
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start = time.perf_counter()
+            start = clock()
             with regions[mode]():
                 out = models[mode](*data)
                 loss = _loss(out, data)
@@ -188,7 +220,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             opts[mode].step()
             opts[mode].zero_grad(set_to_none=True)
             synchronize(backend)
-            elapsed = (time.perf_counter() - start) * 1e3
+            elapsed = (clock() - start) * 1e3
             losses[mode] = float(loss)
             if mode == "auto" and first_auto_ms is None:
                 first_auto_ms = elapsed
@@ -208,6 +240,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "decisions": {key: e.decision for key, e in plan.entries.items()},
         "roots": {
             key: [c.verdict, c.plan_over_low, c.plan_over_fp32, c.spread, c.runs, c.source]
+            + [c.load, c.checks, c.provisional]
             for key, c in plan.roots.items()
         },
         "sources": sorted({e.source for e in plan.entries.values()}),
@@ -318,6 +351,12 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine)")
     parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time per step (page faults included, time waiting for a core not)",
+    )
+    parser.add_argument(
         "--malloc", choices=("default", "steady"), default="default", help="steady: glibc keeps freed memory"
     )
     parser.add_argument(
@@ -407,6 +446,8 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
         str(args.warmup),
         "--threads",
         str(args.threads),
+        "--clock",
+        args.clock,
         *(["--noise"] if args.noise else []),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -447,10 +488,11 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
         f"{len(r['decisions']) - low} float32; hooks left after the regions: {r['hooks_left']}"
     )
-    for key, (verdict, over_low, over_fp32, spread, runs, source) in r["roots"].items():
+    for key, (verdict, over_low, over_fp32, spread, runs, source, load, checks, again) in r["roots"].items():
+        state = f"load {'-' if load is None else f'{load:.2f}'}, check {checks}{' provisional' if again else ''}"
         print(
             f"whole-call check ({source}): {key}: program / low {over_low:.3f}, / fp32 {over_fp32:.3f}, "
-            f"spread {spread:.3f}, {runs} rounds -> runs as {verdict}"
+            f"spread {spread:.3f}, {runs} rounds, {state} -> runs as {verdict}"
         )
     if tables:
         print(r["table"])
