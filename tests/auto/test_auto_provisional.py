@@ -184,10 +184,20 @@ def test_the_cpu_adapter_reports_the_others_load_over_its_cores(monkeypatch: pyt
 
     from ampcore_backends import cpu
 
-    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 1.0, 1.0))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(cpu, "_own_share", lambda: 1.0)  # an old process: all its threads are in the average
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 1.0, 1.0))
     assert cpu.host_load(1) == 2.0  # 4 others' runnable threads on 2 cores
     monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 1.0, 1.0))
     assert cpu.host_load(1) == 0.0  # only this process
+    monkeypatch.setattr(cpu, "_own_share", lambda: 0.25)  # a young one: the average holds a quarter of it
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.25, 1.0, 1.0))
+    assert cpu.host_load(1) == 1.0  # 2 others, not 1.25
     monkeypatch.setattr(os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average")))
     assert cpu.host_load(1) is None
+
+
+def test_this_process_share_of_the_load_average_grows_with_its_age() -> None:
+    from ampcore_backends import cpu
+
+    assert 0.0 <= cpu._own_share() <= 1.0
