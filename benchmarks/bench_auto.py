@@ -33,7 +33,9 @@ mode follows each other mode equally often (:func:`orders`): a step that runs ri
 the float32 step pays for what that step left behind (caches, the allocator's free lists),
 2-12% on heldout-mixed; a rotation of one order put torch.autocast after fp32 in two rounds
 of three and auto in one.  ``--noise`` adds torch.autocast again on its own copy of the
-model (what 1.00 looks like in that process).  ``--malloc steady`` runs the processes with glibc's allocator told
+model (what 1.00 looks like in that process); ``--forced`` adds auto on two more copies
+whose whole-call verdict is forced to ``low`` and to ``plan`` (what each program costs in
+steps, whatever the check said).  ``--malloc steady`` runs the processes with glibc's allocator told
 to keep freed memory (``GLIBC_TUNABLES`` mmap and trim thresholds): with the default, each
 step of heldout-mixed returns 16-32 MB to the system and faults it back (4000-8000 minor
 page faults per step, a number that differs between processes and modes); the tables show
@@ -71,6 +73,8 @@ from typing import Any, Final
 MODES: Final = ("fp32", "torch.autocast", "auto")
 #: ``--noise``: torch.autocast again on its own copy of the model (what 1.00 looks like here)
 AGAIN: Final = "torch.autocast again"
+#: ``--forced``: auto on its own copies with the whole-call verdict forced (not measured)
+FORCED: Final = {"auto as low": "low", "auto as plan": "plan"}
 
 
 def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -201,8 +205,13 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     modes = (*MODES, AGAIN) if args.noise else MODES
     regions[AGAIN] = regions["torch.autocast"]
+    if args.forced:
+        modes = (*modes, *FORCED)
+        regions.update(dict.fromkeys(FORCED, regions["auto"]))
     rounds = orders(modes)
     models = {mode: copy.deepcopy(base) for mode in modes}
+    if args.forced:
+        _force({id(models[mode]): verdict for mode, verdict in FORCED.items()})
     opts = {mode: torch.optim.SGD(models[mode].parameters(), lr=1e-4) for mode in modes}
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     faults: dict[str, list[int]] = {mode: [] for mode in modes}
@@ -248,6 +257,25 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "device": backend.device_name(0),
     }
+
+
+def _force(verdicts: dict[int, str]) -> None:
+    """``--forced``: the roots with these ids run their program as the verdict says (``low``:
+    torch.autocast's program, ``plan``: the mixed one) instead of the whole-call check's
+    (measured for the ``auto`` copy): what each costs in steps, next to what the check says."""
+    from ampcore._auto import _program, _roots
+
+    settle = _roots.settle
+
+    def forced(root: Any, args: Any, kwargs: Any, program: Any, region: Any, plan: Any, sig: Any, clock: Any) -> Any:
+        verdict = verdicts.get(id(root))
+        if verdict is None:
+            return settle(root, args, kwargs, program, region, plan, sig, clock)
+        chosen = program.fixed(verdict)
+        _program.store(root, sig, chosen)
+        return chosen
+
+    _roots.settle = forced
 
 
 def region_cost(rounds: int = 11, calls: int = 2000) -> None:
@@ -367,6 +395,9 @@ def main() -> None:
     )
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
     parser.add_argument("--noise", action="store_true", help=f"add the mode {AGAIN!r}: its own copy, torch.autocast")
+    parser.add_argument(
+        "--forced", action="store_true", help=f"add the modes {', '.join(map(repr, FORCED))}: see _force"
+    )
     parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
     parser.add_argument("--pairs", type=int, default=0, help="only auto vs fp32 step pairs (see pairs)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -449,6 +480,7 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
         "--clock",
         args.clock,
         *(["--noise"] if args.noise else []),
+        *(["--forced"] if args.forced else []),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -483,6 +515,9 @@ def _print(r: dict[str, Any], tables: bool) -> None:
     if AGAIN in t:
         again = statistics.median(a / c for a, c in zip(t[AGAIN], t["torch.autocast"], strict=True))
         print(f"noise: {AGAIN} / torch.autocast, median of per-round ratios {again:.3f} (the same work twice)")
+    for mode in (m for m in FORCED if m in t):
+        ratio = statistics.median(a / c for a, c in zip(t[mode], t["torch.autocast"], strict=True))
+        print(f"forced: {mode} / torch.autocast, median of per-round ratios {ratio:.3f}")
     print(
         f"auto: first step {r['first_auto_ms']:.0f} ms (measuring {r['measure_s']:.1f} s); "
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
