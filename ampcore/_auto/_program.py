@@ -250,14 +250,11 @@ class Running:
                 self.handles.append(module.register_forward_pre_hook(pre))
                 self.handles.append(module.register_forward_hook(post, always_call=True))
 
-    def _mine(self) -> bool:
-        if local.run is not self:
-            return False
-        stack = _thread.stack  # a region nested inside the root call: its own lists
-        return bool(stack) and stack[-1] is self.region
-
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        if not self._mine():
+        if local.run is not self:  # runs on every switched module call: kept lean
+            return None
+        stack = _thread.stack  # a region nested inside the root call: its own lists
+        if not stack or stack[-1] is not self.region:
             return None
         return self.switch(module, args)
 
@@ -269,7 +266,10 @@ class Running:
             torch.set_autocast_enabled(self.device_type, True)
             return None
         torch.set_autocast_enabled(self.device_type, False)
-        return cast_floating(args, torch.float32, self.device_type, low=True)
+        for value in args:  # float32 tensors only (the usual case): the arguments as they are
+            if not isinstance(value, torch.Tensor) or value.dtype in _LOW:
+                return cast_floating(args, torch.float32, self.device_type, low=True)
+        return None
 
     def _post(self, module: nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
         if not self.pushed or self.pushed[-1] is not module or local.run is not self:
