@@ -56,7 +56,6 @@ the three modes of a round alike) with the target of issue 27 (<= 1.03).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -69,6 +68,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
+
+from auto_micro import pairs, region_cost
+from auto_models import build
+from auto_models import loss as loss_of
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
 #: ``--noise``: torch.autocast again on its own copy of the model (what 1.00 looks like here)
@@ -94,87 +97,6 @@ def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 #: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)
 STEADY_MALLOC: Final = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
-#: (big features, big batch, big layers, small features, small batch, small layers)
-_MIXED: Final = {
-    "mixed": (1024, 512, 4, 64, 16, 48),
-    "heldout-mixed": (1536, 384, 3, 48, 8, 40),
-    "heldout-small": (1536, 384, 0, 48, 8, 40),
-    "heldout-wide": (1024, 256, 2, 96, 4, 64),
-    "gpu-mixed": (4096, 4096, 4, 64, 16, 64),
-}
-#: (layers, d_model, heads, feed-forward, batch, tokens)
-_TRANSFORMERS: Final = {"transformer": (4, 256, 4, 1024, 16, 64), "heldout-transformer": (3, 320, 5, 1280, 16, 64)}
-
-
-def _mixed(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]]:
-    import torch
-    from torch import nn
-
-    big, big_batch, big_layers, small, small_batch, small_layers = sizes
-
-    class Mixed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.big = nn.ModuleList(nn.Linear(big, big) for _ in range(big_layers))
-            self.small = nn.ModuleList(nn.Linear(small, small) for _ in range(small_layers))
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            for i, layer in enumerate(self.big):
-                x = layer(x) if i == len(self.big) - 1 else torch.relu(layer(x))
-            for layer in self.small:
-                y = y + torch.tanh(layer(y))
-            return x, y
-
-    data = (torch.rand(big_batch, big, device=device), torch.rand(small_batch, small, device=device))
-    return Mixed().to(device), data
-
-
-def _conv_mixed(device: str) -> tuple[Any, tuple[Any, ...]]:
-    """``heldout-conv``: a convolution part, a GEMM part and small residual layers."""
-    import torch
-    from torch import nn
-
-    gemm, rest = _mixed((1024, 256, 2, 96, 4, 24), device)
-
-    class ConvMixed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv = nn.ModuleList(nn.Conv2d(32, 32, 3, padding=1) for _ in range(2))
-            self.rest = gemm
-
-        def forward(self, image: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            image = self.conv[1](torch.relu(self.conv[0](image)))
-            return (image, *self.rest(x, y))
-
-    data = (torch.rand(16, 32, 32, 32, device=device), *rest)
-    return ConvMixed().to(device), data
-
-
-def _build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
-    import torch
-    from torch import nn
-
-    if name in _MIXED:
-        return _mixed(_MIXED[name], device)
-    if name == "heldout-conv":
-        return _conv_mixed(device)
-    if name in _TRANSFORMERS:
-        layers, d, heads, ff, batch, tokens = _TRANSFORMERS[name]
-        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
-        model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        return model.to(device), (torch.randn(batch, tokens, d, device=device),)
-    if name == "seed":
-        from ampcore._cli.experiment import SeedNet
-
-        return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
-    raise SystemExit(f"unknown model {name!r}; valid: {', '.join([*_MIXED, 'heldout-conv', *_TRANSFORMERS, 'seed'])}")
-
-
-def _loss(out: Any, inputs: tuple[Any, ...]) -> Any:
-    from torch import nn
-
-    outs = out if isinstance(out, tuple) else (out,)
-    return sum(nn.functional.mse_loss(o.float(), i) for o, i in zip(outs, inputs, strict=True))
 
 
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -195,7 +117,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         torch.set_flush_denormal(True)
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base, data = _build(name, device_type)
+    base, data = build(name, device_type)
     dtype = backend.check_dtype(None)
     auto_region = ampcore.autocast(args.device, level="auto")
     regions: dict[str, Callable[[], Any]] = {
@@ -224,7 +146,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
             start = clock()
             with regions[mode]():
                 out = models[mode](*data)
-                loss = _loss(out, data)
+                loss = loss_of(out, data)
             loss.backward()
             opts[mode].step()
             opts[mode].zero_grad(set_to_none=True)
@@ -276,90 +198,6 @@ def _force(verdicts: dict[int, str]) -> None:
         return chosen
 
     _roots.settle = forced
-
-
-def region_cost(rounds: int = 11, calls: int = 2000) -> None:
-    """What an auto region costs to enter and leave against an O1 region, empty and around
-    a call of a 3-module model whose program is settled (all float32: it runs as float32
-    does), and a plain call of that model after auto regions (no hook runs there): medians
-    of ``rounds`` interleaved rounds of ``calls`` calls, in us."""
-    import warnings
-
-    import torch
-
-    import ampcore
-
-    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
-    torch.set_num_threads(1)
-    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
-    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(2, 8)
-
-    def enter(region: Any, call: bool) -> Callable[[], None]:
-        def run() -> None:
-            with region:  # one place in the code for every case: the root is known there
-                if call:
-                    model(x)
-
-        return run
-
-    for _ in range(3):
-        enter(auto, True)()  # measured and recorded: a program from the third call on
-    cases = {
-        "O1 region enter/exit": enter(o1, False),
-        "auto region enter/exit": enter(auto, False),
-        "O1 region, 3-module call": enter(o1, True),
-        "auto region, 3-module call": enter(auto, True),
-        "plain 3-module call after auto": lambda: model(x),
-    }
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            start = time.process_time()
-            for _ in range(calls):
-                run()
-            times[name].append((time.process_time() - start) / calls * 1e6)
-    for name, values in times.items():
-        print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
-
-
-def pairs(name: str, count: int) -> None:
-    """auto against fp32 on ``name``, one training step of each in turn, ``count`` times in
-    one process: the median of the per-pair ratios (robust to a loaded machine's drift),
-    next to an O1 region around the float32 step (what any region costs)."""
-    import warnings
-
-    import torch
-
-    import ampcore
-
-    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    torch.manual_seed(0)
-    base, data = _build(name, "cpu")
-    models = {mode: copy.deepcopy(base) for mode in ("fp32", "auto", "O1 region, fp32 inside")}
-    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
-
-    def step(mode: str) -> None:
-        model = models[mode]
-        outer = auto if mode == "auto" else o1 if mode.startswith("O1") else torch.autocast("cpu", enabled=False)
-        inner = contextlib.nullcontext() if mode == "auto" else torch.autocast("cpu", enabled=False)
-        with outer, inner:
-            loss = _loss(model(*data), data)
-        loss.backward()
-        for p in model.parameters():
-            p.grad = None
-
-    times: dict[str, list[float]] = {mode: [] for mode in models}
-    for round_ in range(count + 20):
-        for mode in models:
-            start = time.perf_counter()
-            step(mode)
-            if round_ >= 20:
-                times[mode].append(time.perf_counter() - start)
-    for mode in ("auto", "O1 region, fp32 inside"):
-        ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
-        print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
 
 
 def _load() -> str:
