@@ -362,3 +362,22 @@ def ampcore_auto_costs(shape_class: str, dtype: torch.dtype) -> Mapping[str, flo
     Use in plugins: a table from the vendor's own cost model or profiler; ``None`` for
     classes it does not know.
     """
+
+
+@hookspec
+def ampcore_auto_load(device_index: int) -> float | None:
+    """How busy *other* work keeps device ``device_index`` right now, for ``level="auto"``:
+    0.0 idle, 1.0 as much other work as the device has units (CPU cores, ...), more when
+    work queues; ``None`` when the adapter cannot tell.
+
+    A whole-call check measured while this is over 0.5 (or whose ratios spread widely) is
+    kept as *provisional* and measured again by a later process, at most three times in all
+    (docs/auto.md, "A verdict measured on a busy machine heals"): another program on the
+    device can shift a whole measurement at once.
+
+    Core default: ``None`` (only the spread of the measurement marks it provisional).
+
+    Use in plugins: cheap, no synchronisation; exclude this process's own work where you
+    can (the CPU adapter: the load average minus this process's threads, over the usable
+    cores).
+    """

@@ -12,6 +12,8 @@ see ``ampcore_backends._ipex``); ``ampcore info`` shows IPEX's state.
 
 from __future__ import annotations
 
+import math
+import os
 import platform
 from collections.abc import Mapping
 from typing import Final
@@ -204,3 +206,44 @@ def ampcore_memory(reset_peak: bool) -> dict[str, int | None]:
     if reset_peak:
         reset_peak_rss()
     return {"in_use": _status_field("VmRSS"), "peak": _status_field("VmHWM")}
+
+
+@hookimpl
+def ampcore_auto_load() -> float | None:
+    """Other work on the host: the 1-minute load average minus what this process's threads
+    have put into it, over the cores this process may use (None where the OS has no load
+    average)."""
+    return host_load(torch.get_num_threads())
+
+
+def host_load(own_threads: int) -> float | None:
+    """The others' share of this process's cores by the load average (see ampcore_auto_load).
+
+    The load average follows runnable threads with a one-minute time constant, so a process
+    that started ``t`` seconds ago has put ``own_threads * (1 - exp(-t / 60))`` into it, not
+    all of ``own_threads`` (a young process subtracting all of it would hide a busy host).
+
+    Example::
+
+        >>> load = host_load(1)
+        >>> load is None or load >= 0.0
+        True
+    """
+    try:
+        average = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0.0, average - own_threads * _own_share()) / max(1, cores)
+
+
+def _own_share() -> float:
+    """How much of one always-runnable thread of this process the load average holds now
+    (1.0 where the process's age cannot be read)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            age = float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 1.0
+    return 1.0 - math.exp(-max(0.0, age) / 60.0)

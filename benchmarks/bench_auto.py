@@ -7,6 +7,11 @@ Models (training steps: forward, MSE loss, backward, SGD):
 * ``heldout-mixed``: the same kind at the sizes of issue 27: 3 x ``Linear(1536)`` on a batch
   of 384 plus 40 small residual ``Linear(48)`` on a batch of 8 (``heldout-small``: its 40
   small layers alone, the part where auto can beat torch.autocast);
+* ``heldout-wide``: other sizes of the same kind: 2 x ``Linear(1024)`` on a batch of 256 plus
+  64 small residual ``Linear(96)`` on a batch of 4;
+* ``heldout-conv``: three parts of other shapes: 2 x ``Conv2d(32, 32, 3)`` on 16 x 32 x 32
+  images (ReLU between), 2 x ``Linear(1024)`` on a batch of 256, 24 small residual
+  ``Linear(96)`` on a batch of 4;
 * ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward
   1024, dropout 0.1, batch_first) on batch 16 x 64 tokens;
 * ``heldout-transformer``: 3 layers, d_model 320, 5 heads, feed-forward 1280, batch 16 x 64;
@@ -28,7 +33,9 @@ mode follows each other mode equally often (:func:`orders`): a step that runs ri
 the float32 step pays for what that step left behind (caches, the allocator's free lists),
 2-12% on heldout-mixed; a rotation of one order put torch.autocast after fp32 in two rounds
 of three and auto in one.  ``--noise`` adds torch.autocast again on its own copy of the
-model (what 1.00 looks like in that process).  ``--malloc steady`` runs the processes with glibc's allocator told
+model (what 1.00 looks like in that process); ``--forced`` adds auto on two more copies
+whose whole-call verdict is forced to ``low`` and to ``plan`` (what each program costs in
+steps, whatever the check said).  ``--malloc steady`` runs the processes with glibc's allocator told
 to keep freed memory (``GLIBC_TUNABLES`` mmap and trim thresholds): with the default, each
 step of heldout-mixed returns 16-32 MB to the system and faults it back (4000-8000 minor
 page faults per step, a number that differs between processes and modes); the tables show
@@ -49,7 +56,6 @@ the three modes of a round alike) with the target of issue 27 (<= 1.03).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -63,9 +69,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from auto_micro import pairs, region_cost
+from auto_models import build
+from auto_models import loss as loss_of
+
 MODES: Final = ("fp32", "torch.autocast", "auto")
 #: ``--noise``: torch.autocast again on its own copy of the model (what 1.00 looks like here)
 AGAIN: Final = "torch.autocast again"
+#: ``--forced``: auto on its own copies with the whole-call verdict forced (not measured)
+FORCED: Final = {"auto as low": "low", "auto as plan": "plan"}
 
 
 def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -85,63 +97,6 @@ def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 #: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)
 STEADY_MALLOC: Final = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
-#: (big features, big batch, big layers, small features, small batch, small layers)
-_MIXED: Final = {
-    "mixed": (1024, 512, 4, 64, 16, 48),
-    "heldout-mixed": (1536, 384, 3, 48, 8, 40),
-    "heldout-small": (1536, 384, 0, 48, 8, 40),
-    "gpu-mixed": (4096, 4096, 4, 64, 16, 64),
-}
-#: (layers, d_model, heads, feed-forward, batch, tokens)
-_TRANSFORMERS: Final = {"transformer": (4, 256, 4, 1024, 16, 64), "heldout-transformer": (3, 320, 5, 1280, 16, 64)}
-
-
-def _mixed(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]]:
-    import torch
-    from torch import nn
-
-    big, big_batch, big_layers, small, small_batch, small_layers = sizes
-
-    class Mixed(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.big = nn.ModuleList(nn.Linear(big, big) for _ in range(big_layers))
-            self.small = nn.ModuleList(nn.Linear(small, small) for _ in range(small_layers))
-
-        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            for i, layer in enumerate(self.big):
-                x = layer(x) if i == len(self.big) - 1 else torch.relu(layer(x))
-            for layer in self.small:
-                y = y + torch.tanh(layer(y))
-            return x, y
-
-    data = (torch.rand(big_batch, big, device=device), torch.rand(small_batch, small, device=device))
-    return Mixed().to(device), data
-
-
-def _build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
-    import torch
-    from torch import nn
-
-    if name in _MIXED:
-        return _mixed(_MIXED[name], device)
-    if name in _TRANSFORMERS:
-        layers, d, heads, ff, batch, tokens = _TRANSFORMERS[name]
-        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
-        model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        return model.to(device), (torch.randn(batch, tokens, d, device=device),)
-    if name == "seed":
-        from ampcore._cli.experiment import SeedNet
-
-        return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
-    raise SystemExit(f"unknown model {name!r}; valid: {', '.join([*_MIXED, *_TRANSFORMERS, 'seed'])}")
-
-
-def _loss(out: Any, inputs: tuple[Any, ...]) -> Any:
-    from torch import nn
-
-    outs = out if isinstance(out, tuple) else (out,)
-    return sum(nn.functional.mse_loss(o.float(), i) for o, i in zip(outs, inputs, strict=True))
 
 
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -155,11 +110,14 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     backend = resolve_device(args.device).backend
     device_type = backend.device_type
+    if args.clock == "cpu" and device_type != "cpu":
+        raise SystemExit("--clock cpu times this process's CPU time: for --device cpu only")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if device_type == "cpu":
         torch.set_flush_denormal(True)
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base, data = _build(name, device_type)
+    base, data = build(name, device_type)
     dtype = backend.check_dtype(None)
     auto_region = ampcore.autocast(args.device, level="auto")
     regions: dict[str, Callable[[], Any]] = {
@@ -169,8 +127,13 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     modes = (*MODES, AGAIN) if args.noise else MODES
     regions[AGAIN] = regions["torch.autocast"]
+    if args.forced:
+        modes = (*modes, *FORCED)
+        regions.update(dict.fromkeys(FORCED, regions["auto"]))
     rounds = orders(modes)
     models = {mode: copy.deepcopy(base) for mode in modes}
+    if args.forced:
+        _force({id(models[mode]): verdict for mode, verdict in FORCED.items()})
     opts = {mode: torch.optim.SGD(models[mode].parameters(), lr=1e-4) for mode in modes}
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     faults: dict[str, list[int]] = {mode: [] for mode in modes}
@@ -180,15 +143,15 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         for mode in rounds[(round_ - args.warmup) % len(rounds)]:
             synchronize(backend)
             flt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            start = time.perf_counter()
+            start = clock()
             with regions[mode]():
                 out = models[mode](*data)
-                loss = _loss(out, data)
+                loss = loss_of(out, data)
             loss.backward()
             opts[mode].step()
             opts[mode].zero_grad(set_to_none=True)
             synchronize(backend)
-            elapsed = (time.perf_counter() - start) * 1e3
+            elapsed = (clock() - start) * 1e3
             losses[mode] = float(loss)
             if mode == "auto" and first_auto_ms is None:
                 first_auto_ms = elapsed
@@ -208,6 +171,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "decisions": {key: e.decision for key, e in plan.entries.items()},
         "roots": {
             key: [c.verdict, c.plan_over_low, c.plan_over_fp32, c.spread, c.runs, c.source]
+            + [c.load, c.checks, c.provisional]
             for key, c in plan.roots.items()
         },
         "sources": sorted({e.source for e in plan.entries.values()}),
@@ -217,88 +181,23 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def region_cost(rounds: int = 11, calls: int = 2000) -> None:
-    """What an auto region costs to enter and leave against an O1 region, empty and around
-    a call of a 3-module model whose program is settled (all float32: it runs as float32
-    does), and a plain call of that model after auto regions (no hook runs there): medians
-    of ``rounds`` interleaved rounds of ``calls`` calls, in us."""
-    import warnings
+def _force(verdicts: dict[int, str]) -> None:
+    """``--forced``: the roots with these ids run their program as the verdict says (``low``:
+    torch.autocast's program, ``plan``: the mixed one) instead of the whole-call check's
+    (measured for the ``auto`` copy): what each costs in steps, next to what the check says."""
+    from ampcore._auto import _program, _roots
 
-    import torch
+    settle = _roots.settle
 
-    import ampcore
+    def forced(root: Any, args: Any, kwargs: Any, program: Any, region: Any, plan: Any, sig: Any, clock: Any) -> Any:
+        verdict = verdicts.get(id(root))
+        if verdict is None:
+            return settle(root, args, kwargs, program, region, plan, sig, clock)
+        chosen = program.fixed(verdict)
+        _program.store(root, sig, chosen)
+        return chosen
 
-    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
-    torch.set_num_threads(1)
-    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
-    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(2, 8)
-
-    def enter(region: Any, call: bool) -> Callable[[], None]:
-        def run() -> None:
-            with region:  # one place in the code for every case: the root is known there
-                if call:
-                    model(x)
-
-        return run
-
-    for _ in range(3):
-        enter(auto, True)()  # measured and recorded: a program from the third call on
-    cases = {
-        "O1 region enter/exit": enter(o1, False),
-        "auto region enter/exit": enter(auto, False),
-        "O1 region, 3-module call": enter(o1, True),
-        "auto region, 3-module call": enter(auto, True),
-        "plain 3-module call after auto": lambda: model(x),
-    }
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, run in cases.items():
-            start = time.process_time()
-            for _ in range(calls):
-                run()
-            times[name].append((time.process_time() - start) / calls * 1e6)
-    for name, values in times.items():
-        print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
-
-
-def pairs(name: str, count: int) -> None:
-    """auto against fp32 on ``name``, one training step of each in turn, ``count`` times in
-    one process: the median of the per-pair ratios (robust to a loaded machine's drift),
-    next to an O1 region around the float32 step (what any region costs)."""
-    import warnings
-
-    import torch
-
-    import ampcore
-
-    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    torch.manual_seed(0)
-    base, data = _build(name, "cpu")
-    models = {mode: copy.deepcopy(base) for mode in ("fp32", "auto", "O1 region, fp32 inside")}
-    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
-
-    def step(mode: str) -> None:
-        model = models[mode]
-        outer = auto if mode == "auto" else o1 if mode.startswith("O1") else torch.autocast("cpu", enabled=False)
-        inner = contextlib.nullcontext() if mode == "auto" else torch.autocast("cpu", enabled=False)
-        with outer, inner:
-            loss = _loss(model(*data), data)
-        loss.backward()
-        for p in model.parameters():
-            p.grad = None
-
-    times: dict[str, list[float]] = {mode: [] for mode in models}
-    for round_ in range(count + 20):
-        for mode in models:
-            start = time.perf_counter()
-            step(mode)
-            if round_ >= 20:
-                times[mode].append(time.perf_counter() - start)
-    for mode in ("auto", "O1 region, fp32 inside"):
-        ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
-        print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
+    _roots.settle = forced
 
 
 def _load() -> str:
@@ -318,6 +217,12 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1: stable on a shared machine)")
     parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time per step (page faults included, time waiting for a core not)",
+    )
+    parser.add_argument(
         "--malloc", choices=("default", "steady"), default="default", help="steady: glibc keeps freed memory"
     )
     parser.add_argument(
@@ -328,6 +233,9 @@ def main() -> None:
     )
     parser.add_argument("--tables", action="store_true", help="print auto's plan table of each process")
     parser.add_argument("--noise", action="store_true", help=f"add the mode {AGAIN!r}: its own copy, torch.autocast")
+    parser.add_argument(
+        "--forced", action="store_true", help=f"add the modes {', '.join(map(repr, FORCED))}: see _force"
+    )
     parser.add_argument("--region-cost", action="store_true", help="only time region enter/exit (see region_cost)")
     parser.add_argument("--pairs", type=int, default=0, help="only auto vs fp32 step pairs (see pairs)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -407,7 +315,10 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
         str(args.warmup),
         "--threads",
         str(args.threads),
+        "--clock",
+        args.clock,
         *(["--noise"] if args.noise else []),
+        *(["--forced"] if args.forced else []),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -442,15 +353,19 @@ def _print(r: dict[str, Any], tables: bool) -> None:
     if AGAIN in t:
         again = statistics.median(a / c for a, c in zip(t[AGAIN], t["torch.autocast"], strict=True))
         print(f"noise: {AGAIN} / torch.autocast, median of per-round ratios {again:.3f} (the same work twice)")
+    for mode in (m for m in FORCED if m in t):
+        ratio = statistics.median(a / c for a, c in zip(t[mode], t["torch.autocast"], strict=True))
+        print(f"forced: {mode} / torch.autocast, median of per-round ratios {ratio:.3f}")
     print(
         f"auto: first step {r['first_auto_ms']:.0f} ms (measuring {r['measure_s']:.1f} s); "
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
         f"{len(r['decisions']) - low} float32; hooks left after the regions: {r['hooks_left']}"
     )
-    for key, (verdict, over_low, over_fp32, spread, runs, source) in r["roots"].items():
+    for key, (verdict, over_low, over_fp32, spread, runs, source, load, checks, again) in r["roots"].items():
+        state = f"load {'-' if load is None else f'{load:.2f}'}, check {checks}{' provisional' if again else ''}"
         print(
             f"whole-call check ({source}): {key}: program / low {over_low:.3f}, / fp32 {over_fp32:.3f}, "
-            f"spread {spread:.3f}, {runs} rounds -> runs as {verdict}"
+            f"spread {spread:.3f}, {runs} rounds, {state} -> runs as {verdict}"
         )
     if tables:
         print(r["table"])

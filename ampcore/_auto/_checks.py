@@ -9,22 +9,64 @@ lists alone (``low``: what torch.autocast runs) and in float32 (``fp32``), and k
 where it wins beyond the noise.  A :class:`RootCheck` is that measurement and its
 verdict; :func:`choose` is the pure rule, applied again to figures read from a cache or a
 plan file (a verdict that does not follow from its figures is refused).
+
+A check measured on a busy device (the adapter's ``ampcore_auto_load`` over
+:data:`BUSY_LOAD`) or whose ratios spread over :data:`NOISY_SPREAD` is *provisional*
+(:func:`provisional`): other work on the device can shift a whole check's ratios at once
+(the rounds are paired, so a shift shows as a win, not as spread), so a later process checks
+it again (:func:`recheck`), at most :data:`MAX_CHECKS` measurements in all, and keeps the
+quieter one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
 
 from ._costs import MARGIN, finite
 
-__all__ = ["VERDICTS", "RootCheck", "Verdict", "check_from_mapping", "choose"]
+__all__ = [
+    "BUSY_LOAD",
+    "MAX_CHECKS",
+    "NOISY_SPREAD",
+    "VERDICTS",
+    "RootCheck",
+    "Verdict",
+    "check_from_mapping",
+    "choose",
+    "provisional",
+    "recheck",
+]
 
 Verdict = Literal["plan", "low", "fp32"]
 VERDICTS: Final = ("plan", "low", "fp32")
 _MS: Final = ("plan_ms", "low_ms", "fp32_ms")
 _RATIOS: Final = ("plan_over_low", "plan_over_fp32")
+#: a check whose per-round ratios spread more than this is provisional (quiet CPUs: 0.07)
+NOISY_SPREAD: Final = 0.10
+#: a check measured while other work kept more than this share of the device busy (the
+#: adapter's ``ampcore_auto_load``) is provisional
+BUSY_LOAD: Final = 0.5
+#: measurements of one whole call at most, across processes (the first and two re-checks)
+MAX_CHECKS: Final = 3
+
+
+def provisional(spread: float, load: float | None, checks: int) -> bool:
+    """Whether a whole-call check is to be measured again in a later process: it was noisy
+    (``spread`` over :data:`NOISY_SPREAD`) or measured on a busy device (``load`` over
+    :data:`BUSY_LOAD`; None: the adapter does not say), and fewer than :data:`MAX_CHECKS`
+    measurements were made.
+
+    Example::
+
+        >>> provisional(0.05, 0.1, 1), provisional(0.15, 0.1, 1), provisional(0.05, 2.0, 1)
+        (False, True, True)
+        >>> provisional(0.15, None, 3)   # three measurements: final
+        False
+    """
+    busy = load is not None and load > BUSY_LOAD
+    return checks < MAX_CHECKS and (spread > NOISY_SPREAD or busy)
 
 
 def choose(low_ms: float, fp32_ms: float, plan_over_low: float, plan_over_fp32: float, spread: float) -> Verdict:
@@ -62,17 +104,25 @@ class RootCheck:
     spread: float
     runs: int
     verdict: Verdict
+    #: the adapter's load of the device while it was measured (None: not reported)
+    load: float | None = None
+    #: measurements made of this whole call (across processes; see :func:`recheck`)
+    checks: int = 1
+    #: to be measured again by a later process (:func:`provisional`)
+    provisional: bool = False
     source: str = "measured"
 
     @classmethod
-    def of(cls, times: Mapping[str, list[float]], source: str = "measured") -> RootCheck:
+    def of(cls, times: Mapping[str, list[float]], load: float | None = None, source: str = "measured") -> RootCheck:
         """The check of ``times`` (``"plan"``, ``"low"``, ``"fp32"``: one figure per round,
-        in the same rounds).
+        in the same rounds), measured at ``load``.
 
         Example::
 
             >>> RootCheck.of({"plan": [9.0, 9.1, 9.0], "low": [10.0, 10.0, 10.1], "fp32": [20.0] * 3}).verdict
             'plan'
+            >>> RootCheck.of({"plan": [9.0] * 3, "low": [10.0] * 3, "fp32": [20.0] * 3}, load=1.5).provisional
+            True
         """
         from ._measure import summary
 
@@ -82,12 +132,35 @@ class RootCheck:
         spread = max(low_spread, fp32_spread)
         verdict = choose(med["low"], med["fp32"], over_low, over_fp32, spread)
         runs = len(times["plan"])
-        return cls(med["plan"], med["low"], med["fp32"], over_low, over_fp32, spread, runs, verdict, source)
+        figures = (med["plan"], med["low"], med["fp32"], over_low, over_fp32, spread, runs, verdict)
+        return cls(*figures, load, 1, provisional(spread, load, 1), source)
 
     def as_dict(self) -> dict[str, Any]:
         found = asdict(self)
         del found["source"]
         return found
+
+
+def recheck(old: RootCheck, new: RootCheck) -> RootCheck:
+    """What a later process keeps after measuring a provisional check ``old`` again as
+    ``new``: ``new`` when it is not noisy or busy itself or spreads no more than ``old``,
+    else ``old``; either way one more measurement counted (provisional until
+    :data:`MAX_CHECKS`).
+
+    Example::
+
+        >>> busy = RootCheck.of({"plan": [8.0] * 3, "low": [10.0] * 3, "fp32": [20.0] * 3}, load=2.0)
+        >>> quiet = RootCheck.of({"plan": [10.0] * 3, "low": [10.0] * 3, "fp32": [20.0] * 3}, load=0.1)
+        >>> kept = recheck(busy, quiet)
+        >>> kept.verdict, kept.checks, kept.provisional
+        ('low', 2, False)
+        >>> kept = recheck(recheck(busy, busy), busy)
+        >>> kept.verdict, kept.checks, kept.provisional   # three busy measurements: final
+        ('plan', 3, False)
+    """
+    best = new if not new.provisional or new.spread <= old.spread else old
+    checks = old.checks + 1
+    return replace(best, checks=checks, provisional=provisional(best.spread, best.load, checks), source=new.source)
 
 
 def check_from_mapping(raw: object, source: str) -> RootCheck:
@@ -123,10 +196,33 @@ def check_from_mapping(raw: object, source: str) -> RootCheck:
     verdict = raw.get("verdict")
     if verdict not in VERDICTS:
         raise ValueError(f"verdict {verdict!r}; valid: {', '.join(map(repr, VERDICTS))}")
-    unknown = sorted(str(k) for k in raw if k not in (*values, "runs", "verdict"))
+    unknown = sorted(str(k) for k in raw if k not in (*values, "runs", "verdict", *_LATER))
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(unknown)}")
     given = choose(*(values[name] for name in ("low_ms", "fp32_ms", *_RATIOS, "spread")))
     if given != verdict:
         raise ValueError(f"verdict {verdict!r} does not follow from the figures (they give {given!r})")
-    return RootCheck(**values, runs=runs, verdict=verdict, source=source)
+    load, checks, marked = _state(raw, values["spread"])
+    return RootCheck(**values, runs=runs, verdict=verdict, load=load, checks=checks, provisional=marked, source=source)
+
+
+#: fields added after the first whole-call checks were cached (absent: load unknown, one
+#: measurement, provisional as its spread says)
+_LATER: Final = ("load", "checks", "provisional")
+
+
+def _state(raw: Mapping[str, Any], spread: float) -> tuple[float | None, int, bool]:
+    """The checked ``load``, ``checks`` and ``provisional`` of a stored check (a mark that
+    does not follow from the spread, load and count is refused: a hand-edited "final")."""
+    load: Any = raw.get("load")
+    number = isinstance(load, (int, float)) and not isinstance(load, bool)
+    if load is not None and (not number or not finite(load) or load < 0):
+        raise ValueError(f"load = {load!r}: expected None or a finite number >= 0")
+    checks = raw.get("checks", 1)
+    if not isinstance(checks, int) or isinstance(checks, bool) or not 1 <= checks <= MAX_CHECKS:
+        raise ValueError(f"checks = {checks!r}: expected a whole number from 1 to {MAX_CHECKS}")
+    expected = provisional(spread, load, checks)
+    marked = raw.get("provisional", expected)
+    if marked is not expected:
+        raise ValueError(f"provisional = {marked!r} does not follow from spread, load and checks ({expected})")
+    return None if load is None else float(load), checks, expected

@@ -139,6 +139,16 @@ def clock_of(region: Any) -> Clock | None:
     return _clock(region)
 
 
+def load_of(region: Any) -> float | None:
+    """How busy other work keeps ``region``'s device, by the adapter's ``ampcore_auto_load``
+    hook (None: the adapter does not say)."""
+    hook = region.spec.backend.hook("ampcore_auto_load")
+    if hook is None:
+        return None
+    found: float | None = hook(device_index=getattr(region.owner, "device_index", None) or 0)
+    return found
+
+
 def can_measure(region: Any, plan: AutoPlan) -> bool:
     """Whether a class ``plan`` lacks can still be measured in ``region``."""
     return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None

@@ -246,15 +246,19 @@ class AutoPlan:
         if not self.roots:
             return []
         rows: list[tuple[str, ...]] = [("whole call (mixed program)", "plan ms", "low ms", "fp32 ms", "plan/low")]
-        rows[0] += ("plan/fp32", "spread", "runs", "runs as", "source")
+        rows[0] += ("plan/fp32", "spread", "runs", "load", "checks", "runs as", "source")
         for key, c in sorted(self.roots.items()):
             ms = (f"{c.plan_ms:.3f}", f"{c.low_ms:.3f}", f"{c.fp32_ms:.3f}")
             ratios = (f"{c.plan_over_low:.3f}", f"{c.plan_over_fp32:.3f}", f"{c.spread:.3f}")
-            rows.append((key, *ms, *ratios, str(c.runs), c.verdict, c.source))
+            load = "-" if c.load is None else f"{c.load:.2f}"
+            checks = f"{c.checks} provisional" if c.provisional else str(c.checks)
+            rows.append((key, *ms, *ratios, str(c.runs), load, checks, c.verdict, c.source))
         foot = (
             "a mixed program is timed as a whole against the O1 lists alone (low) and float32, "
             "interleaved; plan/low, plan/fp32: medians of per-round ratios; it runs as planned only "
-            "where it wins beyond the spread (at least 3%), else as the better fixed choice"
+            "where it wins beyond the spread (at least 3%), else as the better fixed choice; load: "
+            "other work on the device meanwhile (the adapter's; -: not reported); provisional: "
+            "measured busy or noisy, a later process measures it again"
         )
         return ["", *format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None), foot]
 

@@ -28,7 +28,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from ._checks import RootCheck
+from ._checks import RootCheck, recheck
 from ._costs import MARGIN, SPREAD_BOUND
 from ._measure import MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
 from ._plan import AutoPlan
@@ -83,14 +83,18 @@ def settle(
     """What ``root`` runs for ``sig``: ``program`` when it is not mixed or wins its
     whole-call check, else the better fixed choice (:meth:`Program.fixed`); checked once
     (``clock`` None: nothing can be measured, the program runs as recorded), cached in
-    ``plan`` and stored as the root's program."""
+    ``plan`` and stored as the root's program.  A provisional check read from the cache
+    (measured busy or noisy by an earlier process) is measured again once in this process
+    (:func:`~._checks.recheck`)."""
     if not program.mixed() or any(r() is root for r in program.planned):  # a planned root: its own hooks
         chosen = program.fixed("plan")
     else:
         key = root_key(root, sig, program)
         check = plan.roots.get(key)
-        if check is None and clock is not None:
-            check = _check(root, args, kwargs, program, region, clock)
+        again = check is not None and check.provisional and check.source == "cache"  # by an earlier process
+        if (check is None or again) and clock is not None and not plan.frozen:
+            found = _check(root, args, kwargs, program, region, clock)
+            check = found if check is None else recheck(check, found)
             plan.set_root(key, check)
             from ._cache import write_cache
 
@@ -110,6 +114,7 @@ def _check(
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
     buffers = [(b, b.detach().clone()) for b in root.buffers()]
     runs = {name: _run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES}
+    loads = [_hooks.load_of(region)]
     start = time.perf_counter()
     _prog.measuring = True
     try:
@@ -119,6 +124,7 @@ def _check(
             if left_ms > 0 and _doubtful(RootCheck.of(times), program.saving_ms):  # once more, rounds added
                 again = _rounds(clock, runs, min(PER_ROOT_MS, left_ms))
                 times = {name: times[name] + again[name] for name in times}
+        loads.append(_hooks.load_of(region))
     finally:
         _prog.measuring = False
         with torch.no_grad():
@@ -126,7 +132,8 @@ def _check(
                 buffer.copy_(saved)
         with _hooks._process.lock:
             _hooks._process.spent_s += time.perf_counter() - start
-    return RootCheck.of(times)
+    known = [load for load in loads if load is not None]
+    return RootCheck.of(times, max(known) if known else None)
 
 
 def _doubtful(check: RootCheck, saving_ms: float) -> bool:

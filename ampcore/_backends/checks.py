@@ -138,7 +138,12 @@ _RESULTS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
     "ampcore_device_overflow_flag": (lambda v: v is None or _flag(v), "a one-element tensor or None, on the device"),
     "ampcore_prepare_o2": (lambda v: v is None or _prepared(v), "None or a (model, optimizer) tuple"),
     "ampcore_backend_info": (lambda v: isinstance(v, Mapping), "a dict of name -> one line of text"),
+    "ampcore_auto_load": (lambda v: v is None or _is_load(v), "None or a finite number >= 0 (float)"),
 }
+
+
+def _is_load(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
 
 
 def result_problem(hook: str, value: object) -> str | None:

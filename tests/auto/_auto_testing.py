@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 
 import ampcore
-from ampcore._auto import _roots
+from ampcore._auto import _hooks, _roots
 from ampcore._auto._cache import forget_plans
 
 
 @pytest.fixture
 def auto_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
-    """A plan cache under ``tmp_path``, plans and roots forgotten before and after, and
-    ampcore's warnings (measurement notes) silenced."""
+    """A plan cache under ``tmp_path``, plans and roots forgotten before and after, ampcore's
+    warnings (measurement notes) silenced, and the adapter's load not asked (the machine's
+    load must not decide what a test sees: tests that need a load set ``_hooks.load_of``)."""
     monkeypatch.setenv("AMPCORE_AUTO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_hooks, "load_of", lambda region: None)
     forget_plans()
     _roots.forget()
     with warnings.catch_warnings():

@@ -239,6 +239,33 @@ def test_an_exception_in_a_root_leaves_no_hook_and_autocast_as_it_was() -> None:
         assert not torch.nn.modules.module._global_forward_pre_hooks and not net._forward_hooks
 
 
+def test_the_switched_modules_carry_hooks_only_during_their_root_call() -> None:
+    """The instance hooks of a program go into the modules' hook dicts for the root call and
+    out again after it, also when the call raises (no handle objects to leak)."""
+    seen: list[int] = []
+
+    class Watched(Net):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            layers = [*self.big, *self.small]
+            seen.append(sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in layers))
+            if self.boom:
+                raise KeyboardInterrupt  # skips torch's always-call hooks
+            return super().forward(x, y)
+
+    net, x, y = Watched(big=1, small=2, relu=False), torch.randn(4, 32), torch.randn(4, 8)
+    net.boom = False
+    _plan(net, x, y, big="low", small="fp32")
+    for _ in range(3):
+        _step(net, x, y)
+    net.boom = True
+    with pytest.raises(KeyboardInterrupt):
+        _step(net, x, y)  # the same place in the code: the root's program runs
+    assert seen[-2:] == [2, 2]  # two hooks on the one switched module (the low one) while the program runs
+    for module in net.modules():
+        assert not (module._forward_pre_hooks or module._forward_hooks or module._forward_hooks_always_called)
+    assert not torch.is_autocast_enabled("cpu") and _program.local.run is None
+
+
 def test_a_region_nested_inside_a_float32_default_root_runs_its_own_lists() -> None:
     class Inner(Net):
         def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

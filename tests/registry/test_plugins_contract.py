@@ -34,6 +34,7 @@ CONTRACT_2_HOOKS = (
     "ampcore_synchronize",
     "ampcore_backend_info",
     "ampcore_auto_costs",
+    "ampcore_auto_load",
 )
 
 #: Modules of the first-party backends and the plugin templates.
@@ -66,9 +67,9 @@ def _adapter(contract: object = hookspec.CONTRACT_VERSION, **hooks: object) -> o
 # -- hooks -------------------------------------------------------------------------------
 
 
-def test_contract_2_has_fourteen_hooks_one_required() -> None:
+def test_contract_2_has_fifteen_hooks_one_required() -> None:
     assert tuple(_hooks()) == CONTRACT_2_HOOKS
-    assert len(CONTRACT_2_HOOKS) == 14 and hookspec.REQUIRED_HOOKS == ("ampcore_backend",)
+    assert len(CONTRACT_2_HOOKS) == 15 and hookspec.REQUIRED_HOOKS == ("ampcore_backend",)
     assert hookspec.CONTRACT_VERSION == 2 and hookspec.SUPPORTED_CONTRACTS == (1, 2)
     assert hookspec.DEPRECATED_CONTRACTS == (1,)
 

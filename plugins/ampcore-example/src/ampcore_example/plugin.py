@@ -212,3 +212,10 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 #     @hookimpl
 #     def ampcore_auto_costs(shape_class, dtype) -> dict[str, float] | None:
 #         return torch_myvendor.cost_table.get((shape_class, dtype))  # {"fp32_ms", "low_ms"}
+#
+# How busy other work keeps the device (1.0: as much as it has units; None: cannot tell);
+# level="auto" measures a whole-call verdict again in a later process when it was busy:
+#
+#     @hookimpl
+#     def ampcore_auto_load(device_index) -> float | None:
+#         return torch_myvendor.utilization_by_others(device_index)  # cheap, no synchronisation

@@ -1,0 +1,97 @@
+"""The micro-benchmarks of ``bench_auto.py``: ``--region-cost`` (what an auto region costs
+to enter and leave) and ``--pairs`` (auto against fp32, step by step)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from auto_models import build, loss
+
+
+def region_cost(rounds: int = 11, calls: int = 2000) -> None:
+    """What an auto region costs to enter and leave against an O1 region, empty and around
+    a call of a 3-module model whose program is settled (all float32: it runs as float32
+    does), and a plain call of that model after auto regions (no hook runs there): medians
+    of ``rounds`` interleaved rounds of ``calls`` calls, in us."""
+    import warnings
+
+    import torch
+
+    import ampcore
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(2, 8)
+
+    def enter(region: Any, call: bool) -> Callable[[], None]:
+        def run() -> None:
+            with region:  # one place in the code for every case: the root is known there
+                if call:
+                    model(x)
+
+        return run
+
+    for _ in range(3):
+        enter(auto, True)()  # measured and recorded: a program from the third call on
+    cases = {
+        "O1 region enter/exit": enter(o1, False),
+        "auto region enter/exit": enter(auto, False),
+        "O1 region, 3-module call": enter(o1, True),
+        "auto region, 3-module call": enter(auto, True),
+        "plain 3-module call after auto": lambda: model(x),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            start = time.process_time()
+            for _ in range(calls):
+                run()
+            times[name].append((time.process_time() - start) / calls * 1e6)
+    for name, values in times.items():
+        print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
+
+
+def pairs(name: str, count: int) -> None:
+    """auto against fp32 on ``name``, one training step of each in turn, ``count`` times in
+    one process: the median of the per-pair ratios (robust to a loaded machine's drift),
+    next to an O1 region around the float32 step (what any region costs)."""
+    import warnings
+
+    import torch
+
+    import ampcore
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    base, data = build(name, "cpu")
+    models = {mode: copy.deepcopy(base) for mode in ("fp32", "auto", "O1 region, fp32 inside")}
+    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+
+    def step(mode: str) -> None:
+        model = models[mode]
+        outer = auto if mode == "auto" else o1 if mode.startswith("O1") else torch.autocast("cpu", enabled=False)
+        inner = contextlib.nullcontext() if mode == "auto" else torch.autocast("cpu", enabled=False)
+        with outer, inner:
+            value = loss(model(*data), data)
+        value.backward()
+        for p in model.parameters():
+            p.grad = None
+
+    times: dict[str, list[float]] = {mode: [] for mode in models}
+    for round_ in range(count + 20):
+        for mode in models:
+            start = time.perf_counter()
+            step(mode)
+            if round_ >= 20:
+                times[mode].append(time.perf_counter() - start)
+    for mode in ("auto", "O1 region, fp32 inside"):
+        ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
+        print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
