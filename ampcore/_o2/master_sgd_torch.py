@@ -103,7 +103,7 @@ def torch_group_update(
             own.append(param)
         items.append(_Item(param, grad, low, optimizer.state[param].get("momentum_buffer") if momentum else None))
     if not fused:
-        _run(optimizer, group, items, chunk, first=False)
+        _run(optimizer, group, items, chunk, False, onepass)
         return own
     if momentum:
         # torch's fused SGD: buffers ``torch.empty_like`` of the float32 gradient it sees (the
@@ -137,6 +137,10 @@ def _run(
         items = [items[i] for i in sgd_update(options, [(i.param, i.grad, i.low, i.buf) for i in items])]
         if not items:
             return
+    elif onepass and _loop_ready():  # torch's for-loop (or CPU foreach) SGD: onepass_loop.py
+        items = _loop_sgd(optimizer, options, items)
+        if not items:
+            return
     if chunk is None:
         _whole(items, options)
     else:
@@ -144,6 +148,25 @@ def _run(
     if not options["fused"] and options["momentum"]:
         for item in items:  # (torch's first step made the new buffers)
             optimizer.state[item.param]["momentum_buffer"] = item.buf
+
+
+def _loop_ready() -> bool:
+    from .onepass_loop import loop_ready
+
+    return loop_ready()
+
+
+def _loop_sgd(optimizer: torch.optim.Optimizer, options: dict[str, Any], items: list[_Item]) -> list[_Item]:
+    """The items the one-pass kernel of torch's for-loop SGD takes, updated (their new
+    momentum buffers in the state, as torch's step leaves them); returns the rest."""
+    from .onepass_loop import sgd_update
+
+    rest, bufs = sgd_update(options, [(item.param, item.grad, item.low, item.buf) for item in items])
+    kept = set(rest)
+    taken = [item for index, item in enumerate(items) if index not in kept]
+    for item, buf in zip(taken, bufs, strict=False):
+        optimizer.state[item.param]["momentum_buffer"] = buf
+    return [items[index] for index in rest]
 
 
 def _options(

@@ -49,11 +49,20 @@ def gradient(n: int, dtype: torch.dtype, generator: torch.Generator) -> torch.Te
 
 
 def adam_case(
-    module: ModuleType, layout: tuple[int, bool], n: int, dtype: torch.dtype, case: dict[str, Any], seed: int = 0
+    module: ModuleType,
+    layout: tuple[int, bool],
+    n: int,
+    dtype: torch.dtype,
+    case: dict[str, Any],
+    seed: int = 0,
+    foreach: bool = False,
 ) -> list[str]:
-    """Three steps of the kernel and of torch's for-loop Adam/AdamW on ``n`` elements; the
-    names of the tensors that differ (empty: bit-identical)."""
-    from torch.optim.adam import _single_tensor_adam
+    """Three steps of the kernel and of torch's for-loop Adam/AdamW (``foreach``: its
+    foreach Adam) on ``n`` elements; the names of the tensors that differ (empty:
+    bit-identical)."""
+    from torch.optim.adam import _multi_tensor_adam, _single_tensor_adam
+
+    torchs = _multi_tensor_adam if foreach else _single_tensor_adam
 
     generator = torch.Generator().manual_seed(seed)
     start = torch.randn(n, generator=generator)
@@ -64,7 +73,7 @@ def adam_case(
     amsgrad = case["amsgrad"]
     for _ in range(3):
         grad = gradient(n, dtype, generator)
-        _single_tensor_adam(
+        torchs(
             [ref], [grad.float()], [ref_states[0]], [ref_states[1]], [ref_states[2]] if amsgrad else [], [ref_step],
             None, None, amsgrad=amsgrad, has_complex=False, beta1=beta1, beta2=beta2, lr=1e-3,
             weight_decay=case["weight_decay"], eps=1e-8, maximize=case["maximize"], capturable=False,
@@ -82,11 +91,20 @@ def adam_case(
 
 
 def sgd_case(
-    module: ModuleType, layout: tuple[int, bool], n: int, dtype: torch.dtype, case: dict[str, Any], seed: int = 0
+    module: ModuleType,
+    layout: tuple[int, bool],
+    n: int,
+    dtype: torch.dtype,
+    case: dict[str, Any],
+    seed: int = 0,
+    foreach: bool = False,
 ) -> list[str]:
-    """Three steps of the kernel and of torch's for-loop SGD (the first making the momentum
-    buffer, as torch's clone); the names of the tensors that differ."""
-    from torch.optim.sgd import _single_tensor_sgd
+    """Three steps of the kernel and of torch's for-loop SGD (``foreach``: its foreach SGD;
+    the first step making the momentum buffer, as torch's clone); the names of the tensors
+    that differ."""
+    from torch.optim.sgd import _multi_tensor_sgd, _single_tensor_sgd
+
+    torchs = _multi_tensor_sgd if foreach else _single_tensor_sgd
 
     generator = torch.Generator().manual_seed(seed)
     start = torch.randn(n, generator=generator)
@@ -97,7 +115,7 @@ def sgd_case(
     momentum = case["momentum"] != 0
     for index in range(3):
         grad = gradient(n, dtype, generator)
-        _single_tensor_sgd(
+        torchs(
             [ref], [grad.float()], ref_bufs, None, None, lr=0.01, has_sparse_grad=False,
             **{key: case[key] for key in keys},
         )  # fmt: skip

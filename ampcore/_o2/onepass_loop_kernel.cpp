@@ -22,7 +22,8 @@
 //   start of each TensorIterator thread chunk) computes `fmadd(coeff, end - self, base)`, the
 //   scalar tail `weight < 0.5 ? self + weight * diff : end - diff * (1 - weight)`.  They
 //   differ only in the sign of a zero when the weight is 1 (beta1 = 0), but they do.
-// * thread chunks: at::parallel_for(0, numel, GRAIN_SIZE), as TensorIterator splits a
+// * thread chunks: at::parallel_for(0, numel, GRAIN_SIZE) (built with -fopenmp: else it runs
+//   serially), as TensorIterator splits a
 //   contiguous tensor (the same runtime: the same chunks for the same thread count).
 // * Python-float scalars (bias corrections, step size, `bias_correction2 ** 0.5`) in double,
 //   as torch's Python computes them, converted to float where the op converts its Scalar.
