@@ -262,3 +262,126 @@ def test_other_capabilities_in_a_subprocess(kernel: Any, capability: str) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     first = done.stdout.splitlines()[0]
     assert first == f"{capability.upper()} onepass", done.stdout
+
+
+# -- O2 end to end ------------------------------------------------------------------------
+
+DEFAULT: dict[str, Callable[[Params], torch.optim.Optimizer]] = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    "adam-amsgrad-wd-maximize": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True, weight_decay=0.01, maximize=True),
+    "adam-beta1-0-foreach": lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.0, 0.9), foreach=True),
+    "sgd-decay": lambda p: torch.optim.SGD(p, lr=0.05, weight_decay=0.01),
+    "sgd-nesterov-maximize": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, maximize=True),
+    "sgd-dampening-foreach": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.5, dampening=0.3, foreach=True),
+}
+Run = tuple[list[list[torch.Tensor]], list[float]]
+
+
+@pytest.fixture
+def calls(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How often the kernel ran (its functions wrapped)."""
+    module, _ = kernel
+    counted: dict[str, int] = {"adam": 0, "sgd": 0}
+    wrapper = ModuleType("counted")
+    for name in counted:
+        original = getattr(module, name)
+
+        def run(*args: Any, _name: str = name, _original: Any = original) -> Any:
+            counted[_name] += 1
+            return _original(*args)
+
+        setattr(wrapper, name, run)
+    monkeypatch.setattr(onepass_loop._chooser, "module", wrapper)
+    return counted
+
+
+def train(name: str, dtype: torch.dtype, *, scaler: bool = True, whole: bool = False) -> tuple[Run, Any]:
+    """Five steps of a decorated model (a weight larger than a chunk), under ampcore's
+    GradScaler with an overflow at :data:`OVERFLOW_AT` (``scaler``), or plain steps with a
+    step with a non-finite gradient skipped by hand; ``whole``: the whole-tensor walk (the kept Adam plans'
+    walk) instead of the CPU's timed one.  Also returns the optimizer."""
+    model = make_model(norm=False, wide=True)
+    opt = DEFAULT[name](model.parameters())
+    model, opt = ampcore.decorate(model, opt, dtype=dtype, device="cpu")
+    if whole:
+        weights = master_weights_of(opt)
+        assert weights is not None
+        weights.walk = UpdateWalk(None)
+    scaling = ampcore.GradScaler("cpu", dtype=dtype, init_scale=1024.0) if scaler else None
+    states, scales = [], []
+    for index, (x, y) in enumerate(batches()):
+        opt.zero_grad()
+        loss = loss_of(model, x.to(dtype), y)
+        (loss if scaling is None else scaling.scale(loss)).backward()
+        if index == OVERFLOW_AT:
+            first_weight(model).grad[0, 0] = float("inf")
+        if scaling is not None:
+            scaling.step(opt)
+            scaling.update()
+        elif all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None):
+            opt.step()  # (as the reference skips a step with a non-finite gradient)
+        states.append(snapshot(opt, model))
+        scales.append(1.0 if scaling is None else scaling.get_scale())
+    return (states, scales), opt
+
+
+def assert_same(got: Run, want: Run) -> None:
+    assert got[1] == want[1]
+    for step, (mine, theirs) in enumerate(zip(got[0], want[0], strict=True)):
+        assert len(mine) == len(theirs), f"step {step}"
+        assert all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True)), f"step {step}"
+
+
+@pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", list(DEFAULT))
+def test_o2_under_gradscaler_is_torchs_for_loop_optimizer(name: str, dtype: torch.dtype, calls: dict[str, int]) -> None:
+    """decorate + ampcore.GradScaler (an overflow at the third step): torch's for-loop (or
+    foreach) optimizer on float32 masters under torch's GradScaler, bit for bit.  bfloat16
+    needs no scaling: the kernel runs every step; float16's clean steps unscale into float32
+    copies (``scaled_update.py``), which torch's path updates."""
+    got, _ = train(name, dtype)
+    assert_same(got, scaled_reference(name, dtype, factories=DEFAULT, wide=True, scaling=dtype == FP16))
+    if dtype == BF16:
+        assert calls["adam" if "adam" in name else "sgd"] >= 4  # every step but the skipped one
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["timed-walk", "whole-tensors"])
+@pytest.mark.parametrize("name", list(DEFAULT))
+def test_o2_runs_the_kernel_and_is_torchs_for_loop_optimizer(name: str, whole: bool, calls: dict[str, int]) -> None:
+    """float16 without a scaler (a step with a non-finite gradient skipped by hand): the
+    clean steps run the kernel, on either walk; the results, step counts and momentum
+    buffers are torch's."""
+    got, _ = train(name, FP16, scaler=False, whole=whole)
+    assert_same(got, scaled_reference(name, FP16, factories=DEFAULT, wide=True, scaling=False))
+    assert calls["adam" if "adam" in name else "sgd"] >= 3
+
+
+def test_groups_the_kernel_takes_keep_no_adam_plan(calls: dict[str, int]) -> None:
+    _, opt = train("adamw", BF16, scaler=False, whole=True)
+    weights = master_weights_of(opt)
+    assert weights is not None and calls["adam"] == 4
+    assert not any(weights.adam_plans._plans)  # (the plans' walk would widen into a scratch)
+
+
+def test_state_dicts_are_those_of_torchs_path(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The optimizer's state dict with the kernel equals the one torch's path leaves: the
+    same keys, tensors (dtypes, layouts, values) and step counts, so either resumes the other."""
+    _, mine = train("adam-amsgrad-wd-maximize", BF16, scaler=False)
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)
+    _, theirs = train("adam-amsgrad-wd-maximize", BF16, scaler=False)
+    a, b = mine.state_dict(), theirs.state_dict()
+    assert a["param_groups"] == b["param_groups"] and a["state"].keys() == b["state"].keys()
+    for key, state in a["state"].items():
+        assert state.keys() == b["state"][key].keys()
+        for name, value in state.items():
+            other = b["state"][key][name]
+            assert value.dtype == other.dtype and value.stride() == other.stride() and torch.equal(value, other)
+
+
+def test_a_mismatch_at_first_use_warns_and_trains_on_torchs_path(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onepass_loop, "_chooser", onepass_loop._LoopChooser())
+    monkeypatch.setattr(onepass_loop_check, "self_check", lambda module, layout: "for-loop SGD {...}: master differ")
+    with pytest.warns(onepass.OnePassWarning, match="for-loop optimizers is not used"):
+        got, _ = train("sgd-nesterov-maximize", BF16, scaler=False)
+    assert onepass_loop.loop_choice().name == "torch"
+    assert_same(got, scaled_reference("sgd-nesterov-maximize", BF16, factories=DEFAULT, wide=True, scaling=False))
