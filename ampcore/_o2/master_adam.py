@@ -211,12 +211,12 @@ def fused_adam_update(
     return own
 
 
-def _onepass_kernels(groups: Sequence[Mapping[str, Any]]) -> tuple[bool, bool]:
+def _onepass_kernels(groups: Sequence[dict[str, Any]]) -> tuple[bool, bool]:
     """Whether the one-pass CPU kernels of the fused and of the for-loop flavour run (each
     built and self-checked at its first use, only where a group of its flavour is here)."""
     from .onepass import ready
 
-    flags = [bool(dict.__getitem__(group, "fused")) for group in groups]  # type: ignore[arg-type]
+    flags = [bool(dict.__getitem__(group, "fused")) for group in groups]
     return (any(flags) and ready()), (not all(flags) and loop_ready())
 
 

@@ -117,7 +117,9 @@ def _decide(wanted: str, problem: str | None) -> Choice:
     if problem is None:
         return Choice("onepass", f"compiled, self-checked against torch's for-loop optimizers ({ENV}={wanted})")
     if wanted == "compiled":
-        raise AmpcoreError(f"{ENV}=compiled, but the one-pass update of torch's for-loop optimizers is not available: {problem}")
+        raise AmpcoreError(
+            f"{ENV}=compiled, but the one-pass update of torch's for-loop optimizers is not available: {problem}"
+        )
     return Choice("torch", f"fallback: {problem}")
 
 
@@ -168,17 +170,16 @@ def describe() -> str:
     problem = missing_tools()
     if problem is not None:
         return f"torch at first use ({problem})"
-    return f"onepass at first use, if it matches torch's for-loop optimizers here ({ENV}={wanted}; built once per torch)"
+    return f"onepass at first use, if it matches torch's for-loop optimizers ({ENV}={wanted}; built once per torch)"
 
 
 def takes(group: Mapping[str, Any]) -> bool:
     """Whether ``group`` is one this kernel may update (torch's for-loop or CPU foreach flavour
     with float hyperparameters), building nothing."""
-    get = dict.get  # (a plain lookup: reading a master group's params would sync gradients)
-    if get(group, "fused") or get(group, "capturable") or get(group, "differentiable"):  # type: ignore[arg-type]
+    if group.get("fused") or group.get("capturable") or group.get("differentiable"):
         return False
-    values = [get(group, key, 0.0) for key in _HYPER]  # type: ignore[arg-type]
-    values.extend(get(group, "betas", ()))  # type: ignore[arg-type]
+    values = [group.get(key, 0.0) for key in _HYPER]
+    values.extend(group.get("betas", ()))
     return not any(isinstance(value, torch.Tensor) for value in values)
 
 

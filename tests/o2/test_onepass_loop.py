@@ -225,8 +225,9 @@ def test_wrong_tensors_are_refused_before_anything_is_written(kernel: Any) -> No
                    False, *layout)  # fmt: skip
     assert torch.equal(p, before)
     with pytest.raises(RuntimeError, match="a step count must be a float32 CPU tensor"):
-        module.adam([p], [g], [p.bfloat16()], [torch.zeros(8)], [torch.zeros(8)], [], [torch.zeros((), dtype=torch.float64)],
-                    1e-3, 0.9, 0.999, 0.0, 1e-8, False, False, False, *layout)  # fmt: skip
+        step = torch.zeros((), dtype=torch.float64)
+        module.adam([p], [g], [p.bfloat16()], [torch.zeros(8)], [torch.zeros(8)], [], [step], 1e-3, 0.9, 0.999, 0.0,
+                    1e-8, False, False, False, *layout)  # fmt: skip
     assert torch.equal(p, before)
 
 
