@@ -58,6 +58,7 @@ from .master_sgd import step_hooks_free
 from .onepass_loop import adam_update as loop_adam_update
 from .onepass_loop import loop_ready
 from .onepass_loop import takes as takes_loop
+from .onepass_loop import unscaled as loop_unscaled
 
 __all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
 
@@ -141,6 +142,7 @@ def fused_adam_update(
     *,
     groups: Sequence[dict[str, Any]] | None = None,
     plans: AdamPlans | None = None,
+    inv_scale: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`), on
     ``groups`` (copies of some of its param groups, as ``scaled_update.py`` passes) or on all.
@@ -161,6 +163,11 @@ def fused_adam_update(
     ``plans`` (with ``groups`` None): what the optimizer's whole-tensor updates keep
     between steps (``adam_plans.py``); a group it covers takes the same calls from there
     (not a group that the Triton or a one-pass kernel may take).
+
+    ``inv_scale`` (with ``groups``): the low-precision gradients are scaled by a GradScaler
+    whose unscaling the update does (``scaled_update.py``): the for-loop flavour's one-pass
+    kernel multiplies by it as it reads them, every other path gets them widened and
+    unscaled first.
     """
     adam = adam_function()
     if adam is None:  # fused_adam_applies() checks this before the step comes here
@@ -184,6 +191,8 @@ def fused_adam_update(
                 continue
             options = flavour(group, [param for param, *_ in work], scaler_tensors(optimizer))
             own.extend(param for param, _, low, _ in work if low is None)
+            if inv_scale is not None and not (kernel and not fused):
+                work = [(m, loop_unscaled(g, m, inv_scale), low, state) for m, g, low, state in work]
             if triton and group["fused"]:
                 work = triton_update(group, work, options["grad_scale"], options["found_inf"])
                 if not work:
@@ -195,7 +204,7 @@ def fused_adam_update(
                 if not work:
                     continue
             elif kernel and not fused:  # torch's for-loop (or CPU foreach) flavour: onepass_loop.py
-                work = loop_adam_update(group, work)
+                work = loop_adam_update(group, work, inv_scale)
                 if not work:
                     continue
             if chunk is None:

@@ -40,7 +40,7 @@ from .._errors import AmpcoreError
 from .onepass import BASE_FLAGS, ENV, ISA_FLAGS, Choice, OnePassWarning, Work, requested
 from .onepass import _fits as fits
 
-__all__ = ["LAYOUTS", "adam_update", "describe", "loop_choice", "loop_ready", "sgd_update", "takes"]
+__all__ = ["LAYOUTS", "adam_update", "describe", "loop_choice", "loop_ready", "sgd_update", "takes", "unscaled"]
 
 SOURCE: Final = Path(__file__).with_name("onepass_loop_kernel.cpp")
 
@@ -183,13 +183,23 @@ def takes(group: Mapping[str, Any]) -> bool:
     return not any(isinstance(value, torch.Tensor) for value in values)
 
 
-def adam_update(group: Mapping[str, Any], work: Work) -> Work:
+def unscaled(grad: torch.Tensor, master: torch.Tensor, inv_scale: torch.Tensor | None) -> torch.Tensor:
+    """``grad`` for torch's path: under a deferred unscale (``inv_scale``, scaled_update.py)
+    a low-precision gradient widened and multiplied by it, as the scaler's update does."""
+    if inv_scale is None or grad.dtype == master.dtype:
+        return grad
+    return grad.to(master.dtype).mul_(inv_scale.to(grad.device))
+
+
+def adam_update(group: Mapping[str, Any], work: Work, inv_scale: torch.Tensor | None = None) -> Work:
     """torch's for-loop Adam/AdamW step (``group``, see :func:`takes`) on the items of
     ``work`` the kernel takes (their step counts advanced as torch advances them); returns
-    the rest, for torch's path."""
+    the rest, for torch's path.  ``inv_scale``: the low-precision gradients are scaled by a
+    GradScaler whose unscaling was deferred to the update (the kernel multiplies, the rest
+    are returned widened and unscaled)."""
     built = _module()
     if built is None or not takes(group):
-        return work
+        return [(m, unscaled(g, m, inv_scale), low, state) for m, g, low, state in work]
     amsgrad = bool(group["amsgrad"])
     names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if amsgrad else ("exp_avg", "exp_avg_sq")
     taken: Work = []
@@ -219,20 +229,28 @@ def adam_update(group: Mapping[str, Any], work: Work) -> Work:
             amsgrad,
             bool(group["maximize"]),
             bool(group.get("decoupled_weight_decay", False)),
+            _on_cpu(inv_scale),
             *layout,
         )
-    return rest
+    return [(m, unscaled(g, m, inv_scale), low, state) for m, g, low, state in rest]
+
+
+def _on_cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to("cpu", torch.float32)
 
 
 SgdItem = tuple[torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]
 
 
-def sgd_update(options: Mapping[str, Any], items: Sequence[SgdItem]) -> tuple[list[int], list[torch.Tensor]]:
+def sgd_update(
+    options: Mapping[str, Any], items: Sequence[SgdItem], inv_scale: torch.Tensor | None = None
+) -> tuple[list[int], list[torch.Tensor]]:
     """torch's for-loop SGD step (``options``: the group's ``lr``, ``weight_decay``,
     ``momentum``, ``dampening``, ``nesterov``, ``maximize`` as floats and bools) on the items
     (master, low-precision gradient, low-precision parameter, momentum buffer or None: the
-    first step, which makes it) the kernel takes.  Returns the indices of the rest, for
-    torch's path, and the momentum buffers of the items taken (in their order; empty
+    first step, which makes it) the kernel takes (``inv_scale``: as for :func:`adam_update`;
+    the caller unscales the rest with :func:`unscaled`).  Returns the indices of the rest,
+    for torch's path, and the momentum buffers of the items taken (in their order; empty
     without momentum)."""
     built = _module()
     if built is None:
@@ -261,6 +279,7 @@ def sgd_update(options: Mapping[str, Any], items: Sequence[SgdItem]) -> tuple[li
             float(options["dampening"]),
             bool(options["nesterov"]),
             bool(options["maximize"]),
+            _on_cpu(inv_scale),
             *layout,
         )
     chosen = set(taken)

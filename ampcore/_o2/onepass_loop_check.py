@@ -25,12 +25,12 @@ SIZES: Final = (1, 31, 100, 33000)
 ADAM_CASES: Final[tuple[dict[str, Any], ...]] = (
     {"adamw": True, "weight_decay": 0.01, "amsgrad": False, "maximize": False, "betas": (0.9, 0.999)},
     {"adamw": False, "weight_decay": 0.1, "amsgrad": True, "maximize": True, "betas": (0.8, 0.99)},
-    {"adamw": False, "weight_decay": 0.0, "amsgrad": False, "maximize": False, "betas": (0.0, 0.9)},
+    {"adamw": False, "weight_decay": 0.0, "amsgrad": False, "maximize": False, "betas": (0.0, 0.9), "scale": 1024.0},
 )
 SGD_CASES: Final[tuple[dict[str, Any], ...]] = (
     {"weight_decay": 0.0, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False},
     {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": True, "maximize": False},
-    {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.25, "nesterov": False, "maximize": True},
+    {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.25, "nesterov": False, "maximize": True, "scale": 8.0},
 )
 
 
@@ -40,12 +40,25 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.view(bits), b.view(bits)))
 
 
-def gradient(n: int, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
-    """Gradients over many binades, with zeros of both signs."""
+def gradient(n: int, dtype: torch.dtype, generator: torch.Generator, scale: float | None = None) -> torch.Tensor:
+    """Gradients over many binades, with zeros of both signs (times a loss scale)."""
     g = torch.randn(n, generator=generator) * torch.exp2(torch.randint(-8, 4, (n,), generator=generator).float())
     zeros = torch.randint(0, 16, (n,), generator=generator)
     g = torch.where(zeros == 0, torch.zeros(()), g)
-    return torch.where(zeros == 1, torch.tensor(-0.0), g).to(dtype)
+    g = torch.where(zeros == 1, torch.tensor(-0.0), g)
+    return (g * scale if scale else g).to(dtype)
+
+
+def unscaling(case: dict[str, Any]) -> torch.Tensor | None:
+    """GradScaler's float32 inverse scale for ``case["scale"]`` (None: no scaler)."""
+    scale = case.get("scale")
+    return None if scale is None else torch.tensor(scale, dtype=torch.float64).reciprocal().float()
+
+
+def widened(grad: torch.Tensor, inv_scale: torch.Tensor | None) -> torch.Tensor:
+    """What torch's optimizer gets: the gradient widened, then unscaled as GradScaler does."""
+    wide = grad.float()
+    return wide if inv_scale is None else wide.mul_(inv_scale)
 
 
 def adam_case(
@@ -71,17 +84,18 @@ def adam_case(
     ref_step, step = torch.tensor(0.0), torch.tensor(0.0)
     beta1, beta2 = case["betas"]
     amsgrad = case["amsgrad"]
+    inv = unscaling(case)
     for _ in range(3):
-        grad = gradient(n, dtype, generator)
+        grad = gradient(n, dtype, generator, case.get("scale"))
         torchs(
-            [ref], [grad.float()], [ref_states[0]], [ref_states[1]], [ref_states[2]] if amsgrad else [], [ref_step],
-            None, None, amsgrad=amsgrad, has_complex=False, beta1=beta1, beta2=beta2, lr=1e-3,
+            [ref], [widened(grad, inv)], [ref_states[0]], [ref_states[1]], [ref_states[2]] if amsgrad else [],
+            [ref_step], None, None, amsgrad=amsgrad, has_complex=False, beta1=beta1, beta2=beta2, lr=1e-3,
             weight_decay=case["weight_decay"], eps=1e-8, maximize=case["maximize"], capturable=False,
             differentiable=False, decoupled_weight_decay=case["adamw"],
         )  # fmt: skip
         module.adam(
             [mine], [grad], [low], [states[0]], [states[1]], [states[2]] if amsgrad else [], [step], 1e-3, beta1,
-            beta2, case["weight_decay"], 1e-8, amsgrad, case["maximize"], case["adamw"], *layout,
+            beta2, case["weight_decay"], 1e-8, amsgrad, case["maximize"], case["adamw"], inv, *layout,
         )  # fmt: skip
     pairs = {"master": (ref, mine), "exp_avg": (ref_states[0], states[0]), "exp_avg_sq": (ref_states[1], states[1])}
     pairs["max_exp_avg_sq"] = (ref_states[2], states[2])
@@ -113,15 +127,16 @@ def sgd_case(
     buf = torch.empty(n)
     keys = ("weight_decay", "momentum", "dampening", "nesterov", "maximize")
     momentum = case["momentum"] != 0
+    inv = unscaling(case)
     for index in range(3):
-        grad = gradient(n, dtype, generator)
+        grad = gradient(n, dtype, generator, case.get("scale"))
         torchs(
-            [ref], [grad.float()], ref_bufs, None, None, lr=0.01, has_sparse_grad=False,
+            [ref], [widened(grad, inv)], ref_bufs, None, None, lr=0.01, has_sparse_grad=False,
             **{key: case[key] for key in keys},
         )  # fmt: skip
         module.sgd(
             [mine], [grad], [low], [buf] if momentum else [], [index == 0] if momentum else [], case["weight_decay"],
-            case["momentum"], 0.01, case["dampening"], case["nesterov"], case["maximize"], *layout,
+            case["momentum"], 0.01, case["dampening"], case["nesterov"], case["maximize"], inv, *layout,
         )  # fmt: skip
     pairs = {"master": (ref, mine), "parameter": (ref.to(dtype), low)}
     if momentum:

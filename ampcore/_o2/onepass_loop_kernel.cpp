@@ -109,6 +109,7 @@ void chunks(int64_t numel, const Layout& layout, const F& part) {
 
 struct AdamK {
   bool maximize, l2, small;
+  float inv_scale;  // GradScaler's inverse scale (1: none): the widened gradient times it
   float wd, keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, neg_step;
 };
 
@@ -138,7 +139,7 @@ void adam_block(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_
   const bool small = k.small;
   for (int64_t i = 0; i < n; ++i) {
     float param = p[i];
-    float g = widen<low_t>(g16[i]);
+    float g = widen<low_t>(g16[i]) * k.inv_scale;      // (the scaler's unscale: exact for 1)
     g = pick(k.maximize, -g, g);                        // grad = -grads[i]
     g = pick(k.l2, madd<Contract>(param, k.wd, g), g);  // grad.add(param, alpha=weight_decay)
     p[i] = param * k.keep;                              // param.mul_(1 - lr * weight_decay) (AdamW; else 1)
@@ -204,11 +205,12 @@ void adam_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Ten
 
 // the scalars torch's Python computes for one tensor's step (in double), as its ops convert them
 AdamK adam_k(double lr, double beta1, double beta2, double weight_decay, double eps, double step, bool maximize,
-             bool adamw) {
+             bool adamw, float inv_scale) {
   const double bias_correction1 = 1 - std::pow(beta1, step);
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = lr / bias_correction1;
   AdamK k{};
+  k.inv_scale = inv_scale;
   k.maximize = maximize;
   k.l2 = weight_decay != 0 && !adamw;
   k.wd = static_cast<float>(weight_decay);
@@ -236,14 +238,24 @@ Layout checked_layout(int64_t lerp_width, bool contract) {
   return Layout{lerp_width, contract};
 }
 
+// GradScaler's inverse scale (a float32 CPU scalar) as the deferred unscale multiplies by it
+float inverse_scale(const c10::optional<at::Tensor>& inv_scale) {
+  if (!inv_scale.has_value()) return 1.0f;
+  TORCH_CHECK(inv_scale->device().is_cpu() && inv_scale->scalar_type() == at::kFloat && inv_scale->numel() == 1,
+              "ampcore one-pass update: inv_scale must be a float32 CPU tensor of one element");
+  return *inv_scale->data_ptr<float>();
+}
+
 // torch's _single_tensor_adam on float32 masters with gradients in `lows`' dtype: per
 // tensor its step count advanced, then the update, then the low-precision parameter written.
 void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
           const std::vector<at::Tensor>& lows, const std::vector<at::Tensor>& exp_avgs,
           const std::vector<at::Tensor>& exp_avg_sqs, const std::vector<at::Tensor>& max_exp_avg_sqs,
           const std::vector<at::Tensor>& steps, double lr, double beta1, double beta2, double weight_decay,
-          double eps, bool amsgrad, bool maximize, bool adamw, int64_t lerp_width, bool contract) {
+          double eps, bool amsgrad, bool maximize, bool adamw, const c10::optional<at::Tensor>& inv_scale,
+          int64_t lerp_width, bool contract) {
   const Layout layout = checked_layout(lerp_width, contract);
+  const float inv = inverse_scale(inv_scale);
   const size_t n = masters.size();
   TORCH_CHECK(grads.size() == n && lows.size() == n && exp_avgs.size() == n && exp_avg_sqs.size() == n &&
                   steps.size() == n && (!amsgrad || max_exp_avg_sqs.size() == n),
@@ -264,7 +276,7 @@ void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>&
   for (size_t i = 0; i < n; ++i) {
     float* count = steps[i].data_ptr<float>();
     *count = *count + 1.0f;  // step_t += 1; step = step_t.item()
-    const AdamK k = adam_k(lr, beta1, beta2, weight_decay, eps, *count, maximize, adamw);
+    const AdamK k = adam_k(lr, beta1, beta2, weight_decay, eps, *count, maximize, adamw, inv);
     float* vmax = amsgrad ? max_exp_avg_sqs[i].data_ptr<float>() : nullptr;
     if (lows[i].scalar_type() == at::kBFloat16) {
       adam_tensor<c10::BFloat16>(masters[i], grads[i], lows[i], exp_avgs[i], exp_avg_sqs[i], vmax, k, layout);
@@ -278,7 +290,7 @@ void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>&
 
 struct SgdK {
   bool maximize, decay, nesterov;
-  float wd, mom, keep_grad, neg_lr;
+  float inv_scale, wd, mom, keep_grad, neg_lr;
 };
 
 template <bool Contract, int Momentum, typename low_t>  // Momentum: 0 none, 1 first step, 2 later
@@ -286,7 +298,7 @@ void sgd_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t*
               float* __restrict__ buf, const SgdK k, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float param = p[i];
-    float g = widen<low_t>(g16[i]);
+    float g = widen<low_t>(g16[i]) * k.inv_scale;  // (the scaler's unscale: exact for 1)
     g = pick(k.maximize, -g, g);
     g = pick(k.decay, madd<Contract>(param, k.wd, g), g);  // grad.add(param, alpha=weight_decay)
     if constexpr (Momentum != 0) {
@@ -326,7 +338,7 @@ void sgd_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tens
 void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& grads,
          const std::vector<at::Tensor>& lows, const std::vector<at::Tensor>& bufs, const std::vector<bool>& first,
          double weight_decay, double momentum, double lr, double dampening, bool nesterov, bool maximize,
-         int64_t lerp_width, bool contract) {
+         const c10::optional<at::Tensor>& inv_scale, int64_t lerp_width, bool contract) {
   const Layout layout = checked_layout(lerp_width, contract);
   const size_t n = masters.size();
   const bool with_momentum = momentum != 0;
@@ -341,7 +353,8 @@ void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& 
     check(grads[i], lows[i].scalar_type(), master, "a gradient");
     if (with_momentum) check(bufs[i], at::kFloat, master, "a momentum buffer");
   }
-  const SgdK k{maximize, weight_decay != 0, nesterov, static_cast<float>(weight_decay), static_cast<float>(momentum),
+  const SgdK k{maximize, weight_decay != 0, nesterov, inverse_scale(inv_scale), static_cast<float>(weight_decay),
+               static_cast<float>(momentum),
                static_cast<float>(1 - dampening), static_cast<float>(-lr)};
   for (size_t i = 0; i < n; ++i) {
     float* buf = with_momentum ? bufs[i].data_ptr<float>() : nullptr;

@@ -128,16 +128,16 @@ ADAM_CASES: list[dict[str, Any]] = [
     {"adamw": True, "weight_decay": 0.01, "amsgrad": False, "maximize": False, "betas": (0.9, 0.999)},
     {"adamw": False, "weight_decay": 0.0, "amsgrad": False, "maximize": False, "betas": (0.9, 0.999)},
     {"adamw": False, "weight_decay": 0.1, "amsgrad": True, "maximize": True, "betas": (0.8, 0.99)},
-    {"adamw": True, "weight_decay": 0.1, "amsgrad": True, "maximize": False, "betas": (0.0, 0.5)},
-    {"adamw": False, "weight_decay": 0.05, "amsgrad": False, "maximize": True, "betas": (0.6, 0.9)},
+    {"adamw": True, "weight_decay": 0.1, "amsgrad": True, "maximize": False, "betas": (0.0, 0.5), "scale": 1024.0},
+    {"adamw": False, "weight_decay": 0.05, "amsgrad": False, "maximize": True, "betas": (0.6, 0.9), "scale": 8.0},
     {"adamw": True, "weight_decay": 0.0, "amsgrad": False, "maximize": False, "betas": (0.95, 0.0)},
 ]
 SGD_CASES: list[dict[str, Any]] = [
     {"weight_decay": 0.0, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False},
-    {"weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": True},
+    {"weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": True, "scale": 64.0},
     {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": False, "maximize": False},
     {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": True, "maximize": True},
-    {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.3, "nesterov": False, "maximize": False},
+    {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.3, "nesterov": False, "maximize": False, "scale": 16.0},
 ]
 
 
@@ -204,7 +204,7 @@ def test_the_square_root_is_torchs_not_a_correctly_rounded_one(kernel: Any) -> N
     p, m, v, step = start()
     hyper = (0.5, 0.5, 0.5, 0.0, 0.0)  # lr, betas, no decay, eps 0: the denominator is sqrt(v) / sqrt(0.5)
     module.adam([p], [torch.zeros(n, dtype=BF16)], [p.to(BF16)], [m], [v], [], [step], *hyper, False, False, False,
-                *layout)  # fmt: skip
+                None, *layout)  # fmt: skip
     want = start()
     _single_tensor_adam(
         [want[0]], [torch.zeros(n)], [want[1]], [want[2]], [], [want[3]], None, None, amsgrad=False, has_complex=False,
@@ -222,12 +222,12 @@ def test_wrong_tensors_are_refused_before_anything_is_written(kernel: Any) -> No
     before = p.clone()
     with pytest.raises(RuntimeError, match="a gradient must be a contiguous CPU tensor of BFloat16"):
         module.sgd([p, p.clone()], [g, g[::2]], [p.bfloat16(), p.bfloat16()], [], [], 0.0, 0.0, 0.1, 0.0, False,
-                   False, *layout)  # fmt: skip
+                   False, None, *layout)  # fmt: skip
     assert torch.equal(p, before)
     with pytest.raises(RuntimeError, match="a step count must be a float32 CPU tensor"):
         step = torch.zeros((), dtype=torch.float64)
         module.adam([p], [g], [p.bfloat16()], [torch.zeros(8)], [torch.zeros(8)], [], [step], 1e-3, 0.9, 0.999, 0.0,
-                    1e-8, False, False, False, *layout)  # fmt: skip
+                    1e-8, False, False, False, None, *layout)  # fmt: skip
     assert torch.equal(p, before)
 
 
@@ -337,13 +337,38 @@ def assert_same(got: Run, want: Run) -> None:
 @pytest.mark.parametrize("name", list(DEFAULT))
 def test_o2_under_gradscaler_is_torchs_for_loop_optimizer(name: str, dtype: torch.dtype, calls: dict[str, int]) -> None:
     """decorate + ampcore.GradScaler (an overflow at the third step): torch's for-loop (or
-    foreach) optimizer on float32 masters under torch's GradScaler, bit for bit.  bfloat16
-    needs no scaling: the kernel runs every step; float16's clean steps unscale into float32
-    copies (``scaled_update.py``), which torch's path updates."""
+    foreach) optimizer on float32 masters under torch's GradScaler, bit for bit, the kernel
+    running every clean step (float16's deferred unscale done by the kernel as it reads the
+    gradients, ``scaled_update.py``; bfloat16 needs no scaling)."""
     got, _ = train(name, dtype)
     assert_same(got, scaled_reference(name, dtype, factories=DEFAULT, wide=True, scaling=dtype == FP16))
-    if dtype == BF16:
-        assert calls["adam" if "adam" in name else "sgd"] >= 4  # every step but the skipped one
+    scales = got[1]
+    clean = sum(after >= before for before, after in zip([scales[0], *scales], scales, strict=False))
+    clean = clean if dtype == FP16 else len(scales) - 1  # (bfloat16: no scaling, the inf step skipped)
+    assert calls["adam" if "adam" in name else "sgd"] == clean
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd-nesterov-maximize"])
+def test_float16_under_gradscaler_makes_no_float32_gradient(name: str, calls: dict[str, int]) -> None:
+    """The deferred unscale of a float16 scaler step is the kernel's: no master holds a
+    float32 gradient during the step, and no float32 tensor of a gradient's size is made."""
+    from test_scaler_deferred_unscale import MasterGradWatch, masters_of
+
+    model = make_model(norm=False, wide=True)
+    opt = DEFAULT[name](model.parameters())
+    model, opt = ampcore.decorate(model, opt, dtype=FP16, device="cpu")
+    scaler = ampcore.GradScaler("cpu", dtype=FP16, init_scale=16.0)  # (no overflow: every step clean)
+    watches = []
+    for x, y in batches()[:3]:
+        opt.zero_grad()
+        scaler.scale(loss_of(model, x.to(FP16), y)).backward()
+        watches.append(MasterGradWatch(masters_of(opt), floor=64))
+        with watches[-1]:
+            scaler.step(opt)
+        scaler.update()
+    assert calls["adam" if "adam" in name else "sgd"] == 3
+    assert all(watch.most_grad_bytes == 0 for watch in watches)
+    assert all(watch.most_live == 0 for watch in watches[1:])  # (the first step makes the state)
 
 
 @pytest.mark.parametrize("whole", [False, True], ids=["timed-walk", "whole-tensors"])
