@@ -54,13 +54,14 @@ class BackendSpec:
             whole tensors and keeps the faster walk, so give a number only where updates
             run synchronously on the host.  Optional; added to contract 2 with a default,
             so adapters that predate it keep working.
-        master_update_onepass: whether O2's ``fused=True`` Adam/AdamW/SGD updates may run
-            ampcore's one-pass CPU kernel (a C++ extension built at first use that reads
-            the low-precision gradient, applies torch's CPU fused formula and writes the
-            rounded low-precision parameter in one pass; self-checked against torch's own
-            kernel at first use, ``AMPCORE_O2_ONEPASS``, docs/o2.md).  Only for devices whose
-            tensors live in host memory and whose fused optimizers run torch's CPU kernels
-            (the CPU adapter).  Optional, default ``False``.
+        master_update_onepass: whether O2's Adam/AdamW/SGD updates may run ampcore's
+            one-pass CPU kernels (C++ extensions built at first use that read the
+            low-precision gradient, apply the arithmetic of torch's CPU optimizer of the
+            group's flavour, fused or for-loop/foreach, and write the rounded low-precision
+            parameter in one pass; self-checked against torch's own at first use,
+            ``AMPCORE_O2_ONEPASS``, docs/o2.md).  Only for devices whose tensors live in
+            host memory and whose optimizers run torch's CPU kernels (the CPU adapter).
+            Optional, default ``False``.
 
     Example::
 

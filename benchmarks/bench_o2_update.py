@@ -13,9 +13,10 @@ Like with like: every mode of a row has the same optimizer *and flavour* (``--fl
 ``default``, torch's choice for the device, for-loop on the CPU and foreach on CUDA;
 ``foreach``; ``fused``; ``--quick`` runs foreach and fused).  For fused Adam/AdamW an extra
 O2 mode runs ampcore's Triton kernel (``--kernels torch triton``; by default wherever
-Triton drives the device; a kernel that fails costs its own rows only), and one the
-one-pass CPU kernel (``onepass``, ``ampcore/_o2/onepass.py``; by default where the backend
-offers it; the ``torch`` rows then run torch's fused kernels with separate widening and
+Triton drives the device; a kernel that fails costs its own rows only), and for every
+flavour one the one-pass CPU kernel (``onepass``: ``ampcore/_o2/onepass.py`` for fused,
+``onepass_loop.py`` for the for-loop and foreach flavours; by default where the backend
+offers it; the ``torch`` rows then run torch's optimizer with separate widening and
 refresh passes, what O2 did before it).  The last column
 counts the kernels one ``optimizer.step()`` launches in each mode (torch.profiler's device
 events; on the CPU the aten ops dispatched, a proxy).
@@ -234,8 +235,6 @@ def o2_modes(
     for kernel in args.kernels:
         if kernel == "triton" and (flavour != "fused" or kind not in TRITON_KINDS):
             continue
-        if kernel == "onepass" and flavour != "fused":
-            continue
         for c in args.chunks or [-1]:
             suffix = "" if kernel == "torch" else f", {kernel} kernel"
             modes[f"O2 ({names.get(c, f'{c}-element chunks')}{suffix})"] = (None if c == -1 else c, kernel)
@@ -400,7 +399,7 @@ def _model_rows(args: argparse.Namespace, backend: ampcore.Backend, low: torch.d
             if "triton" in args.kernels and flavour == "fused" and kind in TRITON_KINDS:
                 variants.append(("triton kernel", "triton", None))
                 variants.append(("triton kernel, formula double", "triton", "double"))
-            if "onepass" in args.kernels and flavour == "fused":
+            if "onepass" in args.kernels:  # fused: onepass.py; for-loop and foreach: onepass_loop.py
                 variants.append(("onepass kernel", "onepass", None))
             for label, kernel, variant in variants:
                 with _formula(variant):

@@ -20,6 +20,7 @@ from .._backends.registry import get_manager
 from .._backends.support import device_dtypes
 from .._errors import AmpcoreError
 from .._o2.onepass import describe as describe_onepass
+from .._o2.onepass_loop import describe as describe_onepass_loop
 from .._policy.executor import describe as describe_executor
 from .._policy.registration import has_native_autocast
 from .._table import format_table
@@ -100,6 +101,7 @@ def collect_info() -> dict[str, Any]:
         "strict_error": strict[0] if strict else None,
         "policy_kernel": describe_executor(),
         "o2_cpu_update": describe_onepass(),
+        "o2_cpu_loop_update": describe_onepass_loop(),
     }
 
 
@@ -147,6 +149,7 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         "",
         *_wrapped([f"Policy kernels (custom lists, OD, O2): {info.get('policy_kernel', '-')}"], width, hanging=2),
         *_wrapped([f"O2 fused CPU master update: {info.get('o2_cpu_update', '-')}"], width, hanging=2),
+        *_wrapped([f"O2 for-loop/foreach CPU master update: {info.get('o2_cpu_loop_update', '-')}"], width, hanging=2),
     ]
     if notes:
         lines += ["", "Notes:", *_wrapped(notes, width, hanging=4)]

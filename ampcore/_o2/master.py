@@ -160,7 +160,7 @@ class MasterWeights:
         onepass: bool = False,
     ) -> None:
         self.optimizer = optimizer
-        #: fused groups may run the one-pass CPU kernel (``BackendSpec.master_update_onepass``)
+        #: Adam/AdamW/SGD groups may run the one-pass CPU kernels (``BackendSpec.master_update_onepass``)
         self.onepass = onepass
         #: how ampcore's own updates walk the parameters: the backend's chunks
         #: (``BackendSpec.master_update_chunk_elements``), measured against whole tensors

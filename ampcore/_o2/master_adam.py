@@ -55,6 +55,10 @@ from .adam_call import (
 from .adam_plans import AdamPlans
 from .master_kernel import Work, triton_update
 from .master_sgd import step_hooks_free
+from .onepass_loop import adam_update as loop_adam_update
+from .onepass_loop import loop_ready
+from .onepass_loop import takes as takes_loop
+from .onepass_loop import unscaled as loop_unscaled
 
 __all__ = ["WIDEN_ELEMENTS", "fused_adam_applies", "fused_adam_update"]
 
@@ -138,6 +142,7 @@ def fused_adam_update(
     *,
     groups: Sequence[dict[str, Any]] | None = None,
     plans: AdamPlans | None = None,
+    inv_scale: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Run one Adam/AdamW step of ``optimizer`` (see :func:`fused_adam_applies`), on
     ``groups`` (copies of some of its param groups, as ``scaled_update.py`` passes) or on all.
@@ -151,26 +156,32 @@ def fused_adam_update(
     ``found_inf`` go to every fused update as torch's optimizer passes them (the gradients
     divided inside the kernel, a step with an inf or a nan skipped on the device, the step
     counts as torch leaves them).  With ``onepass``, ``fused=True`` groups run the one-pass
-    CPU kernel where it applies (``onepass.py``).  Returns those other parameters that were
+    CPU kernel where it applies (``onepass.py``), and groups of torch's for-loop or foreach
+    flavour that of ``onepass_loop.py``.  Returns those other parameters that were
     updated.
 
     ``plans`` (with ``groups`` None): what the optimizer's whole-tensor updates keep
     between steps (``adam_plans.py``); a group it covers takes the same calls from there
-    (not a ``fused=True`` group that the Triton or the one-pass kernel may take).
+    (not a group that the Triton or a one-pass kernel may take).
+
+    ``inv_scale`` (with ``groups``): the low-precision gradients are scaled by a GradScaler
+    whose unscaling the update does (``scaled_update.py``): the for-loop flavour's one-pass
+    kernel multiplies by it as it reads them, every other path gets them widened and
+    unscaled first.
     """
     adam = adam_function()
     if adam is None:  # fused_adam_applies() checks this before the step comes here
         raise AmpcoreError("the chunked Adam update needs torch.optim.adam.adam, which this torch does not have")
-    if onepass:
-        from .onepass import ready
-
-        onepass = ready()  # else its fused groups may take the kept plans
+    chosen = optimizer.param_groups if groups is None else groups
+    fused_onepass, loop_onepass = _onepass_kernels(chosen) if onepass else (False, False)
     own: list[torch.Tensor] = []
     with torch.no_grad():
         if plans is not None:
             plans.keep(len(optimizer.param_groups))
-        for index, group in enumerate(optimizer.param_groups if groups is None else groups):
-            if plans is not None and chunk is None and not ((triton or onepass) and dict.__getitem__(group, "fused")):
+        for index, group in enumerate(chosen):
+            fused = dict.__getitem__(group, "fused")
+            kernel = (triton or fused_onepass) if fused else loop_onepass and takes_loop(group)
+            if plans is not None and chunk is None and not kernel:
                 planned = plans.update(adam, optimizer, index, group, WIDEN_ELEMENTS)
                 if planned is not None:  # the group's update from what the last steps kept
                     own.extend(planned)
@@ -180,14 +191,20 @@ def fused_adam_update(
                 continue
             options = flavour(group, [param for param, *_ in work], scaler_tensors(optimizer))
             own.extend(param for param, _, low, _ in work if low is None)
+            if inv_scale is not None and not (kernel and not fused):
+                work = [(m, loop_unscaled(g, m, inv_scale), low, state) for m, g, low, state in work]
             if triton and group["fused"]:
                 work = triton_update(group, work, options["grad_scale"], options["found_inf"])
                 if not work:
                     continue
-            if onepass and group["fused"]:
+            if fused_onepass and fused:
                 from .onepass import adam_update
 
                 work = adam_update(group, work, options["grad_scale"], options["found_inf"])
+                if not work:
+                    continue
+            elif kernel and not fused:  # torch's for-loop (or CPU foreach) flavour: onepass_loop.py
+                work = loop_adam_update(group, work, inv_scale)
                 if not work:
                     continue
             if chunk is None:
@@ -201,6 +218,15 @@ def fused_adam_update(
                 _chunks(adam, options, group, param, grad, low, state, batch)
             _flush(adam, options, group, batch)
     return own
+
+
+def _onepass_kernels(groups: Sequence[dict[str, Any]]) -> tuple[bool, bool]:
+    """Whether the one-pass CPU kernels of the fused and of the for-loop flavour run (each
+    built and self-checked at its first use, only where a group of its flavour is here)."""
+    from .onepass import ready
+
+    flags = [bool(dict.__getitem__(group, "fused")) for group in groups]
+    return (any(flags) and ready()), (not all(flags) and loop_ready())
 
 
 def _work(optimizer: torch.optim.Optimizer, group: dict[str, Any], low_of: Mapping[torch.Tensor, torch.Tensor]) -> Work:

@@ -34,6 +34,7 @@ import torch
 from torch.optim import optimizer as _optim_module
 
 from .master_sgd_torch import sgd_function, torch_group_update
+from .onepass_loop import loop_ready, unscaled
 
 __all__ = ["MASTER_BLIND_HOOKS", "fused_sgd_applies", "fused_sgd_update", "step_hooks_free"]
 
@@ -115,6 +116,7 @@ def fused_sgd_update(
     chunk: int | None,
     optimizer: torch.optim.Optimizer,
     onepass: bool = False,
+    inv_scale: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """Update every parameter with a gradient; for a master (a key of ``low_of``) read its
     own gradient if it has one, else the gradient of its low-precision parameter, and
@@ -124,23 +126,29 @@ def fused_sgd_update(
     ``fused=True`` groups and groups with momentum run torch's SGD
     (:func:`.master_sgd_torch.torch_group_update`, with ``optimizer``'s momentum buffers
     and GradScaler tensors; with ``onepass``, ``fused=True`` groups run the one-pass CPU
-    kernel where it applies: ``onepass.py``).  In the momentum-free others,
+    kernel where it applies: ``onepass.py``).  With ``onepass``, the masters of the other
+    groups run the one-pass kernel of torch's for-loop SGD where it applies
+    (``onepass_loop.py``).  In the momentum-free others,
     parameters of up to ``chunk`` elements (all of them for ``chunk=None``) are updated
     together, a few ``_foreach_`` calls per group (:func:`_update_small`); larger ones
-    chunk by chunk (:func:`_chunked`).
+    chunk by chunk (:func:`_chunked`).  ``inv_scale``: the low-precision gradients are
+    scaled by a GradScaler whose unscaling the update does (``scaled_update.py``): the
+    one-pass kernel of the for-loop flavour multiplies by it, the other paths get them
+    widened and unscaled first.
     """
     own: list[torch.Tensor] = []
     scratch: torch.Tensor | None = None
     with torch.no_grad():
         for group in groups:
             if group.get("fused") or group.get("momentum", 0) != 0:
-                own.extend(torch_group_update(optimizer, group, low_of, chunk, onepass))
+                own.extend(torch_group_update(optimizer, group, low_of, chunk, onepass, inv_scale))
                 continue
             lr = float(group["lr"])
             decay = float(group.get("weight_decay", 0.0))
             maximize = bool(group.get("maximize", False))
             params: list[torch.Tensor] = dict.__getitem__(group, "params")  # type: ignore[index]
             small = _Small()
+            kernel = _OnePass(onepass and loop_ready(), lr, decay, maximize, inv_scale)
             for param in params:
                 low = low_of.get(param)
                 grad = param.grad if param.grad is not None or low is None else low.grad
@@ -148,12 +156,46 @@ def fused_sgd_update(
                     continue
                 if low is None:
                     own.append(param)
+                if kernel.add(param, grad, low):
+                    continue
+                grad = unscaled(grad, param, inv_scale)
                 if grad.is_sparse or (chunk is not None and param.numel() > chunk):
                     scratch = _update_large(param, grad, low, lr, decay, maximize, scratch, chunk)
                 else:
                     small.add(param, grad, low)
+            for param, grad, low in kernel.run():  # (those the kernel did not take)
+                small.add(param, grad, low)
             _update_small(small, lr, decay, maximize)
     return own
+
+
+class _OnePass:
+    """The masters of a momentum-free group for the one-pass kernel of torch's for-loop SGD
+    (``onepass_loop.py``: the same arithmetic as :func:`_update`, in one pass)."""
+
+    def __init__(self, ready: bool, lr: float, decay: float, maximize: bool, inv_scale: torch.Tensor | None) -> None:
+        self.ready = ready
+        self.inv_scale = inv_scale
+        self.options = {"lr": lr, "weight_decay": decay, "momentum": 0.0, "dampening": 0.0}
+        self.options.update(nesterov=False, maximize=maximize)
+        self.items: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def add(self, param: torch.Tensor, grad: torch.Tensor, low: torch.Tensor | None) -> bool:
+        """Queue a master with a low-precision gradient (False: not for the kernel)."""
+        if not self.ready or low is None or grad.dtype == param.dtype or grad.is_sparse:
+            return False
+        self.items.append((param, grad, low))
+        return True
+
+    def run(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Update the queued masters; returns those the kernel did not take."""
+        if not self.items:
+            return []
+        from .onepass_loop import sgd_update
+
+        rest, _ = sgd_update(self.options, [(*item, None) for item in self.items], self.inv_scale)
+        left = [self.items[index] for index in rest]
+        return [(param, unscaled(grad, param, self.inv_scale), low) for param, grad, low in left]
 
 
 def _update_large(

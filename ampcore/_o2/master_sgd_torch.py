@@ -80,12 +80,15 @@ def torch_group_update(
     low_of: Mapping[torch.Tensor, torch.Tensor],
     chunk: int | None,
     onepass: bool = False,
+    inv_scale: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """torch's SGD (fused, or with momentum) on one param group of ``optimizer``: each
     master with its own gradient if it has one (a float32 copy, or the shared gradient of
     ``master_grad=True``), else its low-precision parameter's gradient widened; the
     low-precision parameters refreshed; the momentum buffers in ``optimizer.state``.
-    Returns the parameters without master (float32 ones) that were updated."""
+    Returns the parameters without master (float32 ones) that were updated.  ``inv_scale``:
+    the low-precision gradients are scaled (``onepass_loop.adam_update``), for a group that
+    is not fused."""
     params: list[torch.Tensor] = dict.__getitem__(group, "params")  # type: ignore[index]  # no sync
     fused, momentum = bool(group.get("fused")), float(group["momentum"])
     items: list[_Item] = []
@@ -103,7 +106,7 @@ def torch_group_update(
             own.append(param)
         items.append(_Item(param, grad, low, optimizer.state[param].get("momentum_buffer") if momentum else None))
     if not fused:
-        _run(optimizer, group, items, chunk, first=False)
+        _run(optimizer, group, items, chunk, False, onepass, inv_scale)
         return own
     if momentum:
         # torch's fused SGD: buffers ``torch.empty_like`` of the float32 gradient it sees (the
@@ -127,6 +130,7 @@ def _run(
     chunk: int | None,
     first: bool,
     onepass: bool = False,
+    inv_scale: torch.Tensor | None = None,
 ) -> None:
     if not items:
         return
@@ -137,6 +141,15 @@ def _run(
         items = [items[i] for i in sgd_update(options, [(i.param, i.grad, i.low, i.buf) for i in items])]
         if not items:
             return
+    elif onepass and _loop_ready():  # torch's for-loop (or CPU foreach) SGD: onepass_loop.py
+        items = _loop_sgd(optimizer, options, items, inv_scale)
+        if not items:
+            return
+    if inv_scale is not None:  # (a deferred unscale the kernel did not do)
+        from .onepass_loop import unscaled
+
+        for item in items:
+            item.grad = unscaled(item.grad, item.param, inv_scale)
     if chunk is None:
         _whole(items, options)
     else:
@@ -144,6 +157,27 @@ def _run(
     if not options["fused"] and options["momentum"]:
         for item in items:  # (torch's first step made the new buffers)
             optimizer.state[item.param]["momentum_buffer"] = item.buf
+
+
+def _loop_ready() -> bool:
+    from .onepass_loop import loop_ready
+
+    return loop_ready()
+
+
+def _loop_sgd(
+    optimizer: torch.optim.Optimizer, options: dict[str, Any], items: list[_Item], inv_scale: torch.Tensor | None
+) -> list[_Item]:
+    """The items the one-pass kernel of torch's for-loop SGD takes, updated (their new
+    momentum buffers in the state, as torch's step leaves them); returns the rest."""
+    from .onepass_loop import sgd_update
+
+    rest, bufs = sgd_update(options, [(item.param, item.grad, item.low, item.buf) for item in items], inv_scale)
+    kept = set(rest)
+    taken = [item for index, item in enumerate(items) if index not in kept]
+    for item, buf in zip(taken, bufs, strict=False):
+        optimizer.state[item.param]["momentum_buffer"] = buf
+    return [items[index] for index in rest]
 
 
 def _options(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -74,7 +74,11 @@ def sgd_update(weights: MasterWeights) -> list[torch.Tensor]:
             weights,
             "sgd",
             lambda chunk: unscaled_update(
-                pending, groups, chunk, lambda part: fused_sgd_update(part, low_of, chunk, optimizer, weights.onepass)
+                pending,
+                groups,
+                chunk,
+                lambda part: fused_sgd_update(part, low_of, chunk, optimizer, weights.onepass),
+                _direct(weights, lambda group, inv: fused_sgd_update([group], low_of, chunk, optimizer, True, inv)),
             ),
             scaled=True,
         )
@@ -95,6 +99,12 @@ def adam_update(weights: MasterWeights) -> list[torch.Tensor]:
                 optimizer.param_groups,
                 chunk,
                 lambda part: fused_adam_update(optimizer, low_of, chunk, triton, onepass, groups=part),
+                _direct(
+                    weights,
+                    lambda group, inv: fused_adam_update(
+                        optimizer, low_of, chunk, triton, True, groups=[group], inv_scale=inv
+                    ),
+                ),
             ),
             scaled=True,
         )
@@ -102,3 +112,21 @@ def adam_update(weights: MasterWeights) -> list[torch.Tensor]:
     return _walk(
         weights, "adam", lambda chunk: fused_adam_update(optimizer, low_of, chunk, triton, onepass, plans=plans)
     )
+
+
+def _direct(
+    weights: MasterWeights, update: Callable[[dict[str, Any], torch.Tensor], list[torch.Tensor]]
+) -> Callable[[dict[str, Any], torch.Tensor], list[torch.Tensor] | None] | None:
+    """For :func:`.scaled_update.unscaled_update`: ``update`` for the groups the one-pass
+    kernel of the for-loop flavour takes (it unscales as it reads the gradients), or None
+    where it does not run here."""
+    if not weights.onepass:
+        return None
+    from .onepass_loop import loop_ready, takes
+
+    def run(group: dict[str, Any], inv_scale: torch.Tensor) -> list[torch.Tensor] | None:
+        if not takes(group) or not loop_ready():
+            return None
+        return update(group, inv_scale)
+
+    return run

@@ -152,6 +152,7 @@ def unscaled_update(
     groups: Sequence[dict[str, Any]],
     chunk: int | None,
     update: Callable[[list[dict[str, Any]]], list[torch.Tensor]],
+    direct: Callable[[dict[str, Any], torch.Tensor], list[torch.Tensor] | None] | None = None,
 ) -> list[torch.Tensor]:
     """Run ``update`` (ampcore's update of the param groups it is given, on the walk
     ``chunk``, which reads each master's own ``.grad`` first) on ``groups``, slice by slice:
@@ -159,12 +160,21 @@ def unscaled_update(
     the call, then lose them.  A slice holds at most :data:`SLICE_ELEMENTS` elements (one
     ``chunk`` on the chunked walk) and a :data:`SLICES`-th of all pending ones, or one
     larger tensor.  The parameters that are not pending go with the first slice of their
-    group.  Returns what the calls returned (the float32 parameters they updated)."""
+    group.  Returns what the calls returned (the float32 parameters they updated).
+
+    ``direct(group, inv_scale)``: an update that reads the scaled low-precision gradients
+    and unscales them itself (the one-pass kernel of the for-loop flavour,
+    ``onepass_loop.py``), run on a plain copy of the whole group, nothing widened; None
+    where it does not take the group (then it goes slice by slice as above)."""
     own: list[torch.Tensor] = []
     bound = SLICE_ELEMENTS if chunk is None else min(chunk, SLICE_ELEMENTS)
     bound = min(bound, max(1, sum(master.numel() for master in pending.masters) // SLICES))
     for group in groups:
         params: list[torch.Tensor] = dict.__getitem__(group, "params")  # no gradient sync
+        done = None if direct is None else _direct(pending, group, params, direct)
+        if done is not None:
+            own.extend(done)
+            continue
         waiting = [p for p in params if p in pending.masters]
         rest = [p for p in params if p not in pending.masters]
         for part in _slices(waiting, bound) or [[]]:
@@ -177,6 +187,22 @@ def unscaled_update(
             del widened
             rest = []
     return own
+
+
+def _direct(
+    pending: PendingUnscale,
+    group: dict[str, Any],
+    params: list[torch.Tensor],
+    direct: Callable[[dict[str, Any], torch.Tensor], list[torch.Tensor] | None],
+) -> list[torch.Tensor] | None:
+    """``direct`` on the whole group with the inverse scale (None: not taken)."""
+    waiting = [p for p in params if p in pending.masters]
+    if not waiting:
+        return None
+    done = direct(_with_params(group, params), pending.inv_scale_on(waiting[0].device))
+    if done is not None:
+        pending.masters.difference_update(waiting)
+    return done
 
 
 def _slices(masters: list[torch.Tensor], bound: int) -> list[list[torch.Tensor]]:

@@ -19,7 +19,7 @@ from test_master_step import batches, make_model
 from torch import nn
 
 import ampcore
-from ampcore._o2 import adam_plans, master_adam, onepass
+from ampcore._o2 import adam_plans, master_adam, onepass, onepass_loop
 from ampcore._o2.master import master_weights_of
 
 MakeOpt = Callable[[Any], torch.optim.Optimizer]
@@ -111,6 +111,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     torch's kernels: ``fused=True`` groups that the one-pass kernel takes keep no plan,
     ``test_onepass.py``)."""
     monkeypatch.setattr(onepass, "_module", lambda: None)
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)  # (and that of the for-loop flavour)
     counts = {"made": 0, "walked": 0}
     make, work = adam_plans.GroupPlan.make.__func__, master_adam._work  # type: ignore[attr-defined]
 

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import ampcore
-from ampcore._o2 import onepass
+from ampcore._o2 import onepass, onepass_loop
 from ampcore._o2.master import master_weights_of
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -195,6 +195,7 @@ class _LargestFloat32(TorchDispatchMode):
 @pytest.mark.parametrize("name", ["adam", "adamw-wd-amsgrad", "adamw-foreach-maximize-amsgrad", "adamw-fused-wd"])
 def test_the_step_creates_no_full_size_float32_gradient(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)  # (and that of the for-loop flavour)
     model, opt = train_decorated(ADAMS[name], 1, norm=False)  # state exists after one step
     x, y = batches(1)[0]
     with ampcore.autocast(device="cpu", level="O2"):

@@ -28,7 +28,7 @@ from test_scaler_fused import FloatAllocations
 from torch import nn
 
 import ampcore
-from ampcore._o2 import onepass
+from ampcore._o2 import onepass, onepass_loop
 from ampcore._o2.master import master_weights_of
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -83,6 +83,7 @@ def test_fused_sgd_makes_no_float32_gradient_copy(name: str, device: str, monkey
     import ampcore._o2.own_update as master_module
 
     monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)  # (and that of the for-loop flavour)
     calls: list[int] = []
     original = master_module.fused_sgd_update
     monkeypatch.setattr(master_module, "fused_sgd_update", lambda *a: calls.append(1) or original(*a))

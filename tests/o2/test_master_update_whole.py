@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import ampcore
-from ampcore._o2 import onepass
+from ampcore._o2 import onepass, onepass_loop
 from ampcore._o2.master import master_weights_of
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -130,6 +130,7 @@ def test_whole_tensor_updates_dispatch_a_few_ops_per_group_whatever_the_size(
     """The GPU defect (20,889 kernels per step): the chunked update's ops grow with the
     parameters' size; whole-tensor updates with a foreach or fused optimizer do not."""
     monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)  # (and that of the for-loop flavour)
     small = ops_of_one_step(FOREACH[name], 64)
     large = ops_of_one_step(FOREACH[name], 1031)  # 1M-element weights: 4 CPU chunks each
     deeper = ops_of_one_step(FOREACH[name], 64, layers=9)

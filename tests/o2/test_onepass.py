@@ -299,4 +299,4 @@ def test_unfused_groups_and_float32_parameters_keep_torchs_path(calls: dict[str,
         opt.zero_grad()
     assert calls == {"adam": 0, "sgd": 0}
     weights = master_weights_of(opt)
-    assert weights is not None and weights.onepass is True  # offered, unused by this flavour
+    assert weights is not None and weights.onepass is True  # offered: this flavour's is test_onepass_loop.py

@@ -49,6 +49,15 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def _torchs_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests of the slices this module's deferred unscale widens run torch's optimizer: the
+    one-pass kernel of the for-loop flavour unscales as it reads the low-precision gradients
+    and widens nothing (``tests/o2/test_onepass_loop.py``)."""
+    from ampcore._o2 import onepass_loop
+
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)
+
+
 def make_model(norm: bool = True, wide: bool = False) -> nn.Module:
     """Linear layers (masters), with ``norm`` around a BatchNorm (float32 parameters of
     the same param group, which decorate keeps); ``wide`` adds a weight larger than one
@@ -225,7 +234,10 @@ def assert_same(
 
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_scaler_step_is_bit_identical_to_todays_path_and_to_torch(name: str, dtype: torch.dtype) -> None:
+def test_scaler_step_is_bit_identical_to_todays_path_and_to_torch(
+    name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _torchs_kernels(monkeypatch)
     watches: list[MasterGradWatch] = []
     deferred = train(name, dtype, "step", watches=watches)
     assert deferred[1] == [1024.0, 1024.0, 512.0, 512.0, 512.0]  # the overflow backed off
@@ -252,6 +264,7 @@ def test_tensors_larger_than_a_chunk_are_widened_chunk_by_chunk_with_the_same_bi
 
 @pytest.mark.parametrize("name", DEFERRING)
 def test_no_float32_gradient_copy_exists_during_the_step(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _torchs_kernels(monkeypatch)
     monkeypatch.setattr(scaled_update, "SLICE_ELEMENTS", 1)  # one tensor widened at a time
     watches: list[MasterGradWatch] = []
     train(name, FP16, "step", watches=watches)
@@ -285,9 +298,12 @@ def test_explicit_unscale_keeps_the_float32_copies_for_clipping() -> None:
 
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("how", ["minimize", "scheduler"])
-def test_paddle_minimize_and_schedulers_made_after_decorate_defer_too(how: str, dtype: torch.dtype) -> None:
+def test_paddle_minimize_and_schedulers_made_after_decorate_defer_too(
+    how: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
     watches: list[MasterGradWatch] = []
     if how == "scheduler":
+        _torchs_kernels(monkeypatch)
         deferred = train("adamw", dtype, how, watches=watches)
         assert all(0 < w.most_grad_bytes for index, w in enumerate(watches) if index != OVERFLOW_AT)
     else:

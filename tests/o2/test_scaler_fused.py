@@ -33,7 +33,7 @@ from test_scaler_deferred_unscale import (
 )
 
 import ampcore
-from ampcore._o2 import adam_call, master_adam, onepass
+from ampcore._o2 import adam_call, master_adam, onepass, onepass_loop
 from ampcore._o2.master import master_weights_of
 from ampcore._o2.update_walk import UpdateWalk
 
@@ -220,6 +220,7 @@ def _with_scale(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 def test_scaler_tensors_reach_torchs_adam_of_every_fused_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(onepass, "_module", lambda: None)  # torch's kernels (the one-pass kernel: test_onepass.py)
+    monkeypatch.setattr(onepass_loop, "_module", lambda: None)  # (and that of the for-loop flavour)
     seen: list[tuple[Any, Any]] = []
     real = adam_call.run_adam
 
