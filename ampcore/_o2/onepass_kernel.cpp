@@ -104,9 +104,36 @@ inline uint16_t narrow(float value) {
   }
 }
 
+// what torch's fused Adam and SGD first do to every gradient element: unscale it
+// (GradScaler), negate it (maximize), add the L2 decay term (Adam's and SGD's
+// `weight_decay`; AdamW decays the parameter instead)
+struct GradConsts {
+  bool maximize, decay;
+  float scale, sign, wd;
+};
+
+GradConsts grad_consts(const float* scale, bool maximize, bool decay, double weight_decay) {
+  return GradConsts{maximize, decay, scale ? *scale : 1.0f, maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay)};
+}
+
+// the gradient element torch's kernel goes on with, from the low-precision gradient `g16`
+// and the master's `param` (vector code negates by a multiplication, scalar code by `-`)
+template <bool Contract, bool Vector, bool Scaled, typename low_t>
+inline float grad_of(uint16_t g16, float param, const GradConsts& k) {
+  float g = widen<low_t>(g16);
+  if constexpr (Scaled) g = g / k.scale;
+  if constexpr (Vector) {
+    g = g * k.sign;  // maximize: -1, else 1
+  } else {
+    g = k.maximize ? -g : g;
+  }
+  return pick(k.decay, madd<Contract>(param, k.wd, g), g);
+}
+
 struct AdamConsts {
-  bool scaled, maximize, amsgrad, adamw, decay, small, contract;
-  float scale, sign, wd, keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
+  GradConsts grad;
+  bool scaled, amsgrad, small, contract;
+  float keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
 };
 
 AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_decay, double eps, double step,
@@ -115,16 +142,12 @@ AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_deca
   // double where torch's kernel computes in double, rounded to float where it casts
   double bias_correction1 = 1 - std::pow(beta1, step);
   double bias_correction2 = 1 - std::pow(beta2, step);
+  const bool decay = weight_decay != 0.f;
+  k.grad = grad_consts(scale, maximize, decay && !adamw, weight_decay);
   k.scaled = scale != nullptr;
-  k.scale = scale ? *scale : 1.0f;
-  k.maximize = maximize;
   k.amsgrad = amsgrad;
-  k.adamw = adamw;
-  k.decay = weight_decay != 0.f;
   k.contract = contract;
-  k.wd = static_cast<float>(weight_decay);
-  k.keep = adamw && k.decay ? static_cast<float>(1 - lr * weight_decay) : 1.0f;
-  k.sign = maximize ? -1.0f : 1.0f;
+  k.keep = adamw && decay ? static_cast<float>(1 - lr * weight_decay) : 1.0f;
   k.weight = static_cast<float>(1 - beta1);
   k.small = std::abs(k.weight) < 0.5f;
   k.coeff = k.small ? k.weight : k.weight - 1.0f;
@@ -147,17 +170,9 @@ template <bool Contract, bool Vector, bool Tail, bool Amsgrad, bool Scaled, type
 void adam_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t* __restrict__ out,
                float* __restrict__ m, float* __restrict__ v, float* __restrict__ vmax, const AdamConsts k,
                int64_t begin, int64_t end) {
-  const bool l2 = k.decay && !k.adamw;
   for (int64_t i = begin; i < end; ++i) {
     float param = p[i];
-    float g = widen<low_t>(g16[i]);
-    if constexpr (Scaled) g = g / k.scale;
-    if constexpr (Vector) {
-      g = g * k.sign;  // maximize: -1, else 1
-    } else {
-      g = k.maximize ? -g : g;
-    }
-    g = pick(l2, madd<Contract>(param, k.wd, g), g);
+    const float g = grad_of<Contract, Vector, Scaled, low_t>(g16[i], param, k.grad);
     param = param * k.keep;  // 1 but for AdamW's decay
     float mi = m[i], diff = g - mi;
     if constexpr (Tail && !Vector) {
@@ -246,8 +261,9 @@ void adam_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Ten
 }
 
 struct SgdConsts {
-  bool scaled, maximize, decay, momentum, first, nesterov, contract;
-  float scale, sign, wd, mom, keep_grad, lr;
+  GradConsts grad;
+  bool scaled, momentum, first, nesterov, contract;
+  float mom, keep_grad, lr;
 };
 
 // torch's `sgd_math<float>` on [begin, end) of one of its parts (its body's `p + g * -lr`
@@ -257,14 +273,7 @@ void sgd_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t*
               float* __restrict__ buf, const SgdConsts k, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float param = p[i];
-    float g = widen<low_t>(g16[i]);
-    if constexpr (Scaled) g = g / k.scale;
-    if constexpr (Vector) {
-      g = g * k.sign;  // maximize: -1, else 1
-    } else {
-      g = k.maximize ? -g : g;
-    }
-    g = pick(k.decay, madd<Contract>(param, k.wd, g), g);
+    float g = grad_of<Contract, Vector, Scaled, low_t>(g16[i], param, k.grad);
     if constexpr (Momentum) {
       float b = pick(k.first, g, madd2<Contract, Vector>(buf[i], k.mom, g, k.keep_grad));
       buf[i] = b;
@@ -372,10 +381,9 @@ void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& 
   const Split split = checked_split(width, tail_width);
   if (skipped(found_inf)) return;
   const float* scale = scale_of(grad_scale);
-  SgdConsts k{scale != nullptr, maximize, weight_decay != 0.0, momentum != 0.0, is_first_step, nesterov,
-              contract,
-              scale ? *scale : 1.0f, maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay), static_cast<float>(momentum),
-              static_cast<float>(1 - dampening), static_cast<float>(lr)};
+  SgdConsts k{grad_consts(scale, maximize, weight_decay != 0.0, weight_decay),
+              scale != nullptr, momentum != 0.0, is_first_step, nesterov, contract,
+              static_cast<float>(momentum), static_cast<float>(1 - dampening), static_cast<float>(lr)};
   for (size_t i = 0; i < masters.size(); ++i) {
     const at::Tensor& master = masters[i];
     const at::ScalarType low_type = lows[i].scalar_type();
