@@ -27,15 +27,17 @@ the flavour the user chose (bit-identical to it), so ``fused`` compares kernel w
 
 Each step is also split into its parts (the CPU runs synchronously, so a clock read between
 them times each): forward (with the loss), backward, ``optimizer.step()`` and ``zero_grad``, so
-the table shows where a difference comes from.  ``--clock cpu`` times them in the thread's CPU
-time (``time.thread_time``; with ``--threads 1`` all of torch's work runs on this thread), which
-a busy machine disturbs less than the wall clock.
+the table shows where a difference comes from, with the minor page faults of a step (memory
+the allocator gave back to the system and takes again: a backward that faults runs slower).
+``--clock cpu`` times them in the thread's CPU time (``time.thread_time``; with ``--threads 1``
+all of torch's work runs on this thread), which a busy machine disturbs less than the wall clock.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import resource
 import statistics
 import sys
 import time
@@ -125,6 +127,11 @@ class Mode:
         return tuple(after - before for before, after in zip(marks, marks[1:], strict=False))
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def run(kind: str, modes: list[str], args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     base = nn.Sequential(*(nn.Linear(args.width, args.width) for _ in range(args.layers)))
@@ -132,12 +139,15 @@ def run(kind: str, modes: list[str], args: argparse.Namespace) -> None:
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     steps = {name: Mode(base, kind, name, (x, y), args.flavour, clock) for name in modes}
     times: dict[str, list[tuple[float, ...]]] = {name: [] for name in modes}
+    faults: dict[str, list[int]] = {name: [] for name in modes}
     for round_ in range(args.warmup + args.rounds):
         order = modes[round_ % len(modes) :] + modes[: round_ % len(modes)]
         for name in order:
+            before = minor_faults()
             took = steps[name].step()
             if round_ >= args.warmup:
                 times[name].append(took)
+                faults[name].append(minor_faults() - before)
     median = {name: statistics.median(sum(parts) for parts in got) for name, got in times.items()}
     phase = {name: [statistics.median(parts) for parts in zip(*got, strict=True)] for name, got in times.items()}
     ours = median["ampcore O2"]
@@ -145,14 +155,14 @@ def run(kind: str, modes: list[str], args: argparse.Namespace) -> None:
         f"\n{kind} ({args.flavour} flavour outside IPEX): {args.layers} x Linear({args.width}), "
         f"batch {args.batch}, bf16, {args.rounds} rounds, {args.clock} clock"
     )
-    print(f"| mode | ms / step | fwd+bwd ms | step ms | {' ms | '.join(PARTS)} ms | ampcore O2 / mode |")
-    print(f"|---|---:|---:|---:|{'---:|' * len(PARTS)}---:|")
+    print(f"| mode | ms / step | fwd+bwd ms | step ms | {' ms | '.join(PARTS)} ms | page faults | ampcore O2 / mode |")
+    print(f"|---|---:|---:|---:|{'---:|' * len(PARTS)}---:|---:|")
     for name in modes:
         fwd, bwd, upd, zero = phase[name]
         cells = " | ".join(f"{1e3 * part:.2f}" for part in phase[name])
         print(
             f"| {name} | {1e3 * median[name]:.1f} | {1e3 * (fwd + bwd):.1f} | {1e3 * (upd + zero):.1f} | {cells} "
-            f"| {ours / median[name]:.3f} |"
+            f"| {statistics.median(faults[name]):.0f} | {ours / median[name]:.3f} |"
         )
     sys.stdout.flush()
 
