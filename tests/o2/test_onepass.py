@@ -252,6 +252,37 @@ def _scaled_gradient(n: int, generator: torch.Generator) -> torch.Tensor:
     return (torch.randn(n, generator=generator) * torch.exp2(exponents)).bfloat16()
 
 
+def test_the_self_check_checks_streamed_stores_too(kernel: Any) -> None:
+    """The first-use self-check runs every problem with ordinary and with streamed stores,
+    says which differed, and leaves the streaming size as it was."""
+    module, layout = kernel
+    default = module.set_stream_min(0)
+    module.set_stream_min(default)
+    assert onepass_check.self_check(module, layout) is None
+    assert module.set_stream_min(default) == default
+
+    class WrongWhereStreamed:
+        def __init__(self) -> None:
+            self.stream_min = default
+
+        def set_stream_min(self, elements: int) -> int:
+            before, self.stream_min = self.stream_min, elements
+            return before
+
+        def adam(self, *args: Any) -> None:
+            module.adam(*args)
+
+        def sgd(self, *args: Any) -> None:
+            module.sgd(*args)
+            if self.stream_min == 0:
+                args[2][0].add_(1)  # the parameter
+
+    wrong = WrongWhereStreamed()
+    found = onepass_check.self_check(wrong, layout)
+    assert found is not None and found.endswith("parameter differ (streamed stores)"), found
+    assert wrong.stream_min == default
+
+
 def test_the_streaming_size_is_validated(kernel: Any) -> None:
     module, _ = kernel
     with pytest.raises(RuntimeError, match="stream_min -1"):
