@@ -109,7 +109,21 @@ def sgd_case(
 
 def self_check(module: ModuleType, layout: tuple[int, int, bool]) -> str | None:
     """None where the kernel is bit-identical to torch's fused kernels on every problem of
-    this check; else the first difference, in words."""
+    this check, with its parameter stores ordinary and streamed (the AVX512 build streams
+    large tensors: ``set_stream_min``); else the first difference, in words."""
+    default = module.set_stream_min(0)
+    try:
+        for stream_min in (default, 0):
+            module.set_stream_min(stream_min)
+            differ = _check(module, layout)
+            if differ is not None:
+                return differ if stream_min else f"{differ} (streamed stores)"
+        return None
+    finally:
+        module.set_stream_min(default)
+
+
+def _check(module: ModuleType, layout: tuple[int, int, bool]) -> str | None:
     with torch.no_grad():
         for dtype in (torch.bfloat16, torch.float16):
             for n in SIZES:

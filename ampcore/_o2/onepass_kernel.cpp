@@ -30,7 +30,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define AMPCORE_ONEPASS_AVX512 1
+#else
+#define AMPCORE_ONEPASS_AVX512 0
+#endif
 
 namespace {
 
@@ -104,9 +112,79 @@ inline uint16_t narrow(float value) {
   }
 }
 
+// what torch's fused Adam and SGD first do to every gradient element: unscale it
+// (GradScaler), negate it (maximize), add the L2 decay term (Adam's and SGD's
+// `weight_decay`; AdamW decays the parameter instead)
+struct GradConsts {
+  bool maximize, decay;
+  float scale, sign, wd;
+};
+
+GradConsts grad_consts(const float* scale, bool maximize, bool decay, double weight_decay) {
+  return GradConsts{maximize, decay, scale ? *scale : 1.0f, maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay)};
+}
+
+// the gradient element torch's kernel goes on with, from the low-precision gradient `g16`
+// and the master's `param` (vector code negates by a multiplication, scalar code by `-`)
+template <bool Contract, bool Vector, bool Scaled, typename low_t>
+inline float grad_of(uint16_t g16, float param, const GradConsts& k) {
+  float g = widen<low_t>(g16);
+  if constexpr (Scaled) g = g / k.scale;
+  if constexpr (Vector) {
+    g = g * k.sign;  // maximize: -1, else 1
+  } else {
+    g = k.maximize ? -g : g;
+  }
+  return pick(k.decay, madd<Contract>(param, k.wd, g), g);
+}
+
+// The low-precision parameter is the one tensor the update writes without reading it.  An
+// ordinary store first reads each of its cache lines (read for ownership): 2 bytes per
+// parameter that the update does not need, on top of the 12 (SGD) it does.  In the vector
+// body of the AVX512 build the rounded parameters of tensors of at least `g_stream_min`
+// elements go out with non-temporal stores instead, which read nothing (a smaller tensor
+// stays in cache for the next forward).  Only how the values are stored changes: the
+// arithmetic is the same, bit for bit.
+int64_t g_stream_min = int64_t{1} << 20;
+
+bool streamed(const at::Tensor& low) {
+  return AMPCORE_ONEPASS_AVX512 && low.numel() >= g_stream_min && reinterpret_cast<uintptr_t>(low.data_ptr()) % 32 == 0;
+}
+
+#if AMPCORE_ONEPASS_AVX512
+inline __m512 widen16(const uint16_t* g16) {  // bfloat16 -> float32, exactly
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// narrow<c10::BFloat16> on 16 floats: rounded to nearest even, a NaN to the quiet NaN
+template <bool Stream>
+inline void narrow16(uint16_t* out, __m512 value) {
+  const __m512i u = _mm512_castps_si512(value);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  const __m256i bf16 = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0)));
+  if constexpr (Stream) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out), bf16);  // 32-byte aligned (`streamed`)
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bf16);
+  }
+}
+#endif
+
+// the streamed stores of a thread's chunk ordered before what follows it
+inline void stream_fence(bool stream) {
+#if AMPCORE_ONEPASS_AVX512
+  if (stream) _mm_sfence();
+#endif
+}
+
 struct AdamConsts {
-  bool scaled, maximize, amsgrad, adamw, decay, small, contract;
-  float scale, sign, wd, keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
+  GradConsts grad;
+  bool scaled, amsgrad, small, contract, stream;
+  float keep, weight, coeff, one_minus_weight, beta2, sq_coeff, bc2_sqrt, eps, step_size;
 };
 
 AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_decay, double eps, double step,
@@ -115,16 +193,12 @@ AdamConsts adam_consts(double lr, double beta1, double beta2, double weight_deca
   // double where torch's kernel computes in double, rounded to float where it casts
   double bias_correction1 = 1 - std::pow(beta1, step);
   double bias_correction2 = 1 - std::pow(beta2, step);
+  const bool decay = weight_decay != 0.f;
+  k.grad = grad_consts(scale, maximize, decay && !adamw, weight_decay);
   k.scaled = scale != nullptr;
-  k.scale = scale ? *scale : 1.0f;
-  k.maximize = maximize;
   k.amsgrad = amsgrad;
-  k.adamw = adamw;
-  k.decay = weight_decay != 0.f;
   k.contract = contract;
-  k.wd = static_cast<float>(weight_decay);
-  k.keep = adamw && k.decay ? static_cast<float>(1 - lr * weight_decay) : 1.0f;
-  k.sign = maximize ? -1.0f : 1.0f;
+  k.keep = adamw && decay ? static_cast<float>(1 - lr * weight_decay) : 1.0f;
   k.weight = static_cast<float>(1 - beta1);
   k.small = std::abs(k.weight) < 0.5f;
   k.coeff = k.small ? k.weight : k.weight - 1.0f;
@@ -147,17 +221,9 @@ template <bool Contract, bool Vector, bool Tail, bool Amsgrad, bool Scaled, type
 void adam_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t* __restrict__ out,
                float* __restrict__ m, float* __restrict__ v, float* __restrict__ vmax, const AdamConsts k,
                int64_t begin, int64_t end) {
-  const bool l2 = k.decay && !k.adamw;
   for (int64_t i = begin; i < end; ++i) {
     float param = p[i];
-    float g = widen<low_t>(g16[i]);
-    if constexpr (Scaled) g = g / k.scale;
-    if constexpr (Vector) {
-      g = g * k.sign;  // maximize: -1, else 1
-    } else {
-      g = k.maximize ? -g : g;
-    }
-    g = pick(l2, madd<Contract>(param, k.wd, g), g);
+    const float g = grad_of<Contract, Vector, Scaled, low_t>(g16[i], param, k.grad);
     param = param * k.keep;  // 1 but for AdamW's decay
     float mi = m[i], diff = g - mi;
     if constexpr (Tail && !Vector) {
@@ -205,11 +271,62 @@ struct AdamTensors {
   float* vmax;
 };
 
+#if AMPCORE_ONEPASS_AVX512
+// adam_part<true, true, false, Amsgrad, Scaled, c10::BFloat16> (torch's vector body) on whole
+// vectors of 16 in [begin, end), spelled with AVX512 intrinsics (the same operations, element
+// by element), so that the parameter can be streamed; returns where it stopped
+template <bool Amsgrad, bool Scaled, bool Stream>
+int64_t adam_avx512(const AdamTensors<c10::BFloat16>& t, const AdamConsts& k, int64_t begin, int64_t end) {
+  const __m512 scale = _mm512_set1_ps(k.grad.scale), sign = _mm512_set1_ps(k.grad.sign);
+  const __m512 wd = _mm512_set1_ps(k.grad.wd), keep = _mm512_set1_ps(k.keep), coeff = _mm512_set1_ps(k.coeff);
+  const __m512 beta2 = _mm512_set1_ps(k.beta2), sq_coeff = _mm512_set1_ps(k.sq_coeff);
+  const __m512 bc2_sqrt = _mm512_set1_ps(k.bc2_sqrt), eps = _mm512_set1_ps(k.eps);
+  const __m512 step_size = _mm512_set1_ps(k.step_size), nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
+  float* __restrict__ p = t.p;
+  float* __restrict__ m = t.m;
+  float* __restrict__ v = t.v;
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m512 param = _mm512_loadu_ps(p + i);
+    __m512 g = widen16(t.g + i);
+    if constexpr (Scaled) g = _mm512_div_ps(g, scale);
+    g = _mm512_mul_ps(g, sign);
+    if (k.grad.decay) g = _mm512_fmadd_ps(param, wd, g);
+    param = _mm512_mul_ps(param, keep);
+    __m512 mi = _mm512_loadu_ps(m + i);
+    const __m512 diff = _mm512_sub_ps(g, mi);
+    mi = _mm512_fmadd_ps(coeff, diff, k.small ? mi : g);  // the lerp: vec::fmadd
+    // madd2<true, true>(v, beta2, sq_coeff * g, g): the second product fused
+    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(sq_coeff, g), g, _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    __m512 s = vi;
+    if constexpr (Amsgrad) {  // Vectorized<float>'s maximum: NaN if either is
+      const __m512 old = _mm512_loadu_ps(t.vmax + i);
+      s = _mm512_mask_mov_ps(_mm512_max_ps(old, vi), _mm512_cmp_ps_mask(old, vi, _CMP_UNORD_Q), nan);
+      _mm512_storeu_ps(t.vmax + i, s);
+    }
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(s), bc2_sqrt), eps);
+    param = _mm512_sub_ps(param, _mm512_div_ps(_mm512_mul_ps(step_size, mi), denom));
+    _mm512_storeu_ps(p + i, param);
+    narrow16<Stream>(t.out + i, param);
+  }
+  return i;
+}
+#endif
+
 template <bool Contract, bool Amsgrad, bool Scaled, typename low_t>
 void adam_parts(const AdamTensors<low_t>& t, const AdamConsts& k, const Split& split, int64_t begin, int64_t end) {
   int64_t body, vec;
   split.of(begin, end, body, vec);
-  adam_part<Contract, true, false, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, begin, body);
+  int64_t done = begin;  // in the AVX512 build whole vectors of the body by adam_avx512
+#if AMPCORE_ONEPASS_AVX512
+  if constexpr (Contract && std::is_same_v<low_t, c10::BFloat16>) {
+    done = k.stream ? adam_avx512<Amsgrad, Scaled, true>(t, k, begin, body)
+                    : adam_avx512<Amsgrad, Scaled, false>(t, k, begin, body);
+  }
+#endif
+  adam_part<Contract, true, false, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, done, body);
   adam_part<Contract, true, true, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, body, vec);
   adam_part<Contract, false, true, Amsgrad, Scaled, low_t>(t.p, t.g, t.out, t.m, t.v, t.vmax, k, vec, end);
 }
@@ -242,13 +359,47 @@ void adam_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Ten
     } else {
       k.amsgrad ? adam_range<false, true>(t, k, split, begin, end) : adam_range<false, false>(t, k, split, begin, end);
     }
+    stream_fence(k.stream);
   });
 }
 
 struct SgdConsts {
-  bool scaled, maximize, decay, momentum, first, nesterov, contract;
-  float scale, sign, wd, mom, keep_grad, lr;
+  GradConsts grad;
+  bool scaled, momentum, first, nesterov, contract, stream;
+  float mom, keep_grad, lr;
 };
+
+#if AMPCORE_ONEPASS_AVX512
+// sgd_part<true, true, Momentum, Scaled, c10::BFloat16> on whole vectors of 16 in
+// [begin, end), spelled with AVX512 intrinsics (the same operations, element by element:
+// each `fma` one rounding, as `madd`/`madd2` contract them), so that the parameter can be
+// streamed; returns where it stopped (the rest, fewer than 16, for sgd_part)
+template <bool Momentum, bool Scaled, bool Stream>
+int64_t sgd_avx512(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t* __restrict__ out,
+                   float* __restrict__ buf, const SgdConsts& k, int64_t begin, int64_t end) {
+  const __m512 scale = _mm512_set1_ps(k.grad.scale), sign = _mm512_set1_ps(k.grad.sign);
+  const __m512 wd = _mm512_set1_ps(k.grad.wd), mom = _mm512_set1_ps(k.mom);
+  const __m512 keep_grad = _mm512_set1_ps(k.keep_grad), lr = _mm512_set1_ps(k.lr);
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m512 param = _mm512_loadu_ps(p + i);
+    __m512 g = widen16(g16 + i);
+    if constexpr (Scaled) g = _mm512_div_ps(g, scale);
+    g = _mm512_mul_ps(g, sign);
+    if (k.grad.decay) g = _mm512_fmadd_ps(param, wd, g);
+    if constexpr (Momentum) {
+      // madd2<true, true>(buf, mom, g, keep_grad): the second product fused
+      const __m512 b = k.first ? g : _mm512_fmadd_ps(g, keep_grad, _mm512_mul_ps(_mm512_loadu_ps(buf + i), mom));
+      _mm512_storeu_ps(buf + i, b);
+      g = k.nesterov ? _mm512_fmadd_ps(b, mom, g) : b;
+    }
+    param = _mm512_fnmadd_ps(g, lr, param);  // madd(-g, lr, param)
+    _mm512_storeu_ps(p + i, param);
+    narrow16<Stream>(out + i, param);
+  }
+  return i;
+}
+#endif
 
 // torch's `sgd_math<float>` on [begin, end) of one of its parts (its body's `p + g * -lr`
 // is its tail's `p - g * lr`).
@@ -257,14 +408,7 @@ void sgd_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t*
               float* __restrict__ buf, const SgdConsts k, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float param = p[i];
-    float g = widen<low_t>(g16[i]);
-    if constexpr (Scaled) g = g / k.scale;
-    if constexpr (Vector) {
-      g = g * k.sign;  // maximize: -1, else 1
-    } else {
-      g = k.maximize ? -g : g;
-    }
-    g = pick(k.decay, madd<Contract>(param, k.wd, g), g);
+    float g = grad_of<Contract, Vector, Scaled, low_t>(g16[i], param, k.grad);
     if constexpr (Momentum) {
       float b = pick(k.first, g, madd2<Contract, Vector>(buf[i], k.mom, g, k.keep_grad));
       buf[i] = b;
@@ -276,23 +420,39 @@ void sgd_part(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t*
   }
 }
 
+// torch's vector body and the vectorised part of its tail ([begin, vec): the same
+// arithmetic), then its scalar tail; in the AVX512 build whole vectors by sgd_avx512
+template <bool Contract, bool Momentum, bool Scaled, typename low_t>
+void sgd_parts(float* p, const uint16_t* g, uint16_t* out, float* buf, const SgdConsts& k, int64_t begin,
+               int64_t vec, int64_t end) {
+  int64_t done = begin;
+#if AMPCORE_ONEPASS_AVX512
+  if constexpr (Contract && std::is_same_v<low_t, c10::BFloat16>) {
+    done = k.stream ? sgd_avx512<Momentum, Scaled, true>(p, g, out, buf, k, begin, vec)
+                    : sgd_avx512<Momentum, Scaled, false>(p, g, out, buf, k, begin, vec);
+  }
+#endif
+  sgd_part<Contract, true, Momentum, Scaled, low_t>(p, g, out, buf, k, done, vec);
+  sgd_part<Contract, false, Momentum, Scaled, low_t>(p, g, out, buf, k, vec, end);
+}
+
 template <bool Contract, bool Momentum, typename low_t>
 void sgd_range(float* p, const uint16_t* g, uint16_t* out, float* buf, const SgdConsts& k, const Split& split,
                int64_t begin, int64_t end) {
   int64_t body, vec;
   split.of(begin, end, body, vec);
   if (k.scaled) {
-    sgd_part<Contract, true, Momentum, true, low_t>(p, g, out, buf, k, begin, vec);
-    sgd_part<Contract, false, Momentum, true, low_t>(p, g, out, buf, k, vec, end);
+    sgd_parts<Contract, Momentum, true, low_t>(p, g, out, buf, k, begin, vec, end);
   } else {
-    sgd_part<Contract, true, Momentum, false, low_t>(p, g, out, buf, k, begin, vec);
-    sgd_part<Contract, false, Momentum, false, low_t>(p, g, out, buf, k, vec, end);
+    sgd_parts<Contract, Momentum, false, low_t>(p, g, out, buf, k, begin, vec, end);
   }
 }
 
+
 template <typename low_t>
 void sgd_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tensor& low, const at::Tensor& buf,
-                const SgdConsts& k, const Split& split) {
+                SgdConsts k, const Split& split) {
+  k.stream = streamed(low);
   float* p = master.data_ptr<float>();
   const uint16_t* g = reinterpret_cast<const uint16_t*>(grad.data_ptr<low_t>());
   uint16_t* out = reinterpret_cast<uint16_t*>(low.data_ptr<low_t>());
@@ -308,6 +468,7 @@ void sgd_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tens
       k.momentum ? sgd_range<false, true, low_t>(p, g, out, b, k, split, begin, end)
                  : sgd_range<false, false, low_t>(p, g, out, b, k, split, begin, end);
     }
+    stream_fence(k.stream);
   });
 }
 
@@ -354,6 +515,7 @@ void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>&
     const double step = *steps[i].data_ptr<float>();  // (what torch's kernel reads with item<float>())
     AdamConsts k = adam_consts(lr, beta1, beta2, weight_decay, eps, step, amsgrad, maximize, adamw,
                                scale_of(grad_scale), contract);
+    k.stream = streamed(lows[i]);
     const at::Tensor& vmax = amsgrad ? max_exp_avg_sqs[i] : exp_avg_sqs[i];
     if (low_type == at::kBFloat16) {
       adam_tensor<c10::BFloat16>(master, grads[i], lows[i], exp_avgs[i], exp_avg_sqs[i], vmax, k, split);
@@ -372,10 +534,9 @@ void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& 
   const Split split = checked_split(width, tail_width);
   if (skipped(found_inf)) return;
   const float* scale = scale_of(grad_scale);
-  SgdConsts k{scale != nullptr, maximize, weight_decay != 0.0, momentum != 0.0, is_first_step, nesterov,
-              contract,
-              scale ? *scale : 1.0f, maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay), static_cast<float>(momentum),
-              static_cast<float>(1 - dampening), static_cast<float>(lr)};
+  SgdConsts k{grad_consts(scale, maximize, weight_decay != 0.0, weight_decay),
+              scale != nullptr, momentum != 0.0, is_first_step, nesterov, contract, false,
+              static_cast<float>(momentum), static_cast<float>(1 - dampening), static_cast<float>(lr)};
   for (size_t i = 0; i < masters.size(); ++i) {
     const at::Tensor& master = masters[i];
     const at::ScalarType low_type = lows[i].scalar_type();
@@ -394,7 +555,16 @@ void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& 
 
 }  // namespace
 
+// the size from which the parameter is streamed (tests: 0, every tensor); the one before
+int64_t set_stream_min(int64_t elements) {
+  TORCH_CHECK(elements >= 0, "ampcore one-pass update: stream_min ", elements);
+  const int64_t before = g_stream_min;
+  g_stream_min = elements;
+  return before;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("set_stream_min", &set_stream_min, "the size (elements) from which the parameter is streamed; the old one");
   m.def("adam", &adam, "torch's CPU fused Adam/AdamW from low-precision gradients, in one pass");
   m.def("sgd", &sgd, "torch's CPU fused SGD from low-precision gradients, in one pass");
 }

@@ -178,8 +178,19 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture(params=[None, 0], ids=["large-streamed", "all-streamed"])
+def stream_min(kernel: Any, request: pytest.FixtureRequest) -> Iterator[int]:
+    """The size from which the AVX512 build streams the parameter (non-temporal stores): the
+    default (these sizes: none), or 0 (every tensor); other builds stream nothing."""
+    module, _ = kernel
+    before = module.set_stream_min(0)
+    module.set_stream_min(before if request.param is None else request.param)
+    yield before if request.param is None else request.param
+    module.set_stream_min(before)
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-def test_adam_is_torchs_fused_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int) -> None:
+def test_adam_is_torchs_fused_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int, stream_min: int) -> None:
     module, layout = kernel
     failures = [
         (n, index, differ)
@@ -191,7 +202,7 @@ def test_adam_is_torchs_fused_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, 
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-def test_sgd_is_torchs_fused_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int) -> None:
+def test_sgd_is_torchs_fused_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int, stream_min: int) -> None:
     module, layout = kernel
     failures = [
         (n, index, differ)
@@ -200,6 +211,82 @@ def test_sgd_is_torchs_fused_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype, th
         if (differ := sgd_case(module, layout, n, dtype, case, seed=n + index))
     ]
     assert failures == []
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    bits = torch.int32 if a.element_size() == 4 else torch.int16
+    return bool(torch.equal(a.view(bits), b.view(bits)))
+
+
+@pytest.mark.parametrize("offset", [1, 8, 16], ids=["2-bytes", "16-bytes", "32-bytes"])
+def test_a_parameter_anywhere_in_memory_is_written_right(kernel: Any, stream_min: int, offset: int) -> None:
+    """The parameter as a view ``offset`` elements into a larger tensor: streamed only where
+    it is 32-byte aligned, bit-identical either way, nothing written outside it."""
+    module, layout = kernel
+    n, guard = 4099, 40
+    generator = torch.Generator().manual_seed(offset)
+    start = torch.randn(n, generator=generator)
+    grad = _scaled_gradient(n, generator)
+    buffer = torch.full((offset + n + guard,), 7.0).bfloat16()
+    low = buffer[offset : offset + n]
+    low.copy_(start.bfloat16())
+    ref, mine = start.clone(), start.clone()
+    ref_buf, buf = torch.zeros(n), torch.zeros(n)
+    options = {"weight_decay": 0.01, "momentum": 0.9, "lr": 0.01, "dampening": 0.0, "nesterov": True}
+    torch._fused_sgd_([ref], [grad.float()], [ref_buf], maximize=False, is_first_step=True, **options)
+    module.sgd([mine], [grad], [low], [buf], 0.01, 0.9, 0.01, 0.0, True, False, True, None, None, *layout)
+    assert _same(ref, mine) and _same(ref_buf, buf) and _same(ref.bfloat16(), low)
+    m, v, ref_m, ref_v = (torch.zeros(n) for _ in range(4))
+    step, ref_step = torch.ones(()), torch.ones(())
+    torch._fused_adam_([ref], [grad.float()], [ref_m], [ref_v], [], [ref_step], lr=1e-3, beta1=0.9, beta2=0.999,
+                       weight_decay=0.1, eps=1e-8, amsgrad=False, maximize=False)  # fmt: skip
+    module.adam([mine], [grad], [low], [m], [v], [], [step], 1e-3, 0.9, 0.999, 0.1, 1e-8, False, False, False,
+                None, None, *layout)  # fmt: skip
+    assert _same(ref, mine) and _same(ref_m, m) and _same(ref_v, v) and _same(ref.bfloat16(), low)
+    outside = torch.cat([buffer[:offset], buffer[offset + n :]])
+    assert torch.equal(outside, torch.full_like(outside, 7.0))
+
+
+def _scaled_gradient(n: int, generator: torch.Generator) -> torch.Tensor:
+    exponents = torch.randint(-8, 4, (n,), generator=generator).float()
+    return (torch.randn(n, generator=generator) * torch.exp2(exponents)).bfloat16()
+
+
+def test_the_self_check_checks_streamed_stores_too(kernel: Any) -> None:
+    """The first-use self-check runs every problem with ordinary and with streamed stores,
+    says which differed, and leaves the streaming size as it was."""
+    module, layout = kernel
+    default = module.set_stream_min(0)
+    module.set_stream_min(default)
+    assert onepass_check.self_check(module, layout) is None
+    assert module.set_stream_min(default) == default
+
+    class WrongWhereStreamed:
+        def __init__(self) -> None:
+            self.stream_min = default
+
+        def set_stream_min(self, elements: int) -> int:
+            before, self.stream_min = self.stream_min, elements
+            return before
+
+        def adam(self, *args: Any) -> None:
+            module.adam(*args)
+
+        def sgd(self, *args: Any) -> None:
+            module.sgd(*args)
+            if self.stream_min == 0:
+                args[2][0].add_(1)  # the parameter
+
+    wrong = WrongWhereStreamed()
+    found = onepass_check.self_check(wrong, layout)
+    assert found is not None and found.endswith("parameter differ (streamed stores)"), found
+    assert wrong.stream_min == default
+
+
+def test_the_streaming_size_is_validated(kernel: Any) -> None:
+    module, _ = kernel
+    with pytest.raises(RuntimeError, match="stream_min -1"):
+        module.set_stream_min(-1)
 
 
 def test_a_found_inf_skips_the_step(kernel: Any) -> None:
