@@ -43,11 +43,11 @@ def missing_tools() -> str | None:
     return None
 
 
-def extension_name(stem: str, source: Path) -> str:
-    """An extension's name: one per torch version and source (torch keys the rest of its
-    cache), so installs of different ampcore versions sharing torch's extensions directory
-    never load each other's build."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:10]
+def extension_name(stem: str, source: Path, *headers: Path) -> str:
+    """An extension's name: one per torch version and source with the ampcore ``headers`` it
+    includes (torch keys the rest of its cache), so installs of different ampcore versions
+    sharing torch's extensions directory never load each other's build."""
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in (source, *headers))).hexdigest()[:10]
     return f"{stem}_{re.sub(r'[^0-9A-Za-z]+', '_', torch.__version__)}_{digest}"
 
 

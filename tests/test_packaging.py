@@ -61,6 +61,8 @@ def test_the_wheel_holds_every_module_and_data_file(wheel: tuple[zipfile.ZipFile
         "ampcore/_policy/policy_kernel.cpp",
         "ampcore/_o2/onepass_kernel.cpp",
         "ampcore/_o2/onepass_loop_kernel.cpp",
+        "ampcore/_o2/onepass_common.h",
+        "ampcore/_o2/onepass_avx512.h",
         "ampcore_backends/py.typed",
         "ampcore_conformance/data/pytest.ini",
     ):

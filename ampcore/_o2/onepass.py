@@ -41,6 +41,8 @@ __all__ = ["ENV", "OnePassWarning", "adam_update", "choice", "describe", "layout
 ENV: Final = "AMPCORE_O2_ONEPASS"
 CHOICES: Final = ("auto", "compiled", "torch")
 SOURCE: Final = Path(__file__).with_name("onepass_kernel.cpp")
+#: the ampcore headers it includes (their bytes are part of the build's name)
+HEADERS: Final = (Path(__file__).with_name("onepass_avx512.h"), Path(__file__).with_name("onepass_common.h"))
 _LOW: Final = (torch.bfloat16, torch.float16)
 
 
@@ -165,11 +167,16 @@ ISA_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {
 #: no contraction the source does not spell (it spells torch's); no errno or trap
 #: semantics, so that square roots and selects vectorise (neither changes a value)
 BASE_FLAGS: Final = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math")
+#: at::parallel_for is an OpenMP region only where the extension is compiled with OpenMP
+#: (else it runs serially, whatever torch.get_num_threads() says): torch's thread chunks and
+#: torch's thread count (the OpenMP runtime torch loaded)
+OPENMP: Final = ("-fopenmp",)
 
 
 def _build(capability: str) -> ModuleType:
     stem = f"ampcore_o2_onepass_{capability.lower()}"  # one build per instruction set
-    return build_extension(extension_name(stem, SOURCE), SOURCE, [*BASE_FLAGS, *ISA_FLAGS.get(capability, ())])
+    flags = [*BASE_FLAGS, *OPENMP, *ISA_FLAGS.get(capability, ())]
+    return build_extension(extension_name(stem, SOURCE, *HEADERS), SOURCE, flags)
 
 
 _chooser = _Chooser()

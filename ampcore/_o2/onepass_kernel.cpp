@@ -20,41 +20,24 @@
 // with FMA and GCC's default -ffp-contract=fast).  Python passes these for torch's
 // capability and checks the result against torch's own kernel on this machine before using
 // it (ampcore/_o2/onepass.py).
+//
+// What both one-pass kernels share is in onepass_common.h; the AVX512 vector bodies spelled
+// with intrinsics (for streamed parameter stores) in onepass_avx512.h.
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/extension.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define AMPCORE_ONEPASS_AVX512 1
-#else
-#define AMPCORE_ONEPASS_AVX512 0
-#endif
+#include "onepass_avx512.h"
+#include "onepass_common.h"
 
 namespace {
 
 constexpr int64_t kUnit = 64 / sizeof(float);  // torch's cache_line_aligned_task_unit
-
-// a * b + c as torch's build computes it: one fused multiply-add where its compiler
-// contracted it (torch's AVX2/AVX512 kernels are built with FMA and GCC's default
-// -ffp-contract=fast), else a multiply and an add (this file is built with -ffp-contract=off)
-template <bool Contract>
-inline float madd(float a, float b, float c) {
-  if constexpr (Contract) {
-    return std::fma(a, b, c);
-  } else {
-    return a * b + c;
-  }
-}
 
 // x * y + (u * v): with contraction one of the two products is fused into the add: GCC
 // fuses the first multiplication in its statement order, which is `x * y` in scalar code and
@@ -68,47 +51,6 @@ inline float madd2(float x, float y, float u, float v) {
     return std::fma(u, v, x * y);
   } else {
     return std::fma(x, y, u * v);
-  }
-}
-
-inline uint32_t bits_of(float value) {
-  uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
-}
-
-inline float float_of(uint32_t bits) {
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-
-// `yes ? a : b` by bit masks: both computed, no branch (so that the loops vectorise)
-inline float pick(bool yes, float a, float b) {
-  const uint32_t mask = 0u - static_cast<uint32_t>(yes);
-  return float_of((bits_of(a) & mask) | (bits_of(b) & ~mask));
-}
-
-// the low-precision types as their 16 bits (so that the loops vectorise)
-template <typename low_t>
-inline float widen(uint16_t x) {
-  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
-    return float_of(static_cast<uint32_t>(x) << 16);
-  } else {
-    return static_cast<float>(c10::Half(x, c10::Half::from_bits()));
-  }
-}
-
-// rounded to nearest even, as torch's copy_ rounds (a NaN becomes a quiet NaN)
-template <typename low_t>
-inline uint16_t narrow(float value) {
-  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
-    const uint32_t u = bits_of(value);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7FFFFFFFu) > 0x7F800000u);
-    return static_cast<uint16_t>((0x7FC0u & nan) | (rounded & ~nan));
-  } else {
-    return c10::Half(value).x;
   }
 }
 
@@ -149,36 +91,6 @@ int64_t g_stream_min = int64_t{1} << 20;
 
 bool streamed(const at::Tensor& low) {
   return AMPCORE_ONEPASS_AVX512 && low.numel() >= g_stream_min && reinterpret_cast<uintptr_t>(low.data_ptr()) % 32 == 0;
-}
-
-#if AMPCORE_ONEPASS_AVX512
-inline __m512 widen16(const uint16_t* g16) {  // bfloat16 -> float32, exactly
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g16));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-// narrow<c10::BFloat16> on 16 floats: rounded to nearest even, a NaN to the quiet NaN
-template <bool Stream>
-inline void narrow16(uint16_t* out, __m512 value) {
-  const __m512i u = _mm512_castps_si512(value);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), odd), 16);
-  const __mmask16 nan =
-      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-  const __m256i bf16 = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0)));
-  if constexpr (Stream) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(out), bf16);  // 32-byte aligned (`streamed`)
-  } else {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bf16);
-  }
-}
-#endif
-
-// the streamed stores of a thread's chunk ordered before what follows it
-inline void stream_fence(bool stream) {
-#if AMPCORE_ONEPASS_AVX512
-  if (stream) _mm_sfence();
-#endif
 }
 
 struct AdamConsts {
@@ -271,50 +183,6 @@ struct AdamTensors {
   float* vmax;
 };
 
-#if AMPCORE_ONEPASS_AVX512
-// adam_part<true, true, false, Amsgrad, Scaled, c10::BFloat16> (torch's vector body) on whole
-// vectors of 16 in [begin, end), spelled with AVX512 intrinsics (the same operations, element
-// by element), so that the parameter can be streamed; returns where it stopped
-template <bool Amsgrad, bool Scaled, bool Stream>
-int64_t adam_avx512(const AdamTensors<c10::BFloat16>& t, const AdamConsts& k, int64_t begin, int64_t end) {
-  const __m512 scale = _mm512_set1_ps(k.grad.scale), sign = _mm512_set1_ps(k.grad.sign);
-  const __m512 wd = _mm512_set1_ps(k.grad.wd), keep = _mm512_set1_ps(k.keep), coeff = _mm512_set1_ps(k.coeff);
-  const __m512 beta2 = _mm512_set1_ps(k.beta2), sq_coeff = _mm512_set1_ps(k.sq_coeff);
-  const __m512 bc2_sqrt = _mm512_set1_ps(k.bc2_sqrt), eps = _mm512_set1_ps(k.eps);
-  const __m512 step_size = _mm512_set1_ps(k.step_size), nan = _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN());
-  float* __restrict__ p = t.p;
-  float* __restrict__ m = t.m;
-  float* __restrict__ v = t.v;
-  int64_t i = begin;
-  for (; i + 16 <= end; i += 16) {
-    __m512 param = _mm512_loadu_ps(p + i);
-    __m512 g = widen16(t.g + i);
-    if constexpr (Scaled) g = _mm512_div_ps(g, scale);
-    g = _mm512_mul_ps(g, sign);
-    if (k.grad.decay) g = _mm512_fmadd_ps(param, wd, g);
-    param = _mm512_mul_ps(param, keep);
-    __m512 mi = _mm512_loadu_ps(m + i);
-    const __m512 diff = _mm512_sub_ps(g, mi);
-    mi = _mm512_fmadd_ps(coeff, diff, k.small ? mi : g);  // the lerp: vec::fmadd
-    // madd2<true, true>(v, beta2, sq_coeff * g, g): the second product fused
-    const __m512 vi = _mm512_fmadd_ps(_mm512_mul_ps(sq_coeff, g), g, _mm512_mul_ps(_mm512_loadu_ps(v + i), beta2));
-    _mm512_storeu_ps(m + i, mi);
-    _mm512_storeu_ps(v + i, vi);
-    __m512 s = vi;
-    if constexpr (Amsgrad) {  // Vectorized<float>'s maximum: NaN if either is
-      const __m512 old = _mm512_loadu_ps(t.vmax + i);
-      s = _mm512_mask_mov_ps(_mm512_max_ps(old, vi), _mm512_cmp_ps_mask(old, vi, _CMP_UNORD_Q), nan);
-      _mm512_storeu_ps(t.vmax + i, s);
-    }
-    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(s), bc2_sqrt), eps);
-    param = _mm512_sub_ps(param, _mm512_div_ps(_mm512_mul_ps(step_size, mi), denom));
-    _mm512_storeu_ps(p + i, param);
-    narrow16<Stream>(t.out + i, param);
-  }
-  return i;
-}
-#endif
-
 template <bool Contract, bool Amsgrad, bool Scaled, typename low_t>
 void adam_parts(const AdamTensors<low_t>& t, const AdamConsts& k, const Split& split, int64_t begin, int64_t end) {
   int64_t body, vec;
@@ -368,38 +236,6 @@ struct SgdConsts {
   bool scaled, momentum, first, nesterov, contract, stream;
   float mom, keep_grad, lr;
 };
-
-#if AMPCORE_ONEPASS_AVX512
-// sgd_part<true, true, Momentum, Scaled, c10::BFloat16> on whole vectors of 16 in
-// [begin, end), spelled with AVX512 intrinsics (the same operations, element by element:
-// each `fma` one rounding, as `madd`/`madd2` contract them), so that the parameter can be
-// streamed; returns where it stopped (the rest, fewer than 16, for sgd_part)
-template <bool Momentum, bool Scaled, bool Stream>
-int64_t sgd_avx512(float* __restrict__ p, const uint16_t* __restrict__ g16, uint16_t* __restrict__ out,
-                   float* __restrict__ buf, const SgdConsts& k, int64_t begin, int64_t end) {
-  const __m512 scale = _mm512_set1_ps(k.grad.scale), sign = _mm512_set1_ps(k.grad.sign);
-  const __m512 wd = _mm512_set1_ps(k.grad.wd), mom = _mm512_set1_ps(k.mom);
-  const __m512 keep_grad = _mm512_set1_ps(k.keep_grad), lr = _mm512_set1_ps(k.lr);
-  int64_t i = begin;
-  for (; i + 16 <= end; i += 16) {
-    __m512 param = _mm512_loadu_ps(p + i);
-    __m512 g = widen16(g16 + i);
-    if constexpr (Scaled) g = _mm512_div_ps(g, scale);
-    g = _mm512_mul_ps(g, sign);
-    if (k.grad.decay) g = _mm512_fmadd_ps(param, wd, g);
-    if constexpr (Momentum) {
-      // madd2<true, true>(buf, mom, g, keep_grad): the second product fused
-      const __m512 b = k.first ? g : _mm512_fmadd_ps(g, keep_grad, _mm512_mul_ps(_mm512_loadu_ps(buf + i), mom));
-      _mm512_storeu_ps(buf + i, b);
-      g = k.nesterov ? _mm512_fmadd_ps(b, mom, g) : b;
-    }
-    param = _mm512_fnmadd_ps(g, lr, param);  // madd(-g, lr, param)
-    _mm512_storeu_ps(p + i, param);
-    narrow16<Stream>(out + i, param);
-  }
-  return i;
-}
-#endif
 
 // torch's `sgd_math<float>` on [begin, end) of one of its parts (its body's `p + g * -lr`
 // is its tail's `p - g * lr`).
@@ -470,12 +306,6 @@ void sgd_tensor(const at::Tensor& master, const at::Tensor& grad, const at::Tens
     }
     stream_fence(k.stream);
   });
-}
-
-void check_tensor(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& master, const char* what) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == dtype && t.numel() == master.numel(),
-              "ampcore one-pass update: ", what, " must be a contiguous CPU tensor of ", c10::toString(dtype),
-              " with the master's ", master.numel(), " elements");
 }
 
 const float* scale_of(const c10::optional<at::Tensor>& grad_scale) {

@@ -37,12 +37,14 @@ import torch
 
 from .._cpp_build import build_extension, extension_name, missing_tools
 from .._errors import AmpcoreError
-from .onepass import BASE_FLAGS, ENV, ISA_FLAGS, Choice, OnePassWarning, Work, requested
+from .onepass import BASE_FLAGS, ENV, ISA_FLAGS, OPENMP, Choice, OnePassWarning, Work, requested
 from .onepass import _fits as fits
 
 __all__ = ["LAYOUTS", "adam_update", "describe", "loop_choice", "loop_ready", "sgd_update", "takes", "unscaled"]
 
 SOURCE: Final = Path(__file__).with_name("onepass_loop_kernel.cpp")
+#: the ampcore headers it includes (their bytes are part of the build's name)
+HEADERS: Final = (Path(__file__).with_name("onepass_common.h"),)
 
 
 class LoopLayout(NamedTuple):
@@ -123,15 +125,10 @@ def _decide(wanted: str, problem: str | None) -> Choice:
     return Choice("torch", f"fallback: {problem}")
 
 
-#: at::parallel_for is an OpenMP region only where the extension is compiled with OpenMP
-#: (else it runs serially): torch's thread chunks, where lerp's vector runs restart
-OPENMP: Final = ("-fopenmp",)
-
-
 def _build(capability: str) -> ModuleType:
     stem = f"ampcore_o2_onepass_loop_{capability.lower()}"
     flags = [*BASE_FLAGS, *OPENMP, *ISA_FLAGS.get(capability, ())]
-    return build_extension(extension_name(stem, SOURCE), SOURCE, flags)
+    return build_extension(extension_name(stem, SOURCE, *HEADERS), SOURCE, flags)
 
 
 _chooser = _LoopChooser()

@@ -30,65 +30,16 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <torch/extension.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "onepass_common.h"
+
 namespace {
-
-template <bool Contract>
-inline float madd(float a, float b, float c) {  // a * b + c, fused where torch's build fused it
-  if constexpr (Contract) {
-    return std::fma(a, b, c);
-  } else {
-    return a * b + c;
-  }
-}
-
-inline uint32_t bits_of(float value) {
-  uint32_t out;
-  std::memcpy(&out, &value, sizeof(out));
-  return out;
-}
-
-inline float float_of(uint32_t bits) {
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-
-// `yes ? a : b` without a branch (so that the loops vectorise)
-inline float pick(bool yes, float a, float b) {
-  const uint32_t mask = 0u - static_cast<uint32_t>(yes);
-  return float_of((bits_of(a) & mask) | (bits_of(b) & ~mask));
-}
-
-template <typename low_t>
-inline float widen(uint16_t x) {  // exact
-  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
-    return float_of(static_cast<uint32_t>(x) << 16);
-  } else {
-    return static_cast<float>(c10::Half(x, c10::Half::from_bits()));
-  }
-}
-
-template <typename low_t>
-inline uint16_t narrow(float value) {  // round to nearest even, as copy_ rounds
-  if constexpr (std::is_same_v<low_t, c10::BFloat16>) {
-    const uint32_t u = bits_of(value);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t nan = 0u - static_cast<uint32_t>((u & 0x7FFFFFFFu) > 0x7F800000u);
-    return static_cast<uint16_t>((0x7FC0u & nan) | (rounded & ~nan));
-  } else {
-    return c10::Half(value).x;
-  }
-}
 
 struct Layout {
   int64_t lerp_width;  // the run of elements lerp_'s vector body takes at a time
@@ -227,12 +178,6 @@ AdamK adam_k(double lr, double beta1, double beta2, double weight_decay, double 
   return k;
 }
 
-void check(const at::Tensor& t, at::ScalarType dtype, const at::Tensor& master, const char* what) {
-  TORCH_CHECK(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == dtype && t.numel() == master.numel(),
-              "ampcore one-pass update: ", what, " must be a contiguous CPU tensor of ", c10::toString(dtype),
-              " with the master's ", master.numel(), " elements");
-}
-
 Layout checked_layout(int64_t lerp_width, bool contract) {
   TORCH_CHECK(lerp_width > 0, "ampcore one-pass update: lerp width ", lerp_width);
   return Layout{lerp_width, contract};
@@ -262,14 +207,14 @@ void adam(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>&
               "ampcore one-pass update: lists of different lengths");
   for (size_t i = 0; i < n; ++i) {  // every tensor checked before any is written
     const at::Tensor& master = masters[i];
-    check(master, at::kFloat, master, "a master");
+    check_tensor(master, at::kFloat, master, "a master");
     TORCH_CHECK(lows[i].scalar_type() == at::kBFloat16 || lows[i].scalar_type() == at::kHalf,
                 "ampcore one-pass update: a low-precision parameter of ", lows[i].scalar_type());
-    check(lows[i], lows[i].scalar_type(), master, "a low-precision parameter");
-    check(grads[i], lows[i].scalar_type(), master, "a gradient");
-    check(exp_avgs[i], at::kFloat, master, "exp_avg");
-    check(exp_avg_sqs[i], at::kFloat, master, "exp_avg_sq");
-    if (amsgrad) check(max_exp_avg_sqs[i], at::kFloat, master, "max_exp_avg_sq");
+    check_tensor(lows[i], lows[i].scalar_type(), master, "a low-precision parameter");
+    check_tensor(grads[i], lows[i].scalar_type(), master, "a gradient");
+    check_tensor(exp_avgs[i], at::kFloat, master, "exp_avg");
+    check_tensor(exp_avg_sqs[i], at::kFloat, master, "exp_avg_sq");
+    if (amsgrad) check_tensor(max_exp_avg_sqs[i], at::kFloat, master, "max_exp_avg_sq");
     TORCH_CHECK(steps[i].device().is_cpu() && steps[i].scalar_type() == at::kFloat && steps[i].numel() == 1,
                 "ampcore one-pass update: a step count must be a float32 CPU tensor of one element");
   }
@@ -346,12 +291,12 @@ void sgd(const std::vector<at::Tensor>& masters, const std::vector<at::Tensor>& 
               "ampcore one-pass update: lists of different lengths");
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& master = masters[i];
-    check(master, at::kFloat, master, "a master");
+    check_tensor(master, at::kFloat, master, "a master");
     TORCH_CHECK(lows[i].scalar_type() == at::kBFloat16 || lows[i].scalar_type() == at::kHalf,
                 "ampcore one-pass update: a low-precision parameter of ", lows[i].scalar_type());
-    check(lows[i], lows[i].scalar_type(), master, "a low-precision parameter");
-    check(grads[i], lows[i].scalar_type(), master, "a gradient");
-    if (with_momentum) check(bufs[i], at::kFloat, master, "a momentum buffer");
+    check_tensor(lows[i], lows[i].scalar_type(), master, "a low-precision parameter");
+    check_tensor(grads[i], lows[i].scalar_type(), master, "a gradient");
+    if (with_momentum) check_tensor(bufs[i], at::kFloat, master, "a momentum buffer");
   }
   const SgdK k{maximize, weight_decay != 0, nesterov, inverse_scale(inv_scale), static_cast<float>(weight_decay),
                static_cast<float>(momentum),
