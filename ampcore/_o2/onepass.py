@@ -222,7 +222,8 @@ def _fits(master: torch.Tensor, grad: torch.Tensor, low: torch.Tensor | None, ot
     if low is None or master.dtype != torch.float32 or low.dtype not in _LOW or grad.dtype != low.dtype:
         return False
     tensors = (master, grad, low, *others)
-    return all(t.device.type == "cpu" and t.is_contiguous() and not t.is_sparse for t in tensors)
+    # the kernels read and write through host pointers: tensors in host memory, dense, contiguous
+    return all(t.is_cpu and t.is_contiguous() and not t.is_sparse for t in tensors)
 
 
 Work = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, dict[str, Any]]]
