@@ -23,31 +23,22 @@ the self-check, else torch's path), ``compiled`` (an error where it cannot), ``t
 
 from __future__ import annotations
 
-import os
-import threading
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import torch
 
 from .._cpp_build import build_extension, extension_name, missing_tools
-from .._errors import AmpcoreError, AmpcoreWarning
+from .onepass_choice import ENV, Choice, Chooser, Kernel, OnePassWarning
 
 __all__ = ["ENV", "OnePassWarning", "adam_update", "choice", "describe", "layout", "ready", "sgd_update"]
 
-ENV: Final = "AMPCORE_O2_ONEPASS"
-CHOICES: Final = ("auto", "compiled", "torch")
 SOURCE: Final = Path(__file__).with_name("onepass_kernel.cpp")
 #: the ampcore headers it includes (their bytes are part of the build's name)
 HEADERS: Final = (Path(__file__).with_name("onepass_avx512.h"), Path(__file__).with_name("onepass_common.h"))
 _LOW: Final = (torch.bfloat16, torch.float16)
-
-
-class OnePassWarning(AmpcoreWarning):
-    """The one-pass CPU master update is not used (no build, or it differs from torch here)."""
 
 
 class Layout(NamedTuple):
@@ -78,86 +69,6 @@ def layout(capability: str) -> Layout | None:
     return LAYOUTS.get(capability)
 
 
-class Choice(NamedTuple):
-    """Whether the one-pass update runs in this process (``onepass`` or ``torch``) and why."""
-
-    name: Literal["onepass", "torch"]
-    reason: str
-
-
-def requested(environ: Mapping[str, str] = os.environ) -> str:
-    """The validated value of :data:`ENV` (``auto`` when unset)."""
-    value = environ.get(ENV, "auto").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise AmpcoreError(f"{ENV}={environ[ENV]!r}: expected one of {', '.join(CHOICES)}")
-    return value
-
-
-def decide(wanted: str, problem: str | None) -> Choice:
-    """The choice for ``wanted`` (:data:`CHOICES`) given the first ``problem`` found
-    (no tools, no layout, a failed build or self-check; None: none).
-
-    Raises:
-        AmpcoreError: ``wanted == "compiled"`` and there is a problem.
-    """
-    if wanted == "torch":
-        return Choice("torch", f"{ENV}=torch")
-    if problem is None:
-        return Choice("onepass", f"compiled, self-checked against torch's fused kernels ({ENV}={wanted})")
-    if wanted == "compiled":
-        raise AmpcoreError(f"{ENV}=compiled, but the one-pass CPU master update is not available: {problem}")
-    return Choice("torch", f"fallback: {problem}")
-
-
-class _Chooser:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.choice: Choice | None = None
-        self.module: ModuleType | None = None
-        self.layout: Layout | None = None
-
-    def choose(self) -> Choice:
-        made = self.choice  # set once, under the lock: read without it on every step after
-        if made is not None:
-            return made
-        with self._lock:
-            if self.choice is None:
-                wanted = requested()
-                problem = None if wanted == "torch" else self._prepare()
-                self.choice = decide(wanted, problem)
-                if self.choice.name == "torch" and wanted == "auto":
-                    warnings.warn(
-                        f"ampcore: the one-pass CPU master update is not used ({problem}); O2 runs torch's "
-                        f"fused kernels with separate widening and refresh passes. Set {ENV}=torch to silence this.",
-                        OnePassWarning,
-                        stacklevel=4,
-                    )
-            return self.choice
-
-    def _prepare(self) -> str | None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        found = layout(capability)
-        if found is None:
-            return f"torch's CPU capability {capability} is not transcribed"
-        problem = missing_tools()
-        if problem is not None:
-            return problem
-        try:
-            module = _build(capability)
-        except Exception as exc:  # a compiler error, a missing header, a broken toolchain
-            return f"the build failed: {type(exc).__name__}: {str(exc).strip()[-600:]}"
-        from .onepass_check import self_check
-
-        try:
-            mismatch = self_check(module, found)
-        except Exception as exc:  # a torch without the fused kernels (or another signature)
-            return f"the self-check could not run: {type(exc).__name__}: {str(exc).strip()[-300:]}"
-        if mismatch is not None:
-            return f"it differs from torch's fused kernel on this machine: {mismatch}"
-        self.module, self.layout = module, found
-        return None
-
-
 #: instruction sets the CPU has where torch dispatched this capability (compiled for them)
 ISA_FLAGS: Final[Mapping[str, tuple[str, ...]]] = {
     "AVX512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mprefer-vector-width=512"),
@@ -179,7 +90,23 @@ def _build(capability: str) -> ModuleType:
     return build_extension(extension_name(stem, SOURCE, *HEADERS), SOURCE, flags)
 
 
-_chooser = _Chooser()
+def _self_check(module: ModuleType, found: Layout) -> str | None:
+    from .onepass_check import self_check  # (its module imports this one)
+
+    return self_check(module, found)
+
+
+#: the fused kernel, for its chooser (``_build``, ``missing_tools`` looked up when called)
+FUSED: Final = Kernel(
+    "the one-pass CPU master update",
+    "torch's fused kernels",
+    LAYOUTS,
+    lambda capability: _build(capability),
+    lambda: missing_tools(),
+    _self_check,
+    stacklevel=4,
+)
+_chooser = Chooser(FUSED)
 
 
 def choice() -> Choice:
@@ -189,22 +116,7 @@ def choice() -> Choice:
 
 def describe() -> str:
     """One line for ``ampcore info`` (building nothing)."""
-    made = _chooser.choice
-    if made is not None:
-        return f"{made.name} ({made.reason})"
-    try:
-        wanted = requested()
-    except AmpcoreError as exc:
-        return f"invalid: {exc}"
-    if wanted == "torch":
-        return f"torch ({ENV}=torch)"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if layout(capability) is None:
-        return f"torch at first use (torch's CPU capability {capability} is not transcribed)"
-    problem = missing_tools()
-    if problem is not None:
-        return f"torch at first use ({problem})"
-    return f"onepass at first use, if it matches torch's fused kernels here ({ENV}={wanted}; built once per torch)"
+    return _chooser.describe()
 
 
 def ready() -> bool:

@@ -26,8 +26,6 @@ differentiable.  Anything else stays on torch's path.
 
 from __future__ import annotations
 
-import threading
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -36,9 +34,9 @@ from typing import Any, Final, NamedTuple
 import torch
 
 from .._cpp_build import build_extension, extension_name, missing_tools
-from .._errors import AmpcoreError
-from .onepass import BASE_FLAGS, ENV, ISA_FLAGS, OPENMP, Choice, OnePassWarning, Work, requested
+from .onepass import BASE_FLAGS, ISA_FLAGS, OPENMP, Work
 from .onepass import _fits as fits
+from .onepass_choice import Choice, Chooser, Kernel
 
 __all__ = ["LAYOUTS", "adam_update", "describe", "loop_choice", "loop_ready", "sgd_update", "takes", "unscaled"]
 
@@ -63,75 +61,29 @@ LAYOUTS: Final[Mapping[str, LoopLayout]] = {
 _HYPER: Final = ("lr", "weight_decay", "eps", "momentum", "dampening")
 
 
-class _LoopChooser:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.choice: Choice | None = None
-        self.module: ModuleType | None = None
-        self.layout: LoopLayout | None = None
-
-    def choose(self) -> Choice:
-        made = self.choice  # set once, under the lock
-        if made is not None:
-            return made
-        with self._lock:
-            if self.choice is None:
-                wanted = requested()
-                problem = None if wanted == "torch" else self._prepare()
-                self.choice = _decide(wanted, problem)
-                if self.choice.name == "torch" and wanted == "auto":
-                    warnings.warn(
-                        f"ampcore: the one-pass CPU master update of torch's for-loop optimizers is not used "
-                        f"({problem}); O2 runs torch's for-loop optimizer with separate widening and refresh "
-                        f"passes. Set {ENV}=torch to silence this.",
-                        OnePassWarning,
-                        stacklevel=5,
-                    )
-            return self.choice
-
-    def _prepare(self) -> str | None:
-        capability = torch.backends.cpu.get_cpu_capability()
-        found = LAYOUTS.get(capability)
-        if found is None:
-            return f"torch's CPU capability {capability} is not transcribed"
-        problem = missing_tools()
-        if problem is not None:
-            return problem
-        try:
-            module = _build(capability)
-        except Exception as exc:  # a compiler error, a missing header, a broken toolchain
-            return f"the build failed: {type(exc).__name__}: {str(exc).strip()[-600:]}"
-        from .onepass_loop_check import self_check
-
-        try:
-            mismatch = self_check(module, found)
-        except Exception as exc:  # a torch whose for-loop functions differ
-            return f"the self-check could not run: {type(exc).__name__}: {str(exc).strip()[-300:]}"
-        if mismatch is not None:
-            return f"it differs from torch's for-loop optimizers on this machine: {mismatch}"
-        self.module, self.layout = module, found
-        return None
-
-
-def _decide(wanted: str, problem: str | None) -> Choice:
-    if wanted == "torch":
-        return Choice("torch", f"{ENV}=torch")
-    if problem is None:
-        return Choice("onepass", f"compiled, self-checked against torch's for-loop optimizers ({ENV}={wanted})")
-    if wanted == "compiled":
-        raise AmpcoreError(
-            f"{ENV}=compiled, but the one-pass update of torch's for-loop optimizers is not available: {problem}"
-        )
-    return Choice("torch", f"fallback: {problem}")
-
-
 def _build(capability: str) -> ModuleType:
     stem = f"ampcore_o2_onepass_loop_{capability.lower()}"
     flags = [*BASE_FLAGS, *OPENMP, *ISA_FLAGS.get(capability, ())]
     return build_extension(extension_name(stem, SOURCE, *HEADERS), SOURCE, flags)
 
 
-_chooser = _LoopChooser()
+def _self_check(module: ModuleType, found: LoopLayout) -> str | None:
+    from .onepass_loop_check import self_check  # (its module imports this one)
+
+    return self_check(module, found)
+
+
+#: the for-loop kernel, for its chooser (``_build``, ``missing_tools`` looked up when called)
+LOOP: Final = Kernel(
+    "the one-pass CPU master update of torch's for-loop optimizers",
+    "torch's for-loop optimizers",
+    LAYOUTS,
+    lambda capability: _build(capability),
+    lambda: missing_tools(),
+    _self_check,
+    stacklevel=5,
+)
+_chooser = Chooser(LOOP)
 
 
 def loop_choice() -> Choice:
@@ -152,22 +104,7 @@ def _module() -> tuple[ModuleType, LoopLayout] | None:
 
 def describe() -> str:
     """One line for ``ampcore info`` (building nothing)."""
-    made = _chooser.choice
-    if made is not None:
-        return f"{made.name} ({made.reason})"
-    try:
-        wanted = requested()
-    except AmpcoreError as exc:
-        return f"invalid: {exc}"
-    if wanted == "torch":
-        return f"torch ({ENV}=torch)"
-    capability = torch.backends.cpu.get_cpu_capability()
-    if capability not in LAYOUTS:
-        return f"torch at first use (torch's CPU capability {capability} is not transcribed)"
-    problem = missing_tools()
-    if problem is not None:
-        return f"torch at first use ({problem})"
-    return f"onepass at first use, if it matches torch's for-loop optimizers ({ENV}={wanted}; built once per torch)"
+    return _chooser.describe()
 
 
 def takes(group: Mapping[str, Any]) -> bool:
@@ -204,7 +141,7 @@ def adam_update(group: Mapping[str, Any], work: Work, inv_scale: torch.Tensor | 
     for item in work:
         master, grad, low, state = item
         step = state["step"]
-        ok = step.dtype == torch.float32 and step.device.type == "cpu" and step.numel() == 1
+        ok = step.dtype == torch.float32 and step.is_cpu and step.numel() == 1
         (taken if ok and fits(master, grad, low, [state[name] for name in names]) else rest).append(item)
     if taken:
         module, layout = built

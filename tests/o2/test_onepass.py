@@ -22,7 +22,7 @@ import torch
 from test_scaler_fused import FUSED, OVERFLOW_AT, reference, train
 
 import ampcore
-from ampcore._o2 import onepass, onepass_check
+from ampcore._o2 import onepass, onepass_check, onepass_choice
 from ampcore._o2.master import master_weights_of
 from ampcore._o2.onepass_check import adam_case, sgd_case
 
@@ -39,22 +39,22 @@ def test_layouts_of_torchs_capabilities() -> None:
 
 
 def test_the_environment_variable_is_validated() -> None:
-    assert onepass.requested({}) == "auto"
-    assert onepass.requested({onepass.ENV: " Torch "}) == "torch"
+    assert onepass_choice.requested({}) == "auto"
+    assert onepass_choice.requested({onepass.ENV: " Torch "}) == "torch"
     with pytest.raises(ampcore.AmpcoreError, match=r"AMPCORE_O2_ONEPASS='fast': expected one of auto, compiled, torch"):
-        onepass.requested({onepass.ENV: "fast"})
+        onepass_choice.requested({onepass.ENV: "fast"})
 
 
 def test_decide_names_what_runs_and_why() -> None:
-    assert onepass.decide("torch", None) == ("torch", "AMPCORE_O2_ONEPASS=torch")
-    assert onepass.decide("auto", None).name == "onepass"
-    assert onepass.decide("auto", "no C++ compiler (c++) on PATH") == (
+    assert onepass_choice.decide("torch", None, onepass.FUSED) == ("torch", "AMPCORE_O2_ONEPASS=torch")
+    assert onepass_choice.decide("auto", None, onepass.FUSED).name == "onepass"
+    assert onepass_choice.decide("auto", "no C++ compiler (c++) on PATH", onepass.FUSED) == (
         "torch",
         "fallback: no C++ compiler (c++) on PATH",
     )
-    assert onepass.decide("compiled", None).name == "onepass"
+    assert onepass_choice.decide("compiled", None, onepass.FUSED).name == "onepass"
     with pytest.raises(ampcore.AmpcoreError, match="AMPCORE_O2_ONEPASS=compiled, but .* not available: it differs"):
-        onepass.decide("compiled", "it differs")
+        onepass_choice.decide("compiled", "it differs", onepass.FUSED)
 
 
 def _chooser(monkeypatch: pytest.MonkeyPatch, mismatch: str | None, wanted: str = "auto") -> Any:
@@ -64,12 +64,12 @@ def _chooser(monkeypatch: pytest.MonkeyPatch, mismatch: str | None, wanted: str 
     monkeypatch.setattr(onepass, "_build", lambda capability: ModuleType("stand_in"))
     monkeypatch.setattr(onepass_check, "self_check", lambda module, layout: mismatch)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    return onepass._Chooser()
+    return onepass_choice.Chooser(onepass.FUSED)
 
 
 def test_a_self_check_mismatch_warns_once_and_keeps_torchs_path(monkeypatch: pytest.MonkeyPatch) -> None:
     chooser = _chooser(monkeypatch, "Adam ..., 15 torch.bfloat16 elements: exp_avg_sq differ")
-    with pytest.warns(onepass.OnePassWarning, match="differs from torch's fused kernel on this machine: Adam"):
+    with pytest.warns(onepass.OnePassWarning, match="differs from torch's fused kernels on this machine: Adam"):
         made = chooser.choose()
     assert made.name == "torch" and chooser.module is None
     assert chooser.choose() is made  # chosen once per process: no second warning
@@ -104,7 +104,7 @@ def test_torch_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_describe_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onepass, "_chooser", onepass._Chooser())
+    monkeypatch.setattr(onepass, "_chooser", onepass_choice.Chooser(onepass.FUSED))
     monkeypatch.setenv(onepass.ENV, "torch")
     assert onepass.describe() == "torch (AMPCORE_O2_ONEPASS=torch)"
     monkeypatch.setenv(onepass.ENV, "auto")

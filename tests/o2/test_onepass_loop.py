@@ -33,7 +33,7 @@ from test_scaler_deferred_unscale import (
 from test_scaler_deferred_unscale import reference as scaled_reference
 
 import ampcore
-from ampcore._o2 import onepass, onepass_loop, onepass_loop_check
+from ampcore._o2 import onepass, onepass_choice, onepass_loop, onepass_loop_check
 from ampcore._o2.master import master_weights_of
 from ampcore._o2.onepass_loop_check import adam_case, sgd_case
 from ampcore._o2.update_walk import UpdateWalk
@@ -67,7 +67,7 @@ def _chooser(monkeypatch: pytest.MonkeyPatch, wanted: str, mismatch: str | None)
     monkeypatch.setattr(onepass_loop, "_build", lambda capability: ModuleType("stand_in"))
     monkeypatch.setattr(onepass_loop_check, "self_check", lambda module, layout: mismatch)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    return onepass_loop._LoopChooser()
+    return onepass_choice.Chooser(onepass_loop.LOOP)
 
 
 def test_a_self_check_mismatch_warns_once_and_keeps_torchs_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,11 +85,11 @@ def test_compiled_raises_where_it_cannot_and_torch_builds_nothing(monkeypatch: p
     assert chooser.choose().name == "onepass" and chooser.layout == (16, True)
     monkeypatch.setattr(onepass_loop, "_build", lambda capability: pytest.fail("built"))
     monkeypatch.setenv(onepass.ENV, "torch")
-    assert onepass_loop._LoopChooser().choose() == ("torch", "AMPCORE_O2_ONEPASS=torch")
+    assert onepass_choice.Chooser(onepass_loop.LOOP).choose() == ("torch", "AMPCORE_O2_ONEPASS=torch")
 
 
 def test_describe_builds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onepass_loop, "_chooser", onepass_loop._LoopChooser())
+    monkeypatch.setattr(onepass_loop, "_chooser", onepass_choice.Chooser(onepass_loop.LOOP))
     monkeypatch.setattr(onepass_loop, "_build", lambda capability: pytest.fail("built"))
     monkeypatch.setenv(onepass.ENV, "torch")
     assert onepass_loop.describe() == "torch (AMPCORE_O2_ONEPASS=torch)"
@@ -405,7 +405,7 @@ def test_state_dicts_are_those_of_torchs_path(kernel: Any, monkeypatch: pytest.M
 
 
 def test_a_mismatch_at_first_use_warns_and_trains_on_torchs_path(kernel: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onepass_loop, "_chooser", onepass_loop._LoopChooser())
+    monkeypatch.setattr(onepass_loop, "_chooser", onepass_choice.Chooser(onepass_loop.LOOP))
     monkeypatch.setattr(onepass_loop_check, "self_check", lambda module, layout: "for-loop SGD {...}: master differ")
     with pytest.warns(onepass.OnePassWarning, match="for-loop optimizers is not used"):
         got, _ = train("sgd-nesterov-maximize", BF16, scaler=False)
