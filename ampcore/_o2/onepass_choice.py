@@ -22,10 +22,13 @@ import torch
 
 from .._errors import AmpcoreError, AmpcoreWarning
 
-__all__ = ["CHOICES", "ENV", "Choice", "Chooser", "Kernel", "OnePassWarning", "decide", "requested"]
+__all__ = ["CHOICES", "ENV", "Choice", "Chooser", "Kernel", "OnePassWarning", "cpu_capability", "decide", "requested"]
 
 ENV: Final = "AMPCORE_O2_ONEPASS"
 CHOICES: Final = ("auto", "compiled", "torch")
+#: torch's older names of a capability -> the name the layouts use (torch 2.8 calls its
+#: DEFAULT build, the one without AVX, "NO AVX")
+_ALIASES: Final = {"NO AVX": "DEFAULT"}
 
 
 class OnePassWarning(AmpcoreWarning):
@@ -45,6 +48,18 @@ def requested(environ: Mapping[str, str] = os.environ) -> str:
     if value not in CHOICES:
         raise AmpcoreError(f"{ENV}={environ[ENV]!r}: expected one of {', '.join(CHOICES)}")
     return value
+
+
+def cpu_capability() -> str:
+    """The CPU capability torch dispatched its kernels for, by the name the layouts use.
+
+    Example::
+
+        >>> cpu_capability() != "NO AVX"   # torch 2.8's name of DEFAULT
+        True
+    """
+    found = torch.backends.cpu.get_cpu_capability()
+    return _ALIASES.get(found, found)
 
 
 class Kernel(NamedTuple):
@@ -104,7 +119,7 @@ class Chooser:
             return self.choice
 
     def _prepare(self) -> str | None:
-        capability = torch.backends.cpu.get_cpu_capability()
+        capability = cpu_capability()
         found = self.kernel.layouts.get(capability)
         if found is None:
             return f"torch's CPU capability {capability} is not transcribed"
@@ -135,7 +150,7 @@ class Chooser:
             return f"invalid: {exc}"
         if wanted == "torch":
             return f"torch ({ENV}=torch)"
-        capability = torch.backends.cpu.get_cpu_capability()
+        capability = cpu_capability()
         if capability not in self.kernel.layouts:
             return f"torch at first use (torch's CPU capability {capability} is not transcribed)"
         problem = self.kernel.tools()

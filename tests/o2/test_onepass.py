@@ -314,11 +314,11 @@ def test_other_capabilities_in_a_subprocess(kernel: Any, capability: str) -> Non
     script = textwrap.dedent(
         """
         import torch
-        from ampcore._o2 import onepass
+        from ampcore._o2 import onepass, onepass_choice
         from ampcore._o2.onepass_check import adam_case, sgd_case
         import test_onepass as t
         made = onepass.choice()
-        print(torch.backends.cpu.get_cpu_capability(), made.name)
+        print(onepass_choice.cpu_capability(), made.name)
         if made.name == "onepass":
             module, layout = onepass._chooser.module, onepass._chooser.layout
             for dtype in (torch.bfloat16, torch.float16):
@@ -387,3 +387,11 @@ def test_unfused_groups_and_float32_parameters_keep_torchs_path(calls: dict[str,
     assert calls == {"adam": 0, "sgd": 0}
     weights = master_weights_of(opt)
     assert weights is not None and weights.onepass is True  # offered: this flavour's is test_onepass_loop.py
+
+
+def test_torch_28s_name_of_the_default_build_reads_as_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.8 calls its DEFAULT build "NO AVX": the same layouts, and no space in a build's name."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "NO AVX")
+    assert onepass_choice.cpu_capability() == "DEFAULT"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    assert onepass_choice.cpu_capability() == "AVX512"

@@ -238,11 +238,11 @@ def test_other_capabilities_in_a_subprocess(kernel: Any, capability: str) -> Non
     script = textwrap.dedent(
         """
         import torch
-        from ampcore._o2 import onepass_loop
+        from ampcore._o2 import onepass_choice, onepass_loop
         from ampcore._o2.onepass_loop_check import adam_case, sgd_case
         import test_onepass_loop as t
         made = onepass_loop.loop_choice()
-        print(torch.backends.cpu.get_cpu_capability(), made.name)
+        print(onepass_choice.cpu_capability(), made.name)
         if made.name == "onepass":
             module, layout = onepass_loop._chooser.module, onepass_loop._chooser.layout
             for threads in (1, 2):
