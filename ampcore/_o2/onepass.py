@@ -125,9 +125,7 @@ def ready() -> bool:
 
 
 def _module() -> tuple[ModuleType, Layout] | None:
-    if choice().name != "onepass" or _chooser.module is None or _chooser.layout is None:
-        return None
-    return _chooser.module, _chooser.layout
+    return _chooser.loaded()
 
 
 def _fits(master: torch.Tensor, grad: torch.Tensor, low: torch.Tensor | None, others: Sequence[Any]) -> bool:

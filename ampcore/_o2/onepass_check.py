@@ -32,7 +32,8 @@ _SGD: Final[tuple[dict[str, Any], ...]] = (
 )
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical (NaNs with the same payload too)."""
     bits = torch.int32 if a.element_size() == 4 else torch.int16
     return bool(torch.equal(a.view(bits), b.view(bits)))
 
@@ -75,7 +76,7 @@ def adam_case(
     pairs = {"master": (ref, mine), "exp_avg": (ref_states[0], states[0]), "exp_avg_sq": (ref_states[1], states[1])}
     pairs["max_exp_avg_sq"] = (ref_states[2], states[2])
     pairs["parameter"] = (ref.to(dtype), low)
-    return [name for name, (a, b) in pairs.items() if not _same(a, b)]
+    return [name for name, (a, b) in pairs.items() if not same(a, b)]
 
 
 def sgd_case(
@@ -104,7 +105,7 @@ def sgd_case(
     pairs = {"master": (ref, mine), "parameter": (ref.to(dtype), low)}
     if momentum:
         pairs["momentum_buffer"] = (ref_buf, buf)
-    return [name for name, (a, b) in pairs.items() if not _same(a, b)]
+    return [name for name, (a, b) in pairs.items() if not same(a, b)]
 
 
 def self_check(module: ModuleType, layout: tuple[int, int, bool]) -> str | None:

@@ -118,6 +118,13 @@ class Chooser:
                     )
             return self.choice
 
+    def loaded(self) -> tuple[ModuleType, Any] | None:
+        """The built, self-checked module and its layout where the kernel runs (choosing at
+        the first call), else None."""
+        if self.choose().name != "onepass" or self.module is None or self.layout is None:
+            return None
+        return self.module, self.layout
+
     def _prepare(self) -> str | None:
         capability = cpu_capability()
         found = self.kernel.layouts.get(capability)

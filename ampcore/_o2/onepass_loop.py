@@ -97,9 +97,7 @@ def loop_ready() -> bool:
 
 
 def _module() -> tuple[ModuleType, LoopLayout] | None:
-    if loop_choice().name != "onepass" or _chooser.module is None or _chooser.layout is None:
-        return None
-    return _chooser.module, _chooser.layout
+    return _chooser.loaded()
 
 
 def describe() -> str:

@@ -18,6 +18,8 @@ from typing import Any, Final
 
 import torch
 
+from .onepass_check import same
+
 __all__ = ["ADAM_CASES", "SGD_CASES", "SIZES", "adam_case", "self_check", "sgd_case"]
 
 #: one element, a lerp run and a tail, several runs and a tail, more than a thread grain
@@ -32,12 +34,6 @@ SGD_CASES: Final[tuple[dict[str, Any], ...]] = (
     {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": True, "maximize": False},
     {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.25, "nesterov": False, "maximize": True, "scale": 8.0},
 )
-
-
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-identical (NaNs with the same payload too)."""
-    bits = torch.int32 if a.element_size() == 4 else torch.int16
-    return bool(torch.equal(a.view(bits), b.view(bits)))
 
 
 def gradient(n: int, dtype: torch.dtype, generator: torch.Generator, scale: float | None = None) -> torch.Tensor:
