@@ -13,6 +13,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,19 @@ def test_ties_within_the_noise_go_to_torch_autocasts_choice() -> None:
     costs = _measure(noisy)
     assert costs.low_ms > costs.fp32_ms * 1.03  # slower by more than the margin, but within the spread
     assert decide(costs) == "low"
+
+
+def test_a_busy_measurement_where_float32_is_clearly_faster_decides_float32() -> None:
+    # issue 27, sixth stop: on a busy machine single runs spread 0.3-0.5, and that spread
+    # was taken as the band of a tie, so a class 30% slower in low precision went to low
+    busy = [10.0, 14.0, 8.0, 12.5, 9.5, 13.5, 10.0]  # bursts of other work hit both sides
+    clock = FakeClock(
+        fp32=itertools.cycle(busy), low=itertools.cycle([1.3 * t for t in busy]), casts=itertools.repeat(0.1)
+    )
+    costs = _measure(clock)
+    assert costs.runs == 7 and costs.fp32_spread > 0.3 and costs.ratio == pytest.approx(1.3)
+    assert decide(costs) == "fp32"  # a median of 7 runs is tighter than one run
+    assert decide(replace(costs, runs=0)) == "low"  # figures not timed here keep the spread as the band
 
 
 def test_implausible_figures_are_named() -> None:
