@@ -285,11 +285,12 @@ def _decide(
     costs = _measure(module, args, kwargs, spec, clock)
     if plan.suspect(key, costs) is not None and budget_s() > _process.spent_s:
         costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
-    plan.set(key, costs)
-    for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
-        if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
-            plan.drop(other)
-    write_cache(plan)
+    if costs.runs >= 2:  # one round (the budget ran out) decides nothing: the O1 lists, measured later
+        plan.set(key, costs)
+        for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
+            if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
+                plan.drop(other)
+        write_cache(plan)
     if _process.spent_s >= budget_s() and not _process.exhausted_warned:
         _process.exhausted_warned = True
         warn_user(

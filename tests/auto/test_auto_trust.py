@@ -186,6 +186,25 @@ def test_a_device_that_cannot_be_timed_measures_nothing_and_runs_as_torch_autoca
     assert ampcore.auto_plan("cpu").entries == {}
 
 
+@pytest.mark.filterwarnings("ignore::ampcore.AmpcoreWarning")
+def test_a_budget_too_small_for_two_rounds_decides_nothing_and_runs_as_torch_autocast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 27, sixth stop: AMPCORE_AUTO_BUDGET=0.05 on heldout-mixed decided a class from
+    # one timed round of each side (runs 1), and cached it; one run cannot tell a tie
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0.05")  # 50 ms: the warm-up and one round of 30 + 40 ms
+    clock = FakeClock(fp32=itertools.repeat(30.0), low=itertools.repeat(40.0), casts=itertools.repeat(1.0))
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), torch.randn(4, 8)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    with ampcore.autocast("cpu", level="auto"):
+        out = model(x)
+    assert clock.labels.count("fp32") == 2 * 2  # both classes measured: warmed, then one round each
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(out, model(x))
+    assert ampcore.auto_plan("cpu").entries == {}  # nothing decided, nothing cached: a later process measures
+
+
 def test_no_budget_measures_nothing_and_runs_as_torch_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
     model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), torch.randn(4, 8)
