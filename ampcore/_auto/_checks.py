@@ -78,6 +78,10 @@ def choose(
     are medians of per-round ratios (paired: drift hits both sides) of ``runs`` rounds,
     ``spread`` the relative spread of those ratios; the noise band is the uncertainty of
     such a median, the larger of ``spread / sqrt(runs)`` and 3% (:func:`~._costs.band`).
+    The fixed choice compares the two sides through the program's paired ratios
+    (``plan_over_fp32 / plan_over_low``: low / fp32 round by round), not the medians of
+    their runs (``low_ms``, ``fp32_ms``: shown), which other work on a busy machine moves
+    apart or together by its bursts.
 
     Example::
 
@@ -89,9 +93,11 @@ def choose(
         'fp32'
         >>> choose(16.7, 13.4, 0.84, 1.19, 0.46, runs=7)   # busy, but float32 is 20% faster in 7
         'fp32'
+        >>> choose(9.05, 8.53, 0.97, 1.445, 0.35, runs=14)  # the runs' medians close, the rounds' ratios not
+        'fp32'
     """
     tie = band(spread, runs)
-    fixed: Verdict = "fp32" if low_ms > fp32_ms * (1.0 + tie) else "low"
+    fixed: Verdict = "fp32" if plan_over_fp32 > plan_over_low * (1.0 + tie) else "low"
     ratio = plan_over_fp32 if fixed == "fp32" else plan_over_low
     return "plan" if ratio < 1.0 - tie else fixed
 

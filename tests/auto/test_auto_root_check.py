@@ -273,6 +273,9 @@ def test_choose_is_a_pure_rule_and_read_checks_follow_it() -> None:
     assert choose(10.0, 20.0, 0.95, 0.47, 0.06, runs=7) == "plan"  # ... of single rounds: a median of 7 is tighter
     assert choose(16.7, 13.4, 0.839, 1.186, 0.46, runs=7) == "fp32"
     assert choose(16.7, 13.4, 0.839, 1.186, 0.46, runs=1) == "low"
+    # heldout-tiny, warm, busy: the runs' medians 9.05 (low) and 8.53 (fp32) look alike, the
+    # rounds say low / fp32 = 1.445 / 0.970: the fixed choice goes by the paired ratios
+    assert choose(9.049, 8.528, 0.970, 1.445, 0.348, runs=14) == "fp32"
     assert choose(10.0, 9.0, 1.05, 1.17, 0.01) == "fp32"
     good = {"plan_ms": 9.0, "low_ms": 10.0, "fp32_ms": 20.0, "plan_over_low": 0.9, "plan_over_fp32": 0.45}
     good |= {"spread": 0.01, "runs": MIN_RUNS, "verdict": "plan"}
