@@ -205,6 +205,22 @@ def test_a_budget_too_small_for_two_rounds_decides_nothing_and_runs_as_torch_aut
     assert ampcore.auto_plan("cpu").entries == {}  # nothing decided, nothing cached: a later process measures
 
 
+@pytest.mark.filterwarnings("ignore::ampcore.AmpcoreWarning")
+def test_a_class_slower_than_its_share_of_the_budget_is_decided_from_one_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the budget left is ample; the class's own share (0.4 s) ends after one round of 300 +
+    # 400 ms: decided (a slow class on a CPU that emulates bf16 must not stay undecided)
+    clock = FakeClock(fp32=itertools.repeat(300.0), low=itertools.repeat(400.0), casts=itertools.repeat(1.0))
+    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    with ampcore.autocast("cpu", level="auto"):
+        model(x)
+    (entry,) = ampcore.auto_plan("cpu").entries.values()
+    assert entry.costs is not None and entry.costs.runs == 1 and entry.decision == "fp32"
+
+
 def test_no_budget_measures_nothing_and_runs_as_torch_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
     model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), torch.randn(4, 8)
