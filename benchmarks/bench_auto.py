@@ -20,8 +20,20 @@ Models (training steps: forward, MSE loss, backward, SGD):
   precision there: casts and launches);
 * ``seed``: 9 x ``Linear(2048)`` on batch 512 (slow without bf16 hardware).
 
+* ``heldout-flip``: the same 4 x ``Linear(256)`` on a batch of 16 and on a batch of 512
+  (one module, two shape classes, decisions that differ by the batch);
+* ``heldout-tie``: 6 x ``Linear(224)`` on a batch of 64 (low/fp32 near 1 with AMX);
+* ``heldout-embed-mlp``: ``Embedding(16384, 384)`` on 32 x 64 tokens, 2 pre-norm MLP blocks
+  (LayerNorm, ``Linear(384, 1536)``, GELU, ``Linear(1536, 384)``), LayerNorm, a head;
+* ``heldout-attn``: ``Embedding(512, 192)`` on 8 x 48 tokens, 2 pre-norm blocks with
+  ``MultiheadAttention`` (3 heads) and an MLP (768), LayerNorm, a head;
+* ``heldout-tiny``: the same kind at d 32 (6 blocks, 2 heads, batch 4 x 8 tokens): small
+  everything, float32's case.
+
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
-``heldout-transformer@AVX512_CORE``: no bf16 instructions); without it the CPU's own ISA.
+``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot
+products, no AMX; ``@AVX2`` also caps ATen's kernels and MKL's, :func:`isa_env`); without it
+the CPU's own ISA.
 
 Each model runs in its own processes (the ISA variable must be set before torch is
 imported), with ``torch.set_flush_denormal(True)`` on the CPU: a *cold* process with an
@@ -294,11 +306,33 @@ def corrupt(cache: str) -> str:
     return "; ".join(done) or "nothing (no cache file)"
 
 
+#: what ``model@ISA`` sets (:func:`isa_env`); unset for the CPU's own ISA
+ISA_VARIABLES: Final = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_env(isa: str) -> dict[str, str]:
+    """The variables that cap the CPU's instruction sets at ``isa`` (oneDNN's name): oneDNN's
+    own cap, and for ``AVX2`` also ATen's vectorised kernels and MKL's (its float32 GEMMs),
+    which otherwise keep using AVX512.
+
+    Example::
+
+        >>> isa_env("AVX2")["ATEN_CPU_CAPABILITY"], isa_env("AVX512_CORE"), isa_env("")
+        ('avx2', {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}, {})
+    """
+    if not isa:
+        return {}
+    env = {"ONEDNN_MAX_CPU_ISA": isa}
+    if isa.upper() == "AVX2":
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+    return env
+
+
 def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "AMPCORE_AUTO_CACHE": cache}
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
-    if isa:
-        env["ONEDNN_MAX_CPU_ISA"] = isa
+    for variable in ISA_VARIABLES:
+        env.pop(variable, None)
+    env.update(isa_env(isa))
     if args.malloc == "steady":
         env["GLIBC_TUNABLES"] = STEADY_MALLOC
     rounds = args.rounds if args.cache in (phase, "both") else 1  # a cold run only to fill the cache
@@ -330,7 +364,7 @@ def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) 
 
 def _print(r: dict[str, Any], tables: bool) -> None:
     med = r["median_ms"]
-    isa = f", ONEDNN_MAX_CPU_ISA={r['isa']}" if r["isa"] else ""
+    isa = "".join(f", {k}={v}" for k, v in isa_env(r["isa"]).items())
     low = sum(1 for d in r["decisions"].values() if d == "low")
     print(
         f"\n{r['model']}{isa}, {r['phase']} cache, {r['device']} ({r['threads']} threads), "

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
 
-from ._costs import MARGIN, finite
+from ._costs import band, finite
 
 __all__ = [
     "BUSY_LOAD",
@@ -69,12 +69,19 @@ def provisional(spread: float, load: float | None, checks: int) -> bool:
     return checks < MAX_CHECKS and (spread > NOISY_SPREAD or busy)
 
 
-def choose(low_ms: float, fp32_ms: float, plan_over_low: float, plan_over_fp32: float, spread: float) -> Verdict:
+def choose(
+    low_ms: float, fp32_ms: float, plan_over_low: float, plan_over_fp32: float, spread: float, runs: int = 1
+) -> Verdict:
     """The verdict of a whole-call check: the better fixed choice (``"fp32"`` only where it
     beats the O1 lists beyond the noise, else ``"low"``, torch.autocast's choice), and the
     program (``"plan"``) only where it beats that choice beyond the noise.  ``plan_over_*``
-    are medians of per-round ratios (paired: drift hits both sides), ``spread`` the
-    relative spread of those ratios; the noise band is the larger of it and 3%.
+    are medians of per-round ratios (paired: drift hits both sides) of ``runs`` rounds,
+    ``spread`` the relative spread of those ratios; the noise band is the uncertainty of
+    such a median, the larger of ``spread / sqrt(runs)`` and 3% (:func:`~._costs.band`).
+    The fixed choice compares the two sides through the program's paired ratios
+    (``plan_over_fp32 / plan_over_low``: low / fp32 round by round), not the medians of
+    their runs (``low_ms``, ``fp32_ms``: shown), which other work on a busy machine moves
+    apart or together by its bursts.
 
     Example::
 
@@ -84,11 +91,15 @@ def choose(low_ms: float, fp32_ms: float, plan_over_low: float, plan_over_fp32: 
         'low'
         >>> choose(10.0, 9.0, 1.05, 1.17, 0.01)    # float32 beats both
         'fp32'
+        >>> choose(16.7, 13.4, 0.84, 1.19, 0.46, runs=7)   # busy, but float32 is 20% faster in 7
+        'fp32'
+        >>> choose(9.05, 8.53, 0.97, 1.445, 0.35, runs=14)  # the runs' medians close, the rounds' ratios not
+        'fp32'
     """
-    band = max(MARGIN, spread)
-    fixed: Verdict = "fp32" if low_ms > fp32_ms * (1.0 + band) else "low"
+    tie = band(spread, runs)
+    fixed: Verdict = "fp32" if plan_over_fp32 > plan_over_low * (1.0 + tie) else "low"
     ratio = plan_over_fp32 if fixed == "fp32" else plan_over_low
-    return "plan" if ratio < 1.0 - band else fixed
+    return "plan" if ratio < 1.0 - tie else fixed
 
 
 @dataclass(frozen=True)
@@ -130,8 +141,8 @@ class RootCheck:
         over_low, low_spread = summary([p / q for p, q in zip(times["plan"], times["low"], strict=True)])
         over_fp32, fp32_spread = summary([p / q for p, q in zip(times["plan"], times["fp32"], strict=True)])
         spread = max(low_spread, fp32_spread)
-        verdict = choose(med["low"], med["fp32"], over_low, over_fp32, spread)
         runs = len(times["plan"])
+        verdict = choose(med["low"], med["fp32"], over_low, over_fp32, spread, runs)
         figures = (med["plan"], med["low"], med["fp32"], over_low, over_fp32, spread, runs, verdict)
         return cls(*figures, load, 1, provisional(spread, load, 1), source)
 
@@ -199,7 +210,8 @@ def check_from_mapping(raw: object, source: str) -> RootCheck:
     unknown = sorted(str(k) for k in raw if k not in (*values, "runs", "verdict", *_LATER))
     if unknown:
         raise ValueError(f"unknown field(s) {', '.join(unknown)}")
-    given = choose(*(values[name] for name in ("low_ms", "fp32_ms", *_RATIOS, "spread")))
+    low, fp32, over_low, over_fp32 = (values[name] for name in ("low_ms", "fp32_ms", *_RATIOS))
+    given = choose(low, fp32, over_low, over_fp32, values["spread"], runs)
     if given != verdict:
         raise ValueError(f"verdict {verdict!r} does not follow from the figures (they give {given!r})")
     load, checks, marked = _state(raw, values["spread"])

@@ -4,7 +4,7 @@ the plausibility checks a measurement must pass before it decides anything.
 * :func:`decide` is a pure function of :class:`Costs`: low precision where it saves more
   than the noise of the measurement, float32 where it loses more than that, and a tie goes
   to the choice torch.autocast makes (low precision: every planned module kind is on
-  autocast's lower-precision list);
+  autocast's lower-precision list); the noise of a median is :func:`band`;
 * :func:`implausible` says why a figure should be measured again before it is trusted (a
   ratio beyond what the hardware can do, a spread too wide, a neighbour that disagrees);
 * :func:`costs_from_mapping` checks costs that arrive from a file, a cache or an adapter.
@@ -24,6 +24,7 @@ from .._errors import shown
 __all__ = [
     "MARGIN",
     "Costs",
+    "band",
     "Decision",
     "costs_from_mapping",
     "decide",
@@ -36,8 +37,8 @@ __all__ = [
 
 Decision = Literal["low", "fp32"]
 
-#: Differences within this fraction of the float32 cost (or the measured spread, if wider)
-#: are ties, and a tie goes to torch.autocast's choice (low precision).
+#: Differences within this fraction of the float32 cost (or the uncertainty of the measured
+#: medians, :func:`band`, if wider) are ties, and a tie goes to torch.autocast's choice.
 MARGIN: Final = 0.03
 #: A low/fp32 ratio beyond this (either way) is measured again before it is trusted: a
 #: first call that paid one-time set-up looks like this, hardware rarely does.
@@ -79,8 +80,29 @@ class Costs:
 
     @property
     def noise(self) -> float:
-        """The relative band within which the two sides are a tie."""
-        return max(MARGIN, self.fp32_spread, self.low_spread)
+        """The relative band within which the two sides are a tie (:func:`band`)."""
+        return band(max(self.fp32_spread, self.low_spread), self.runs)
+
+
+def band(spread: float, runs: int, margin: float = MARGIN) -> float:
+    """The relative band within which two medians of ``runs`` timed runs each, whose runs
+    spread by ``spread`` (trimmed range over median), are a tie: the larger of ``margin``
+    and the uncertainty of such a median, ``spread / sqrt(runs)``.  Figures not timed here
+    (``runs`` < 2: given, loaded) and spreads over :data:`SPREAD_BOUND` (too noisy to
+    decide; often two clusters, a burst of other work over part of the runs, where the
+    median lies between them) keep their spread as the band.
+
+    The spread describes single runs; a median of 7 is about 2.6 times tighter.  Taking
+    the spread itself as the band made every comparison on a busy machine (spreads of
+    0.2-0.5) a tie, and a tie goes to torch.autocast, which on a model of small layers is
+    1.6 times float32's step (issue 27, sixth stop).
+
+    Example::
+
+        >>> band(0.01, 7), round(band(0.46, 7), 3), band(0.2, 0), band(0.8, 14)
+        (0.03, 0.174, 0.2, 0.8)
+    """
+    return max(margin, spread / math.sqrt(runs) if runs >= 2 and spread <= SPREAD_BOUND else spread)
 
 
 _NUMBERS: Final = {"fp32_ms": True, "low_ms": True, "cast_ms": False, "fp32_spread": False, "low_spread": False}
@@ -157,9 +179,11 @@ def decide(costs: Costs, margin: float = MARGIN) -> Decision:
         'fp32'
         >>> decide(Costs(fp32_ms=10.0, low_ms=12.0, cast_ms=2.0, fp32_spread=0.3))  # within noise
         'low'
+        >>> decide(Costs(fp32_ms=10.0, low_ms=12.0, cast_ms=2.0, fp32_spread=0.3, runs=7))  # a median of 7
+        'fp32'
     """
-    band = max(margin, costs.fp32_spread, costs.low_spread)
-    return "fp32" if costs.low_ms > costs.fp32_ms * (1.0 + band) else "low"
+    tie = band(max(costs.fp32_spread, costs.low_spread), costs.runs, margin)
+    return "fp32" if costs.low_ms > costs.fp32_ms * (1.0 + tie) else "low"
 
 
 def module_of(shape_class: str) -> tuple[str, str]:

@@ -282,14 +282,16 @@ def _decide(
     if clock is None or budget_s() <= _process.spent_s:
         return
     _warn_once(spec, plan)
+    short = (budget_s() - _process.spent_s) * 1e3 < _PER_CLASS_MS  # the process's budget bounds this class
     costs = _measure(module, args, kwargs, spec, clock)
     if plan.suspect(key, costs) is not None and budget_s() > _process.spent_s:
         costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
-    plan.set(key, costs)
-    for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
-        if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
-            plan.drop(other)
-    write_cache(plan)
+    if costs.runs >= 2 or not short:  # one round because the budget ran out: no decision (O1 lists), measured later
+        plan.set(key, costs)
+        for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
+            if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
+                plan.drop(other)
+        write_cache(plan)
     if _process.spent_s >= budget_s() and not _process.exhausted_warned:
         _process.exhausted_warned = True
         warn_user(

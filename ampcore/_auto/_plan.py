@@ -238,7 +238,7 @@ class AutoPlan:
             "low ms includes the casts (cast ms); ms are medians of the timed runs; spread: fp32/low "
             "range of the runs over the median; runs: timed runs per side (+: measured again after "
             "a plausibility check); ~: stopped early, one side clearly slower; a difference within "
-            f"the spread (at least {self.margin:.0%}) is a tie and goes to low, as torch.autocast"
+            f"spread / sqrt(runs) (at least {self.margin:.0%}) is a tie and goes to low, as torch.autocast"
         )
         return "\n".join([head, *lines, foot, *self._roots_table()])
 
@@ -256,7 +256,8 @@ class AutoPlan:
         foot = (
             "a mixed program is timed as a whole against the O1 lists alone (low) and float32, "
             "interleaved; plan/low, plan/fp32: medians of per-round ratios; it runs as planned only "
-            "where it wins beyond the spread (at least 3%), else as the better fixed choice; load: "
+            "where it wins beyond spread / sqrt(runs) (at least 3%), else as the better fixed choice "
+            "(float32 where plan/fp32 over plan/low, low/fp32 round by round, is above 1 beyond that band); load: "
             "other work on the device meanwhile (the adapter's; -: not reported); provisional: "
             "measured busy or noisy, a later process measures it again"
         )

@@ -15,7 +15,12 @@ the tensors among its arguments, grad mode):
   (autocast on, as the region already is);
 * the *switched* modules: those whose decision differs from the default, each with two
   instance hooks for the root call (a float32 module: autocast off and its inputs cast to
-  float32; a low one in a float32 default: autocast on for its forward).
+  float32; a low one in a float32 default: autocast on for its forward);
+* the *steps* of a module called more than once with decisions that differ (the same layer
+  on two batch sizes, one float32 and one low): it is switched, and its hooks follow the
+  recorded decisions call by call (the ``n``-th call of the root call as the ``n``-th
+  recorded one).  Without them such a root recorded every call (the global hooks and the
+  dispatch mode on every step: 1.2 x torch.autocast, issue 27's sixth stop).
 
 Every module's output has the same dtype on the recorded call and in the program: the one
 torch.autocast gives for its decision (the low-precision dtype for ``"low"``, float32 for
@@ -70,20 +75,22 @@ class Program(NamedTuple):
     #: what the float32-decided calls save against the O1 lists by their classes' own
     #: figures (ms, sum of low - fp32 per call): the whole-call check's plausibility bound
     saving_ms: float = 0.0
+    #: switched modules whose calls differ: (module, per call in order: switch it or not)
+    steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
 
     def mixed(self) -> bool:
-        """Whether some planned modules run in float32 and others in low precision."""
-        return 0 < len(self.switched) < len(self.planned)
+        """Whether some planned calls run in float32 and others in low precision."""
+        return bool(self.steps) or 0 < len(self.switched) < len(self.planned)
 
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
         if verdict == "low":
-            return self._replace(default_fp32=False, switched=(), checked=True)
+            return self._replace(default_fp32=False, switched=(), checked=True, steps=())
         if verdict == "fp32":
             if self.fp32_ok:
-                return self._replace(default_fp32=True, switched=(), checked=True)
-            return self._replace(default_fp32=False, switched=self.planned, checked=True)
+                return self._replace(default_fp32=True, switched=(), checked=True, steps=())
+            return self._replace(default_fp32=False, switched=self.planned, checked=True, steps=())
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
@@ -154,7 +161,8 @@ class Recording:
         self.stack: list[tuple[nn.Module, bool]] = []
         self.planned = 0
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
-        self.conflict = self.outside = False
+        self.sequence: dict[int, list[Decision | None]] = {}  # each module's decisions in call order
+        self.outside = False
         self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: None: the global hooks apply the plan to this call, nothing is recorded
@@ -176,10 +184,8 @@ class Recording:
     def note(self, module: nn.Module, decision: Decision | None, saving_ms: float = 0.0) -> None:
         """A planned call of ``module``, its decision and what float32 saves there (ms)."""
         self.saving_ms += saving_ms
-        found = self.calls.get(id(module))
-        if found is not None and found[1] != decision:
-            self.conflict = True
         self.calls[id(module)] = (module, decision)
+        self.sequence.setdefault(id(module), []).append(decision)
 
     def close(self) -> None:
         if self.mode is None:
@@ -191,22 +197,26 @@ class Recording:
 
     def program(self, sig: tuple[Any, ...], tries: int, can_measure: bool) -> Program | None:
         """The program this recording gives (None: record again at the next call)."""
-        if self.mode is None or self.conflict or self.plan.changes != self.changes:
+        if self.mode is None or self.plan.changes != self.changes:
             return None
-        undecided = any(d is None for _, d in self.calls.values())
+        undecided = any(d is None for seq in self.sequence.values() for d in seq)
         if undecided and can_measure and tries < _TRIES:
             return None
-        fp32 = [m for m, d in self.calls.values() if d == "fp32"]
-        low = [m for m, d in self.calls.values() if d != "fp32"]  # undecided: the O1 lists
+        varies = {i for i, seq in self.sequence.items() if len({d == "fp32" for d in seq}) > 1}
+        fp32 = [m for i, (m, d) in self.calls.items() if d == "fp32" and i not in varies]
+        low = [m for i, (m, d) in self.calls.items() if d != "fp32" and i not in varies]  # undecided: O1
         low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
         # the default that hooks fewer modules; a float32 one only where it changes no dtype
         # the recording saw (no low-precision tensor reached an op outside planned modules)
         fp32_ok = not self.outside and not low_inputs
         default_fp32 = fp32_ok and len(low) < len(fp32)
-        switched = low if default_fp32 else fp32
-        refs = tuple(weakref.ref(m) for m in switched)
-        planned = tuple(weakref.ref(m) for m in fp32 + low)
-        return Program(self.plan, self.changes, default_fp32, refs, planned, fp32_ok, False, self.saving_ms)
+        varying = [self.calls[i][0] for i in varies]
+        refs = tuple(weakref.ref(m) for m in (low if default_fp32 else fp32) + varying)
+        planned = tuple(weakref.ref(m) for m in fp32 + low + varying)
+        steps = tuple(
+            (weakref.ref(m), tuple((d == "fp32") != default_fp32 for d in self.sequence[id(m)])) for m in varying
+        )
+        return Program(self.plan, self.changes, default_fp32, refs, planned, fp32_ok, False, self.saving_ms, steps)
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
@@ -234,6 +244,10 @@ class Running:
         self.device_type: str = region.spec.backend.device_type
         self.pushed: list[nn.Module] = []
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
+        #: id of a module with steps -> [whether to switch it, per call; calls so far]
+        self.steps: dict[int, list[Any]] | None = None
+        if program.steps:
+            self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
         if program.default_fp32:
             torch.set_autocast_enabled(self.device_type, False)
         pre, post = self._pre, self._post
@@ -256,7 +270,19 @@ class Running:
         stack = _thread.stack  # a region nested inside the root call: its own lists
         if not stack or stack[-1] is not self.region:
             return None
+        if self.steps is not None and not self._this_call(module):
+            return None
         return self.switch(module, args)
+
+    def _this_call(self, module: nn.Module) -> bool:
+        """Whether this call of ``module`` is switched: its recorded decision for the call in
+        this order (a module without steps: always)."""
+        found = self.steps.get(id(module)) if self.steps is not None else None
+        if found is None:
+            return True
+        calls, n = found
+        found[1] = n + 1
+        return bool(calls[min(n, len(calls) - 1)])
 
     def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """Run ``module``'s forward in the precision other than the default (its new

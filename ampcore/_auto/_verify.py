@@ -64,7 +64,12 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
         shapes.append(f"{entry[0]}={text}" if len(entry) == 4 else text)
     names = {id(m): name for name, m in root.named_modules()}
     switched = sorted(names.get(id(m), "?") for r in program.switched if (m := r()) is not None)
-    digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}".encode()).hexdigest()[:8]
+    steps = "".join(
+        sorted(
+            f"|{names.get(id(m), '?')}:{''.join(map(str, map(int, calls)))}" for r, calls in program.steps if (m := r())
+        )
+    )
+    digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}{steps}".encode()).hexdigest()[:8]
     default = "fp32" if program.default_fp32 else "low"
     grad = "grad" if sig[0] else "no-grad"
     return f"{type(root).__name__} in=[{', '.join(shapes)}] {grad} program={default}+{len(switched)} #{digest}"

@@ -210,9 +210,72 @@ def test_without_measuring_a_mixed_program_runs_as_recorded(monkeypatch: pytest.
     assert clock.labels == [] and [o.dtype for o in out] == [torch.bfloat16, torch.float32]
 
 
+class Shared(nn.Module):
+    """One layer on a small batch (decided float32) and on a big one (decided low)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, small: torch.Tensor, big: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer(small), self.layer(big)
+
+
+@pytest.mark.parametrize(("figures", "verdict"), [((8.0, 9.0, 12.0), "plan"), ((10.0, 9.0, 12.0), "low")])
+def test_a_module_whose_calls_decide_differently_gets_a_program(
+    monkeypatch: pytest.MonkeyPatch, figures: tuple[float, float, float], verdict: str
+) -> None:
+    # issue 27, sixth stop (heldout-flip): the same layer on a batch of 16 (float32) and of
+    # 512 (low) was a "conflict": no program, so every call recorded (global hooks and a
+    # dispatch mode on every step: 1.2 x torch.autocast)
+    from ampcore._auto import _program
+
+    net, small, big = Shared(), torch.randn(4, 8), torch.randn(16, 8)
+    clock = Clock(*figures)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    plan = ampcore.auto_plan("cpu")
+    plan.set(shape_class(net.layer, (small,), "cpu") or "", _LOSES, source="given")
+    plan.set(shape_class(net.layer, (big,), "cpu") or "", _WINS, source="given")
+    recorded = []
+    monkeypatch.setattr(
+        _program.Recording, "close", lambda self, close=_program.Recording.close: recorded.append(1) or close(self)
+    )
+    found = []
+    for _ in range(4):
+        with ampcore.autocast("cpu", level="auto"):
+            out = net(small, big)
+        sum(o.float().sum() for o in out).backward()
+        found.append(tuple(o.dtype for o in out))
+    assert len(recorded) == 1  # recorded once, then a program
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.verdict == verdict and len(clock.labels) == 3 * (1 + 7)  # checked as a mixed program, once
+    first = (torch.float32, torch.bfloat16)  # each call as its own decision
+    assert found == [first] + [first if verdict == "plan" else (torch.bfloat16, torch.bfloat16)] * 3
+
+
+def test_a_busy_check_where_float32_is_clearly_faster_runs_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 27, sixth stop (heldout-tiny on a busy machine): float32 13.4 ms, the O1 lists
+    # 16.7 ms, the program 15.3 ms, rounds spread 0.46: every comparison was a "tie", so the
+    # root ran as torch.autocast (1.65 x float32's step); a median of 7 rounds resolves 20%
+    clock = Clock(15.3, 16.7, 13.4)
+    bursts = [1.0, 1.35, 0.8, 1.2, 0.9, 1.3, 0.85]  # other work, not hitting a round's three runs alike
+    for shift, (label, ms) in enumerate((("root-plan", 15.3), ("root-low", 16.7), ("root-fp32", 13.4))):
+        clock.figures[label] = itertools.cycle([ms * b for b in bursts[2 * shift :] + bursts[: 2 * shift]])
+    later = _steps(monkeypatch, clock, Net())[1:]
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.spread > 0.3 and check.runs == 7 and check.verdict == "fp32"
+    assert later == [(torch.float32, torch.float32)] * 2
+
+
 def test_choose_is_a_pure_rule_and_read_checks_follow_it() -> None:
     assert choose(10.0, 20.0, 0.95, 0.47, 0.01) == "plan"
     assert choose(10.0, 20.0, 0.95, 0.47, 0.06) == "low"  # a 5% win within a 6% spread
+    assert choose(10.0, 20.0, 0.95, 0.47, 0.06, runs=7) == "plan"  # ... of single rounds: a median of 7 is tighter
+    assert choose(16.7, 13.4, 0.839, 1.186, 0.46, runs=7) == "fp32"
+    assert choose(16.7, 13.4, 0.839, 1.186, 0.46, runs=1) == "low"
+    # heldout-tiny, warm, busy: the runs' medians 9.05 (low) and 8.53 (fp32) look alike, the
+    # rounds say low / fp32 = 1.445 / 0.970: the fixed choice goes by the paired ratios
+    assert choose(9.049, 8.528, 0.970, 1.445, 0.348, runs=14) == "fp32"
     assert choose(10.0, 9.0, 1.05, 1.17, 0.01) == "fp32"
     good = {"plan_ms": 9.0, "low_ms": 10.0, "fp32_ms": 20.0, "plan_over_low": 0.9, "plan_over_fp32": 0.45}
     good |= {"spread": 0.01, "runs": MIN_RUNS, "verdict": "plan"}

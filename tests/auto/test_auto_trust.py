@@ -13,6 +13,7 @@ import re
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,19 @@ def test_ties_within_the_noise_go_to_torch_autocasts_choice() -> None:
     assert decide(costs) == "low"
 
 
+def test_a_busy_measurement_where_float32_is_clearly_faster_decides_float32() -> None:
+    # issue 27, sixth stop: on a busy machine single runs spread 0.3-0.5, and that spread
+    # was taken as the band of a tie, so a class 30% slower in low precision went to low
+    busy = [10.0, 14.0, 8.0, 12.5, 9.5, 13.5, 10.0]  # bursts of other work hit both sides
+    clock = FakeClock(
+        fp32=itertools.cycle(busy), low=itertools.cycle([1.3 * t for t in busy]), casts=itertools.repeat(0.1)
+    )
+    costs = _measure(clock)
+    assert costs.runs == 7 and costs.fp32_spread > 0.3 and costs.ratio == pytest.approx(1.3)
+    assert decide(costs) == "fp32"  # a median of 7 runs is tighter than one run
+    assert decide(replace(costs, runs=0)) == "low"  # figures not timed here keep the spread as the band
+
+
 def test_implausible_figures_are_named() -> None:
     assert implausible(Costs(26.9, 231.7, 1.0)) == "low/fp32 8.61 is beyond 4"
     assert implausible(Costs(26.9, 231.7, 1.0, checked=True)) is None  # measured again: trusted
@@ -170,6 +184,41 @@ def test_a_device_that_cannot_be_timed_measures_nothing_and_runs_as_torch_autoca
         expected = model(x)
     assert out.dtype == expected.dtype == torch.bfloat16 and torch.equal(out, expected)
     assert ampcore.auto_plan("cpu").entries == {}
+
+
+@pytest.mark.filterwarnings("ignore::ampcore.AmpcoreWarning")
+def test_a_budget_too_small_for_two_rounds_decides_nothing_and_runs_as_torch_autocast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 27, sixth stop: AMPCORE_AUTO_BUDGET=0.05 on heldout-mixed decided a class from
+    # one timed round of each side (runs 1), and cached it; one run cannot tell a tie
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0.05")  # 50 ms: the warm-up and one round of 30 + 40 ms
+    clock = FakeClock(fp32=itertools.repeat(30.0), low=itertools.repeat(40.0), casts=itertools.repeat(1.0))
+    model, x = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4)), torch.randn(4, 8)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    with ampcore.autocast("cpu", level="auto"):
+        out = model(x)
+    assert clock.labels.count("fp32") == 2 * 2  # both classes measured: warmed, then one round each
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(out, model(x))
+    assert ampcore.auto_plan("cpu").entries == {}  # nothing decided, nothing cached: a later process measures
+
+
+@pytest.mark.filterwarnings("ignore::ampcore.AmpcoreWarning")
+def test_a_class_slower_than_its_share_of_the_budget_is_decided_from_one_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the budget left is ample; the class's own share (0.4 s) ends after one round of 300 +
+    # 400 ms: decided (a slow class on a CPU that emulates bf16 must not stay undecided)
+    clock = FakeClock(fp32=itertools.repeat(300.0), low=itertools.repeat(400.0), casts=itertools.repeat(1.0))
+    model, x = nn.Linear(8, 8), torch.randn(4, 8)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    with ampcore.autocast("cpu", level="auto"):
+        model(x)
+    (entry,) = ampcore.auto_plan("cpu").entries.values()
+    assert entry.costs is not None and entry.costs.runs == 1 and entry.decision == "fp32"
 
 
 def test_no_budget_measures_nothing_and_runs_as_torch_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
