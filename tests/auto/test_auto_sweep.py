@@ -1,0 +1,500 @@
+"""Issue 27: ``level="auto"`` on model structures the benchmarks never use.
+
+Each case runs a model under ``level="auto"`` with a plan given to ``ampcore.load_plan`` (no
+timing, so the decisions are known) and compares with the *fixed precision* those decisions
+give, computed independently (:func:`_fixed`: torch.autocast with each planned module call
+switched by hand), for several steps: outputs and gradients equal, the dtypes the plan says,
+and nothing of auto (hooks, autocast state) left behind after the region, also after an
+exception inside it.  The recorded program of a root call must never replay a stale path:
+control flow that changes which modules run, or at which shapes, while the root's tensor
+inputs keep their shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from _auto_testing import auto_state  # noqa: F401 (fixture)
+from torch import nn
+
+import ampcore
+from ampcore._auto import _hooks, _program
+from ampcore._auto._shapes import planned_ops, shape_class
+
+pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
+
+LOW = torch.bfloat16
+
+
+def _load(decisions: dict[str, str]) -> None:
+    fp = ampcore.auto_plan("cpu").fingerprint
+    entries = {k: {"decision": d} for k, d in decisions.items()}
+    ampcore.load_plan({"format": 2, "fingerprint": fp, "entries": entries})
+
+
+def _classes(module: nn.Module, *shapes: tuple[int, ...], grad: bool = True, dtypes: Any = (None, LOW)) -> list[str]:
+    """The shape classes of ``module`` on inputs of ``shapes`` (float32 and bfloat16 inputs)."""
+    found = []
+    with torch.set_grad_enabled(grad):
+        for shape in shapes:
+            for dtype in dtypes:
+                x = torch.zeros(shape, dtype=dtype or torch.float32)
+                found.append(shape_class(module, (x,), "cpu") or "")
+    return found
+
+
+def _plan(pairs: list[tuple[nn.Module, tuple[int, ...], str]], grad: bool = True) -> None:
+    decisions: dict[str, str] = {}
+    for module, shape, decision in pairs:
+        for key in _classes(module, shape, grad=grad):
+            decisions[key] = decision
+    _load(decisions)
+
+
+def _fixed(run: Callable[[], Any]) -> Any:
+    """``run()`` under torch.autocast with each planned module call in the plan's precision:
+    float32 (autocast off, low inputs cast to float32) where the plan says ``fp32``."""
+    plan = ampcore.auto_plan("cpu")
+    state: list[bool] = []
+
+    def pre(module: nn.Module, args: tuple[Any, ...]) -> Any:
+        if planned_ops(module) is None:
+            return None
+        key = shape_class(module, args, "cpu")
+        enabled = torch.is_autocast_enabled("cpu")
+        state.append(enabled)
+        if key is not None and plan.decision(key) == "fp32":
+            torch.set_autocast_enabled("cpu", False)
+            return tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype == LOW else a for a in args)
+        return None
+
+    def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if planned_ops(module) is not None:
+            torch.set_autocast_enabled("cpu", state.pop())
+
+    handles = [
+        nn.modules.module.register_module_forward_pre_hook(pre),
+        nn.modules.module.register_module_forward_hook(post),
+    ]
+    try:
+        with torch.autocast("cpu", dtype=LOW):
+            return run()
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _auto(run: Callable[[], Any]) -> Any:
+    with ampcore.autocast("cpu", level="auto"):
+        return run()
+
+
+def _clean(*modules: nn.Module) -> None:
+    """Nothing of auto is left: no global or instance hook, autocast off, no program running."""
+    assert not _hooks.installed() and _program.local.run is None and _program.local.rec is None
+    assert not torch.is_autocast_enabled("cpu") and _program.local.settled is None
+    assert not nn.modules.module._global_forward_pre_hooks and not nn.modules.module._global_forward_hooks
+    for root in modules:
+        for m in root.modules():
+            assert not m._forward_pre_hooks and not m._forward_hooks and not m._forward_pre_hooks_with_kwargs
+
+
+def _flat(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _flat(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flat(v)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _flat(getattr(value, f.name))
+
+
+def _same(model: nn.Module, call: Callable[[int], Any], steps: int = 4) -> None:
+    """``call(step)`` under auto equals the fixed precision for ``steps`` steps: outputs (values
+    and dtypes) and the parameters' gradients; nothing left behind after each region."""
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        want = list(_flat(_fixed(lambda: call(step))))  # noqa: B023
+        sum(t.float().sum() for t in want if t.requires_grad).backward() if any(t.requires_grad for t in want) else None
+        want_grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        got = list(_flat(_auto(lambda: call(step))))  # noqa: B023
+        _clean(model)
+        sum(t.float().sum() for t in got if t.requires_grad).backward() if any(t.requires_grad for t in got) else None
+        assert [t.dtype for t in got] == [t.dtype for t in want]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        grads = [None if p.grad is None else p.grad for p in model.parameters()]
+        for g, w in zip(grads, want_grads, strict=True):
+            assert (g is None) == (w is None)
+            if g is not None:
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+# --- control flow: the recorded program must not replay a stale path ----------------------
+
+
+class Paths(nn.Module):
+    """``a`` (Linear 16->16, low) or ``b`` (Linear 16->24, fp32), then ``c`` per path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 24)
+        self.ca = nn.Linear(16, 8)
+        self.cb = nn.Linear(24, 8)
+
+    def forward(self, x: torch.Tensor, path: Any = "a") -> torch.Tensor:
+        if path == "a":
+            return self.ca(torch.relu(self.a(x)))
+        return self.cb(torch.relu(self.b(x)))
+
+
+def _paths(decision_a: str = "low", decision_b: str = "fp32") -> tuple[Paths, torch.Tensor]:
+    net, x = Paths(), torch.randn(4, 16)
+    _plan(
+        [
+            (net.a, (4, 16), decision_a),
+            (net.ca, (4, 16), decision_a),
+            (net.b, (4, 16), decision_b),
+            (net.cb, (4, 24), decision_b),
+        ]
+    )
+    return net, x
+
+
+@pytest.mark.parametrize("default", ["low", "fp32"])
+def test_a_non_tensor_argument_that_picks_the_path_is_part_of_the_guard(default: str) -> None:
+    other = "fp32" if default == "low" else "low"
+    net, x = _paths(default, other)
+    paths = ["a", "a", "b", "a", "b", "b", "a"]
+    _same(net, lambda i: net(x, paths[i]), steps=7)
+    _same(net, lambda i: net(x, path=paths[-1 - i]), steps=7)
+
+
+def test_a_path_picked_by_train_or_eval_is_not_replayed_stale() -> None:
+    class Heads(Paths):
+        def forward(self, x: torch.Tensor, path: Any = None) -> torch.Tensor:
+            return super().forward(x, "a" if self.training else "b")
+
+    net, x = Heads(), torch.randn(4, 16)
+    _plan([(net.a, (4, 16), "low"), (net.ca, (4, 16), "low"), (net.b, (4, 16), "fp32"), (net.cb, (4, 24), "fp32")])
+    for mode in (True, False, True, False):
+        net.train(mode)
+        _same(net, lambda i: net(x), steps=2)
+
+
+def test_a_path_picked_by_state_the_call_does_not_show_applies_the_plan() -> None:
+    """Random layer drop, a step counter in the module: the same signature, other modules."""
+
+    class Drop(Paths):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+
+        def forward(self, x: torch.Tensor, path: Any = None) -> torch.Tensor:
+            return super().forward(x, "a" if self.step % 3 else "b")
+
+    net, x = Drop(), torch.randn(4, 16)
+    _plan([(net.a, (4, 16), "low"), (net.ca, (4, 16), "low"), (net.b, (4, 16), "fp32"), (net.cb, (4, 24), "fp32")])
+
+    def call(step: int) -> Any:
+        net.step = step + 1  # a, a, b, a, a, b, ... for the reference and auto alike
+        return net(x)
+
+    _same(net, call, steps=6)
+
+
+def test_tensors_inside_containers_and_dataclasses_are_part_of_the_guard() -> None:
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+        extra: dict[str, torch.Tensor]
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.out = nn.Linear(16, 4)
+
+        def forward(self, batch: Batch, more: list[tuple[torch.Tensor, None]]) -> dict[str, Any]:
+            h = self.lin(batch.x) + batch.extra["bias"]
+            return {"y": self.out(h), "aux": (h.sum(), more[0][0])}
+
+    net = Net()
+    # batch 4: lin fp32, out low; batch 64: lin low, out fp32
+    _plan(
+        [(net.lin, (4, 16), "fp32"), (net.out, (4, 16), "low"), (net.lin, (64, 16), "low"), (net.out, (64, 16), "fp32")]
+    )
+    sizes = [4, 64, 4, 64, 64, 4, 4, 64]
+
+    def call(step: int) -> Any:
+        n = sizes[step]
+        x = torch.linspace(-1, 1, n * 16).reshape(n, 16)
+        return net(Batch(x, {"bias": torch.full((16,), 0.5)}), [(torch.ones(2), None)])
+
+    _same(net, call, steps=8)
+
+
+def test_a_module_called_twice_at_different_shapes() -> None:
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return self.lin(x).sum(0) + self.lin(y).sum(0) + self.lin(torch.relu(self.lin(x))).sum(0)
+
+    net, x, y = Shared(), torch.randn(4, 16), torch.randn(64, 16)
+    _plan([(net.lin, (4, 16), "fp32"), (net.lin, (64, 16), "low")])
+    _same(net, lambda i: net(x, y))
+    _plan([(net.lin, (4, 16), "low"), (net.lin, (64, 16), "low")])
+    _same(net, lambda i: net(x, y), steps=2)
+
+
+def test_batch_size_and_sequence_length_change_every_step() -> None:
+    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    pairs = []
+    for n in (3, 8, 33, 100):
+        pairs += [(net[0], (n, 16), "fp32" if n < 32 else "low"), (net[2], (n, 32), "low" if n < 32 else "fp32")]
+    _plan(pairs)
+    shapes = [3, 100, 8, 33, 3, 100, 8, 8, 33, 100]
+    _same(net, lambda i: net(torch.ones(shapes[i], 16)), steps=10)
+
+
+# --- arguments, outputs, hooks -------------------------------------------------------------
+
+
+class Kw(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.small = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, flag: bool = True) -> tuple[Any, ...]:
+        x = x.mul_(1.0)  # in place on the input
+        h = self.lin(x)
+        if mask is not None:
+            h = h * mask
+        return (self.small(h) if flag else h), {"h": h}
+
+
+def test_kwargs_none_and_in_place_ops_on_inputs() -> None:
+    net = Kw()
+    _plan([(net.lin, (8, 16), "low"), (net.small, (8, 16), "fp32")])
+    calls: list[dict[str, Any]] = [{}, {"mask": torch.ones(16)}, {"flag": False}, {}, {"mask": None}]
+    calls += [{"mask": torch.ones(16)}, {"flag": False}]
+    _same(net, lambda i: net(torch.ones(8, 16), **calls[i]), steps=7)
+
+
+def test_user_hooks_with_kwargs_and_always_call_added_and_removed_between_steps() -> None:
+    net = Kw()
+    _plan([(net.lin, (8, 16), "low"), (net.small, (8, 16), "fp32")])
+    x = torch.randn(8, 16)
+    seen: list[Any] = []
+    _same(net, lambda i: net(x.clone()), steps=2)
+    h1 = net.register_forward_pre_hook(lambda m, a, k: (a, {**k, "flag": False}), with_kwargs=True)
+    h2 = net.small.register_forward_hook(lambda m, a, o: seen.append(o.dtype), always_call=True)
+    h3 = net.lin.register_forward_pre_hook(lambda m, a: (a[0] * 2,))
+    for _ in range(3):
+        want = _fixed(lambda: net(x.clone()))
+        got = _auto(lambda: net(x.clone()))
+        assert list(_flat(got))[0].dtype == list(_flat(want))[0].dtype
+        torch.testing.assert_close(list(_flat(got)), list(_flat(want)), rtol=0, atol=0)
+        assert not torch.is_autocast_enabled("cpu") and not _hooks.installed()
+    for h in (h1, h2, h3):
+        h.remove()
+    _same(net, lambda i: net(x.clone()), steps=2)
+    _clean(net)
+
+
+def test_an_exception_inside_the_region_leaves_nothing_behind() -> None:
+    class Boom(Paths):
+        def forward(self, x: torch.Tensor, path: Any = "a") -> torch.Tensor:
+            out = super().forward(x, path)
+            if path == "boom":
+                raise ValueError("boom")
+            return out
+
+    net, x = Boom(), torch.randn(4, 16)
+    _plan([(net.a, (4, 16), "low"), (net.ca, (4, 16), "low"), (net.b, (4, 16), "fp32"), (net.cb, (4, 24), "fp32")])
+    for path in ("a", "boom", "a", "boom", "boom"):
+        if path == "boom":
+            with pytest.raises(ValueError, match="boom"), ampcore.autocast("cpu", level="auto"):
+                net(x, path)
+        else:
+            _auto(lambda: net(x, path))  # noqa: B023
+        _clean(net)
+    _same(net, lambda i: net(x, "a"), steps=2)
+
+
+# --- modes, regions, threads ---------------------------------------------------------------
+
+
+def test_no_grad_inference_mode_and_inputs_without_grad() -> None:
+    net = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    decisions: dict[str, str] = {}
+    for grad in (True, False):
+        for key in _classes(net[0], (8, 16), grad=grad):
+            decisions[key] = "fp32" if grad else "low"
+        for key in _classes(net[2], (8, 16), grad=grad):
+            decisions[key] = "low" if grad else "fp32"
+    _load(decisions)
+    x = torch.randn(8, 16)
+    for _ in range(2):
+        _same(net, lambda i: net(x), steps=1)
+        with torch.no_grad():
+            _same(net, lambda i: net(x), steps=1)
+        with torch.inference_mode():
+            want, got = _fixed(lambda: net(x)), _auto(lambda: net(x))
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        _same(net, lambda i: net(x.detach().requires_grad_(True)), steps=1)
+
+
+def test_checkpoint_inside_the_root() -> None:
+    class Ckpt(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16))
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+            return self.head(h)
+
+    net, x = Ckpt(), torch.randn(8, 16)
+    _plan([(net.block[0], (8, 16), "fp32"), (net.block[2], (8, 16), "low"), (net.head, (8, 16), "fp32")])
+    _same(net, lambda i: net(x), steps=3)
+
+
+def test_a_root_called_from_another_root() -> None:
+    inner = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16))
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pre = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return inner(self.pre(x))
+
+    outer, x = Outer(), torch.randn(8, 16)
+    both = nn.ModuleList([outer, inner])
+    _plan([(inner[0], (8, 16), "fp32"), (inner[2], (8, 16), "low"), (outer.pre, (8, 16), "low")])
+    _same(both, lambda i: (inner(x), outer(x), inner(x)), steps=3)
+
+
+def test_nested_regions_o1_inside_auto_and_auto_inside_o1() -> None:
+    net, x = _paths("low", "fp32")
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            first = net(x, "b")
+            with ampcore.autocast("cpu", level="O1"):
+                inner = net(x, "b")
+            with ampcore.autocast("cpu", level="auto"):
+                nested = net(x, "b")
+            with ampcore.autocast("cpu", enabled=False):
+                off = net(x, "b")
+            last = net(x, "b")
+        _clean(net)
+        assert first.dtype == nested.dtype == last.dtype == torch.float32  # b and cb decided fp32
+        assert inner.dtype == LOW and off.dtype == torch.float32
+        torch.testing.assert_close(first, _fixed(lambda: net(x, "b")), rtol=0, atol=0)
+        torch.testing.assert_close(nested, first, rtol=0, atol=0)
+        with ampcore.autocast("cpu", level="O1"):
+            outer = net(x, "a")
+            with ampcore.autocast("cpu", level="auto"):
+                a = net(x, "a")
+                b = net(x, "b")
+        _clean(net)
+        assert outer.dtype == a.dtype == LOW and b.dtype == torch.float32
+
+
+def test_the_same_model_in_two_threads() -> None:
+    net, x = _paths("low", "fp32")
+    want = {p: _fixed(lambda p=p: net(x, p)) for p in ("a", "b")}  # type: ignore[misc]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def work(paths: str) -> None:
+        try:
+            barrier.wait()
+            for p in paths * 10:
+                with torch.no_grad(), ampcore.autocast("cpu", level="auto"):
+                    out = net(x, p)
+                assert out.dtype == want[p].dtype and torch.equal(out, want[p].detach())
+                assert not torch.is_autocast_enabled("cpu")
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    _load(
+        {
+            **{k: "low" for m, s in ((net.a, (4, 16)), (net.ca, (4, 16))) for k in _classes(m, s, grad=False)},
+            **{k: "fp32" for m, s in ((net.b, (4, 16)), (net.cb, (4, 24))) for k in _classes(m, s, grad=False)},
+        }
+    )
+    with torch.no_grad():
+        want = {p: _fixed(lambda p=p: net(x, p)) for p in ("a", "b")}  # type: ignore[misc]
+    threads = [threading.Thread(target=work, args=(p,)) for p in ("ab", "ba")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    _clean(net)
+
+
+def test_modules_replaced_and_reparented_between_steps() -> None:
+    net, x = _paths("low", "fp32")
+    _same(net, lambda i: net(x, "a"), steps=2)
+    net.a = nn.Linear(16, 24)  # a path a of b's shapes now: the fp32 classes
+    net.ca = net.cb
+    _same(net, lambda i: net(x, "a"), steps=3)
+    other = nn.Sequential(net.b)  # re-parented (shared) into another root
+    _same(other, lambda i: other(x), steps=2)
+
+
+def test_a_torch_compiled_submodule() -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.head = torch.compile(nn.Linear(16, 4), backend="eager")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.lin(x))
+
+    net, x = Net(), torch.randn(8, 16)
+    _plan([(net.lin, (8, 16), "fp32")])
+    for _ in range(3):
+        got = _auto(lambda: net(x))
+        _clean(net)
+        # the compiled head runs with the O1 lists (the plan is not applied inside compiled code)
+        assert got.dtype == LOW and torch.isfinite(got).all()
+
+
+def test_a_model_auto_cannot_measure_runs_exactly_as_torch_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    net, x = _paths("low", "fp32")
+    ampcore.load_plan({"format": 2, "fingerprint": ampcore.auto_plan("cpu").fingerprint, "entries": {}}, freeze=False)
+    for how in ("budget", "clock"):
+        if how == "budget":
+            monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+        else:
+            monkeypatch.delenv("AMPCORE_AUTO_BUDGET")
+            monkeypatch.setattr(_hooks, "_clock", lambda region: None)
+        for p in ("a", "b", "a", "b"):
+            with torch.autocast("cpu", dtype=LOW):
+                want = net(x, p)
+            got = _auto(lambda: net(x, p))  # noqa: B023
+            _clean(net)
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        assert not ampcore.auto_plan("cpu").entries
