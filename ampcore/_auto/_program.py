@@ -32,6 +32,7 @@ runs with the O1 lists, as torch.autocast.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from typing import Any, Final, NamedTuple
@@ -103,18 +104,70 @@ class _Local(threading.local):
 local = _Local()
 
 
-def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
-    """The guard of a root's program: grad mode and (shape, dtype, device) of every tensor
-    among the call's positional and keyword arguments."""
+def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None) -> tuple[Any, ...] | None:
+    """The guard of a root's program: grad mode, then (shape, dtype, device) of every tensor
+    among the call's positional and keyword arguments, also inside lists, tuples, dicts and
+    dataclasses, and the other arguments' values (``None``, numbers, strings, dtypes,
+    devices: a flag that picks a path or a size is part of the guard), and ``"eval"`` when
+    ``root`` is not training.  ``None``: an argument of another kind (an object whose state
+    the guard cannot see): the call cannot have a program and the plan applies call by call.
+
+    Example::
+
+        >>> import torch
+        >>> signature((torch.zeros(2, 3), None), {"flag": True})[1:]
+        ((torch.Size([2, 3]), torch.float32, device(type='cpu')), ('=', <class 'NoneType'>, None), ('kw', 'flag'), ('=', <class 'bool'>, True))
+        >>> signature((object(),), None) is None
+        True
+    """
     sig: list[Any] = [torch.is_grad_enabled()]
     for a in args:
         if isinstance(a, torch.Tensor):
             sig.append((a.shape, a.dtype, a.device))
+        elif not _describe(a, sig):
+            return None
     if kwargs:
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):
                 sig.append((k, v.shape, v.dtype, v.device))
+            else:
+                sig.append(("kw", k))
+                if not _describe(v, sig):
+                    return None
+    if root is not None and not root.training:
+        sig.append("eval")
     return tuple(sig)
+
+
+#: arguments the guard holds by value (hashable, immutable)
+_SCALARS: Final = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def _describe(value: Any, sig: list[Any]) -> bool:
+    """Append what the guard needs of a non-tensor argument to ``sig`` (False: it cannot be
+    guarded).  Entries other than tensors' never hold a dtype second from the end."""
+    if isinstance(value, torch.Tensor):
+        sig.append((value.shape, value.dtype, value.device))
+    elif isinstance(value, _SCALARS):
+        sig.append(("=", type(value), value))
+    elif isinstance(value, (list, tuple)):
+        sig.append(("(", type(value), len(value)))
+        return all(_describe(v, sig) for v in value)
+    elif isinstance(value, dict):
+        sig.append(("{", type(value), len(value)))
+        for k, v in value.items():
+            if not isinstance(k, _SCALARS):
+                return False
+            sig.append(("key", type(k), k))
+            if not _describe(v, sig):
+                return False
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        sig.append(("dataclass", type(value), len(fields)))
+        return all(_describe(getattr(value, f.name), sig) for f in fields)
+    else:
+        return False
+    return True
 
 
 class _Outside(TorchDispatchMode):

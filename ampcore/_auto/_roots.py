@@ -269,7 +269,10 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if not stack or stack[-1] is not region or not torch.is_autocast_enabled(region.spec.backend.device_type):
         return None
     plan = _hooks.plan_of(region)
-    sig = signature(args, kwargs)
+    sig = signature(args, kwargs, module)
+    if sig is None:  # an argument the guard cannot see: the plan applies call by call
+        new = _record(module, args, region, plan)
+        return None if new is None else (new, kwargs)
     local = _local
     last = local.last.get(id(module))  # the program it ran last: valid while nothing changed
     program = None if last is None or last[1] != sig or last[0]() is not module else last[2]
@@ -364,9 +367,9 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     rec.close()
     _hooks.release()
     if ok and rec.mode is not None:
-        sig = signature(rec.args, kwargs)
-        found = program_for(rec.root, sig, rec.plan)
-        if found is not None:
+        sig = signature(rec.args, kwargs, rec.root)
+        found = None if sig is None else program_for(rec.root, sig, rec.plan)
+        if found is not None and sig is not None:
             tries = found if isinstance(found, int) else 0
             program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
             store(rec.root, sig, program if program is not None else tries + 1)

@@ -59,6 +59,8 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     """
     shapes = []
     for entry in sig[1:]:
+        if not isinstance(entry, tuple) or not isinstance(entry[-2], torch.dtype):
+            continue  # not a tensor's (a flag's value, a container's mark: see signature)
         shape, dtype = entry[-3], entry[-2]
         text = "x".join(map(str, shape)) + ("" if dtype == torch.float32 else f":{str(dtype).removeprefix('torch.')}")
         shapes.append(f"{entry[0]}={text}" if len(entry) == 4 else text)
@@ -66,7 +68,7 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     switched = sorted(names.get(id(m), "?") for r in program.switched if (m := r()) is not None)
     digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}".encode()).hexdigest()[:8]
     default = "fp32" if program.default_fp32 else "low"
-    grad = "grad" if sig[0] else "no-grad"
+    grad = ("grad" if sig[0] else "no-grad") + (" eval" if sig[-1] == "eval" else "")
     return f"{type(root).__name__} in=[{', '.join(shapes)}] {grad} program={default}+{len(switched)} #{digest}"
 
 
