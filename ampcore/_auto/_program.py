@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._policy.thread_state import thread_state
 from ._costs import Decision
 from ._plan import AutoPlan
+from ._shapes import planned_ops, shape_class
 
 __all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
 
@@ -52,6 +53,12 @@ _LOW: Final = (torch.bfloat16, torch.float16)
 #: program treats what is still undecided as the O1 lists do (low precision)
 _TRIES: Final = 3
 _thread = thread_state()
+_is_compiling = torch.compiler.is_compiling
+
+
+#: the ``stale`` cell of programs made without weak reference callbacks (never set)
+_FRESH: Final[list[bool]] = [False]
+_NO_VALUES: Final[list[tuple[Any, ...]]] = []
 
 
 class Program(NamedTuple):
@@ -71,6 +78,22 @@ class Program(NamedTuple):
     #: what the float32-decided calls save against the O1 lists by their classes' own
     #: figures (ms, sum of low - fp32 per call): the whole-call check's plausibility bound
     saving_ms: float = 0.0
+    #: the planned modules of the root the recording did not see called (another path of
+    #: its control flow): each gets a guard that applies the plan when it is called
+    unseen: tuple[weakref.ref[nn.Module], ...] = ()
+    #: [True] once a module of the program was collected (a replaced layer) or a guard met
+    #: a class to measure: record again (set by weak reference callbacks, read per call)
+    stale: list[bool] = _FRESH
+    #: a guard that meets an undecided class marks the program stale (it can be measured)
+    measurable: bool = False
+    #: the ``_modules`` dicts of the root's modules that have children, and their values
+    #: when recorded: a module replaced, added or removed since makes it record again
+    tree: tuple[dict[str, Any], ...] = ()
+    tree_values: list[tuple[Any, ...]] = _NO_VALUES
+
+    def same_tree(self) -> bool:
+        """Whether the root's modules are those it had when recorded (C calls only)."""
+        return list(map(tuple, map(dict.values, self.tree))) == self.tree_values
 
     def mixed(self) -> bool:
         """Whether some planned modules run in float32 and others in low precision."""
@@ -88,9 +111,7 @@ class Program(NamedTuple):
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
-        if plan is not self.plan or plan.changes != self.changes:
-            return False
-        return not self.switched or all(r() is not None for r in self.switched)
+        return plan is self.plan and plan.changes == self.changes and not self.stale[0] and self.same_tree()
 
 
 class _Local(threading.local):
@@ -104,7 +125,9 @@ class _Local(threading.local):
 local = _Local()
 
 
-def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None) -> tuple[Any, ...] | None:
+def signature(
+    args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None
+) -> tuple[Any, ...] | None:
     """The guard of a root's program: grad mode, then (shape, dtype, device) of every tensor
     among the call's positional and keyword arguments, also inside lists, tuples, dicts and
     dataclasses, and the other arguments' values (``None``, numbers, strings, dtypes,
@@ -115,8 +138,9 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Mod
     Example::
 
         >>> import torch
-        >>> signature((torch.zeros(2, 3), None), {"flag": True})[1:]
-        ((torch.Size([2, 3]), torch.float32, device(type='cpu')), ('=', <class 'NoneType'>, None), ('kw', 'flag'), ('=', <class 'bool'>, True))
+        >>> sig = signature((torch.zeros(2, 3), None), {"flag": True})
+        >>> sig[1], sig[2][2], sig[3:]
+        ((torch.Size([2, 3]), torch.float32, device(type='cpu')), None, (('kw', 'flag'), ('=', <class 'bool'>, True)))
         >>> signature((object(),), None) is None
         True
     """
@@ -256,10 +280,39 @@ class Recording:
         # the recording saw (no low-precision tensor reached an op outside planned modules)
         fp32_ok = not self.outside and not low_inputs
         default_fp32 = fp32_ok and len(low) < len(fp32)
-        switched = low if default_fp32 else fp32
-        refs = tuple(weakref.ref(m) for m in switched)
-        planned = tuple(weakref.ref(m) for m in fp32 + low)
-        return Program(self.plan, self.changes, default_fp32, refs, planned, fp32_ok, False, self.saving_ms)
+        unseen = _unseen(self.root, self.calls)
+        tree = tuple(d for m in self.root.modules() if (d := m._modules))
+        stale = [False]
+
+        def collected(_: object) -> None:  # a module of the program is gone (replaced): record again
+            stale[0] = True
+
+        def refs(modules: list[nn.Module]) -> tuple[weakref.ref[nn.Module], ...]:
+            return tuple(weakref.ref(m, collected) for m in modules)
+
+        return Program(
+            self.plan,
+            self.changes,
+            default_fp32,
+            refs(low if default_fp32 else fp32),
+            refs(fp32 + low),
+            fp32_ok,
+            False,
+            self.saving_ms,
+            refs(unseen),
+            stale,
+            can_measure,
+            tree,
+            list(map(tuple, map(dict.values, tree))),
+        )
+
+
+def _unseen(root: nn.Module, calls: dict[int, Any]) -> list[nn.Module]:
+    """The planned modules of ``root`` not in ``calls`` (none inside another planned module:
+    ``MultiheadAttention`` runs its ``out_proj`` functionally)."""
+    planned = [m for m in root.modules() if planned_ops(m) is not None]
+    inside = {id(c) for m in planned for c in m.modules() if c is not m}
+    return [m for m in planned if id(m) not in calls and id(m) not in inside]
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
@@ -289,19 +342,22 @@ class Running:
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
         if program.default_fp32:
             torch.set_autocast_enabled(self.device_type, False)
-        pre, post = self._pre, self._post
-        for ref in program.switched:
-            module: Any = ref()  # torch types the dicts as keyed by handle ids; any hashable key works
-            if module is None:
-                continue
-            try:
-                module._forward_pre_hooks[self] = pre
-                module._forward_hooks[self] = post
-                module._forward_hooks_always_called[self] = True
-                self.handles.append(module)
-            except (AttributeError, TypeError):
-                self.handles.append(module.register_forward_pre_hook(pre))
-                self.handles.append(module.register_forward_hook(post, always_call=True))
+        for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
+            for ref in refs:
+                module: Any = ref()
+                if module is not None:
+                    self._hook(module, pre)
+
+    def _hook(self, module: Any, pre: Any) -> None:
+        post = self._post
+        try:  # torch types the dicts as keyed by handle ids; any hashable key works
+            module._forward_pre_hooks[self] = pre
+            module._forward_hooks[self] = post
+            module._forward_hooks_always_called[self] = True
+            self.handles.append(module)
+        except (AttributeError, TypeError):
+            self.handles.append(module.register_forward_pre_hook(pre))
+            self.handles.append(module.register_forward_hook(post, always_call=True))
 
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         if local.run is not self:  # runs on every switched module call: kept lean
@@ -309,6 +365,26 @@ class Running:
         stack = _thread.stack  # a region nested inside the root call: its own lists
         if not stack or stack[-1] is not self.region:
             return None
+        return self.switch(module, args)
+
+    def _guard(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        """A planned module the recording did not see called (another path): the plan's
+        decision for this call, as the global hooks would apply it (an undecided class runs
+        with the O1 lists, and marks the program stale where it can be measured)."""
+        if local.run is not self or _is_compiling():
+            return None
+        stack = _thread.stack
+        if not stack or stack[-1] is not self.region:
+            return None
+        key = shape_class(module, args, self.device_type)
+        if key is None:
+            return None
+        program = self.program
+        decision = program.plan.decision(key)
+        if decision is None and program.measurable:
+            program.stale[0] = True  # the next call records (and measures it)
+        if (decision == "fp32") == program.default_fp32:
+            return None  # the default's precision
         return self.switch(module, args)
 
     def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
