@@ -33,6 +33,8 @@ runs with the O1 lists, as torch.autocast.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 import threading
 import weakref
 from typing import Any, Final, NamedTuple
@@ -44,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .._policy.thread_state import thread_state
 from ._costs import Decision
 from ._plan import AutoPlan
-from ._shapes import planned_ops, shape_class
+from ._shapes import float32_weights, planned_ops, shape_class
 
 __all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
 
@@ -59,6 +61,8 @@ _is_compiling = torch.compiler.is_compiling
 #: the ``stale`` cell of programs made without weak reference callbacks (never set)
 _FRESH: Final[list[bool]] = [False]
 _NO_VALUES: Final[list[tuple[Any, ...]]] = []
+_DTYPE: Final = operator.attrgetter("dtype")
+_NOT_F32: Final = functools.partial(operator.is_not, torch.float32)  # dtypes are singletons
 
 
 class Program(NamedTuple):
@@ -90,9 +94,15 @@ class Program(NamedTuple):
     #: when recorded: a module replaced, added or removed since makes it record again
     tree: tuple[dict[str, Any], ...] = ()
     tree_values: list[tuple[Any, ...]] = _NO_VALUES
+    #: the floating-point parameters of the planned modules (all float32 when recorded): one
+    #: converted since (``model.bfloat16()``) cannot run in float32, so it records again
+    weights: tuple[torch.Tensor, ...] = ()
 
     def same_tree(self) -> bool:
-        """Whether the root's modules are those it had when recorded (C calls only)."""
+        """Whether the root's modules are those it had when recorded and their weights are
+        still float32 (C calls only: this runs on every root call)."""
+        if any(map(_NOT_F32, map(_DTYPE, self.weights))):
+            return False
         return list(map(tuple, map(dict.values, self.tree))) == self.tree_values
 
     def mixed(self) -> bool:
@@ -304,6 +314,9 @@ class Recording:
             can_measure,
             tree,
             list(map(tuple, map(dict.values, tree))),
+            tuple(
+                p for m in fp32 + low + unseen if float32_weights(m) for p in m.parameters() if p.is_floating_point()
+            ),
         )
 
 
@@ -380,7 +393,7 @@ class Running:
         if key is None:
             return None
         program = self.program
-        decision = program.plan.decision(key)
+        decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
         if decision is None and program.measurable:
             program.stale[0] = True  # the next call records (and measures it)
         if (decision == "fp32") == program.default_fp32:

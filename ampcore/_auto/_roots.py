@@ -277,10 +277,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     last = local.last.get(id(module))  # the program it ran last: valid while nothing changed
     program = None if last is None or last[1] != sig or last[0]() is not module else last[2]
     if program is not None and (
-        program.plan is not plan
-        or plan.changes != program.changes
-        or program.stale[0]
-        or list(map(tuple, map(dict.values, program.tree))) != program.tree_values  # Program.same_tree
+        program.plan is not plan or plan.changes != program.changes or program.stale[0] or not program.same_tree()
     ):
         program = None
     if program is None:

@@ -23,7 +23,7 @@ from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program
+from ampcore._auto import Costs, _hooks, _program
 from ampcore._auto._shapes import planned_ops, shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -498,3 +498,141 @@ def test_a_model_auto_cannot_measure_runs_exactly_as_torch_autocast(monkeypatch:
             _clean(net)
             assert got.dtype == want.dtype and torch.equal(got, want)
         assert not ampcore.auto_plan("cpu").entries
+
+
+# --- measured in the process (a fake clock): unusual calls of the planned kinds --------------
+
+
+class _Clock:
+    """A device clock: ``fp32`` / ``low`` ms per measured run, the whole-call check's
+    candidates 2 / 1 / 3 ms (plan / low / fp32: the O1 lists win a mixed program's check)."""
+
+    def __init__(self, fp32: float, low: float) -> None:
+        self.ms = {"fp32": fp32, "low": low, "root-plan": 2.0, "root-low": 1.0, "root-fp32": 3.0}
+        self.labels: list[str] = []
+
+    def __call__(self, run: Callable[[], None], label: str) -> float:
+        run()
+        self.labels.append(label)
+        return self.ms.get(label, 0.01) * (1.0 + 0.01 * (len(self.labels) % 3))
+
+
+class Odd(nn.Module):
+    """Attention with masks as keyword arguments, a convolution, a frozen layer and a Linear
+    subclass with a keyword of its own."""
+
+    class Scaled(nn.Linear):
+        def forward(self, x: torch.Tensor, *, scale: float = 1.0) -> torch.Tensor:  # type: ignore[override]
+            return super().forward(x) * scale
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.conv = nn.Conv1d(16, 16, 3, padding=1)
+        self.frozen = nn.Linear(16, 16).requires_grad_(False)
+        self.scaled = Odd.Scaled(16, 8)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        h, _ = self.attn(x, x, x, key_padding_mask=pad, need_weights=False)
+        h = self.conv(h.transpose(1, 2)).transpose(1, 2)
+        return {"out": self.scaled(self.frozen(h), scale=0.5), "h": h}
+
+
+@pytest.mark.parametrize(("fp32_ms", "low_ms"), [(1.0, 4.0), (4.0, 1.0)], ids=["fp32-wins", "low-wins"])
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode", "frozen-input"])
+def test_measured_unusual_calls_match_the_fixed_precision(
+    monkeypatch: pytest.MonkeyPatch, fp32_ms: float, low_ms: float, mode: str
+) -> None:
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "30")
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: _Clock(fp32_ms, low_ms))
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    monkeypatch.setattr(_hooks._process, "spent_s", 0.0)
+    net, x = Odd(), torch.randn(2, 5, 16)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, 3:] = True
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, torch.enable_grad)
+    with context():
+        first = _auto(lambda: net(x, pad))
+    _clean(net)
+    expected = torch.float32 if fp32_ms < low_ms else LOW
+    assert first["out"].dtype == first["h"].dtype == expected  # measured on this call: its decision's dtype
+    plan = ampcore.auto_plan("cpu")
+    assert {e.decision for e in plan.entries.values()} == {"fp32" if fp32_ms < low_ms else "low"}
+    assert len(plan.entries) >= 4  # attention, convolution, frozen, scaled
+    with context():
+        if mode in ("no_grad", "inference_mode"):
+            for _ in range(2):
+                want, got = _fixed(lambda: net(x, pad)), _auto(lambda: net(x, pad))
+                _clean(net)
+                assert {k: v.dtype for k, v in got.items()} == {k: v.dtype for k, v in want.items()}
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        else:
+            _same(net, lambda i: net(x if mode == "grad" else x.requires_grad_(False), pad), steps=3)
+
+
+def test_a_mixed_measured_program_with_a_whole_call_check_runs_as_the_fixed_choice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured decisions differ per module (float32 for the small layer): the program is
+    mixed, the whole-call check says the O1 lists win (fake clock), and the root runs them."""
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "30")
+    clock = _Clock(1.0, 1.0)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    monkeypatch.setattr(_hooks._process, "spent_s", 0.0)
+    net, x = Paths(), torch.randn(4, 16)
+    plan = ampcore.auto_plan("cpu")
+    plan.set(shape_class(net.a, (x,), "cpu") or "", Costs(1.0, 4.0, 0.1), source="given")
+    plan.set(shape_class(net.ca, (x,), "cpu") or "", Costs(4.0, 1.0, 0.1), source="given")
+    for step in range(3):
+        got = _auto(lambda: net(x, "a"))
+        _clean(net)
+        if step:
+            with torch.autocast("cpu", dtype=LOW):
+                want = net(x, "a")
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    assert any(label.startswith("root-") for label in clock.labels)
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.verdict == "low"
+
+
+def test_layers_with_low_precision_weights_run_as_torch_autocast_runs_them() -> None:
+    """A layer whose weights are not float32 (``model.bfloat16()``, one layer converted, or the
+    model converted after its program was recorded) cannot run in float32 by switching
+    autocast off: it follows the O1 lists, whatever its class's decision."""
+    net, x = _paths("fp32", "fp32")  # every class float32
+    for dtype in (None, LOW):
+        _plan([(m, s, "fp32") for m, s in ((net.a, (4, 16)), (net.ca, (4, 16)), (net.b, (4, 16)), (net.cb, (4, 24)))])
+        for p in ("a", "b", "a"):
+            if dtype is not None:
+                net.ca.to(dtype)  # one layer converted after the program of path a was recorded
+            with torch.autocast("cpu", dtype=LOW):
+                want = _fixed(lambda: net(x, p)) if dtype is None else None  # noqa: B023
+            got = _auto(lambda: net(x, p))  # noqa: B023
+            _clean(net)
+            if want is not None:
+                assert got.dtype == want.dtype and torch.equal(got, want)
+            else:
+                assert got.dtype == (LOW if p == "a" else torch.float32)
+    net.to(LOW)
+    for p in ("a", "b", "a", "b"):
+        with torch.autocast("cpu", dtype=LOW):
+            want = net(x, p)
+        got = _auto(lambda: net(x, p))  # noqa: B023
+        assert got.dtype == want.dtype == LOW and torch.equal(got, want)
+        _clean(net)
+
+
+def test_a_low_precision_model_is_measured_without_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "30")
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: _Clock(1.0, 4.0))
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    monkeypatch.setattr(_hooks._process, "spent_s", 0.0)
+    net, x = Paths().to(LOW), torch.randn(4, 16, dtype=LOW)
+    for _ in range(3):
+        with torch.autocast("cpu", dtype=LOW):
+            want = net(x, "b")
+        got = _auto(lambda: net(x, "b"))
+        assert got.dtype == LOW and torch.equal(got, want)
+        _clean(net)
+    assert not ampcore.auto_plan("cpu").entries  # nothing to decide: it cannot run in float32
