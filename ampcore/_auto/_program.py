@@ -382,8 +382,10 @@ class Running:
 
     def _guard(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """A planned module the recording did not see called (another path): the plan's
-        decision for this call, as the global hooks would apply it (an undecided class runs
-        with the O1 lists, and marks the program stale where it can be measured)."""
+        decision for this call, as the global hooks would apply it (an undecided class or
+        weights that are not float32: the O1 lists).  The program records again at the
+        next call where the class can be measured, or where its default is float32 (this
+        path's ops outside planned modules were not seen)."""
         if local.run is not self or _is_compiling():
             return None
         stack = _thread.stack
@@ -394,11 +396,15 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
-        if decision is None and program.measurable:
-            program.stale[0] = True  # the next call records (and measures it)
-        if (decision == "fp32") == program.default_fp32:
-            return None  # the default's precision
-        return self.switch(module, args)
+        if (decision is None and program.measurable) or program.default_fp32:
+            # the next call records again: to measure the class, or (a float32 default) to
+            # see this path's ops outside planned modules (the default may not suit them)
+            program.stale[0] = True
+        if (decision == "fp32") != program.default_fp32:
+            return self.switch(module, args)
+        if program.default_fp32:  # float32 as the default: its inputs from a low module in float32
+            return cast_floating(args, torch.float32, self.device_type, low=True)
+        return None  # the default's precision
 
     def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """Run ``module``'s forward in the precision other than the default (its new

@@ -193,8 +193,14 @@ def test_a_path_picked_by_train_or_eval_is_not_replayed_stale() -> None:
         _same(net, lambda i: net(x), steps=2)
 
 
-def test_a_path_picked_by_state_the_call_does_not_show_applies_the_plan() -> None:
-    """Random layer drop, a step counter in the module: the same signature, other modules."""
+@pytest.mark.parametrize(
+    "decisions",
+    [("low", "low", "fp32", "fp32"), ("fp32", "fp32", "low", "fp32"), ("fp32", "fp32", "fp32", "low")],
+    ids=["low-default", "fp32-default-low-then-fp32", "fp32-default-fp32-then-low"],
+)
+def test_a_path_picked_by_state_the_call_does_not_show_applies_the_plan(decisions: tuple[str, ...]) -> None:
+    """Random layer drop, a step counter in the module: the same signature, other modules.
+    Path ``a`` is recorded first (its program's default), path ``b`` mixes the precisions."""
 
     class Drop(Paths):
         def __init__(self) -> None:
@@ -205,7 +211,8 @@ def test_a_path_picked_by_state_the_call_does_not_show_applies_the_plan() -> Non
             return super().forward(x, "a" if self.step % 3 else "b")
 
     net, x = Drop(), torch.randn(4, 16)
-    _plan([(net.a, (4, 16), "low"), (net.ca, (4, 16), "low"), (net.b, (4, 16), "fp32"), (net.cb, (4, 24), "fp32")])
+    a, ca, b, cb = decisions
+    _plan([(net.a, (4, 16), a), (net.ca, (4, 16), ca), (net.b, (4, 16), b), (net.cb, (4, 24), cb)])
 
     def call(step: int) -> Any:
         net.step = step + 1  # a, a, b, a, a, b, ... for the reference and auto alike
