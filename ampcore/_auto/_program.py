@@ -23,18 +23,16 @@ torch.autocast gives for its decision (the low-precision dtype for ``"low"``, fl
 
 A later region hooks only the roots its thread called last time (two instance hooks per
 root); a root called with the same input signature runs its program: no global hook, no
-per-call check for modules that follow the default.  Another signature, a plan that
-changed (a new measurement, ``ampcore plan clear``, ``load_plan``) or a module that was
-collected records again.  Shapes inside a root are taken to follow from its inputs' shapes
-(the guard); a module called directly in a settled region that is not one of its roots
-runs with the O1 lists, as torch.autocast.
+per-call check for modules that follow the default.  Another signature (:mod:`._guard`:
+also the values of non-tensor arguments, tensors inside containers, eval mode), a plan that
+changed (a new measurement, ``ampcore plan clear``, ``load_plan``), a module tree that
+changed (a layer replaced) or weights no longer float32 record again.  The root's planned
+modules the recording did not see called (another path) are guarded: called by a later
+path, they apply the plan.  Shapes inside a root are taken to follow from its arguments.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import operator
 import threading
 import weakref
 from typing import Any, Final, NamedTuple
@@ -45,8 +43,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._policy.thread_state import thread_state
 from ._costs import Decision
+from ._guard import signature, snapshot, unchanged, unseen_modules
 from ._plan import AutoPlan
-from ._shapes import float32_weights, planned_ops, shape_class
+from ._shapes import float32_weights, shape_class
 
 __all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
 
@@ -61,8 +60,6 @@ _is_compiling = torch.compiler.is_compiling
 #: the ``stale`` cell of programs made without weak reference callbacks (never set)
 _FRESH: Final[list[bool]] = [False]
 _NO_VALUES: Final[list[tuple[Any, ...]]] = []
-_DTYPE: Final = operator.attrgetter("dtype")
-_NOT_F32: Final = functools.partial(operator.is_not, torch.float32)  # dtypes are singletons
 
 
 class Program(NamedTuple):
@@ -101,9 +98,7 @@ class Program(NamedTuple):
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
         still float32 (C calls only: this runs on every root call)."""
-        if any(map(_NOT_F32, map(_DTYPE, self.weights))):
-            return False
-        return list(map(tuple, map(dict.values, self.tree))) == self.tree_values
+        return unchanged(self.tree, self.tree_values, self.weights)
 
     def mixed(self) -> bool:
         """Whether some planned modules run in float32 and others in low precision."""
@@ -133,75 +128,6 @@ class _Local(threading.local):
 
 
 local = _Local()
-
-
-def signature(
-    args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None
-) -> tuple[Any, ...] | None:
-    """The guard of a root's program: grad mode, then (shape, dtype, device) of every tensor
-    among the call's positional and keyword arguments, also inside lists, tuples, dicts and
-    dataclasses, and the other arguments' values (``None``, numbers, strings, dtypes,
-    devices: a flag that picks a path or a size is part of the guard), and ``"eval"`` when
-    ``root`` is not training.  ``None``: an argument of another kind (an object whose state
-    the guard cannot see): the call cannot have a program and the plan applies call by call.
-
-    Example::
-
-        >>> import torch
-        >>> sig = signature((torch.zeros(2, 3), None), {"flag": True})
-        >>> sig[1], sig[2][2], sig[3:]
-        ((torch.Size([2, 3]), torch.float32, device(type='cpu')), None, (('kw', 'flag'), ('=', <class 'bool'>, True)))
-        >>> signature((object(),), None) is None
-        True
-    """
-    sig: list[Any] = [torch.is_grad_enabled()]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append((a.shape, a.dtype, a.device))
-        elif not _describe(a, sig):
-            return None
-    if kwargs:
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor):
-                sig.append((k, v.shape, v.dtype, v.device))
-            else:
-                sig.append(("kw", k))
-                if not _describe(v, sig):
-                    return None
-    if root is not None and not root.training:
-        sig.append("eval")
-    return tuple(sig)
-
-
-#: arguments the guard holds by value (hashable, immutable)
-_SCALARS: Final = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-
-
-def _describe(value: Any, sig: list[Any]) -> bool:
-    """Append what the guard needs of a non-tensor argument to ``sig`` (False: it cannot be
-    guarded).  Entries other than tensors' never hold a dtype second from the end."""
-    if isinstance(value, torch.Tensor):
-        sig.append((value.shape, value.dtype, value.device))
-    elif isinstance(value, _SCALARS):
-        sig.append(("=", type(value), value))
-    elif isinstance(value, (list, tuple)):
-        sig.append(("(", type(value), len(value)))
-        return all(_describe(v, sig) for v in value)
-    elif isinstance(value, dict):
-        sig.append(("{", type(value), len(value)))
-        for k, v in value.items():
-            if not isinstance(k, _SCALARS):
-                return False
-            sig.append(("key", type(k), k))
-            if not _describe(v, sig):
-                return False
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        sig.append(("dataclass", type(value), len(fields)))
-        return all(_describe(getattr(value, f.name), sig) for f in fields)
-    else:
-        return False
-    return True
 
 
 class _Outside(TorchDispatchMode):
@@ -290,8 +216,8 @@ class Recording:
         # the recording saw (no low-precision tensor reached an op outside planned modules)
         fp32_ok = not self.outside and not low_inputs
         default_fp32 = fp32_ok and len(low) < len(fp32)
-        unseen = _unseen(self.root, self.calls)
-        tree = tuple(d for m in self.root.modules() if (d := m._modules))
+        unseen = unseen_modules(self.root, self.calls)
+        tree, values, weights = snapshot(self.root, fp32 + low + unseen)
         stale = [False]
 
         def collected(_: object) -> None:  # a module of the program is gone (replaced): record again
@@ -313,19 +239,9 @@ class Recording:
             stale,
             can_measure,
             tree,
-            list(map(tuple, map(dict.values, tree))),
-            tuple(
-                p for m in fp32 + low + unseen if float32_weights(m) for p in m.parameters() if p.is_floating_point()
-            ),
+            values,
+            weights,
         )
-
-
-def _unseen(root: nn.Module, calls: dict[int, Any]) -> list[nn.Module]:
-    """The planned modules of ``root`` not in ``calls`` (none inside another planned module:
-    ``MultiheadAttention`` runs its ``out_proj`` functionally)."""
-    planned = [m for m in root.modules() if planned_ops(m) is not None]
-    inside = {id(c) for m in planned for c in m.modules() if c is not m}
-    return [m for m in planned if id(m) not in calls and id(m) not in inside]
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
