@@ -170,6 +170,8 @@ class Recording:
         self.conflict = self.outside = False
         self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
+        #: the call's signature taken before its forward (which may change a list argument)
+        self.sig: tuple[Any, ...] | None = None
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
         if self.mode is not None:

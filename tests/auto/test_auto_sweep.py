@@ -643,3 +643,26 @@ def test_a_low_precision_model_is_measured_without_error(monkeypatch: pytest.Mon
         assert got.dtype == LOW and torch.equal(got, want)
         _clean(net)
     assert not ampcore.auto_plan("cpu").entries  # nothing to decide: it cannot run in float32
+
+
+def test_a_forward_that_consumes_its_list_argument_settles_on_a_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The signature is taken before the forward runs: a forward that pops its list argument
+    still finds its program at the next call (it recorded every call before)."""
+
+    class Pop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, xs: list[torch.Tensor]) -> torch.Tensor:
+            return self.head(self.lin(xs.pop(0)) + xs.pop(0))
+
+    net, x = Pop(), torch.randn(4, 16)
+    _plan([(net.lin, (4, 16), "fp32"), (net.head, (4, 16), "fp32")])
+    _same(net, lambda i: net([x, x]), steps=3)
+    calls: list[str] = []
+    pre = _hooks._pre
+    monkeypatch.setattr(_hooks, "_pre", lambda *a: calls.append(type(a[0]).__name__) or pre(*a))
+    _auto(lambda: net([x, x]))
+    assert calls == []  # the program ran: no global hook
