@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import Costs, _hooks, _program
+from ampcore._auto import Costs, _hooks, _program, _roots
 from ampcore._auto._shapes import planned_ops, shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -666,3 +667,43 @@ def test_a_forward_that_consumes_its_list_argument_settles_on_a_program(monkeypa
     monkeypatch.setattr(_hooks, "_pre", lambda *a: calls.append(type(a[0]).__name__) or pre(*a))
     _auto(lambda: net([x, x]))
     assert calls == []  # the program ran: no global hook
+
+
+def test_the_whole_call_check_leaves_the_call_s_arguments_as_they_were(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole-call check of a mixed program runs the root's forward again before the real
+    call: on copies of its list and dict arguments (a forward that pops its list argument
+    failed there), and a forward that cannot run again makes the program run as recorded."""
+
+    class Pop(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 4)
+            self.once = False
+
+        def forward(self, xs: list[torch.Tensor], extra: dict[str, torch.Tensor]) -> torch.Tensor:
+            if self.once and ampcore._auto._program.local.measuring:
+                raise RuntimeError("not twice")
+            return self.head(self.lin(xs.pop(0)) + xs.pop(0) + extra.pop("b"))
+
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "30")
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: _Clock(1.0, 1.0))
+    monkeypatch.setattr(_hooks._process, "clocks", {})
+    monkeypatch.setattr(_hooks._process, "spent_s", 0.0)
+    for once in (False, True):
+        ampcore.auto_plan("cpu").roots.clear()
+        _roots.forget()
+        net, x = Pop(), torch.randn(4, 16)
+        net.once = once
+        plan = ampcore.auto_plan("cpu")
+        plan.set(shape_class(net.lin, (x,), "cpu") or "", Costs(1.0, 4.0, 0.1), source="given")
+        plan.set(shape_class(net.head, (x,), "cpu") or "", Costs(4.0, 1.0, 0.1), source="given")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ampcore.AmpcoreWarning)
+            for _ in range(4):
+                got = _auto(lambda: net([x, x], {"b": x}))  # noqa: B023
+                _clean(net)
+                assert got.dtype == LOW
+        assert bool(plan.roots) != once  # checked, or (the forward cannot run again) not
+        failed = [w for w in caught if "whole-call check of Pop failed" in str(w.message)]
+        assert len(failed) == once
