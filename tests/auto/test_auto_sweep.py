@@ -707,3 +707,41 @@ def test_the_whole_call_check_leaves_the_call_s_arguments_as_they_were(monkeypat
         assert bool(plan.roots) != once  # checked, or (the forward cannot run again) not
         failed = [w for w in caught if "whole-call check of Pop failed" in str(w.message)]
         assert len(failed) == once
+
+
+def test_a_transformers_model_with_keyword_inputs_and_a_model_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Hugging Face encoder called with keyword tensors, returning a ``ModelOutput``: equal to
+    the fixed precision, and after the first call its program runs (no global hook)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).eval()
+    ids, mask = torch.randint(0, 100, (2, 10)), torch.ones(2, 10, dtype=torch.long)
+    mask[1, 7:] = 0
+    decisions = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            for key in _classes(module, (2, 10, module.in_features), grad=False):
+                decisions[key] = "fp32" if "intermediate" in name else "low"
+    _load(decisions)
+    calls: list[str] = []
+    pre = _hooks._pre
+    with torch.no_grad():
+        for step in range(3):
+            want = _fixed(lambda: model(input_ids=ids, attention_mask=mask))
+            if step:
+                monkeypatch.setattr(_hooks, "_pre", lambda *a: calls.append(type(a[0]).__name__) or pre(*a))
+            got = _auto(lambda: model(input_ids=ids, attention_mask=mask))
+            monkeypatch.setattr(_hooks, "_pre", pre)
+            _clean(model)
+            assert type(got) is type(want) and got.last_hidden_state.dtype == want.last_hidden_state.dtype
+            torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state, rtol=0, atol=0)
+            torch.testing.assert_close(got.pooler_output, want.pooler_output, rtol=0, atol=0)
+    assert calls == []
