@@ -110,9 +110,10 @@ def snapshot(
     root: nn.Module, planned: list[nn.Module]
 ) -> tuple[tuple[dict[str, Any], ...], list[tuple[Any, ...]], tuple[torch.Tensor, ...]]:
     """The ``_modules`` dicts of ``root``'s modules that have children, their values now, and
-    the floating-point parameters of the ``planned`` modules whose weights are float32."""
+    the first floating-point parameter of each ``planned`` module whose weights are float32."""
     tree = tuple(d for m in root.modules() if (d := m._modules))
-    weights = tuple(p for m in planned if float32_weights(m) for p in m.parameters() if p.is_floating_point())
+    firsts = (next((p for p in m.parameters() if p.is_floating_point()), None) for m in planned if float32_weights(m))
+    weights = tuple(p for p in firsts if p is not None)  # one a module: a conversion converts them all
     return tree, list(map(tuple, map(dict.values, tree))), weights
 
 
