@@ -10,7 +10,9 @@ Modules:
 * :mod:`._plan`: :class:`AutoPlan` (export, load, table), checked when read;
 * :mod:`._cache`: this process's plans and the disk cache that heals;
 * :mod:`._hooks`: the global module hooks that apply a plan, registered while a
-  ``level="auto"`` region is active.
+  ``level="auto"`` region is active;
+* :mod:`._roots`, :mod:`._program`, :mod:`._guard`: a root call's program, and the guard
+  that decides when a later call may run it.
 
 See docs/auto.md.
 """

@@ -51,7 +51,7 @@ from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
-from ._shapes import planned_ops, shape_class
+from ._shapes import float32_weights, planned_ops, shape_class
 
 __all__ = [
     "BUDGET_ENV",
@@ -212,6 +212,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
         return None  # the root being recorded: entered already
     ops = planned_ops(module)
+    if ops is not None and not float32_weights(module):
+        ops = None  # weights of another dtype: the O1 lists run it (it cannot run in float32)
     if rec is not None:
         rec.enter(module, ops is not None)
     if ops is None:

@@ -28,11 +28,12 @@ torch.autocast gives for its decision (the low-precision dtype for ``"low"``, fl
 
 A later region hooks only the roots its thread called last time (two instance hooks per
 root); a root called with the same input signature runs its program: no global hook, no
-per-call check for modules that follow the default.  Another signature, a plan that
-changed (a new measurement, ``ampcore plan clear``, ``load_plan``) or a module that was
-collected records again.  Shapes inside a root are taken to follow from its inputs' shapes
-(the guard); a module called directly in a settled region that is not one of its roots
-runs with the O1 lists, as torch.autocast.
+per-call check for modules that follow the default.  Another signature (:mod:`._guard`:
+also the values of non-tensor arguments, tensors inside containers, eval mode), a plan that
+changed (a new measurement, ``ampcore plan clear``, ``load_plan``), a module tree that
+changed (a layer replaced) or weights no longer float32 record again.  The root's planned
+modules the recording did not see called (another path) are guarded: called by a later
+path, they apply the plan.  Shapes inside a root are taken to follow from its arguments.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._policy.thread_state import thread_state
 from ._costs import Decision
+from ._guard import signature, snapshot, unchanged, unseen_modules
 from ._plan import AutoPlan
+from ._shapes import float32_weights, shape_class
 
 __all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
 
@@ -56,6 +59,12 @@ _LOW: Final = (torch.bfloat16, torch.float16)
 #: program treats what is still undecided as the O1 lists do (low precision)
 _TRIES: Final = 3
 _thread = thread_state()
+_is_compiling = torch.compiler.is_compiling
+
+
+#: the ``stale`` cell of programs made without weak reference callbacks (never set)
+_FRESH: Final[list[bool]] = [False]
+_NO_VALUES: Final[list[tuple[Any, ...]]] = []
 
 
 class Program(NamedTuple):
@@ -75,8 +84,28 @@ class Program(NamedTuple):
     #: what the float32-decided calls save against the O1 lists by their classes' own
     #: figures (ms, sum of low - fp32 per call): the whole-call check's plausibility bound
     saving_ms: float = 0.0
+    #: the planned modules of the root the recording did not see called (another path of
+    #: its control flow): each gets a guard that applies the plan when it is called
+    unseen: tuple[weakref.ref[nn.Module], ...] = ()
+    #: [True] once a module of the program was collected (a replaced layer) or a guard met
+    #: a class to measure: record again (set by weak reference callbacks, read per call)
+    stale: list[bool] = _FRESH
+    #: a guard that meets an undecided class marks the program stale (it can be measured)
+    measurable: bool = False
+    #: the ``_modules`` dicts of the root's modules that have children, and their values
+    #: when recorded: a module replaced, added or removed since makes it record again
+    tree: tuple[dict[str, Any], ...] = ()
+    tree_values: list[tuple[Any, ...]] = _NO_VALUES
+    #: the floating-point parameters of the planned modules (all float32 when recorded): one
+    #: converted since (``model.bfloat16()``) cannot run in float32, so it records again
+    weights: tuple[torch.Tensor, ...] = ()
     #: switched modules whose calls differ: (module, per call in order: switch it or not)
     steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
+
+    def same_tree(self) -> bool:
+        """Whether the root's modules are those it had when recorded and their weights are
+        still float32 (C calls only: this runs on every root call)."""
+        return unchanged(self.tree, self.tree_values, self.weights)
 
     def mixed(self) -> bool:
         """Whether some planned calls run in float32 and others in low precision."""
@@ -94,9 +123,7 @@ class Program(NamedTuple):
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
-        if plan is not self.plan or plan.changes != self.changes:
-            return False
-        return not self.switched or all(r() is not None for r in self.switched)
+        return plan is self.plan and plan.changes == self.changes and not self.stale[0] and self.same_tree()
 
 
 class _Local(threading.local):
@@ -108,20 +135,6 @@ class _Local(threading.local):
 
 
 local = _Local()
-
-
-def signature(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...]:
-    """The guard of a root's program: grad mode and (shape, dtype, device) of every tensor
-    among the call's positional and keyword arguments."""
-    sig: list[Any] = [torch.is_grad_enabled()]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            sig.append((a.shape, a.dtype, a.device))
-    if kwargs:
-        for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor):
-                sig.append((k, v.shape, v.dtype, v.device))
-    return tuple(sig)
 
 
 class _Outside(TorchDispatchMode):
@@ -165,6 +178,8 @@ class Recording:
         self.outside = False
         self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
+        #: the call's signature taken before its forward (which may change a list argument)
+        self.sig: tuple[Any, ...] | None = None
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
         if self.mode is not None:
@@ -211,12 +226,37 @@ class Recording:
         fp32_ok = not self.outside and not low_inputs
         default_fp32 = fp32_ok and len(low) < len(fp32)
         varying = [self.calls[i][0] for i in varies]
-        refs = tuple(weakref.ref(m) for m in (low if default_fp32 else fp32) + varying)
-        planned = tuple(weakref.ref(m) for m in fp32 + low + varying)
+        unseen = unseen_modules(self.root, self.calls)
+        tree, values, weights = snapshot(self.root, fp32 + low + varying + unseen)
+        stale = [False]
+
+        def collected(_: object) -> None:  # a module of the program is gone (replaced): record again
+            stale[0] = True
+
+        def refs(modules: list[nn.Module]) -> tuple[weakref.ref[nn.Module], ...]:
+            return tuple(weakref.ref(m, collected) for m in modules)
+
         steps = tuple(
-            (weakref.ref(m), tuple((d == "fp32") != default_fp32 for d in self.sequence[id(m)])) for m in varying
+            (weakref.ref(m, collected), tuple((d == "fp32") != default_fp32 for d in self.sequence[id(m)]))
+            for m in varying
         )
-        return Program(self.plan, self.changes, default_fp32, refs, planned, fp32_ok, False, self.saving_ms, steps)
+        return Program(
+            self.plan,
+            self.changes,
+            default_fp32,
+            refs((low if default_fp32 else fp32) + varying),
+            refs(fp32 + low + varying),
+            fp32_ok,
+            False,
+            self.saving_ms,
+            refs(unseen),
+            stale,
+            can_measure,
+            tree,
+            values,
+            weights,
+            steps,
+        )
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
@@ -250,19 +290,22 @@ class Running:
             self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
         if program.default_fp32:
             torch.set_autocast_enabled(self.device_type, False)
-        pre, post = self._pre, self._post
-        for ref in program.switched:
-            module: Any = ref()  # torch types the dicts as keyed by handle ids; any hashable key works
-            if module is None:
-                continue
-            try:
-                module._forward_pre_hooks[self] = pre
-                module._forward_hooks[self] = post
-                module._forward_hooks_always_called[self] = True
-                self.handles.append(module)
-            except (AttributeError, TypeError):
-                self.handles.append(module.register_forward_pre_hook(pre))
-                self.handles.append(module.register_forward_hook(post, always_call=True))
+        for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
+            for ref in refs:
+                module: Any = ref()
+                if module is not None:
+                    self._hook(module, pre)
+
+    def _hook(self, module: Any, pre: Any) -> None:
+        post = self._post
+        try:  # torch types the dicts as keyed by handle ids; any hashable key works
+            module._forward_pre_hooks[self] = pre
+            module._forward_hooks[self] = post
+            module._forward_hooks_always_called[self] = True
+            self.handles.append(module)
+        except (AttributeError, TypeError):
+            self.handles.append(module.register_forward_pre_hook(pre))
+            self.handles.append(module.register_forward_hook(post, always_call=True))
 
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         if local.run is not self:  # runs on every switched module call: kept lean
@@ -283,6 +326,32 @@ class Running:
         calls, n = found
         found[1] = n + 1
         return bool(calls[min(n, len(calls) - 1)])
+
+    def _guard(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        """A planned module the recording did not see called (another path): the plan's
+        decision for this call, as the global hooks would apply it (an undecided class or
+        weights that are not float32: the O1 lists).  The program records again at the
+        next call where the class can be measured, or where its default is float32 (this
+        path's ops outside planned modules were not seen)."""
+        if local.run is not self or _is_compiling():
+            return None
+        stack = _thread.stack
+        if not stack or stack[-1] is not self.region:
+            return None
+        key = shape_class(module, args, self.device_type)
+        if key is None:
+            return None
+        program = self.program
+        decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
+        if (decision is None and program.measurable) or program.default_fp32:
+            # the next call records again: to measure the class, or (a float32 default) to
+            # see this path's ops outside planned modules (the default may not suit them)
+            program.stale[0] = True
+        if (decision == "fp32") != program.default_fp32:
+            return self.switch(module, args)
+        if program.default_fp32:  # float32 as the default: its inputs from a low module in float32
+            return cast_floating(args, torch.float32, self.device_type, low=True)
+        return None  # the default's precision
 
     def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """Run ``module``'s forward in the precision other than the default (its new

@@ -269,18 +269,21 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if not stack or stack[-1] is not region or not torch.is_autocast_enabled(region.spec.backend.device_type):
         return None
     plan = _hooks.plan_of(region)
-    sig = signature(args, kwargs)
+    sig = signature(args, kwargs, module)
+    if sig is None:  # an argument the guard cannot see: the plan applies call by call
+        new = _record(module, args, region, plan)
+        return None if new is None else (new, kwargs)
     local = _local
     last = local.last.get(id(module))  # the program it ran last: valid while nothing changed
     program = None if last is None or last[1] != sig or last[0]() is not module else last[2]
     if program is not None and (
-        program.plan is not plan or plan.changes != program.changes or (program.switched and not program.valid(plan))
+        program.plan is not plan or plan.changes != program.changes or program.stale[0] or not program.same_tree()
     ):
         program = None
     if program is None:
         found = program_for(module, sig, plan)
         if not isinstance(found, Program):
-            new = _record(module, args, region, plan)
+            new = _record(module, args, region, plan, sig)
             return None if new is None else (new, kwargs)
         program = found
         if not program.checked:  # a mixed program is timed as a whole once (see _verify)
@@ -344,8 +347,11 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
                 _sentinel_on()
 
 
-def _record(module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: AutoPlan) -> Any:
-    """Run this root call with the global hooks, recording it when it may have programs."""
+def _record(
+    module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: AutoPlan, sig: tuple[Any, ...] | None = None
+) -> Any:
+    """Run this root call with the global hooks, recording it when it may have programs
+    (``sig``: the call's signature, taken before the forward may change its arguments)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = program_for(module, None, plan)  # None: a module that cannot have programs
@@ -354,7 +360,7 @@ def _record(module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: A
     _sentinel_off()
     _hooks.acquire()
     rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
-    rec.args = args  # the signature's: the hooks below may cast them
+    rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
     return _hooks._pre(module, args)  # the root's own pre-hook call (the global ones ran before)
 
 
@@ -364,9 +370,9 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     rec.close()
     _hooks.release()
     if ok and rec.mode is not None:
-        sig = signature(rec.args, kwargs)
-        found = program_for(rec.root, sig, rec.plan)
-        if found is not None:
+        sig = rec.sig if rec.sig is not None else signature(rec.args, kwargs, rec.root)
+        found = None if sig is None else program_for(rec.root, sig, rec.plan)
+        if found is not None and sig is not None:
             tries = found if isinstance(found, int) else 0
             program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
             store(rec.root, sig, program if program is not None else tries + 1)

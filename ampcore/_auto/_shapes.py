@@ -16,7 +16,7 @@ from typing import Final
 import torch
 from torch import nn
 
-__all__ = ["PLANNED_OPS", "bucket", "planned_ops", "shape_class"]
+__all__ = ["PLANNED_OPS", "bucket", "float32_weights", "planned_ops", "shape_class"]
 
 
 def _linear(module: nn.Module) -> str:
@@ -81,6 +81,20 @@ def planned_ops(module: nn.Module) -> frozenset[str] | None:
     """The ATen ops a planned module runs in low precision; ``None``: not a planned kind."""
     kind = _kind(type(module))
     return None if kind is None else kind[1]
+
+
+def float32_weights(module: nn.Module) -> bool:
+    """Whether every floating-point parameter of ``module`` is float32: a planned module with
+    weights in another dtype (``model.bfloat16()``) cannot run in float32 by switching
+    autocast off, so auto leaves it to the O1 lists (as torch.autocast runs it).
+
+    Example::
+
+        >>> import torch
+        >>> float32_weights(torch.nn.Linear(2, 2)), float32_weights(torch.nn.Linear(2, 2).bfloat16())
+        (True, False)
+    """
+    return all(p.dtype == torch.float32 for p in module.parameters() if p.is_floating_point())
 
 
 def bucket(n: int) -> int:

@@ -28,6 +28,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
+from .._errors import AmpcoreWarning, warn_user
 from ._checks import RootCheck, recheck
 from ._costs import MARGIN, SPREAD_BOUND
 from ._measure import MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
@@ -59,6 +60,8 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     """
     shapes = []
     for entry in sig[1:]:
+        if not isinstance(entry, tuple) or not isinstance(entry[-2], torch.dtype):
+            continue  # not a tensor's (a flag's value, a container's mark: see signature)
         shape, dtype = entry[-3], entry[-2]
         text = "x".join(map(str, shape)) + ("" if dtype == torch.float32 else f":{str(dtype).removeprefix('torch.')}")
         shapes.append(f"{entry[0]}={text}" if len(entry) == 4 else text)
@@ -71,7 +74,7 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     )
     digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}{steps}".encode()).hexdigest()[:8]
     default = "fp32" if program.default_fp32 else "low"
-    grad = "grad" if sig[0] else "no-grad"
+    grad = ("grad" if sig[0] else "no-grad") + (" eval" if sig[-1] == "eval" else "")
     return f"{type(root).__name__} in=[{', '.join(shapes)}] {grad} program={default}+{len(switched)} #{digest}"
 
 
@@ -98,7 +101,12 @@ def settle(
         check = plan.roots.get(key)
         again = check is not None and check.provisional and check.source == "cache"  # by an earlier process
         if (check is None or again) and clock is not None and not plan.frozen:
-            found = _check(root, args, kwargs, program, region, clock)
+            try:
+                found = _check(root, args, kwargs, program, region, clock)
+            except Exception as exc:  # a forward that cannot run again: the real call follows
+                _unrepeatable(root, exc)
+                store(root, sig, program.fixed("plan"))
+                return program.fixed("plan")
             check = found if check is None else recheck(check, found)
             plan.set_root(key, check)
             from ._cache import write_cache
@@ -107,6 +115,15 @@ def settle(
         chosen = program.fixed("plan" if check is None else check.verdict)
     store(root, sig, chosen)
     return chosen
+
+
+def _unrepeatable(root: nn.Module, exc: Exception) -> None:
+    warn_user(
+        f"ampcore.autocast(level='auto'): the whole-call check of {type(root).__name__} failed when it "
+        f"ran the forward again ({type(exc).__name__}: {exc}); its mixed program runs as recorded, "
+        "unchecked (AMPCORE_AUTO_BUDGET=0 or ampcore.load_plan(..., freeze=True) skip the check)",
+        AmpcoreWarning,
+    )
 
 
 def _check(
@@ -188,8 +205,8 @@ def _run(
     def run() -> None:
         torch.clear_autocast_cache()  # a step's region starts without cast weights
         running = _prog.run = Running(program, root, region)
-        try:
-            out = root.forward(*args, **kwargs)
+        try:  # on copies of its lists and dicts: a forward may consume them (the real call follows)
+            out = root.forward(*_fresh(args), **_fresh(kwargs))
         finally:
             _prog.run = None
             running.stop()
@@ -199,6 +216,17 @@ def _run(
                 torch.autograd.grad(outs, params, [torch.ones_like(t) for t in outs], allow_unused=True)
 
     return run
+
+
+def _fresh(value: Any) -> Any:
+    """``value`` with its lists, dicts and plain tuples copied (tensors and the rest shared)."""
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_fresh(v) for v in value)
+    if type(value) is dict:
+        return {k: _fresh(v) for k, v in value.items()}
+    return value
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
