@@ -195,6 +195,9 @@ class _HeldAs:
     def shape(self) -> torch.Size:
         return self.param.shape
 
+    def detach(self) -> _HeldAs:
+        return self
+
     def float(self) -> torch.Tensor:
         return self.param.detach().to(self.dtype).float()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
 from o2_sweep_harness import CASES, OWN, Options, train_both
 
 from ampcore._o2 import master_adam, onepass, onepass_choice, onepass_loop
