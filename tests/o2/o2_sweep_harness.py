@@ -141,6 +141,8 @@ class Side:
                     param.grad = None
                 continue
             value = grad.float() if widen else grad
+            wanted = getattr(param, "grad_dtype", None)  # (master_grad=True: only parameters with masters)
+            value = value if wanted is None else value.to(wanted)
             if accumulate and param.grad is not None:
                 param.grad.add_(value)
             else:
@@ -154,6 +156,9 @@ class Options:
     clip: bool = False
     set_to_none: bool = True
     steps: int = 5
+    #: decorate's ``master_grad``: backward's gradients are float32 (the decorated side gets
+    #: the widened gradients, as the reference)
+    master_grad: bool = False
 
 
 def scale_of(scaler: Any) -> float:
@@ -168,14 +173,20 @@ def _scaler(kind: str | None) -> Any:
     return None
 
 
-def build(case: Case, options: Options, seed: int = 0) -> tuple[Side, Side]:
-    """(the decorated side, torch's float32 reference side)."""
+Prepare = Callable[[nn.Module, torch.optim.Optimizer], None]
+
+
+def build(case: Case, options: Options, seed: int = 0, before: Prepare | None = None) -> tuple[Side, Side]:
+    """(the decorated side, torch's float32 reference side); ``before`` is called with the
+    model and optimizer to decorate, before decorate."""
     low = LOW[options.dtype]
     model = make_net(seed)
     ref_model = copy.deepcopy(model)
     opt = case.make(groups_of(model, case))
     ref_opt = case.make(groups_of(ref_model, case))
-    model, opt = ampcore.decorate(model, opt, level="O2", dtype=low, device="cpu")
+    if before is not None:
+        before(model, opt)
+    model, opt = ampcore.decorate(model, opt, level="O2", dtype=low, device="cpu", master_grad=options.master_grad)
     sched = case.scheduler(opt) if case.scheduler else None
     ref_sched = case.scheduler(ref_opt) if case.scheduler else None
     dec = Side(model, opt, _scaler(options.scaler), sched, None)
@@ -204,6 +215,7 @@ class _HeldAs:
 
 def step(side: Side, index: int, options: Options, widen: bool, closure: bool) -> None:
     """One training step of ``side`` (``widen``: the float32 reference)."""
+    widen = widen or options.master_grad
     if side.scaler is not None:
         side.scaler.scale(torch.ones(()))  # what scaling a loss does to the scaler
     scale = scale_of(side.scaler)

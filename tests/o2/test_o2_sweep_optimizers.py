@@ -75,3 +75,12 @@ def test_the_one_pass_kernels_ran_where_they_build(onepass_mode: str, monkeypatc
         pytest.skip(f"the one-pass kernels are not used here: {onepass.choice().reason}")
     else:
         assert set(calls) == {"adam_update", "loop_adam_update"}
+
+
+@pytest.mark.parametrize("scaler", [None, "torch"], ids=["no-scaler", "torch-scaler"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_master_grad_float32_gradients(name: str, scaler: str | None) -> None:
+    """``master_grad=True``: model and masters share backward's float32 gradients."""
+    if CASES[name].closure and scaler is not None:
+        pytest.skip("GradScaler.step refuses closures")
+    train_both(CASES[name], Options(dtype="fp16" if scaler else "bf16", scaler=scaler, master_grad=True))
