@@ -86,6 +86,8 @@ class Case:
     one_group: bool = False
     #: parameters the optimizer does not hold (torch's Adafactor divides by an empty one's size)
     exclude: frozenset[str] = frozenset()
+    #: the embedding's gradients are sparse (rows 1, 4 and 6), as ``nn.Embedding(sparse=True)`` makes them
+    sparse: bool = False
     #: an LR scheduler of torch over the optimizer, stepped every step
     scheduler: Callable[[torch.optim.Optimizer], Any] | None = None
 
@@ -93,6 +95,15 @@ class Case:
 def _targets(model: nn.Module, step: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 + step)
     return {n: torch.randn(p.shape, generator=gen) for n, p in model.named_parameters()}
+
+
+def sparse_rows(grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor | None]:
+    """``grads`` with the embedding's gradient sparse (three rows)."""
+    dense = grads["emb.weight"]
+    if dense is not None:
+        rows = torch.tensor([1, 4, 6])
+        grads["emb.weight"] = torch.sparse_coo_tensor(rows[None], dense[rows], dense.shape, check_invariants=True).coalesce()
+    return grads
 
 
 def gradients(held: Mapping[str, torch.Tensor], step: int, scale: float) -> dict[str, torch.Tensor | None]:
@@ -130,6 +141,9 @@ class Side:
         #: name -> the weight whose dtype and value the gradient is computed from
         self.held = held
         self.params = dict(model.named_parameters())
+        self.sparse = False
+        #: parameters no optimizer holds (they get no master)
+        self.unheld: frozenset[str] = frozenset()
 
     def set_grads(self, grads: Mapping[str, torch.Tensor | None], widen: bool, accumulate: bool) -> None:
         for name, grad in grads.items():
@@ -192,6 +206,8 @@ def build(case: Case, options: Options, seed: int = 0, before: Prepare | None = 
     dec = Side(model, opt, _scaler(options.scaler), sched, None)
     dec.held = dec.params
     ref = Side(ref_model, ref_opt, _scaler("torch" if options.scaler else None), ref_sched, None)
+    dec.sparse = ref.sparse = case.sparse
+    dec.unheld = frozenset(name for name in case.exclude if name in dec.params)
     ref.held = {n: _HeldAs(ref.params[n], dec.params[n].dtype) for n in ref.params}
     return dec, ref
 
@@ -220,6 +236,8 @@ def step(side: Side, index: int, options: Options, widen: bool, closure: bool) -
         side.scaler.scale(torch.ones(()))  # what scaling a loss does to the scaler
     scale = scale_of(side.scaler)
     grads = gradients(side.held, index, scale)
+    if side.sparse:
+        grads = sparse_rows(grads)
     if closure:
 
         def evaluate() -> float:  # LBFGS views every gradient flat: contiguous ones
@@ -250,6 +268,8 @@ def same_run(dec: Side, ref: Side, where: str) -> None:
     got, want = dec.model.state_dict(), ref.model.state_dict()
     assert got.keys() == want.keys(), where
     for key, value in want.items():
+        if key in dec.unheld:  # no master: saved as the low-precision weight, widened
+            value = value.to(dec.params[key].dtype).to(value.dtype)
         assert got[key].dtype == value.dtype and torch.equal(got[key], value), f"{where}: {key} differs"
     for name, param in dec.params.items():
         expect = ref.params[name].detach().to(param.dtype)
@@ -265,16 +285,14 @@ def same_state(got: Mapping[str, Any], want: Mapping[str, Any], where: str) -> N
         assert got["state"][index].keys() == entries.keys(), f"{where}: state keys of {index}"
         for key, value in entries.items():
             mine = got["state"][index][key]
-            if isinstance(value, torch.Tensor):
-                assert isinstance(mine, torch.Tensor) and mine.dtype == value.dtype, f"{where}: {index}.{key} dtype"
-                assert torch.equal(mine, value), f"{where}: {index}.{key} differs"
-            else:
-                assert _equal(mine, value), f"{where}: {index}.{key} differs"
+            assert _equal(mine, value), f"{where}: {index}.{key} differs"
 
 
 def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (a.is_sparse or b.is_sparse):
+        return a.is_sparse == b.is_sparse and a.dtype == b.dtype and torch.equal(a.to_dense(), b.to_dense())
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
