@@ -102,7 +102,8 @@ def sparse_rows(grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor
     dense = grads["emb.weight"]
     if dense is not None:
         rows = torch.tensor([1, 4, 6])
-        grads["emb.weight"] = torch.sparse_coo_tensor(rows[None], dense[rows], dense.shape, check_invariants=True).coalesce()
+        sparse = torch.sparse_coo_tensor(rows[None], dense[rows], dense.shape, check_invariants=True)
+        grads["emb.weight"] = sparse.coalesce()
     return grads
 
 
