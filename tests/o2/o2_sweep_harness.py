@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 import ampcore
+from ampcore._o2.master import master_weights_of
+from ampcore._o2.update_walk import UpdateWalk
 
 LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: the step whose gradients hold an inf (scaled runs: it must be skipped)
@@ -42,6 +44,7 @@ class Net(nn.Module):
         self.empty = nn.Parameter(torch.empty(0, 3))
         self.strided = nn.Parameter(torch.randn(8, 6).t())  # not contiguous
         self.side = nn.Linear(8, 8)  # no gradient on odd steps
+        self.wide = nn.Linear(8, 37)  # several chunks of the smallest walk, and a tail
         self.frozen = nn.Linear(8, 8).requires_grad_(False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - not used by the sweep
@@ -174,6 +177,9 @@ class Options:
     #: decorate's ``master_grad``: backward's gradients are float32 (the decorated side gets
     #: the widened gradients, as the reference)
     master_grad: bool = False
+    #: ampcore's own updates walk chunks of this many elements (tiny: every parameter but
+    #: the smallest spans several), None: the backend's walk
+    chunk: int | None = None
 
 
 def scale_of(scaler: Any) -> float:
@@ -202,6 +208,10 @@ def build(case: Case, options: Options, seed: int = 0, before: Prepare | None = 
     if before is not None:
         before(model, opt)
     model, opt = ampcore.decorate(model, opt, level="O2", dtype=low, device="cpu", master_grad=options.master_grad)
+    if options.chunk is not None:
+        weights = master_weights_of(opt)
+        assert weights is not None
+        weights.walk = UpdateWalk(options.chunk, adaptive=False)
     sched = case.scheduler(opt) if case.scheduler else None
     ref_sched = case.scheduler(ref_opt) if case.scheduler else None
     dec = Side(model, opt, _scaler(options.scaler), sched, None)

@@ -84,3 +84,13 @@ def test_master_grad_float32_gradients(name: str, scaler: str | None) -> None:
     if CASES[name].closure and scaler is not None:
         pytest.skip("GradScaler.step refuses closures")
     train_both(CASES[name], Options(dtype="fp16" if scaler else "bf16", scaler=scaler, master_grad=True))
+
+
+@pytest.mark.filterwarnings("ignore::ampcore._o2.onepass_choice.OnePassWarning")
+@pytest.mark.parametrize("scaler", [None, "ampcore", "torch"], ids=["no-scaler", "ampcore-scaler", "torch-scaler"])
+@pytest.mark.parametrize("chunk", [7, 16, 100])
+@pytest.mark.parametrize("name", OWN)
+def test_own_updates_in_chunks(name: str, chunk: int, scaler: str | None, onepass_mode: str) -> None:
+    """The chunked walk (the CPU's, for parameters larger than a chunk) with chunks so small
+    that every parameter spans several, a tail included."""
+    train_both(CASES[name], Options(dtype="fp16" if scaler else "bf16", scaler=scaler, chunk=chunk))

@@ -15,7 +15,7 @@ from o2_sweep_harness import Case, Options, build, step, train_both
 #: SparseAdam takes only parameters with sparse gradients: the embedding alone
 _DENSE = frozenset(
     ("lin.weight", "lin.bias", "norm.weight", "norm.bias", "scalar", "empty", "strided")
-    + ("side.weight", "side.bias", "frozen.weight", "frozen.bias")
+    + ("side.weight", "side.bias", "wide.weight", "wide.bias", "frozen.weight", "frozen.bias")
 )
 _O = torch.optim
 SPARSE: dict[str, Case] = {
