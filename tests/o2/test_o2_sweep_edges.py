@@ -9,6 +9,9 @@ decorate, ``capturable`` on the CPU, SparseAdam.
 from __future__ import annotations
 
 import dataclasses
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -178,3 +181,71 @@ def test_clipping_before_a_bfloat16_sgd_step_clips_float32_copies(scaler: str | 
     gradients themselves): ``clip_grad_norm_`` over the optimizer's parameters before the
     step got those bfloat16 gradients, computed the norm and scaled them in bfloat16."""
     train_both(CASES["sgd-loop"], Options(dtype="bf16", scaler=scaler, clip=True))
+
+
+class _AdamW(torch.optim.AdamW):
+    """A subclass (its step may differ from torch's: ampcore runs it, on float32 copies)."""
+
+
+def _hooked(make: Callable[[list[dict[str, Any]]], torch.optim.Optimizer]) -> Callable[..., torch.optim.Optimizer]:
+    def hooked(groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+        opt = make(groups)
+        opt.register_step_pre_hook(lambda o, args, kwargs: None)
+        opt.register_step_post_hook(lambda o, args, kwargs: None)
+        return opt
+
+    return hooked
+
+
+_FALLBACKS: dict[str, Case] = {
+    "subclass": Case(lambda g: _AdamW(g, lr=0.01, fused=True)),
+    "hooked-adam-fused": Case(_hooked(lambda g: torch.optim.Adam(g, lr=0.01, fused=True))),
+    "hooked-sgd-loop": Case(_hooked(lambda g: torch.optim.SGD(g, lr=0.1))),
+    "hooked-sgd-momentum-foreach": Case(_hooked(lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, foreach=True))),
+}
+
+
+@pytest.mark.parametrize("scaler", [None, "ampcore", "torch"], ids=["no-scaler", "ampcore-scaler", "torch-scaler"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(_FALLBACKS))
+def test_what_takes_the_generic_path_is_torchs_step(name: str, dtype: str, scaler: str | None) -> None:
+    """A subclass, step hooks: torch's own step on float32 copies."""
+    train_both(_FALLBACKS[name], Options(dtype=dtype, scaler=scaler))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda g: torch.optim.Adam(g, lr=0.01, differentiable=True),
+        lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.5, differentiable=True),
+        lambda g: torch.optim.SGD(g, lr=0.1, differentiable=True),
+    ],
+    ids=["adam", "sgd-momentum", "sgd"],
+)
+def test_differentiable_fails_as_torch(make: Callable[[list[dict[str, Any]]], torch.optim.Optimizer]) -> None:
+    """``differentiable=True`` takes the generic path: torch's step, which refuses leaf
+    parameters that require grad (in-place update); the same error, nothing changed."""
+    options = Options()
+    dec, ref = build(Case(make), options)
+    with pytest.raises(RuntimeError) as refused:
+        step(ref, 0, options, widen=True, closure=False)
+    before = {key: value.clone() for key, value in dec.model.state_dict().items()}
+    with pytest.raises(RuntimeError, match=str(refused.value)[:40]):
+        step(dec, 0, options, widen=False, closure=False)
+    assert all(torch.equal(value, before[key]) for key, value in dec.model.state_dict().items())
+
+
+@pytest.mark.parametrize("name", ["adam-fused", "adamw-loop", "sgd-momentum-foreach", "sgd-loop", "rmsprop-loop"])
+def test_an_lr_scheduler_made_before_decorate(name: str) -> None:
+    """torch's scheduler wraps the instance's ``step`` before decorate does (torch_step.py)."""
+    made: list[Any] = []
+    case = CASES[name]
+    options = Options(dtype="fp16", scaler="torch", steps=6)
+    dec, ref = build(case, options, before=lambda model, opt: made.append(_every_step(opt)))
+    dec.sched, ref.sched = made[0], _every_step(ref.opt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "lr_scheduler.step() before optimizer.step()" would be wrong
+        for index in range(options.steps):
+            step(dec, index, options, widen=False, closure=False)
+            step(ref, index, options, widen=True, closure=False)
+            same_run(dec, ref, f"step {index}")
