@@ -219,11 +219,11 @@ def build(case: Case, options: Options, seed: int = 0, before: Prepare | None = 
     ref = Side(ref_model, ref_opt, _scaler("torch" if options.scaler else None), ref_sched, None)
     dec.sparse = ref.sparse = case.sparse
     dec.unheld = frozenset(name for name in case.exclude if name in dec.params)
-    ref.held = {n: _HeldAs(ref.params[n], dec.params[n].dtype) for n in ref.params}
+    ref.held = {n: HeldAs(ref.params[n], dec.params[n].dtype) for n in ref.params}
     return dec, ref
 
 
-class _HeldAs:
+class HeldAs:
     """The reference's float32 weight as the decorated model holds it (rounded to its dtype)."""
 
     def __init__(self, param: torch.Tensor, dtype: torch.dtype) -> None:
@@ -233,7 +233,7 @@ class _HeldAs:
     def shape(self) -> torch.Size:
         return self.param.shape
 
-    def detach(self) -> _HeldAs:
+    def detach(self) -> HeldAs:
         return self
 
     def float(self) -> torch.Tensor:

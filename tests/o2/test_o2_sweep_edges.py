@@ -15,7 +15,23 @@ from typing import Any
 
 import pytest
 import torch
-from o2_sweep_harness import CASES, INF_AT, OWN, Case, Options, build, gradients, same_run, step, train_both
+from o2_sweep_harness import (
+    CASES,
+    INF_AT,
+    OWN,
+    Case,
+    HeldAs,
+    Options,
+    Side,
+    build,
+    gradients,
+    make_net,
+    same_run,
+    same_state,
+    step,
+    train_both,
+    two_groups,
+)
 
 import ampcore
 from ampcore._o2.master import master_weights_of
@@ -249,3 +265,46 @@ def test_an_lr_scheduler_made_before_decorate(name: str) -> None:
             step(dec, index, options, widen=False, closure=False)
             step(ref, index, options, widen=True, closure=False)
             same_run(dec, ref, f"step {index}")
+
+
+@pytest.mark.parametrize("scaler", [None, "torch"], ids=["no-scaler", "torch-scaler"])
+def test_two_optimizers_of_one_model(scaler: str | None) -> None:
+    """One model, two optimizers decorated in one call (fused AdamW on one param group's
+    parameters, SGD with momentum on the other's), one GradScaler stepping both."""
+    options = Options(dtype="fp16", scaler=scaler)
+    sides = []
+    for decorated in (True, False):
+        model = make_net(0)
+        first, second = two_groups(model, {})
+        opts = [
+            torch.optim.AdamW(first["params"], lr=0.01, fused=True),
+            torch.optim.SGD(second["params"], lr=0.1, momentum=0.9),
+        ]
+        if decorated:
+            model, opts = ampcore.decorate(model, opts, level="O2", dtype=torch.float16, device="cpu")
+        scaler_of = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2) if scaler else None
+        sides.append((model, opts, scaler_of))
+    held = {}
+    for index in range(options.steps):
+        for (model, opts, scaler_of), widen in zip(sides, (False, True), strict=True):
+            side = Side(model, opts[0], scaler_of, None, None)
+            if not held:
+                held = dict(side.params)
+            side.held = held if not widen else {n: HeldAs(p, held[n].dtype) for n, p in side.params.items()}
+            if scaler_of is not None:
+                scaler_of.scale(torch.ones(()))
+            scale = 1.0 if scaler_of is None else float(scaler_of.get_scale())
+            side.set_grads(gradients(side.held, index, scale), widen, accumulate=False)
+            for opt in opts:
+                if scaler_of is not None:
+                    scaler_of.step(opt)
+                else:
+                    opt.step()
+                opt.zero_grad()
+            if scaler_of is not None:
+                scaler_of.update()
+        (dec_model, dec_opts, _), (ref_model, ref_opts, _) = sides
+        for key, value in ref_model.state_dict().items():
+            assert torch.equal(dec_model.state_dict()[key], value), f"step {index}: {key}"
+        for mine, theirs in zip(dec_opts, ref_opts, strict=True):
+            same_state(mine.state_dict(), theirs.state_dict(), f"step {index}")
