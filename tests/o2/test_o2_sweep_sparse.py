@@ -31,6 +31,7 @@ SPARSE: dict[str, Case] = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")  # torch's Adagrad builds one
 @pytest.mark.parametrize("scaler", [None, "ampcore", "torch"], ids=["no-scaler", "ampcore-scaler", "torch-scaler"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", sorted(SPARSE))
