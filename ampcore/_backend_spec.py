@@ -48,7 +48,8 @@ class BackendSpec:
             SGD, Adam, AdamW) walk large parameters: ``None`` (the default) updates whole
             tensors, a few multi-tensor ops per param group (what a GPU-like device with
             costly kernel launches wants); a positive int splits each parameter larger
-            than that many elements into chunks updated one after another, so that a
+            than that many elements (rounded up to a multiple of 64, where torch's CPU
+            fused kernels split alike) into chunks updated one after another, so that a
             chunk stays in the CPU's caches between the optimizer's passes (the CPU
             adapter's choice); ampcore then times its update on the host clock against
             whole tensors and keeps the faster walk, so give a number only where updates

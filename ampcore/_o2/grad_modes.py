@@ -7,10 +7,11 @@
   the param groups after the low-precision gradients changed gives each master an fp32
   copy; the copies are released after the step.
 * :class:`LowGradsWhenExact` (the default where the dtype needs no loss scaling): as
-  :class:`CopiedGrads`, except that momentum-free torch SGD reads the low-precision
-  gradients themselves (the masters get ``grad_dtype=None``), which is exact and saves the
-  copy.  Whether the optimizer qualifies depends on its param groups, so it is checked
-  at each read.
+  :class:`CopiedGrads`, except that the step of momentum-free torch SGD reads the
+  low-precision gradients themselves (the masters get ``grad_dtype=None``), which is exact
+  and saves the copy.  Whether the optimizer qualifies depends on its param groups, so it
+  is checked at each read; reads before the step (``GradScaler.unscale_``, clipping the
+  optimizer's parameters) get float32 copies, as they would modify the gradients in place.
 """
 
 from __future__ import annotations
@@ -79,7 +80,9 @@ class LowGradsWhenExact(CopiedGrads):
             pair.master.grad_dtype = None  # type: ignore[attr-defined,unused-ignore]  # older torch lacks it
 
     def sync(self, weights: MasterWeights, copy_missing: bool) -> None:
-        if self.shares_low_grads(weights):
+        # Only the optimizer's own step may read the low-precision gradients: what reads them
+        # before it (GradScaler.unscale_, clipping) changes them in place, in low precision.
+        if weights.stepping and not weights.copies_held and self.shares_low_grads(weights):
             _share(weights.pairs)
         else:
             _copy(weights, copy_missing)

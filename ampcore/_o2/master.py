@@ -13,13 +13,10 @@ Gradients reach the masters in one of two ways (see docs/o2.md):
   read of ``group["params"]`` after they changed (by ``GradScaler.unscale_``, by the step
   itself, by clipping over the optimizer's parameters) gives each master an fp32 copy.  The
   copies are released after the step.
-  Exception: torch SGD without step hooks: ampcore runs the update itself. Momentum-free
-  SGD reads the low-precision gradients directly (``master_sgd.py``); in a dtype that needs
-  no loss scaling the masters' ``.grad`` even *is* the low-precision gradient
-  (``grad_dtype=None``). Fused SGD and SGD with momentum run torch's SGD of the group's
-  flavour on gradients widened slice by slice or chunk by chunk (``master_sgd_torch.py``).
-  Exception: torch Adam and AdamW without step hooks: ampcore runs their step itself
-  (``master_adam.py``), widening the low-precision gradients as it goes.
+  Exception: torch SGD, Adam and AdamW without step hooks: ampcore runs the update itself
+  (``master_sgd.py``, ``master_sgd_torch.py``, ``master_adam.py``), reading or widening the
+  low-precision gradients as it goes; in a dtype that needs no loss scaling the masters'
+  ``.grad`` in torch's momentum-free SGD step even *is* the low-precision gradient.
   In both, a master gets an fp32 copy only if something reads the param groups between
   backward and the step (``GradScaler.unscale_``, clipping the optimizer's parameters; not
   ``GradScaler.step`` alone, which checks the low-precision gradients read-only and lets
@@ -35,9 +32,10 @@ Each way is a strategy (``grad_modes.py``) that decorate's options choose once p
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -140,6 +138,19 @@ def _zero_grad(optimizer: torch.optim.Optimizer, set_to_none: bool = True) -> No
     _require(optimizer).zero_grad(set_to_none)
 
 
+def _unsynced(name: str, inner: Callable[..., Any] | None) -> Callable[..., Any]:
+    """The optimizer's method ``name`` (``inner``: the instance's) with no gradient sync: it
+    reads the parameters, not their gradients (a copy would go stale as backward accumulates)."""
+
+    def method(optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        with _require(optimizer).unsynced():
+            if inner is not None:
+                return inner(*args, **kwargs)
+            return getattr(type(optimizer), name)(optimizer, *args, **kwargs)
+
+    return method
+
+
 def _require(optimizer: torch.optim.Optimizer) -> MasterWeights:
     weights = master_weights_of(optimizer)
     if weights is None:  # only if someone deleted the attribute
@@ -177,6 +188,8 @@ class MasterWeights:
         #: master -> its low-precision model parameter (for the fused updates)
         self.low_of: dict[torch.Tensor, torch.Tensor] = {pair.master: pair.model for pair in pairs}
         self._suspended = False
+        #: the optimizer's own step runs (``grad_modes.LowGradsWhenExact`` may share then)
+        self.stepping = False
         #: False only while no pair holds a gradient copy (``seen_grad``): the sync before
         #: ampcore's own update then has nothing to bring up to date (``grad_modes.py``)
         self.copies_held = False
@@ -213,6 +226,8 @@ class MasterWeights:
             _MASTER_HOLDERS[pair.model] = self
         optimizer.step = MethodType(_step_function(self._inner_step), optimizer)  # type: ignore[method-assign]
         optimizer.zero_grad = MethodType(_zero_grad, optimizer)  # type: ignore[method-assign]
+        for name in ("state_dict", "load_state_dict", "add_param_group"):
+            setattr(optimizer, name, MethodType(_unsynced(name, optimizer.__dict__.get(name)), optimizer))
         self.record_versions()
 
     def wrap_groups(self) -> None:
@@ -235,6 +250,15 @@ class MasterWeights:
         mode; with ``copy_missing=False`` no new fp32 copies are made)."""
         if not self._suspended:
             self.grad_mode.sync(self, copy_missing)
+
+    @contextlib.contextmanager
+    def unsynced(self) -> Iterator[None]:
+        """No gradient sync inside (reads of the parameters, not of their gradients)."""
+        before, self._suspended = self._suspended, True
+        try:
+            yield
+        finally:
+            self._suspended = before
 
     def release_grads(self) -> None:
         """Drop the masters' fp32 gradient copies (after the step consumed them)."""
@@ -296,14 +320,16 @@ class MasterWeights:
         if own is not None:
             self.sync_grads(copy_missing=False)  # fresh copies if some exist; no new ones
             return self._own_step(own)
-        self.sync_grads()
         if args and callable(args[0]):
             args = (self._wrap_closure(args[0]), *args[1:])
         elif callable(kwargs.get("closure")):
             kwargs = {**kwargs, "closure": self._wrap_closure(kwargs["closure"])}
+        self.stepping = True
         try:
+            self.sync_grads()
             return self._call_inner_step(args, kwargs)
         finally:
+            self.stepping = False
             self.refresh()
             self.release_grads()
 

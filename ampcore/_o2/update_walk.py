@@ -25,8 +25,13 @@ from typing import Any, Final, TypeVar
 
 import torch
 
-__all__ = ["UpdateWalk", "walks_differ"]
+__all__ = ["CHUNK_ALIGN", "UpdateWalk", "walks_differ"]
 
+#: a chunk is a multiple of this many elements (a backend's odd number is rounded up): torch's
+#: CPU fused kernels split a tensor among threads in 64-byte units and run a vector body and
+#: a scalar tail that round differently, so only chunks that start where a unit and a vector
+#: of the whole tensor start compute its bits (256 bytes: vectors of up to 64 floats)
+CHUNK_ALIGN: Final = 64
 #: steps before the first re-timing of the walk not in use; doubled while the choice holds
 FIRST_PROBE: Final = 16
 LAST_PROBE: Final = 256
@@ -39,7 +44,8 @@ T = TypeVar("T")
 class UpdateWalk:
     """The walk of one optimizer's master-weight updates (see the module docstring).
 
-    ``chunk``: the backend's elements per chunk, or None (whole tensors, nothing measured).
+    ``chunk``: the backend's elements per chunk (rounded up to a multiple of
+    :data:`CHUNK_ALIGN`), or None (whole tensors, nothing measured).
     ``adaptive=False`` keeps ``chunk`` (benchmarks comparing the walks).
 
     Example::
@@ -54,6 +60,7 @@ class UpdateWalk:
     def __init__(
         self, chunk: int | None, adaptive: bool = True, clock: Callable[[], float] = time.perf_counter
     ) -> None:
+        chunk = None if chunk is None else -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
         self.chunk = chunk
         self.adaptive = adaptive and chunk is not None
         self._clock = clock

@@ -223,17 +223,28 @@ def test_master_grad_false_copies_on_read_and_releases_after_the_step() -> None:
 
 @needs_grad_dtype
 def test_sgd_without_momentum_reads_the_bf16_gradients_without_a_copy() -> None:
+    """torch's momentum-free SGD step reads the bfloat16 gradients themselves (its step, here
+    torch's because of a step hook); a read before the step (clipping, ``unscale_``) gets a
+    float32 copy, as it may change the gradients in place (in float32, as torch on masters)."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = ampcore.decorate(model, opt, device="cpu")
+    seen: list[torch.Tensor | None] = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: seen.append(masters_of(o)[0].grad))
     x, y = batches(1)[0]
     loss_of(model, x, y).backward()
-    assert masters_of(opt)[0].grad is model[0].weight.grad  # shared, bf16
     opt.step()
-    assert masters_of(opt)[0].grad is model[0].weight.grad  # still the one bf16 gradient
+    assert seen[-1] is model[0].weight.grad  # shared, bf16
+    opt.zero_grad()
+    loss_of(model, x, y).backward()
+    assert masters_of(opt)[0].grad.dtype == FP32  # read before the step: a copy
+    opt.step()
+    assert seen[-1].dtype == FP32
+    opt.zero_grad()
     opt.param_groups[0]["momentum"] = 0.9  # momentum would clone a bf16 buffer: copy again
     loss_of(model, x, y).backward()
-    assert masters_of(opt)[0].grad.dtype == FP32
+    opt.step()
+    assert seen[-1].dtype == FP32
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from _onepass_testing import SGD_CASES, threads  # noqa: F401 (a fixture, used by name)
 from test_scaler_fused import FUSED, OVERFLOW_AT, reference, train
 
 import ampcore
@@ -161,21 +162,6 @@ ADAM_CASES: list[dict[str, Any]] = [
     {"adamw": False, "weight_decay": 0.05, "amsgrad": False, "maximize": True, "betas": (0.6, 0.9), "scale": 8.0},
     {"adamw": True, "weight_decay": 0.0, "amsgrad": False, "maximize": False, "betas": (0.95, 0.95)},
 ]
-SGD_CASES: list[dict[str, Any]] = [
-    {"weight_decay": 0.0, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False},
-    {"weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": True, "scale": 64.0},
-    {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": False, "maximize": False},
-    {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": True, "maximize": True},
-    {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.3, "nesterov": False, "maximize": False, "scale": 16.0},
-]
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(params=[None, 0], ids=["large-streamed", "all-streamed"])
@@ -190,7 +176,8 @@ def stream_min(kernel: Any, request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-def test_adam_is_torchs_fused_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int, stream_min: int) -> None:
+@pytest.mark.usefixtures("threads")
+def test_adam_is_torchs_fused_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, stream_min: int) -> None:
     module, layout = kernel
     failures = [
         (n, index, differ)
@@ -202,7 +189,8 @@ def test_adam_is_torchs_fused_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, 
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-def test_sgd_is_torchs_fused_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int, stream_min: int) -> None:
+@pytest.mark.usefixtures("threads")
+def test_sgd_is_torchs_fused_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype, stream_min: int) -> None:
     module, layout = kernel
     failures = [
         (n, index, differ)

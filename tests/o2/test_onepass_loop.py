@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from _onepass_testing import SGD_CASES, threads  # noqa: F401 (a fixture, used by name)
 from test_scaler_deferred_unscale import (
     OVERFLOW_AT,
     Params,
@@ -132,25 +133,11 @@ ADAM_CASES: list[dict[str, Any]] = [
     {"adamw": False, "weight_decay": 0.05, "amsgrad": False, "maximize": True, "betas": (0.6, 0.9), "scale": 8.0},
     {"adamw": True, "weight_decay": 0.0, "amsgrad": False, "maximize": False, "betas": (0.95, 0.0)},
 ]
-SGD_CASES: list[dict[str, Any]] = [
-    {"weight_decay": 0.0, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": False},
-    {"weight_decay": 0.01, "momentum": 0.0, "dampening": 0.0, "nesterov": False, "maximize": True, "scale": 64.0},
-    {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": False, "maximize": False},
-    {"weight_decay": 0.01, "momentum": 0.9, "dampening": 0.0, "nesterov": True, "maximize": True},
-    {"weight_decay": 0.0, "momentum": 0.5, "dampening": 0.3, "nesterov": False, "maximize": False, "scale": 16.0},
-]
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-def test_adam_is_torchs_for_loop_adam_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int) -> None:
+@pytest.mark.usefixtures("threads")
+def test_adam_is_torchs_for_loop_adam_bit_for_bit(kernel: Any, dtype: torch.dtype) -> None:
     module, layout = kernel
     failures = [
         (n, index, differ)
@@ -162,7 +149,8 @@ def test_adam_is_torchs_for_loop_adam_bit_for_bit(kernel: Any, dtype: torch.dtyp
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-def test_sgd_is_torchs_for_loop_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype, threads: int) -> None:
+@pytest.mark.usefixtures("threads")
+def test_sgd_is_torchs_for_loop_sgd_bit_for_bit(kernel: Any, dtype: torch.dtype) -> None:
     module, layout = kernel
     failures = [
         (n, index, differ)

@@ -3,7 +3,7 @@ whole tensors, whichever times faster, following the machine's load (issue 31)."
 
 from __future__ import annotations
 
-from ampcore._o2.update_walk import FIRST_PROBE, LAST_PROBE, UpdateWalk
+from ampcore._o2.update_walk import CHUNK_ALIGN, FIRST_PROBE, LAST_PROBE, UpdateWalk
 
 CHUNK = 1 << 18
 
@@ -92,3 +92,12 @@ def test_walks_differ_where_a_chunk_splits_a_tensor_or_batches_a_group() -> None
     # chunk on the chunked walk: more than four chunks' worth makes the walks differ
     assert not walks_differ(groups(CHUNK // 2, CHUNK // 2) * 4, CHUNK, batched=True, slices=4)
     assert walks_differ(groups(CHUNK // 2, CHUNK // 2) * 5, CHUNK, batched=False, slices=4)
+
+
+def test_a_chunk_is_a_multiple_of_the_alignment() -> None:
+    """torch's CPU fused kernels round a vector body and a scalar tail differently: a chunk
+    boundary inside a 64-byte unit or a vector gave other bits than the whole tensor."""
+    assert UpdateWalk(7).chunk == CHUNK_ALIGN == 64
+    assert UpdateWalk(100).chunk == 128
+    assert UpdateWalk(1 << 18).chunk == 1 << 18
+    assert UpdateWalk(None).chunk is None
