@@ -60,7 +60,8 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
 def pairs(name: str, count: int) -> None:
     """auto against fp32 on ``name``, one training step of each in turn, ``count`` times in
     one process: the median of the per-pair ratios (robust to a loaded machine's drift),
-    next to an O1 region around the float32 step (what any region costs)."""
+    next to an O1 region and torch.autocast around the float32 step (what any region costs:
+    the loss runs under the enabled region, the model under ``enabled=False``)."""
     import warnings
 
     import torch
@@ -72,15 +73,19 @@ def pairs(name: str, count: int) -> None:
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     base, data = build(name, "cpu")
-    models = {mode: copy.deepcopy(base) for mode in ("fp32", "auto", "O1 region, fp32 inside")}
+    modes = ("fp32", "auto", "O1 region, fp32 inside", "torch.autocast, fp32 inside")
+    models = {mode: copy.deepcopy(base) for mode in modes}
     auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+    outers = {"auto": auto, modes[2]: o1, modes[3]: torch.autocast("cpu", dtype=torch.bfloat16)}
 
     def step(mode: str) -> None:
         model = models[mode]
-        outer = auto if mode == "auto" else o1 if mode.startswith("O1") else torch.autocast("cpu", enabled=False)
-        inner = contextlib.nullcontext() if mode == "auto" else torch.autocast("cpu", enabled=False)
-        with outer, inner:
-            value = loss(model(*data), data)
+        outer = outers.get(mode, contextlib.nullcontext())
+        inner = contextlib.nullcontext() if mode in ("auto", "fp32") else torch.autocast("cpu", enabled=False)
+        with outer:
+            with inner:
+                out = model(*data)
+            value = loss(out, data)
         value.backward()
         for p in model.parameters():
             p.grad = None
@@ -92,6 +97,6 @@ def pairs(name: str, count: int) -> None:
             step(mode)
             if round_ >= 20:
                 times[mode].append(time.perf_counter() - start)
-    for mode in ("auto", "O1 region, fp32 inside"):
+    for mode in modes[1:]:
         ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
         print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
