@@ -112,6 +112,9 @@ def test_add_param_group_of_float32_parameters_after_decorate(name: str) -> None
     case = CASES[name]
     if case.one_group:
         pytest.skip("LBFGS takes one param group")
+    refused = _torch_refuses_an_added_group(case)
+    if refused is not None:
+        pytest.skip(f"torch {torch.__version__} itself cannot step a group added later ({refused})")
     options = Options(dtype="fp16", scaler="torch")
     dec, ref = build(case, options)
     for index in range(options.steps):
@@ -128,6 +131,20 @@ def test_add_param_group_of_float32_parameters_after_decorate(name: str) -> None
         same_run(dec, ref, f"step {index}")
         if index >= ADDED:
             assert torch.equal(dec.extra, ref.extra), f"step {index}: the added group"  # type: ignore[attr-defined]
+
+
+def _torch_refuses_an_added_group(case: Case) -> str | None:
+    """torch's own error when its optimizer steps a param group added after it was made
+    (torch 2.8's Adagrad makes its state in ``__init__`` only: ``KeyError: 'sum'``), else None."""
+    opt = case.make([{"params": [torch.nn.Parameter(torch.ones(2))]}])
+    param = torch.nn.Parameter(torch.ones(2))
+    opt.add_param_group({"params": [param]})
+    param.grad = torch.ones(2)
+    try:
+        opt.step()
+    except Exception as exc:  # whatever torch raises: the case cannot run on this torch
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def test_a_low_precision_group_added_after_decorate_is_refused_before_anything_changes() -> None:

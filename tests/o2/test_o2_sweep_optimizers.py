@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 from o2_sweep_harness import CASES, OWN, Options, train_both
 
 from ampcore._o2 import master_adam, onepass, onepass_choice, onepass_loop
@@ -81,6 +82,8 @@ def test_the_one_pass_kernels_ran_where_they_build(onepass_mode: str, monkeypatc
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_master_grad_float32_gradients(name: str, scaler: str | None) -> None:
     """``master_grad=True``: model and masters share backward's float32 gradients."""
+    if not hasattr(torch.Tensor, "grad_dtype"):
+        pytest.skip(f"master_grad needs Tensor.grad_dtype (torch >= 2.13); torch {torch.__version__}")
     if CASES[name].closure and scaler is not None:
         pytest.skip("GradScaler.step refuses closures")
     train_both(CASES[name], Options(dtype="fp16" if scaler else "bf16", scaler=scaler, master_grad=True))
