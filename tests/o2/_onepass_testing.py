@@ -4,6 +4,9 @@ compared on against torch's, and the thread counts."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,3 +31,16 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(before)
+
+
+def run_at_capability(script: str, capability: str) -> None:
+    """Run ``script`` (it prints the capability torch dispatched and the kernel chosen, then
+    checks the kernel) in a process whose torch dispatches ``capability``
+    (``ATEN_CPU_CAPABILITY``), with this folder importable; it must pass and have chosen the
+    one-pass kernel at that capability."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "AMPCORE_O2_ONEPASS": "auto"}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = done.stdout.splitlines()[0]
+    assert first == f"{capability.upper()} onepass", done.stdout

@@ -9,9 +9,6 @@ where it cannot be built.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from types import ModuleType
@@ -19,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from _onepass_testing import SGD_CASES, threads  # noqa: F401 (a fixture, used by name)
+from _onepass_testing import SGD_CASES, run_at_capability, threads  # noqa: F401 (a fixture, used by name)
 from test_scaler_fused import FUSED, OVERFLOW_AT, reference, train
 
 import ampcore
@@ -319,12 +316,7 @@ def test_other_capabilities_in_a_subprocess(kernel: Any, capability: str) -> Non
             print(made.reason)
         """
     )
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability, "AMPCORE_O2_ONEPASS": "auto"}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    first = done.stdout.splitlines()[0]
-    assert first == f"{capability.upper()} onepass", done.stdout
+    run_at_capability(script, capability)
 
 
 # -- O2 end to end ------------------------------------------------------------------------
