@@ -111,8 +111,10 @@ class Program(NamedTuple):
     #: ``torch.matmul`` in a forward, an ``nn.GRU``'s or ``nn.LSTM``'s products): work no
     #: class's figures cover, so the whole-call check applies
     low_outside: bool = False
-    #: the root's inputs are float32: the ``fp32`` fixed choice can switch autocast off for
-    #: the whole root (everything in float32, as the float32 step runs)
+    #: the root's inputs and parameters are float32: with ``low_outside``, the ``fp32`` fixed choice
+    #: switches autocast off for the whole root (that work in float32 too, as the float32
+    #: step runs); other programs keep their planned modules switched (their hooks cast a
+    #: low-precision tensor made inside the root, by a layer of another dtype, to float32)
     fp32_root: bool = False
 
     def same_tree(self) -> bool:
@@ -132,7 +134,7 @@ class Program(NamedTuple):
         if verdict == "low":
             return self._replace(default_fp32=False, switched=(), checked=True, steps=())
         if verdict == "fp32":
-            if self.fp32_ok or self.fp32_root:
+            if self.fp32_ok or (self.low_outside and self.fp32_root):  # that work in float32 too
                 return self._replace(default_fp32=True, switched=(), checked=True, steps=())
             return self._replace(default_fp32=False, switched=self.planned, checked=True, steps=())
         return self._replace(checked=True)
@@ -276,7 +278,7 @@ class Recording:
             weights,
             steps,
             self.low_outside,
-            not low_inputs,
+            not low_inputs and float32_weights(self.root),  # a bf16 layer cannot take float32 inputs
         )
 
 

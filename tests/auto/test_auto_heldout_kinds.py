@@ -19,6 +19,7 @@ auto (a frozen plan, no measurement) with the fixed precision its plan gives, as
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -228,3 +229,35 @@ def test_functional_model_under_auto_matches_its_fixed_precision(head: str | Non
     else:
         _load({})
     _same(model, lambda step: model(x + step))
+
+
+class Converted(nn.Module):
+    """A layer converted to bfloat16 (not planned: the O1 lists run it), then a big and a
+    small float32 layer (a mixed program)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre = nn.Linear(16, 16).bfloat16()
+        self.big, self.small = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.small(self.big(self.pre(x)))
+
+
+def test_the_fp32_choice_of_a_program_with_a_converted_layer_keeps_its_layers_switched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole root in float32 (autocast off) cannot run a bfloat16 layer on float32 inputs
+    (the layer's products are outside planned modules, but its weights are not float32): the
+    ``fp32`` choice switches the planned layers instead (their hooks cast the bfloat16
+    tensor they get), and nothing fails in the check."""
+    torch.manual_seed(0)
+    model, x = Converted(), torch.randn(4, 16)
+    h = torch.zeros(4, 16, dtype=torch.bfloat16)
+    _given([(model.big, h, _WINS), (model.small, h, _LOSES)])
+    clock = Clock(plan=5.0, low=5.0, fp32=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.AmpcoreWarning)  # no "cannot run again"
+        *_, last = _steps(monkeypatch, clock, model, x)
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.verdict == "fp32" and last.dtype == torch.float32
