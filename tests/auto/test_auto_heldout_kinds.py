@@ -40,11 +40,12 @@ _WINS = Costs(2.0, 1.0, 0.1)  # low/fp32 0.5: decided low
 
 
 class Gru(nn.Module):
-    """A GRU (not a planned kind: its products run with the O1 lists) and a Linear head."""
+    """A GRU or LSTM (not a planned kind: its products run with the O1 lists; the LSTM's as
+    one ``mkldnn_rnn_layer`` on the CPU) and a Linear head."""
 
-    def __init__(self) -> None:
+    def __init__(self, cell: str = "GRU") -> None:
         super().__init__()
-        self.rnn = nn.GRU(8, 16, batch_first=True)
+        self.rnn = getattr(nn, cell)(8, 16, batch_first=True)
         self.head = nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,11 +112,14 @@ def _ops(run: Callable[[], Any]) -> set[tuple[str, torch.dtype]]:
     return seen
 
 
+@pytest.mark.parametrize("cell", ["GRU", "LSTM"])
 @pytest.mark.parametrize("head", [_LOSES, _WINS], ids=["head-fp32", "head-low"])
-def test_a_gru_whose_float32_step_is_faster_runs_in_float32(monkeypatch: pytest.MonkeyPatch, head: Costs) -> None:
+def test_a_gru_whose_float32_step_is_faster_runs_in_float32(
+    monkeypatch: pytest.MonkeyPatch, head: Costs, cell: str
+) -> None:
     """The GRU's products ran in bf16 as in torch.autocast (unchecked: 1.42 x float32)."""
     torch.manual_seed(0)
-    model, x = Gru(), torch.randn(2, 5, 8)
+    model, x = Gru(cell), torch.randn(2, 5, 8)
     _given([(model.head, torch.zeros(2, 5, 16), head)])
     clock = Clock(plan=12.0, low=12.0, fp32=8.0)  # float32 1.5 x faster as a whole
     ops: set[Any] = set()
@@ -124,7 +128,8 @@ def test_a_gru_whose_float32_step_is_faster_runs_in_float32(monkeypatch: pytest.
     (key, check), *_ = ampcore.auto_plan("cpu").roots.items()
     assert check.verdict == "fp32" and key.startswith("Gru in=[2x5x8] grad program=low")
     assert [out.dtype for out in later] == [torch.float32] * 2
-    assert ("addmm", torch.float32) in ops and not {op for op in ops if op[1] == torch.bfloat16}
+    products = {("addmm", torch.float32), ("mkldnn_rnn_layer", torch.float32)}  # GRU's, LSTM's
+    assert products & ops and not {op for op in ops if op[1] == torch.bfloat16}
     torch.testing.assert_close(later[-1], model(x), rtol=0, atol=0)  # exactly the float32 step
 
 
@@ -232,8 +237,8 @@ def test_functional_model_under_auto_matches_its_fixed_precision(head: str | Non
 
 
 class Converted(nn.Module):
-    """A layer converted to bfloat16 (not planned: the O1 lists run it), then a big and a
-    small float32 layer (a mixed program)."""
+    """A layer converted to bfloat16 (not planned: the O1 lists run its product, outside
+    planned modules, so the program is checked), then two float32 layers."""
 
     def __init__(self) -> None:
         super().__init__()
