@@ -132,12 +132,203 @@ def _embedded(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]
     return Embedded().to(device), (ids, torch.rand(batch, tokens, d, device=device))
 
 
+def _resnet(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-resnet``: a small ResNet-style CNN on 8 x 3 x 32 x 32 images: a stem
+    ``Conv2d(3, 16, 3)`` + ``BatchNorm2d`` + ReLU, two residual blocks (Conv + BN + ReLU +
+    Conv + BN, added, ReLU) at 16 channels, max pooling, one block at 32 channels (stride 2,
+    a 1 x 1 projection), global average pooling and a ``Linear(32, 10)`` head; its inputs:
+    images and the head's target."""
+    import torch
+    from torch import nn
+
+    def conv_bn(cin: int, cout: int, stride: int = 1, k: int = 3) -> Any:
+        return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout))
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.a, self.b = conv_bn(cin, cout, stride), conv_bn(cout, cout)
+            self.skip = conv_bn(cin, cout, stride, 1) if stride != 1 or cin != cout else nn.Identity()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.b(torch.relu(self.a(x))) + self.skip(x))
+
+    class ResNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(
+                conv_bn(3, 16), nn.ReLU(), Block(16, 16, 1), Block(16, 16, 1), nn.MaxPool2d(2), Block(16, 32, 2)
+            )
+            self.head = nn.Linear(32, 10)
+
+        def forward(self, image: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return self.head(self.body(image).mean((2, 3)))  # ``target``: the loss's
+
+    return ResNet().to(device), (torch.rand(8, 3, 32, 32, device=device), torch.rand(8, 10, device=device))
+
+
+def _depthwise(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-depthwise``: MobileNet-style blocks on 4 x 32 x 32 x 32: a depthwise
+    ``Conv2d(32, 32, 3, groups=32)`` + BN + ReLU6, a pointwise ``Conv2d(32, 64, 1)`` + BN, a
+    grouped ``Conv2d(64, 64, 3, groups=4)`` + BN + ReLU6, a pointwise ``Conv2d(64, 32, 1)``
+    back, residual; twice."""
+    import torch
+    from torch import nn
+
+    def block() -> Any:
+        return nn.Sequential(
+            nn.Conv2d(32, 32, 3, padding=1, groups=32, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU6(),
+            nn.Conv2d(32, 64, 1, bias=False),
+            nn.BatchNorm2d(64),
+            nn.Conv2d(64, 64, 3, padding=1, groups=4, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU6(),
+            nn.Conv2d(64, 32, 1),
+        )
+
+    class Depthwise(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(block() for _ in range(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = x + b(x)
+            return x
+
+    return Depthwise().to(device), (torch.rand(4, 32, 32, 32, device=device),)
+
+
+def _conv1d(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-conv1d``: ``Conv1d`` over sequences (batch 16, 64 channels, 256 steps): a
+    ``Conv1d(64, 128, 5)``, GELU, a dilated ``Conv1d(128, 128, 3, dilation=2)``, GELU, a
+    ``Conv1d(128, 64, 1)`` back, residual."""
+    import torch
+    from torch import nn
+
+    class Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Conv1d(64, 128, 5, padding=2)
+            self.b = nn.Conv1d(128, 128, 3, padding=2, dilation=2)
+            self.c = nn.Conv1d(128, 64, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            gelu = nn.functional.gelu
+            return x + self.c(gelu(self.b(gelu(self.a(x)))))
+
+    return Seq().to(device), (torch.rand(16, 64, 256, device=device),)
+
+
+def _recurrent(cell: str, device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-lstm`` / ``heldout-gru``: a 2-layer ``nn.LSTM`` / ``nn.GRU`` (64 -> 128, batch
+    first) over 16 x 32 steps and a ``Linear(128, 64)`` head per step (recurrent modules are
+    not a planned kind: what auto does with them)."""
+    import torch
+    from torch import nn
+
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = getattr(nn, cell)(64, 128, num_layers=2, batch_first=True)
+            self.head = nn.Linear(128, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.rnn(x)[0])
+
+    return Recurrent().to(device), (torch.rand(16, 32, 64, device=device),)
+
+
+def _functional(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-functional``: weights as plain parameters, used by
+    ``torch.nn.functional.linear`` and ``torch.matmul`` in ``forward`` (ops outside planned
+    modules), 3 blocks on a batch of 64 x 256 features, plus one ``nn.Linear(256)``."""
+    import torch
+    from torch import nn
+
+    class Functional(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.ParameterList(nn.Parameter(torch.randn(256, 256) / 16) for _ in range(3))
+            self.b = nn.ParameterList(nn.Parameter(torch.zeros(256)) for _ in range(3))
+            self.v = nn.ParameterList(nn.Parameter(torch.randn(256, 256) / 16) for _ in range(3))
+            self.out = nn.Linear(256, 256)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for w, b, v in zip(self.w, self.b, self.v, strict=True):
+                x = x + torch.matmul(torch.tanh(nn.functional.linear(x, w, b)), v)
+            return self.out(x)
+
+    return Functional().to(device), (torch.rand(64, 256, device=device),)
+
+
+def _vit(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-vit``: a ViT-style patch embedding (``Conv2d(3, 128, 8, stride=8)`` on 8 x 3
+    x 64 x 64 images: 64 patches), a learned position embedding, 2 pre-norm encoder blocks
+    (:func:`_block`: 4 heads, feed-forward 512), LayerNorm, mean over patches, a
+    ``Linear(128, 10)`` head."""
+    import torch
+    from torch import nn
+
+    class ViT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.patch = nn.Conv2d(3, 128, 8, stride=8)
+            self.pos = nn.Parameter(torch.zeros(1, 64, 128))
+            self.blocks = nn.Sequential(*(_block(128, 512, 4) for _ in range(2)), nn.LayerNorm(128))
+            self.head = nn.Linear(128, 10)
+
+        def forward(self, image: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            x = self.patch(image).flatten(2).transpose(1, 2) + self.pos
+            return self.head(self.blocks(x).mean(1))
+
+    return ViT().to(device), (torch.rand(8, 3, 64, 64, device=device), torch.rand(8, 10, device=device))
+
+
+def _split(device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-split``: big layers at a tiny batch and small layers at a big one: 2 x
+    ``Linear(1536)`` on a batch of 2 (9 MB of weights each, memory-bound: casting them
+    costs more than bf16 saves) and 2 x ``Linear(192)`` on a batch of 2048 (compute-bound)."""
+    import torch
+    from torch import nn
+
+    class Split(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.big = nn.ModuleList(nn.Linear(1536, 1536) for _ in range(2))
+            self.small = nn.ModuleList(nn.Linear(192, 192) for _ in range(2))
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            x = self.big[1](torch.relu(self.big[0](x)))
+            y = self.small[1](torch.relu(self.small[0](y)))
+            return x, y
+
+    return Split().to(device), (torch.rand(2, 1536, device=device), torch.rand(2048, 192, device=device))
+
+
+#: model name -> builder of the held-out kinds (issue 27, helper autoshapes)
+_KINDS: Final = {
+    "heldout-resnet": _resnet,
+    "heldout-depthwise": _depthwise,
+    "heldout-conv1d": _conv1d,
+    "heldout-lstm": lambda device: _recurrent("LSTM", device),
+    "heldout-gru": lambda device: _recurrent("GRU", device),
+    "heldout-functional": _functional,
+    "heldout-vit": _vit,
+    "heldout-split": _split,
+}
+
+
 def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
     import torch
     from torch import nn
 
     if name == "heldout-flip":
         return _flip(device)
+    if name in _KINDS:
+        return _KINDS[name](device)
     if name == "heldout-tie":  # 6 x Linear(224) on a batch of 64: low/fp32 near 1 with AMX
         return _mixed((224, 64, 6, 1, 1, 0), device)
     if name in _EMBEDDED:
@@ -155,7 +346,7 @@ def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         from ampcore._cli.experiment import SeedNet
 
         return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
-    known = [*_MIXED, "heldout-conv", "heldout-flip", "heldout-tie", *_EMBEDDED, *_TRANSFORMERS, "seed"]
+    known = [*_MIXED, "heldout-conv", "heldout-flip", "heldout-tie", *_EMBEDDED, *_KINDS, *_TRANSFORMERS, "seed"]
     raise SystemExit(f"unknown model {name!r}; valid: {', '.join(known)}")
 
 
@@ -164,4 +355,5 @@ def loss(out: Any, inputs: tuple[Any, ...]) -> Any:
 
     outs = out if isinstance(out, tuple) else (out,)
     targets = [i for i in inputs if i.is_floating_point()]  # token ids are no target
+    targets = targets[len(targets) - len(outs) :]  # the last ones (an image is an input, not a target)
     return sum(nn.functional.mse_loss(o.float(), i) for o, i in zip(outs, targets, strict=True))

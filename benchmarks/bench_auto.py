@@ -30,6 +30,24 @@ Models (training steps: forward, MSE loss, backward, SGD):
 * ``heldout-tiny``: the same kind at d 32 (6 blocks, 2 heads, batch 4 x 8 tokens): small
   everything, float32's case.
 
+Held-out kinds (issue 27, helper autoshapes; :mod:`auto_models` has each one's shapes):
+
+* ``heldout-resnet``: a small ResNet-style CNN with ``BatchNorm2d`` (Conv + BN + ReLU,
+  residual blocks, max pooling, a strided block with a 1 x 1 projection, a Linear head) on
+  8 x 3 x 32 x 32 images;
+* ``heldout-depthwise``: MobileNet-style depthwise (``groups=32``), pointwise and grouped
+  (``groups=4``) convolutions with BatchNorm on 4 x 32 x 32 x 32;
+* ``heldout-conv1d``: ``Conv1d`` over sequences (16 x 64 channels x 256 steps, a dilated one);
+* ``heldout-lstm`` / ``heldout-gru``: a 2-layer ``nn.LSTM`` / ``nn.GRU`` (not a planned
+  kind: its products run with the O1 lists) and a ``Linear`` head, 16 x 32 steps;
+* ``heldout-functional``: ``torch.nn.functional.linear`` and ``torch.matmul`` on plain
+  parameters in ``forward`` (ops outside planned modules), batch 64 x 256, one ``Linear``;
+* ``heldout-vit``: a ViT-style patch embedding (``Conv2d(3, 128, 8, stride=8)``, 64
+  patches), 2 pre-norm attention blocks, a head; batch 8;
+* ``heldout-split``: big layers whose best is float32 (2 x ``Linear(1536)`` on a batch of 2:
+  casting the weights costs more than bf16 saves) next to small ones whose best is low
+  precision (2 x ``Linear(192)`` on a batch of 2048), a wide-and-shallow MLP at batch 2.
+
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot
 products, no AMX; ``@AVX2`` also caps ATen's kernels and MKL's, :func:`isa_env`); without it

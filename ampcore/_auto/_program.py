@@ -22,6 +22,12 @@ the tensors among its arguments, grad mode):
   recorded one).  Without them such a root recorded every call (the global hooks and the
   dispatch mode on every step: 1.2 x torch.autocast, issue 27's sixth stop).
 
+A program the whole-call check applies to (:meth:`Program.mixed`) is one whose planned
+modules do not all agree, or one whose recording saw an op of the O1 low-precision list run
+*outside* planned modules (``F.linear``, ``torch.matmul`` in a forward, the products of an
+``nn.GRU`` or ``nn.LSTM``): that work is in no shape class's figures, so only timing the
+whole call says whether float32 (autocast off for the whole root) beats it.
+
 Every module's output has the same dtype on the recorded call and in the program: the one
 torch.autocast gives for its decision (the low-precision dtype for ``"low"``, float32 for
 ``"fp32"``), and every op outside planned modules sees the same dtypes.
@@ -101,6 +107,15 @@ class Program(NamedTuple):
     weights: tuple[torch.Tensor, ...] = ()
     #: switched modules whose calls differ: (module, per call in order: switch it or not)
     steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
+    #: an op of the O1 low-precision list ran outside planned modules (``F.linear``,
+    #: ``torch.matmul`` in a forward, an ``nn.GRU``'s or ``nn.LSTM``'s products): work no
+    #: class's figures cover, so the whole-call check applies
+    low_outside: bool = False
+    #: the root's inputs and parameters are float32: with ``low_outside``, the ``fp32`` fixed choice
+    #: switches autocast off for the whole root (that work in float32 too, as the float32
+    #: step runs); other programs keep their planned modules switched (their hooks cast a
+    #: low-precision tensor made inside the root, by a layer of another dtype, to float32)
+    fp32_root: bool = False
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
@@ -108,8 +123,10 @@ class Program(NamedTuple):
         return unchanged(self.tree, self.tree_values, self.weights)
 
     def mixed(self) -> bool:
-        """Whether some planned calls run in float32 and others in low precision."""
-        return bool(self.steps) or 0 < len(self.switched) < len(self.planned)
+        """Whether the whole-call check applies: some planned calls run in float32 and others
+        in low precision, or ops of the O1 low-precision list ran outside planned modules
+        (the program is then not exactly either fixed choice: float32 may win as a whole)."""
+        return bool(self.steps) or 0 < len(self.switched) < len(self.planned) or self.low_outside
 
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
@@ -117,7 +134,7 @@ class Program(NamedTuple):
         if verdict == "low":
             return self._replace(default_fp32=False, switched=(), checked=True, steps=())
         if verdict == "fp32":
-            if self.fp32_ok:
+            if self.fp32_ok or (self.low_outside and self.fp32_root):  # that work in float32 too
                 return self._replace(default_fp32=True, switched=(), checked=True, steps=())
             return self._replace(default_fp32=False, switched=self.planned, checked=True, steps=())
         return self._replace(checked=True)
@@ -139,8 +156,9 @@ local = _Local()
 
 class _Outside(TorchDispatchMode):
     """While recording: notes what a float32 default would change outside planned modules:
-    an op of the O1 low-precision list, or any op given a low-precision floating tensor of
-    the region's device type (autocast may cast it, and a float32 default would not)."""
+    an op of the O1 low-precision list (``low_outside`` too: the whole-call check applies),
+    or any op given a low-precision floating tensor of the region's device type (autocast
+    may cast it, and a float32 default would not)."""
 
     def __init__(self, rec: Recording, white: frozenset[str], device_type: str) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -148,9 +166,11 @@ class _Outside(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         rec = self.rec
-        if not rec.planned and not rec.outside and not local.measuring:
+        if not rec.planned and not rec.low_outside and not local.measuring:
             packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
-            if getattr(packet, "__name__", None) in self.white or self._low_input(args, kwargs):
+            if getattr(packet, "__name__", None) in self.white:
+                rec.outside = rec.low_outside = True
+            elif not rec.outside and self._low_input(args, kwargs):
                 rec.outside = True
         return func(*args, **(kwargs or {}))
 
@@ -176,6 +196,7 @@ class Recording:
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
         self.sequence: dict[int, list[Decision | None]] = {}  # each module's decisions in call order
         self.outside = False
+        self.low_outside = False  # an op of the O1 low-precision list ran outside planned modules
         self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: the call's signature taken before its forward (which may change a list argument)
@@ -256,6 +277,8 @@ class Recording:
             values,
             weights,
             steps,
+            self.low_outside,
+            not low_inputs and float32_weights(self.root),  # a bf16 layer cannot take float32 inputs
         )
 
 
