@@ -276,13 +276,13 @@ def main() -> None:
         return
     malloc = f"GLIBC_TUNABLES={STEADY_MALLOC}" if args.malloc == "steady" else "default allocator"
     print(f"load average at start: {_load()} ({os.cpu_count()} CPUs); device {args.device}; {malloc}")
-    if args.pairs:
-        for spec in args.models:
-            pairs(spec, args.pairs)
-        print(f"load average at end: {_load()}")
-        return
-    if args.region_cost:
-        region_cost()
+    if args.pairs or args.region_cost:
+        with tempfile.TemporaryDirectory(prefix="ampcore-auto-cache-") as cache:
+            os.environ["AMPCORE_AUTO_CACHE"] = cache  # auto's plan measured here, not the user's cache
+            for spec in args.models if args.pairs else ():
+                pairs(spec, args.pairs)
+            if args.region_cost:
+                region_cost()
         print(f"load average at end: {_load()}")
         return
     results = []
