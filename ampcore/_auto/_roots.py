@@ -37,6 +37,8 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from .._policy.lists import compute_oplists
 from .._policy.thread_state import thread_state
 from . import _hooks
+from ._cache import plans as _plans
+from ._guard import unchanged
 from ._plan import AutoPlan
 from ._program import Program, Recording, Running, program_for, signature, store
 from ._program import forget as forget_programs
@@ -52,6 +54,9 @@ _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
 
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
+_autocast_enabled: Final = torch.is_autocast_enabled
+_num_threads: Final = torch.get_num_threads
+_set_autocast: Final = torch.set_autocast_enabled
 
 
 class _Site:
@@ -81,18 +86,39 @@ class _Key:
     __slots__ = ("__weakref__",)
 
 
+class _Last:
+    """The program a root ran last in this thread, and what it was found under: the region's
+    spec, the plans' generation and the thread count (what the plan depends on), the
+    signature; and its :class:`Running`, kept for the next call (no object per call)."""
+
+    __slots__ = ("generation", "program", "ref", "run", "sig", "spec", "switches_root", "threads")
+
+    def __init__(
+        self, root: torch.nn.Module, sig: tuple[Any, ...], program: Program, spec: Any, generation: int
+    ) -> None:
+        self.ref, self.sig, self.program, self.spec = weakref.ref(root), sig, program, spec
+        self.generation, self.threads = generation, _num_threads()
+        self.run: Running | None = None
+        #: the root is itself a switched module: its own pre-hook would come too late
+        self.switches_root = any(ref() is root for ref in program.switched)
+
+
 class _Local(threading.local):
     def __init__(self) -> None:
         self.entered: list[_Entered] = []
         self.sentinel: Any = None  # its global pre-hook's key (or handle) while it is on
-        self.hooked: set[int] = set()  # ids of the roots hooked in the active region
         self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # roots the site did not know
         self.sites: dict[tuple[Any, int], _Site] = {}
+        #: the place (code, line) of the last eligible region and its site: a region in a
+        #: loop finds it without hashing the code object
+        self.site_code: Any = None
+        self.site_line = -1
+        self.site: Any = None
         self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
-        #: id(root) -> (its weak reference, the signature, the program) it ran last
-        self.last: dict[int, tuple[weakref.ref[torch.nn.Module], tuple[Any, ...], Program]] = {}
+        #: id(root) -> the program it ran last (valid while nothing it depends on changed)
+        self.last: dict[int, _Last] = {}
 
 
 _local = _Local()
@@ -118,13 +144,12 @@ def region_entered() -> None:
         frame = sys._getframe(1)  # the site: where the user's code entered it (outside ampcore)
         while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
             frame = frame.f_back
-        where = (frame.f_code, frame.f_lineno)
-        site = local.sites.get(where)
-        if site is None:
-            if len(local.sites) > _MAX_SITES:
-                local.sites.clear()
-            site = local.sites[where] = _Site()
-        elif site.overflow:
+        code, line = frame.f_code, frame.f_lineno
+        if code is local.site_code and line == local.site_line:  # the place of the last region
+            site = local.site
+        else:
+            site = _site_at(local, code, line)
+        if site.overflow:
             site = None
     if site is None:
         _hooks.acquire()
@@ -134,12 +159,11 @@ def region_entered() -> None:
     handles: list[Any] = []
     local.entered.append((region, site, handles))
     _hooks.region_threads[_get_ident()] = True
-    skey, hooked = local.sentinel_key, local.hooked
+    skey = local.sentinel_key
     for ref in site.roots:
         root = ref()
         if root is None:
             continue
-        hooked.add(id(root))
         try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
             if _GLOBAL_PRE is None:
                 raise TypeError
@@ -155,6 +179,18 @@ def region_entered() -> None:
         _sentinel_on()
 
 
+def _site_at(local: _Local, code: Any, line: int) -> _Site:
+    """The site of the place ``(code, line)`` (made where new), remembered as the last."""
+    where = (code, line)
+    site = local.sites.get(where)
+    if site is None:
+        if len(local.sites) > _MAX_SITES:
+            local.sites.clear()
+        site = local.sites[where] = _Site()
+    local.site_code, local.site_line, local.site = code, line, site
+    return site
+
+
 def region_exited() -> None:
     """An enabled ``level="auto"`` region exited: undo what :func:`region_entered` did."""
     local = _local
@@ -164,9 +200,10 @@ def region_exited() -> None:
     if site is None:
         _hooks.release()
         return
-    run, rec = _prog.run, _prog.rec
+    prog = _prog
+    run, rec = prog.run, prog.rec
     if run is not None:  # an exception skipped its hooks (a run is always the outermost region's)
-        _prog.run = None
+        prog.run = None
         _drop_post(run.root)
         run.stop()
     if rec is not None and rec.region is region:
@@ -183,9 +220,9 @@ def region_exited() -> None:
         else:
             handle.remove()
     _hooks.region_threads.pop(_get_ident(), None)
-    _prog.settled = None
-    local.hooked.clear()
-    local.public.clear()
+    prog.settled = None
+    if local.public:
+        local.public.clear()
     if local.called:
         site.update(list(local.called.values()))
         local.called.clear()
@@ -194,7 +231,6 @@ def region_exited() -> None:
 def _hook_root(module: torch.nn.Module) -> None:
     """Make ``module`` (met through the sentinel) a root until the active region exits."""
     local = _local
-    local.hooked.add(id(module))
     handles = local.entered[-1][2]
     try:
         if local.sentinel is not local.sentinel_key:
@@ -258,7 +294,11 @@ def _idle_region() -> Any:
 def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
     """The global pre-hook of an eligible region while no root call is in progress.  A root
     (our key is in its with-kwargs dict, so torch gives its kwargs) runs its program for this
-    input signature, else is recorded; any other module called directly becomes a root."""
+    input signature, else is recorded; any other module called directly becomes a root.
+
+    The settled case first, inline: the root's last program (:class:`_Last`) holds while the
+    region's spec, the plans' generation and the thread count are those it was found under
+    (what :func:`_hooks.plan_of` keys on), the signature is the same and the program valid."""
     if kwargs is None:
         return _new_root(module, args)
     prog = _prog
@@ -266,36 +306,60 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if region is None or prog.run is not None or prog.rec is not None or prog.measuring or _is_compiling():
         return None
     stack = _thread.stack
-    if not stack or stack[-1] is not region or not torch.is_autocast_enabled(region.spec.backend.device_type):
+    spec = region.spec
+    if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
-    plan = _hooks.plan_of(region)
     sig = signature(args, kwargs, module)
+    last = _local.last.get(id(module))
+    if (
+        last is not None
+        and last.spec is spec
+        and last.generation == _plans.generation
+        and last.threads == _num_threads()
+        and sig is not None
+        and last.sig == sig
+        and last.ref() is module
+    ):
+        program = last.program
+        if (
+            program.plan.changes == program.changes
+            and not program.stale[0]
+            and unchanged(program.tree, program.tree_values, program.weights)  # Program.same_tree
+        ):
+            return _start(module, args, kwargs, region, last)
+    return _find(module, args, kwargs, region, sig)
+
+
+def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, sig: Any) -> Any:
+    """The root call of :func:`_sentinel` without a settled program: find (and check) the
+    program for its signature, else record the call."""
+    generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
+    plan = _hooks.plan_of(region)
     if sig is None:  # an argument the guard cannot see: the plan applies call by call
         new = _record(module, args, region, plan)
         return None if new is None else (new, kwargs)
     local = _local
-    last = local.last.get(id(module))  # the program it ran last: valid while nothing changed
-    program = None if last is None or last[1] != sig or last[0]() is not module else last[2]
-    if program is not None and (
-        program.plan is not plan or plan.changes != program.changes or program.stale[0] or not program.same_tree()
-    ):
-        program = None
-    if program is None:
-        found = program_for(module, sig, plan)
-        if not isinstance(found, Program):
-            new = _record(module, args, region, plan, sig)
-            return None if new is None else (new, kwargs)
-        program = found
-        if not program.checked:  # a mixed program is timed as a whole once (see _verify)
-            _sentinel_off()
-            try:
-                clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
-                program = settle(module, args, kwargs, program, region, plan, sig, clock)
-            finally:
-                _sentinel_on()
-        if len(local.last) > _MAX_SITES:
-            local.last.clear()
-        local.last[id(module)] = (weakref.ref(module), sig, program)
+    found = program_for(module, sig, plan)
+    if not isinstance(found, Program):
+        new = _record(module, args, region, plan, sig)
+        return None if new is None else (new, kwargs)
+    program = found
+    if not program.checked:  # a mixed program is timed as a whole once (see _verify)
+        _sentinel_off()
+        try:
+            clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
+            program = settle(module, args, kwargs, program, region, plan, sig, clock)
+        finally:
+            _sentinel_on()
+    if len(local.last) > _MAX_SITES:
+        local.last.clear()
+    last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation)
+    return _start(module, args, kwargs, region, last)
+
+
+def _start(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, last: _Last) -> Any:
+    """Run ``last``'s program for this root call: the sentinel off, the root's post-hook on."""
+    local = _local
     sentinel = local.sentinel
     if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:  # off while the program runs
         _GLOBAL_PRE.pop(sentinel, None)
@@ -304,10 +368,20 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         _sentinel_off()
     if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
         dicts: Any = module
-        dicts._forward_hooks[local.key] = _root_post
-        dicts._forward_hooks_always_called[local.key] = True
-    run = prog.run = Running(program, module, region)
-    if program.switched and any(ref() is module for ref in program.switched):  # its own pre-hook came too late
+        key = local.key
+        dicts._forward_hooks[key] = _root_post
+        dicts._forward_hooks_always_called[key] = True
+    run = last.run
+    if run is None:
+        run = last.run = Running(last.program, module, region)
+    elif run.simple:  # Running.start's steps for a program that hooks no module
+        run.region = region
+        if run.default_fp32:
+            _set_autocast(run.device_type, False)
+    else:
+        run.start(region)
+    _prog.run = run
+    if last.switches_root:  # its own pre-hook came too late
         new = run.switch(module, args)
         return None if new is None else (new, kwargs)
     return None
@@ -320,7 +394,7 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     """A module called directly in an eligible region that is not one of its roots."""
-    if id(module) in _local.hooked:  # a root with public hooks: its own pre-hook decides
+    if id(module) in _local.public:  # a root with public hooks: its own pre-hook decides
         return None
     region = _idle_region()
     if region is None or _compiled(module):
@@ -330,16 +404,18 @@ def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
-    run = _prog.run
+    prog = _prog
+    run = prog.run
     if run is not None and run.root is module:
-        _prog.run = None
+        prog.run = None
         local = _local
         if id(module) not in local.public:
             dicts: Any = module
-            dicts._forward_hooks.pop(local.key, None)
-            dicts._forward_hooks_always_called.pop(local.key, None)
+            key = local.key
+            dicts._forward_hooks.pop(key, None)
+            dicts._forward_hooks_always_called.pop(key, None)
         run.stop()
-        if _prog.settled is run.region and local.sentinel is None:
+        if prog.settled is run.region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel
                 local.sentinel = local.sentinel_key
@@ -395,4 +471,5 @@ def forget() -> None:
     """Forget every program and this thread's roots (``ampcore plan clear``, tests)."""
     forget_programs()
     _local.sites.clear()
+    _local.site_code = _local.site = None
     _local.last.clear()
