@@ -89,15 +89,21 @@ class _Key:
 class _Last:
     """The program a root ran last in this thread, and what it was found under: the region's
     spec, the plans' generation and the thread count (what the plan depends on), the
-    signature; and its :class:`Running`, kept for the next call (no object per call)."""
+    signature; the program's fields its guard reads (one attribute each); and its
+    :class:`Running`, kept for the next call (no object per call)."""
 
-    __slots__ = ("generation", "program", "ref", "run", "sig", "spec", "switches_root", "threads")
+    __slots__ = (
+        "changes", "generation", "plan", "program", "ref", "run", "sig", "spec", "stale", "switches_root",
+        "threads", "tree", "values", "weights",
+    )  # fmt: skip
 
     def __init__(
         self, root: torch.nn.Module, sig: tuple[Any, ...], program: Program, spec: Any, generation: int
     ) -> None:
         self.ref, self.sig, self.program, self.spec = weakref.ref(root), sig, program, spec
         self.generation, self.threads = generation, _num_threads()
+        self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
+        self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
         self.run: Running | None = None
         #: the root is itself a switched module: its own pre-hook would come too late
         self.switches_root = any(ref() is root for ref in program.switched)
@@ -141,7 +147,9 @@ def region_entered() -> None:
     local = _local
     site = None
     if len(stack) == 1 and region.spec.policy is None and not _is_compiling():
-        frame = sys._getframe(1)  # the site: where the user's code entered it (outside ampcore)
+        # the site: where the user's code entered it, the first frame outside ampcore above
+        # the one that called us (autocast.__enter__, or entry.enter on the long way)
+        frame = sys._getframe(2)
         while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
             frame = frame.f_back
         code, line = frame.f_code, frame.f_lineno
@@ -296,9 +304,12 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     (our key is in its with-kwargs dict, so torch gives its kwargs) runs its program for this
     input signature, else is recorded; any other module called directly becomes a root.
 
-    The settled case first, inline: the root's last program (:class:`_Last`) holds while the
-    region's spec, the plans' generation and the thread count are those it was found under
-    (what :func:`_hooks.plan_of` keys on), the signature is the same and the program valid."""
+    The settled case inline (it runs on every root call): the root's last program
+    (:class:`_Last`) holds while the plans' generation, the thread count and the region's
+    spec (or, for another region object, its plan) are those it was found under (what
+    :func:`_hooks.plan_of` keys on), the signature is the same and the program valid; a
+    program that hooks no module then only switches autocast (no :class:`Running` method
+    call)."""
     if kwargs is None:
         return _new_root(module, args)
     prog = _prog
@@ -310,29 +321,62 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
     sig = signature(args, kwargs, module)
-    last = _local.last.get(id(module))
+    local = _local
+    last = local.last.get(id(module))
     if (
-        last is not None
-        and last.spec is spec
-        and last.generation == _plans.generation
-        and last.threads == _num_threads()
-        and sig is not None
-        and last.sig == sig
-        and last.ref() is module
+        last is None
+        or last.generation != _plans.generation
+        or last.threads != _num_threads()
+        or (last.spec is not spec and not _same_plan(last, region))
+        or last.sig != sig  # never None: a call the guard cannot see differs
+        or last.ref() is not module
+        or last.plan.changes != last.changes
+        or last.stale[0]
+        or not unchanged(last.tree, last.values, last.weights)  # Program.same_tree
     ):
-        program = last.program
-        if (
-            program.plan.changes == program.changes
-            and not program.stale[0]
-            and unchanged(program.tree, program.tree_values, program.weights)  # Program.same_tree
-        ):
-            return _start(module, args, kwargs, region, last)
-    return _find(module, args, kwargs, region, sig)
+        last = _find(module, args, kwargs, region, sig)
+        if type(last) is not _Last:
+            return last  # recorded: the new arguments, or None
+    sentinel = local.sentinel  # off while the program runs
+    if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:
+        _GLOBAL_PRE.pop(sentinel, None)
+        local.sentinel = None
+    else:
+        _sentinel_off()
+    if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
+        dicts: Any = module
+        key = local.key
+        dicts._forward_hooks[key] = _root_post
+        dicts._forward_hooks_always_called[key] = True
+    run = last.run
+    if run is None:
+        run = last.run = Running(last.program, module, region)
+    elif run.simple:  # Running.start's steps for a program that hooks no module
+        run.region = region
+        if run.default_fp32:
+            _set_autocast(run.device_type, False)
+    else:
+        run.start(region)
+    prog.run = run
+    if last.switches_root:  # its own pre-hook came too late
+        new = run.switch(module, args)
+        return None if new is None else (new, kwargs)
+    return None
+
+
+def _same_plan(last: _Last, region: Any) -> bool:
+    """Whether ``region`` (another region object than ``last`` was found under: a region
+    made per step) has the plan of ``last``'s program; it is then remembered as ``last``'s."""
+    if _hooks.plan_of(region) is not last.plan:
+        return False
+    last.spec = region.spec
+    return True
 
 
 def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, sig: Any) -> Any:
-    """The root call of :func:`_sentinel` without a settled program: find (and check) the
-    program for its signature, else record the call."""
+    """The root call of :func:`_sentinel` without a settled program: the program for its
+    signature (checked as a whole first where it is mixed) as a new :class:`_Last`, else
+    the call is recorded (its new arguments for torch, or None)."""
     generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
     plan = _hooks.plan_of(region)
     if sig is None:  # an argument the guard cannot see: the plan applies call by call
@@ -354,37 +398,7 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if len(local.last) > _MAX_SITES:
         local.last.clear()
     last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation)
-    return _start(module, args, kwargs, region, last)
-
-
-def _start(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, last: _Last) -> Any:
-    """Run ``last``'s program for this root call: the sentinel off, the root's post-hook on."""
-    local = _local
-    sentinel = local.sentinel
-    if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:  # off while the program runs
-        _GLOBAL_PRE.pop(sentinel, None)
-        local.sentinel = None
-    else:
-        _sentinel_off()
-    if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
-        dicts: Any = module
-        key = local.key
-        dicts._forward_hooks[key] = _root_post
-        dicts._forward_hooks_always_called[key] = True
-    run = last.run
-    if run is None:
-        run = last.run = Running(last.program, module, region)
-    elif run.simple:  # Running.start's steps for a program that hooks no module
-        run.region = region
-        if run.default_fp32:
-            _set_autocast(run.device_type, False)
-    else:
-        run.start(region)
-    _prog.run = run
-    if last.switches_root:  # its own pre-hook came too late
-        new = run.switch(module, args)
-        return None if new is None else (new, kwargs)
-    return None
+    return last
 
 
 def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -414,7 +428,11 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
             key = local.key
             dicts._forward_hooks.pop(key, None)
             dicts._forward_hooks_always_called.pop(key, None)
-        run.stop()
+        if run.simple:  # Running.stop's steps for a program that hooks no module
+            if run.default_fp32:
+                _set_autocast(run.device_type, True)  # the region's state (it is enabled)
+        else:
+            run.stop()
         if prog.settled is run.region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel
