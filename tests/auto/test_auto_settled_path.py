@@ -45,12 +45,20 @@ def _no_hooks(net: nn.Module) -> bool:
     return not hooked and not kwargs_marks and not _hooks.installed() and _program.local.run is None
 
 
-def test_a_settled_root_call_looks_nothing_up_and_reuses_one_running(finds: list[nn.Module]) -> None:
-    net, x, y = Net(big=0, small=4), torch.randn(4, 32), torch.randn(4, 8)
+def _settled(net: Net, finds: list[nn.Module]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``net``'s inputs, its plan loaded (big layers low, small ones float32) and its program
+    settled (recorded, then run); ``finds`` emptied."""
+    x, y = torch.randn(4, 32), torch.randn(4, 8)
     _plan(net, x, y, big="low", small="fp32")
     for _ in range(3):
         _step(net, x, y)
     finds.clear()
+    return x, y
+
+
+def test_a_settled_root_call_looks_nothing_up_and_reuses_one_running(finds: list[nn.Module]) -> None:
+    net = Net(big=0, small=4)
+    x, y = _settled(net, finds)
     runs = []
     for _ in range(4):
         out = _step(net, x, y)
@@ -166,11 +174,8 @@ def test_an_entry_left_by_a_collected_root_whose_id_came_back_is_not_used(finds:
 
 
 def test_a_mixed_program_reuses_its_running_and_hooks_its_switched_module_per_call(finds: list[nn.Module]) -> None:
-    net, x, y = Net(big=1, small=3, relu=False), torch.randn(4, 32), torch.randn(4, 8)
-    _plan(net, x, y, big="low", small="fp32")
-    for _ in range(3):
-        _step(net, x, y)
-    finds.clear()
+    net = Net(big=1, small=3, relu=False)
+    x, y = _settled(net, finds)
     runs = []
     for _ in range(3):
         net.seen.clear()
