@@ -54,6 +54,10 @@ _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
 
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
+_compiler: Final = torch.compiler
+#: ``torch.compiler.is_compiling()`` is this flag outside TorchScript; a region's entry
+#: (``autocast.__enter__``'s frame, which dynamo skips) reads it without the two calls
+_FLAG: Final = isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool)
 _autocast_enabled: Final = torch.is_autocast_enabled
 _num_threads: Final = torch.get_num_threads
 _set_autocast: Final = torch.set_autocast_enabled
@@ -146,7 +150,8 @@ def region_entered() -> None:
     region = stack[-1]
     local = _local
     site = None
-    if len(stack) == 1 and region.spec.policy is None and not _is_compiling():
+    compiling = _compiler._is_compiling_flag if _FLAG else _is_compiling()
+    if len(stack) == 1 and region.spec.policy is None and not compiling:
         # the site: where the user's code entered it, the first frame outside ampcore above
         # the one that called us (autocast.__enter__, or entry.enter on the long way)
         frame = sys._getframe(2)

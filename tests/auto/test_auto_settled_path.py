@@ -237,3 +237,21 @@ def test_two_places_in_the_code_in_turn_keep_their_own_roots(finds: list[nn.Modu
     assert finds == [] and all(net.small_dtypes() == {torch.float32} for net in nets)
     _roots.forget()
     assert _roots._local.site is None and _roots._local.sites == {}
+
+
+@pytest.mark.parametrize("flag_readable", [True, False], ids=["flag-read", "is_compiling-called"])
+def test_a_region_entered_while_torch_compiles_or_exports_takes_the_global_hooks(
+    monkeypatch: pytest.MonkeyPatch, flag_readable: bool
+) -> None:
+    """A region's entry reads torch.compiler's flag (where this torch has it) instead of
+    calling ``is_compiling()``: set (dynamo compiling, a non-strict export), the region is
+    not eligible and holds the global hooks, as before."""
+    monkeypatch.setattr(_roots, "_FLAG", flag_readable)
+    region = ampcore.autocast("cpu", level="auto")  # made outside: while compiling it would be torch's
+    for compiling in (True, False):
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", compiling)
+        with region:
+            eligible = _roots._local.entered[-1][1] is not None
+            global_hooks = bool(_hooks._process.handles)
+        assert eligible is not compiling and global_hooks is compiling
+    assert not _hooks.installed()
