@@ -280,7 +280,11 @@ class Running:
     where those dicts are not there."""
 
     def __init__(self, program: Program, root: nn.Module, region: Any) -> None:
-        self.program, self.root = program, root
+        self.program = program
+        #: the root and the region of the call it applies to (None between calls: a kept
+        #: object must not keep a model the user dropped alive)
+        self.root: nn.Module | None = None
+        self.region: Any = None
         self.device_type: str = region.spec.backend.device_type
         self.pushed: list[nn.Module] = []
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
@@ -290,12 +294,12 @@ class Running:
         self.hooks = bool(program.switched or program.unseen)
         self.simple = not self.hooks and not program.steps
         self.default_fp32 = program.default_fp32
-        self.start(region)
+        self.start(root, region)
 
-    def start(self, region: Any) -> None:
-        """Apply the program to a root call in ``region`` (again: a root's settled calls
-        reuse one object, see ``_roots._Last``)."""
-        self.region = region
+    def start(self, root: nn.Module, region: Any) -> None:
+        """Apply the program to a call of ``root`` in ``region`` (again: a root's settled
+        calls reuse one object, see ``_roots._Last``)."""
+        self.root, self.region = root, region
         program = self.program
         if program.steps:
             self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
@@ -399,6 +403,7 @@ class Running:
         if self.program.default_fp32 or self.pushed:
             torch.set_autocast_enabled(self.device_type, True)  # the region's state (it is enabled)
             self.pushed.clear()
+        self.root = self.region = None
 
 
 #: root module -> {input signature: its Program, or the number of recordings that failed}

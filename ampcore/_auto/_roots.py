@@ -102,9 +102,21 @@ class _Last:
     )  # fmt: skip
 
     def __init__(
-        self, root: torch.nn.Module, sig: tuple[Any, ...], program: Program, spec: Any, generation: int
+        self,
+        root: torch.nn.Module,
+        sig: tuple[Any, ...],
+        program: Program,
+        spec: Any,
+        generation: int,
+        table: dict[int, _Last],
     ) -> None:
-        self.ref, self.sig, self.program, self.spec = weakref.ref(root), sig, program, spec
+        key = id(root)
+
+        def gone(ref: weakref.ref[torch.nn.Module]) -> None:  # the root was collected: drop its
+            if (entry := table.get(key)) is not None and entry.ref is ref:  # program (its layers)
+                del table[key]
+
+        self.ref, self.sig, self.program, self.spec = weakref.ref(root, gone), sig, program, spec
         self.generation, self.threads = generation, _num_threads()
         self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
         self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
@@ -217,7 +229,8 @@ def region_exited() -> None:
     run, rec = prog.run, prog.rec
     if run is not None:  # an exception skipped its hooks (a run is always the outermost region's)
         prog.run = None
-        _drop_post(run.root)
+        if run.root is not None:
+            _drop_post(run.root)
         run.stop()
     if rec is not None and rec.region is region:
         _finish(rec, (), None, False)
@@ -357,11 +370,11 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if run is None:
         run = last.run = Running(last.program, module, region)
     elif run.simple:  # Running.start's steps for a program that hooks no module
-        run.region = region
+        run.root, run.region = module, region
         if run.default_fp32:
             _set_autocast(run.device_type, False)
     else:
-        run.start(region)
+        run.start(module, region)
     prog.run = run
     if last.switches_root:  # its own pre-hook came too late
         new = run.switch(module, args)
@@ -402,7 +415,7 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
             _sentinel_on()
     if len(local.last) > _MAX_SITES:
         local.last.clear()
-    last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation)
+    last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation, local.last)
     return last
 
 
@@ -433,12 +446,14 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
             key = local.key
             dicts._forward_hooks.pop(key, None)
             dicts._forward_hooks_always_called.pop(key, None)
+        region = run.region
         if run.simple:  # Running.stop's steps for a program that hooks no module
             if run.default_fp32:
                 _set_autocast(run.device_type, True)  # the region's state (it is enabled)
+            run.root = run.region = None
         else:
             run.stop()
-        if prog.settled is run.region and local.sentinel is None:
+        if prog.settled is region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel
                 local.sentinel = local.sentinel_key

@@ -255,3 +255,21 @@ def test_a_region_entered_while_torch_compiles_or_exports_takes_the_global_hooks
             global_hooks = bool(_hooks._process.handles)
         assert eligible is not compiling and global_hooks is compiling
     assert not _hooks.installed()
+
+
+def test_a_settled_root_dropped_by_its_user_is_collected(finds: list[nn.Module]) -> None:
+    """The kept ``_Last`` and its ``Running`` hold no strong reference to the root or its
+    region between calls: a model the user drops is freed (with its programs)."""
+    import gc
+    import weakref
+
+    for big in (0, 1):  # a program that hooks nothing, and one with a switched module
+        net = Net(big=big, small=2, relu=False)
+        _settled(net, finds)
+        x, y = torch.randn(4, 32), torch.randn(4, 8)
+        _step(net, x, y)
+        assert _roots._local.last[id(net)].run is not None
+        ref, layer, key = weakref.ref(net), weakref.ref(net.small[0]), id(net)
+        del net
+        gc.collect()
+        assert ref() is None and layer() is None and key not in _roots._local.last
