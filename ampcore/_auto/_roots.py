@@ -167,13 +167,12 @@ def region_entered() -> None:
         # the site: where the user's code entered it, the first frame outside ampcore above
         # the one that called us (autocast.__enter__, or entry.enter on the long way)
         frame = sys._getframe(2)
-        while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-            frame = frame.f_back
-        code, line = frame.f_code, frame.f_lineno
-        if code is local.site_code and line == local.site_line:  # the place of the last region
-            site = local.site
+        if frame.f_code is local.site_code and frame.f_lineno == local.site_line:
+            site = local.site  # the place of the last region (a site's code is never ampcore's)
         else:
-            site = _site_at(local, code, line)
+            while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+                frame = frame.f_back
+            site = _site_at(local, frame.f_code, frame.f_lineno)
         if site.overflow:
             site = None
     if site is None:
@@ -206,6 +205,8 @@ def region_entered() -> None:
 
 def _site_at(local: _Local, code: Any, line: int) -> _Site:
     """The site of the place ``(code, line)`` (made where new), remembered as the last."""
+    if code is local.site_code and line == local.site_line:  # entered through ampcore's frames
+        return local.site  # type: ignore[no-any-return]
     where = (code, line)
     site = local.sites.get(where)
     if site is None:

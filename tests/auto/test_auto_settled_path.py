@@ -273,3 +273,25 @@ def test_a_settled_root_dropped_by_its_user_is_collected(finds: list[nn.Module])
         del net
         gc.collect()
         assert ref() is None and layer() is None and key not in _roots._local.last
+
+
+def test_regions_entered_through_the_decorator_find_their_callers_place(finds: list[nn.Module]) -> None:
+    """``@ampcore.autocast(...)``: the place is the decorated function's caller (the frames of
+    ampcore's wrapper are skipped); two callers in turn keep their own roots."""
+    nets, x, y = [Net(big=0, small=2) for _ in range(2)], torch.randn(4, 32), torch.randn(4, 8)
+    _plan(nets[0], x, y, big="low", small="fp32")
+
+    @ampcore.autocast("cpu", level="auto")
+    def call(net: nn.Module) -> Any:
+        return net(x, y)
+
+    for _ in range(3):
+        call(nets[0])  # one place
+        call(nets[1])  # another place
+    places = [s for s in _roots._local.sites.values() if s.roots]
+    assert sorted(len(s.roots) for s in places) == [1, 1]
+    finds.clear()
+    for _ in range(2):
+        call(nets[0])
+        call(nets[1])
+    assert finds == [] and all(net.small_dtypes() == {torch.float32} for net in nets)
