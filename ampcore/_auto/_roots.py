@@ -54,10 +54,23 @@ _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
 
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
-_compiler: Final = torch.compiler
-#: ``torch.compiler.is_compiling()`` is this flag outside TorchScript; a region's entry
-#: (``autocast.__enter__``'s frame, which dynamo skips) reads it without the two calls
+#: ``torch.compiler.is_compiling()`` is this flag outside TorchScript (dynamo compiling,
+#: an export tracing): read without its two calls where no dynamo trace can read it (a
+#: region's entry: ``autocast.__enter__``'s frame, which dynamo skips; the sentinel after
+#: ``is_dynamo_compiling()``, which dynamo folds to True)
 _FLAG: Final = isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool)
+
+
+class _AskCompiling:
+    """For a torch without the flag: the flag read calls ``is_compiling()``."""
+
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return bool(_is_compiling())
+
+
+_compiler: Final[Any] = torch.compiler if _FLAG else _AskCompiling()
+_dynamo_compiling: Final = torch.compiler.is_dynamo_compiling
 _autocast_enabled: Final = torch.is_autocast_enabled
 _num_threads: Final = torch.get_num_threads
 _set_autocast: Final = torch.set_autocast_enabled
@@ -162,8 +175,7 @@ def region_entered() -> None:
     region = stack[-1]
     local = _local
     site = None
-    compiling = _compiler._is_compiling_flag if _FLAG else _is_compiling()
-    if len(stack) == 1 and region.spec.policy is None and not compiling:
+    if len(stack) == 1 and region.spec.policy is None and not _compiler._is_compiling_flag:
         # the site: where the user's code entered it, the first frame outside ampcore above
         # the one that called us (autocast.__enter__, or entry.enter on the long way)
         frame = sys._getframe(2)
@@ -333,7 +345,14 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         return _new_root(module, args)
     prog = _prog
     region = prog.settled
-    if region is None or prog.run is not None or prog.rec is not None or prog.measuring or _is_compiling():
+    if (
+        region is None
+        or prog.run is not None
+        or prog.rec is not None
+        or prog.measuring
+        or _dynamo_compiling()  # first: dynamo folds it, and reads no flag
+        or _compiler._is_compiling_flag
+    ):
         return None
     stack = _thread.stack
     spec = region.spec

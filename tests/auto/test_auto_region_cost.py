@@ -26,10 +26,10 @@ from ampcore._auto._shapes import shape_class
 #: (torch.compiler.is_compiling's flag is read, not called: 2 calls fewer)
 EMPTY_EXTRA = 2
 #: and a root call that runs its program: torch's hook path (its ``inner`` and
-#: is_compiling, 3), the sentinel as the root's pre-hook with is_compiling (3), the
+#: is_compiling, 3), the sentinel as the root's pre-hook with is_dynamo_compiling (2), the
 #: signature and the tree's check (2), the post-hook (1); the program's lookup and its
 #: start and stop are inline (a settled root's last program and Running are kept)
-ROOT_EXTRA = 9
+ROOT_EXTRA = 8
 
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py

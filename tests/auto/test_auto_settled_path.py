@@ -246,7 +246,8 @@ def test_a_region_entered_while_torch_compiles_or_exports_takes_the_global_hooks
     """A region's entry reads torch.compiler's flag (where this torch has it) instead of
     calling ``is_compiling()``: set (dynamo compiling, a non-strict export), the region is
     not eligible and holds the global hooks, as before."""
-    monkeypatch.setattr(_roots, "_FLAG", flag_readable)
+    if not flag_readable:
+        monkeypatch.setattr(_roots, "_compiler", _roots._AskCompiling())
     region = ampcore.autocast("cpu", level="auto")  # made outside: while compiling it would be torch's
     for compiling in (True, False):
         monkeypatch.setattr(torch.compiler, "_is_compiling_flag", compiling)
@@ -295,3 +296,24 @@ def test_regions_entered_through_the_decorator_find_their_callers_place(finds: l
         call(nets[0])
         call(nets[1])
     assert finds == [] and all(net.small_dtypes() == {torch.float32} for net in nets)
+
+
+@pytest.mark.parametrize("flag_readable", [True, False], ids=["flag-read", "is_compiling-called"])
+def test_a_settled_root_called_while_the_compiling_flag_is_set_runs_no_program(
+    finds: list[nn.Module], monkeypatch: pytest.MonkeyPatch, flag_readable: bool
+) -> None:
+    """The sentinel asks ``is_dynamo_compiling()`` (dynamo folds it), then reads the flag (a
+    non-strict export runs eager Python with it set): set, the root runs the region's O1
+    lists as torch.autocast would, its program untouched."""
+    if not flag_readable:
+        monkeypatch.setattr(_roots, "_compiler", _roots._AskCompiling())
+    net = Net(big=0, small=2)
+    x, y = _settled(net, finds)
+    last = _roots._local.last[id(net)]
+    with ampcore.autocast("cpu", level="auto"):
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
+        net(x, y)
+        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    assert net.small_dtypes() == {torch.bfloat16} and finds == [] and _roots._local.last[id(net)] is last
+    _step(net, x, y)
+    assert net.small_dtypes() == {torch.float32} and finds == [] and _no_hooks(net)
