@@ -25,8 +25,12 @@ from ampcore._auto._cache import plans
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
 
-def _step(net: nn.Module, *args: Any, region: ampcore.autocast | None = None) -> Any:
+def _step(
+    net: nn.Module, *args: Any, region: ampcore.autocast | None = None, before: Callable[[], Any] | None = None
+) -> Any:
     with region if region is not None else ampcore.autocast("cpu", level="auto"):  # one place in the code
+        if before is not None:  # inside the region, before the root call
+            before()
         return net(*args)
 
 
@@ -310,10 +314,8 @@ def test_a_settled_root_called_while_the_compiling_flag_is_set_runs_no_program(
     net = Net(big=0, small=2)
     x, y = _settled(net, finds)
     last = _roots._local.last[id(net)]
-    with ampcore.autocast("cpu", level="auto"):
-        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True)
-        net(x, y)
-        monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
+    _step(net, x, y, before=lambda: monkeypatch.setattr(torch.compiler, "_is_compiling_flag", True))
+    monkeypatch.setattr(torch.compiler, "_is_compiling_flag", False)
     assert net.small_dtypes() == {torch.bfloat16} and finds == [] and _roots._local.last[id(net)] is last
     _step(net, x, y)
     assert net.small_dtypes() == {torch.float32} and finds == [] and _no_hooks(net)
