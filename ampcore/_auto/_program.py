@@ -303,21 +303,37 @@ class Running:
     where those dicts are not there."""
 
     def __init__(self, program: Program, root: nn.Module, region: Any) -> None:
-        self.program, self.root, self.region = program, root, region
+        self.program = program
+        #: the root and the region of the call it applies to (None between calls: a kept
+        #: object must not keep a model the user dropped alive)
+        self.root: nn.Module | None = None
+        self.region: Any = None
         self.device_type: str = region.spec.backend.device_type
         self.pushed: list[nn.Module] = []
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
         #: id of a module with steps -> [whether to switch it, per call; calls so far]
         self.steps: dict[int, list[Any]] | None = None
+        #: whether the program hooks any module (else start and stop only set autocast)
+        self.hooks = bool(program.switched or program.unseen)
+        self.simple = not self.hooks and not program.steps
+        self.default_fp32 = program.default_fp32
+        self.start(root, region)
+
+    def start(self, root: nn.Module, region: Any) -> None:
+        """Apply the program to a call of ``root`` in ``region`` (again: a root's settled
+        calls reuse one object, see ``_roots._Last``)."""
+        self.root, self.region = root, region
+        program = self.program
         if program.steps:
             self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
         if program.default_fp32:
             torch.set_autocast_enabled(self.device_type, False)
-        for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
-            for ref in refs:
-                module: Any = ref()
-                if module is not None:
-                    self._hook(module, pre)
+        if self.hooks:
+            for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
+                for ref in refs:
+                    module: Any = ref()
+                    if module is not None:
+                        self._hook(module, pre)
 
     def _hook(self, module: Any, pre: Any) -> None:
         post = self._post
@@ -396,18 +412,21 @@ class Running:
         torch.set_autocast_enabled(self.device_type, not self.program.default_fp32)
 
     def stop(self) -> None:
-        for handle in self.handles:
-            if isinstance(handle, nn.Module):
-                dicts: Any = handle
-                dicts._forward_pre_hooks.pop(self, None)
-                dicts._forward_hooks.pop(self, None)
-                dicts._forward_hooks_always_called.pop(self, None)
-            else:
-                handle.remove()
-        self.handles = []
+        handles = self.handles
+        if handles:
+            for handle in handles:
+                if isinstance(handle, nn.Module):
+                    dicts: Any = handle
+                    dicts._forward_pre_hooks.pop(self, None)
+                    dicts._forward_hooks.pop(self, None)
+                    dicts._forward_hooks_always_called.pop(self, None)
+                else:
+                    handle.remove()
+            handles.clear()
         if self.program.default_fp32 or self.pushed:
             torch.set_autocast_enabled(self.device_type, True)  # the region's state (it is enabled)
-        self.pushed = []
+            self.pushed.clear()
+        self.root = self.region = None
 
 
 #: root module -> {input signature: its Program, or the number of recordings that failed}

@@ -24,82 +24,42 @@ life, as before.  Outside auto regions nothing of auto is registered.
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import weakref
 from _thread import get_ident as _get_ident
-from typing import Any, Final
+from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from .._policy.lists import compute_oplists
-from .._policy.thread_state import thread_state
 from . import _hooks
+from ._cache import plans as _plans
+from ._guard import unchanged
 from ._plan import AutoPlan
 from ._program import Program, Recording, Running, program_for, signature, store
 from ._program import forget as forget_programs
 from ._program import local as _prog
+from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
+    _GLOBAL_PRE,
+    _MAX_SITES,
+    _PACKAGE,
+    _AskCompiling,
+    _autocast_enabled,
+    _compiler,
+    _dynamo_compiling,
+    _is_compiling,
+    _Last,
+    _local,
+    _Module,
+    _num_threads,
+    _set_autocast,
+    _site_at,
+    _thread,
+)
 from ._verify import settle
 
 __all__ = ["check", "forget", "region_entered", "region_exited"]
-
-#: distinct roots a place in the code may have before its regions use the global hooks
-_MAX_ROOTS: Final = 16
-_MAX_SITES: Final = 256
-_PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-_thread = thread_state()
-_is_compiling = torch.compiler.is_compiling
-
-
-class _Site:
-    """The roots the eligible regions entered at one place in the code called (weak)."""
-
-    def __init__(self) -> None:
-        self.roots: list[weakref.ref[torch.nn.Module]] = []
-        self.overflow = False  # more than _MAX_ROOTS roots: its regions use the global hooks
-
-    def update(self, called: list[weakref.ref[torch.nn.Module]]) -> None:
-        """Add the roots ``called`` (those met through the sentinel); drop the collected ones."""
-        known = {id(m): r for r in [*self.roots, *called] if (m := r()) is not None}
-        self.overflow = len(known) > _MAX_ROOTS
-        self.roots = list(known.values())
-
-
-#: What :func:`region_entered` did for a region (undone by :func:`region_exited`): the
-#: region, its site (None: not eligible, the global hooks were acquired) and the roots given
-#: the instance hooks (or the hooks' handles).  A plain tuple: made on every region entry.
-_Entered = tuple[Any, "_Site | None", list[Any]]
-
-
-class _Key:
-    """A key of ours in torch's hook dicts (hashed by identity): one per thread for its root
-    hooks, one for its sentinel."""
-
-    __slots__ = ("__weakref__",)
-
-
-class _Local(threading.local):
-    def __init__(self) -> None:
-        self.entered: list[_Entered] = []
-        self.sentinel: Any = None  # its global pre-hook's key (or handle) while it is on
-        self.hooked: set[int] = set()  # ids of the roots hooked in the active region
-        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # roots the site did not know
-        self.sites: dict[tuple[Any, int], _Site] = {}
-        self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
-        self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
-        self.public: set[int] = set()  # ids of the roots hooked through torch's public API
-        #: id(root) -> (its weak reference, the signature, the program) it ran last
-        self.last: dict[int, tuple[weakref.ref[torch.nn.Module], tuple[Any, ...], Program]] = {}
-
-
-_local = _Local()
-#: torch's dict of global forward pre-hooks (what register_module_forward_pre_hook fills):
-#: the sentinel goes in and out under a key of its own, without a handle per switch
-_GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
-_Module: Final = torch.nn.Module
 
 
 def check() -> None:
@@ -114,17 +74,17 @@ def region_entered() -> None:
     region = stack[-1]
     local = _local
     site = None
-    if len(stack) == 1 and region.spec.policy is None and not _is_compiling():
-        frame = sys._getframe(1)  # the site: where the user's code entered it (outside ampcore)
-        while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-            frame = frame.f_back
-        where = (frame.f_code, frame.f_lineno)
-        site = local.sites.get(where)
-        if site is None:
-            if len(local.sites) > _MAX_SITES:
-                local.sites.clear()
-            site = local.sites[where] = _Site()
-        elif site.overflow:
+    if len(stack) == 1 and region.spec.policy is None and not _compiler._is_compiling_flag:
+        # the site: where the user's code entered it, the first frame outside ampcore above
+        # the one that called us (autocast.__enter__, or entry.enter on the long way)
+        frame = sys._getframe(2)
+        if frame.f_code is local.site_code and frame.f_lineno == local.site_line:
+            site = local.site  # the place of the last region (a site's code is never ampcore's)
+        else:
+            while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+                frame = frame.f_back
+            site = _site_at(local, frame.f_code, frame.f_lineno)
+        if site.overflow:
             site = None
     if site is None:
         _hooks.acquire()
@@ -134,12 +94,11 @@ def region_entered() -> None:
     handles: list[Any] = []
     local.entered.append((region, site, handles))
     _hooks.region_threads[_get_ident()] = True
-    skey, hooked = local.sentinel_key, local.hooked
+    skey = local.sentinel_key
     for ref in site.roots:
         root = ref()
         if root is None:
             continue
-        hooked.add(id(root))
         try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
             if _GLOBAL_PRE is None:
                 raise TypeError
@@ -164,10 +123,12 @@ def region_exited() -> None:
     if site is None:
         _hooks.release()
         return
-    run, rec = _prog.run, _prog.rec
+    prog = _prog
+    run, rec = prog.run, prog.rec
     if run is not None:  # an exception skipped its hooks (a run is always the outermost region's)
-        _prog.run = None
-        _drop_post(run.root)
+        prog.run = None
+        if run.root is not None:
+            _drop_post(run.root)
         run.stop()
     if rec is not None and rec.region is region:
         _finish(rec, (), None, False)
@@ -183,9 +144,9 @@ def region_exited() -> None:
         else:
             handle.remove()
     _hooks.region_threads.pop(_get_ident(), None)
-    _prog.settled = None
-    local.hooked.clear()
-    local.public.clear()
+    prog.settled = None
+    if local.public:
+        local.public.clear()
     if local.called:
         site.update(list(local.called.values()))
         local.called.clear()
@@ -194,7 +155,6 @@ def region_exited() -> None:
 def _hook_root(module: torch.nn.Module) -> None:
     """Make ``module`` (met through the sentinel) a root until the active region exits."""
     local = _local
-    local.hooked.add(id(module))
     handles = local.entered[-1][2]
     try:
         if local.sentinel is not local.sentinel_key:
@@ -256,61 +216,101 @@ def _idle_region() -> Any:
 
 
 def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
-    """The global pre-hook of an eligible region while no root call is in progress.  A root
+    """The global pre-hook of an eligible region while no root call is in progress: a root
     (our key is in its with-kwargs dict, so torch gives its kwargs) runs its program for this
-    input signature, else is recorded; any other module called directly becomes a root."""
+    signature, else is recorded; another module called directly becomes a root.  Settled
+    calls inline: the root's :class:`_Last` holds while what :func:`_hooks.plan_of` keys on,
+    the signature and the program's guard are unchanged."""
     if kwargs is None:
         return _new_root(module, args)
     prog = _prog
     region = prog.settled
-    if region is None or prog.run is not None or prog.rec is not None or prog.measuring or _is_compiling():
+    if region is None or prog.run is not None or prog.rec is not None or prog.measuring:
         return None
-    stack = _thread.stack
-    if not stack or stack[-1] is not region or not torch.is_autocast_enabled(region.spec.backend.device_type):
+    if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
-    plan = _hooks.plan_of(region)
+    stack, spec = _thread.stack, region.spec
+    if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
+        return None
     sig = signature(args, kwargs, module)
-    if sig is None:  # an argument the guard cannot see: the plan applies call by call
-        new = _record(module, args, region, plan)
-        return None if new is None else (new, kwargs)
     local = _local
-    last = local.last.get(id(module))  # the program it ran last: valid while nothing changed
-    program = None if last is None or last[1] != sig or last[0]() is not module else last[2]
-    if program is not None and (
-        program.plan is not plan or plan.changes != program.changes or program.stale[0] or not program.same_tree()
+    last = local.last.get(id(module))
+    if (
+        last is None
+        or last.generation != _plans.generation
+        or last.threads != _num_threads()
+        or (last.spec is not spec and not _same_plan(last, region))
+        or last.sig != sig  # never None: a call the guard cannot see differs
+        or last.ref() is not module
+        or last.plan.changes != last.changes
+        or last.stale[0]
+        or not unchanged(last.tree, last.values, last.weights)  # Program.same_tree
     ):
-        program = None
-    if program is None:
-        found = program_for(module, sig, plan)
-        if not isinstance(found, Program):
-            new = _record(module, args, region, plan, sig)
-            return None if new is None else (new, kwargs)
-        program = found
-        if not program.checked:  # a mixed program is timed as a whole once (see _verify)
-            _sentinel_off()
-            try:
-                clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
-                program = settle(module, args, kwargs, program, region, plan, sig, clock)
-            finally:
-                _sentinel_on()
-        if len(local.last) > _MAX_SITES:
-            local.last.clear()
-        local.last[id(module)] = (weakref.ref(module), sig, program)
-    sentinel = local.sentinel
-    if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:  # off while the program runs
+        last = _find(module, args, kwargs, region, sig)
+        if type(last) is not _Last:
+            return last  # recorded: the new arguments, or None
+    sentinel = local.sentinel  # off while the program runs
+    if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:
         _GLOBAL_PRE.pop(sentinel, None)
         local.sentinel = None
     else:
         _sentinel_off()
     if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
         dicts: Any = module
-        dicts._forward_hooks[local.key] = _root_post
-        dicts._forward_hooks_always_called[local.key] = True
-    run = prog.run = Running(program, module, region)
-    if program.switched and any(ref() is module for ref in program.switched):  # its own pre-hook came too late
+        key = local.key
+        dicts._forward_hooks[key] = _root_post
+        dicts._forward_hooks_always_called[key] = True
+    run = last.run
+    if run is None:
+        run = last.run = Running(last.program, module, region)
+    elif run.simple:  # Running.start's steps for a program that hooks no module
+        run.root, run.region = module, region
+        if run.default_fp32:
+            _set_autocast(run.device_type, False)
+    else:
+        run.start(module, region)
+    prog.run = run
+    if last.switches_root:  # its own pre-hook came too late
         new = run.switch(module, args)
         return None if new is None else (new, kwargs)
     return None
+
+
+def _same_plan(last: _Last, region: Any) -> bool:
+    """Whether ``region`` (another region object than ``last`` was found under: a region
+    made per step) has the plan of ``last``'s program; it is then remembered as ``last``'s."""
+    if _hooks.plan_of(region) is not last.plan:
+        return False
+    last.spec = region.spec
+    return True
+
+
+def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, sig: Any) -> Any:
+    """The root call of :func:`_sentinel` without a settled program: the program for its
+    signature (checked as a whole first where it is mixed) as a new :class:`_Last`, else
+    the call is recorded (its new arguments for torch, or None)."""
+    generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
+    plan = _hooks.plan_of(region)
+    if sig is None:  # an argument the guard cannot see: the plan applies call by call
+        new = _record(module, args, region, plan)
+        return None if new is None else (new, kwargs)
+    local = _local
+    found = program_for(module, sig, plan)
+    if not isinstance(found, Program):
+        new = _record(module, args, region, plan, sig)
+        return None if new is None else (new, kwargs)
+    program = found
+    if not program.checked:  # a mixed program is timed as a whole once (see _verify)
+        _sentinel_off()
+        try:
+            clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
+            program = settle(module, args, kwargs, program, region, plan, sig, clock)
+        finally:
+            _sentinel_on()
+    if len(local.last) > _MAX_SITES:
+        local.last.clear()
+    last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation, local.last)
+    return last
 
 
 def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -320,7 +320,7 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     """A module called directly in an eligible region that is not one of its roots."""
-    if id(module) in _local.hooked:  # a root with public hooks: its own pre-hook decides
+    if id(module) in _local.public:  # a root with public hooks: its own pre-hook decides
         return None
     region = _idle_region()
     if region is None or _compiled(module):
@@ -330,16 +330,24 @@ def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
-    run = _prog.run
+    prog = _prog
+    run = prog.run
     if run is not None and run.root is module:
-        _prog.run = None
+        prog.run = None
         local = _local
         if id(module) not in local.public:
             dicts: Any = module
-            dicts._forward_hooks.pop(local.key, None)
-            dicts._forward_hooks_always_called.pop(local.key, None)
-        run.stop()
-        if _prog.settled is run.region and local.sentinel is None:
+            key = local.key
+            dicts._forward_hooks.pop(key, None)
+            dicts._forward_hooks_always_called.pop(key, None)
+        region = run.region
+        if run.simple:  # Running.stop's steps for a program that hooks no module
+            if run.default_fp32:
+                _set_autocast(run.device_type, True)  # the region's state (it is enabled)
+            run.root = run.region = None
+        else:
+            run.stop()
+        if prog.settled is region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel
                 local.sentinel = local.sentinel_key
@@ -395,4 +403,5 @@ def forget() -> None:
     """Forget every program and this thread's roots (``ampcore plan clear``, tests)."""
     forget_programs()
     _local.sites.clear()
+    _local.site_code = _local.site = None
     _local.last.clear()

@@ -22,13 +22,14 @@ import ampcore
 from ampcore._auto import _hooks, _program, _roots
 from ampcore._auto._shapes import shape_class
 
-#: Python calls an empty settled auto region may add to an O1 region (its two level hooks
-#: and torch.compiler.is_compiling with the torch.jit.is_scripting it calls)
-EMPTY_EXTRA = 4
+#: Python calls an empty settled auto region may add to an O1 region: its two level hooks
+#: (torch.compiler.is_compiling's flag is read, not called: 2 calls fewer)
+EMPTY_EXTRA = 2
 #: and a root call that runs its program: torch's hook path (its ``inner`` and
-#: is_compiling, 3), the sentinel as the root's pre-hook with is_compiling (3), the plan's
-#: and the signature's lookup (2), the program's start and stop (2), the post-hook (1)
-ROOT_EXTRA = 11
+#: is_compiling, 3), the sentinel as the root's pre-hook with is_dynamo_compiling (2), the
+#: signature and the tree's check (2), the post-hook (1); the program's lookup and its
+#: start and stop are inline (a settled root's last program and Running are kept)
+ROOT_EXTRA = 8
 
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py

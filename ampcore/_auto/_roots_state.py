@@ -1,0 +1,149 @@
+"""The state of ``level="auto"`` regions' roots (:mod:`._roots`): per thread, the places in
+the code regions were entered at and the roots they called (:class:`_Site`), the keys of
+ours in torch's hook dicts (:class:`_Key`), the program each root ran last
+(:class:`_Last`: what a settled root call runs without looking anything up), and the
+checks of torch's state the hot path reads without calls.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any, Final
+
+import torch
+
+from .._policy.thread_state import thread_state
+from ._program import Program, Running
+
+__all__: list[str] = []
+
+#: distinct roots a place in the code may have before its regions use the global hooks
+_MAX_ROOTS: Final = 16
+_MAX_SITES: Final = 256
+_PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+_thread = thread_state()
+_is_compiling = torch.compiler.is_compiling
+#: ``torch.compiler.is_compiling()`` is this flag outside TorchScript (dynamo compiling,
+#: an export tracing): read without its two calls where no dynamo trace can read it (a
+#: region's entry: ``autocast.__enter__``'s frame, which dynamo skips; the sentinel after
+#: ``is_dynamo_compiling()``, which dynamo folds to True)
+_FLAG: Final = isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool)
+
+
+class _AskCompiling:
+    """For a torch without the flag: the flag read calls ``is_compiling()``."""
+
+    @property
+    def _is_compiling_flag(self) -> bool:
+        return bool(_is_compiling())
+
+
+_compiler: Final[Any] = torch.compiler if _FLAG else _AskCompiling()
+_dynamo_compiling: Final = torch.compiler.is_dynamo_compiling
+_autocast_enabled: Final = torch.is_autocast_enabled
+_num_threads: Final = torch.get_num_threads
+_set_autocast: Final = torch.set_autocast_enabled
+
+
+class _Site:
+    """The roots the eligible regions entered at one place in the code called (weak)."""
+
+    def __init__(self) -> None:
+        self.roots: list[weakref.ref[torch.nn.Module]] = []
+        self.overflow = False  # more than _MAX_ROOTS roots: its regions use the global hooks
+
+    def update(self, called: list[weakref.ref[torch.nn.Module]]) -> None:
+        """Add the roots ``called`` (those met through the sentinel); drop the collected ones."""
+        known = {id(m): r for r in [*self.roots, *called] if (m := r()) is not None}
+        self.overflow = len(known) > _MAX_ROOTS
+        self.roots = list(known.values())
+
+
+#: What :func:`region_entered` did for a region (undone by :func:`region_exited`): the
+#: region, its site (None: not eligible, the global hooks were acquired) and the roots given
+#: the instance hooks (or the hooks' handles).  A plain tuple: made on every region entry.
+_Entered = tuple[Any, "_Site | None", list[Any]]
+
+
+class _Key:
+    """A key of ours in torch's hook dicts (hashed by identity): one per thread for its root
+    hooks, one for its sentinel."""
+
+    __slots__ = ("__weakref__",)
+
+
+class _Last:
+    """The program a root ran last in this thread, and what it was found under: the region's
+    spec, the plans' generation and the thread count (what the plan depends on), the
+    signature; the program's fields its guard reads (one attribute each); and its
+    :class:`Running`, kept for the next call (no object per call)."""
+
+    __slots__ = (
+        "changes", "generation", "plan", "program", "ref", "run", "sig", "spec", "stale", "switches_root",
+        "threads", "tree", "values", "weights",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        root: torch.nn.Module,
+        sig: tuple[Any, ...],
+        program: Program,
+        spec: Any,
+        generation: int,
+        table: dict[int, _Last],
+    ) -> None:
+        key = id(root)
+
+        def gone(ref: weakref.ref[torch.nn.Module]) -> None:  # the root was collected: drop its
+            if (entry := table.get(key)) is not None and entry.ref is ref:  # program (its layers)
+                del table[key]
+
+        self.ref, self.sig, self.program, self.spec = weakref.ref(root, gone), sig, program, spec
+        self.generation, self.threads = generation, _num_threads()
+        self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
+        self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
+        self.run: Running | None = None
+        #: the root is itself a switched module: its own pre-hook would come too late
+        self.switches_root = any(ref() is root for ref in program.switched)
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.entered: list[_Entered] = []
+        self.sentinel: Any = None  # its global pre-hook's key (or handle) while it is on
+        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # roots the site did not know
+        self.sites: dict[tuple[Any, int], _Site] = {}
+        #: the place (code, line) of the last eligible region and its site: a region in a
+        #: loop finds it without hashing the code object
+        self.site_code: Any = None
+        self.site_line = -1
+        self.site: Any = None
+        self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
+        self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
+        self.public: set[int] = set()  # ids of the roots hooked through torch's public API
+        #: id(root) -> the program it ran last (valid while nothing it depends on changed)
+        self.last: dict[int, _Last] = {}
+
+
+_local = _Local()
+#: torch's dict of global forward pre-hooks (what register_module_forward_pre_hook fills):
+#: the sentinel goes in and out under a key of its own, without a handle per switch
+_GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
+_Module: Final = torch.nn.Module
+
+
+def _site_at(local: _Local, code: Any, line: int) -> _Site:
+    """The site of the place ``(code, line)`` (made where new), remembered as the last."""
+    if code is local.site_code and line == local.site_line:  # entered through ampcore's frames
+        return local.site  # type: ignore[no-any-return]
+    where = (code, line)
+    site = local.sites.get(where)
+    if site is None:
+        if len(local.sites) > _MAX_SITES:
+            local.sites.clear()
+        site = local.sites[where] = _Site()
+    local.site_code, local.site_line, local.site = code, line, site
+    return site
