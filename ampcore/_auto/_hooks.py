@@ -47,6 +47,7 @@ from .._validate import check_real, env_number
 from . import _cache
 from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
+from ._guard import in_checkpoint
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
@@ -227,6 +228,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     if not torch.is_autocast_enabled(device_type):
         return None
+    if in_checkpoint():  # its recompute runs with the autocast state of its entry, no hooks: so does this
+        if rec is not None:
+            rec.in_checkpoint(module)
+        return None
     key = shape_class(module, args, device_type)
     if key is None:
         return None
@@ -235,7 +240,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if rec is not None:
         entry = plan.entries.get(key) if decision == "fp32" else None
         costs = None if entry is None else entry.costs
-        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms)
+        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:

@@ -40,24 +40,22 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._policy.thread_state import thread_state
-from ._costs import Decision
-from ._guard import signature, snapshot, unchanged, unseen_modules
+from ._guard import in_checkpoint, loosen, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import float32_weights, shape_class
 
-__all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
+if TYPE_CHECKING:
+    from ._recording import Recording
+
+__all__ = ["Program", "Running", "cast_floating", "local", "program_for", "same_program", "signature"]
 
 _LOW: Final = (torch.bfloat16, torch.float16)
-#: recordings of one root and signature that may fail (a class left undecided) before the
-#: program treats what is still undecided as the O1 lists do (low precision)
-_TRIES: Final = 3
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
 
@@ -101,11 +99,16 @@ class Program(NamedTuple):
     weights: tuple[torch.Tensor, ...] = ()
     #: switched modules whose calls differ: (module, per call in order: switch it or not)
     steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
+    #: plain lists, tuples and dicts of the root's modules that hold layers, as recorded
+    plain: tuple[Any, ...] = ()
+    #: the last ``inner`` of ``unseen`` are guarded because their shapes may change while the
+    #: root's signature does not (a fixed choice, ``"low"`` or ``"fp32"``, drops them)
+    inner: int = 0
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
         still float32 (C calls only: this runs on every root call)."""
-        return unchanged(self.tree, self.tree_values, self.weights)
+        return unchanged(self.tree, self.tree_values, self.weights, self.plain)
 
     def mixed(self) -> bool:
         """Whether some planned calls run in float32 and others in low precision."""
@@ -114,12 +117,13 @@ class Program(NamedTuple):
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
-        if verdict == "low":
-            return self._replace(default_fp32=False, switched=(), checked=True, steps=())
-        if verdict == "fp32":
+        if verdict in ("low", "fp32"):
+            fixed = self._replace(unseen=self.unseen[: len(self.unseen) - self.inner], inner=0, checked=True, steps=())
+            if verdict == "low":
+                return fixed._replace(default_fp32=False, switched=())
             if self.fp32_ok:
-                return self._replace(default_fp32=True, switched=(), checked=True, steps=())
-            return self._replace(default_fp32=False, switched=self.planned, checked=True, steps=())
+                return fixed._replace(default_fp32=True, switched=())
+            return fixed._replace(default_fp32=False, switched=self.planned)
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
@@ -135,128 +139,6 @@ class _Local(threading.local):
 
 
 local = _Local()
-
-
-class _Outside(TorchDispatchMode):
-    """While recording: notes what a float32 default would change outside planned modules:
-    an op of the O1 low-precision list, or any op given a low-precision floating tensor of
-    the region's device type (autocast may cast it, and a float32 default would not)."""
-
-    def __init__(self, rec: Recording, white: frozenset[str], device_type: str) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.rec, self.white, self.device_type = rec, white, device_type
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        rec = self.rec
-        if not rec.planned and not rec.outside and not local.measuring:
-            packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
-            if getattr(packet, "__name__", None) in self.white or self._low_input(args, kwargs):
-                rec.outside = True
-        return func(*args, **(kwargs or {}))
-
-    def _low_input(self, args: Any, kwargs: Any) -> bool:
-        values = [*args, *(kwargs or {}).values()]
-        for value in values:
-            if isinstance(value, (list, tuple)):
-                values.extend(value)  # one level: the tensor lists of cat, stack, ...
-            elif isinstance(value, torch.Tensor) and value.dtype in _LOW and value.device.type == self.device_type:
-                return True
-        return False
-
-
-class Recording:
-    """One root call while the global hooks run: the planned calls and their decisions."""
-
-    def __init__(self, root: nn.Module, region: Any, plan: AutoPlan, white: frozenset[str] | None, done: Any) -> None:
-        self.root, self.region, self.plan, self.changes = root, region, plan, plan.changes
-        #: called as done(recording, args, kwargs, ok) when the root call ended
-        self.done = done
-        self.stack: list[tuple[nn.Module, bool]] = []
-        self.planned = 0
-        self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
-        self.sequence: dict[int, list[Decision | None]] = {}  # each module's decisions in call order
-        self.outside = False
-        self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
-        self.args: tuple[Any, ...] = ()  # the root call's arguments as called
-        #: the call's signature taken before its forward (which may change a list argument)
-        self.sig: tuple[Any, ...] | None = None
-        #: None: the global hooks apply the plan to this call, nothing is recorded
-        self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
-        if self.mode is not None:
-            self.mode.__enter__()  # type: ignore[no-untyped-call]
-
-    def enter(self, module: nn.Module, planned: bool) -> None:
-        self.stack.append((module, planned))
-        self.planned += planned
-
-    def leave(self, module: nn.Module) -> bool:
-        """The post hook of ``module``: False when it is not the call on top (not entered here)."""
-        if not self.stack or self.stack[-1][0] is not module:
-            return False
-        self.planned -= self.stack.pop()[1]
-        return True
-
-    def note(self, module: nn.Module, decision: Decision | None, saving_ms: float = 0.0) -> None:
-        """A planned call of ``module``, its decision and what float32 saves there (ms)."""
-        self.saving_ms += saving_ms
-        self.calls[id(module)] = (module, decision)
-        self.sequence.setdefault(id(module), []).append(decision)
-
-    def close(self) -> None:
-        if self.mode is None:
-            return
-        try:
-            self.mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
-        except Exception:  # an inner mode left on the stack (an exception): drop ours with it
-            pass
-
-    def program(self, sig: tuple[Any, ...], tries: int, can_measure: bool) -> Program | None:
-        """The program this recording gives (None: record again at the next call)."""
-        if self.mode is None or self.plan.changes != self.changes:
-            return None
-        undecided = any(d is None for seq in self.sequence.values() for d in seq)
-        if undecided and can_measure and tries < _TRIES:
-            return None
-        varies = {i for i, seq in self.sequence.items() if len({d == "fp32" for d in seq}) > 1}
-        fp32 = [m for i, (m, d) in self.calls.items() if d == "fp32" and i not in varies]
-        low = [m for i, (m, d) in self.calls.items() if d != "fp32" and i not in varies]  # undecided: O1
-        low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
-        # the default that hooks fewer modules; a float32 one only where it changes no dtype
-        # the recording saw (no low-precision tensor reached an op outside planned modules)
-        fp32_ok = not self.outside and not low_inputs
-        default_fp32 = fp32_ok and len(low) < len(fp32)
-        varying = [self.calls[i][0] for i in varies]
-        unseen = unseen_modules(self.root, self.calls)
-        tree, values, weights = snapshot(self.root, fp32 + low + varying + unseen)
-        stale = [False]
-
-        def collected(_: object) -> None:  # a module of the program is gone (replaced): record again
-            stale[0] = True
-
-        def refs(modules: list[nn.Module]) -> tuple[weakref.ref[nn.Module], ...]:
-            return tuple(weakref.ref(m, collected) for m in modules)
-
-        steps = tuple(
-            (weakref.ref(m, collected), tuple((d == "fp32") != default_fp32 for d in self.sequence[id(m)]))
-            for m in varying
-        )
-        return Program(
-            self.plan,
-            self.changes,
-            default_fp32,
-            refs((low if default_fp32 else fp32) + varying),
-            refs(fp32 + low + varying),
-            fp32_ok,
-            False,
-            self.saving_ms,
-            refs(unseen),
-            stale,
-            can_measure,
-            tree,
-            values,
-            weights,
-            steps,
-        )
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
@@ -336,7 +218,7 @@ class Running:
         if local.run is not self or _is_compiling():
             return None
         stack = _thread.stack
-        if not stack or stack[-1] is not self.region:
+        if not stack or stack[-1] is not self.region or in_checkpoint():  # a checkpoint: its autocast state
             return None
         key = shape_class(module, args, self.device_type)
         if key is None:
@@ -416,8 +298,37 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
     if len(programs) > 64:  # dynamic shapes: keep it bounded
         programs.clear()
     programs[sig] = found
+    if isinstance(found, Program):  # a number that changed and gave the same program: held by type
+        loose = loosen(root, sig, programs, lambda other: isinstance(other, Program) and same_program(found, other))
+        if loose is not None:
+            programs[loose] = found
+
+
+def same_program(a: Program, b: Program) -> bool:
+    """Whether ``a`` and ``b`` apply the same decisions to the same modules (under the same plan)."""
+
+    def ids(refs: tuple[weakref.ref[nn.Module], ...]) -> set[int]:
+        return {id(m) for r in refs if (m := r()) is not None}
+
+    return (
+        a.plan is b.plan
+        and a.changes == b.changes
+        and a.default_fp32 == b.default_fp32
+        and ids(a.switched) == ids(b.switched)
+        and ids(a.unseen) == ids(b.unseen)
+        and {(id(r()), c) for r, c in a.steps} == {(id(r()), c) for r, c in b.steps}
+    )
 
 
 def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()
+
+
+def __getattr__(name: str) -> Any:
+    """``Recording`` (moved to :mod:`._recording`), for code that reads it from here."""
+    if name == "Recording":
+        from ._recording import Recording
+
+        return Recording
+    raise AttributeError(name)

@@ -38,9 +38,10 @@ from .._policy.lists import compute_oplists
 from .._policy.thread_state import thread_state
 from . import _hooks
 from ._plan import AutoPlan
-from ._program import Program, Recording, Running, program_for, signature, store
+from ._program import Program, Running, program_for, signature, store
 from ._program import forget as forget_programs
 from ._program import local as _prog
+from ._recording import Recording
 from ._verify import settle
 
 __all__ = ["check", "forget", "region_entered", "region_exited"]
