@@ -177,11 +177,21 @@ def loosen(root: nn.Module, sig: tuple[Any, ...], others: dict[tuple[Any, ...], 
 def explained(sig: tuple[Any, ...]) -> set[int]:
     """The sizes a planned call's input may have and still *follow* the root's arguments
     (``sig``): the tensors' dimensions, the products of two of them (``B * T``), each
-    halved any number of times (strided convolutions, pooling), and 1."""
+    halved any number of times (strided convolutions, pooling), and 1; not the value of an
+    ``int`` argument (a size given as a number may change while the signature holds it
+    by type).
+
+    Example::
+
+        >>> import torch
+        >>> sorted(explained(signature((torch.zeros(8, 3), 4), None)))
+        [1, 2, 3, 6, 8, 9, 12, 16, 24, 32, 64]
+    """
     dims = {d for e in sig[1:] if type(e) is tuple and e and isinstance(e[-2], torch.dtype) for d in e[-3]}
     dims.update([a * b for a in list(dims) for b in dims])
     halves = {d >> k for d in dims for k in range(1, max(d, 1).bit_length())}
-    return dims | halves | {1}
+    numbers = {e[2] for e in sig[1:] if _number(e) and e[1] is int}
+    return (dims | halves | {1}) - numbers
 
 
 def follows(module: nn.Module, args: tuple[Any, ...], sizes: set[int]) -> bool:
@@ -217,12 +227,12 @@ def in_checkpoint() -> bool:
     return False
 
 
-def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any], str, Any, tuple[Any, ...]]]]:
+def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]]]:
     """The modules of ``root``, also those kept in plain lists, tuples and dicts of its
     modules' attributes (not registered: not in ``root.modules()``), and those containers:
     (the owner's ``__dict__``, the attribute, the container, its values now)."""
     found: dict[int, nn.Module] = {}
-    containers: list[tuple[dict[str, Any], str, Any, tuple[Any, ...]]] = []
+    containers: list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]] = []
     todo = [root]
     while todo:
         for m in todo.pop().modules():
@@ -230,13 +240,37 @@ def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any],
                 continue
             found[id(m)] = m
             for name, value in vars(m).items():
-                if isinstance(value, (list, tuple, dict)) and not name.startswith("_") and value:
-                    values = tuple(value.values()) if isinstance(value, dict) else tuple(value)
-                    layers = [v for v in values if isinstance(v, nn.Module)]
+                if isinstance(value, _CONTAINERS) and name not in _REGISTERED and value:
+                    nested: list[Any] = []
+                    layers = _layers(value, 3, nested)
                     if layers:
-                        containers.append((m.__dict__, name, value, values))
+                        containers.append((m.__dict__, name, value, _values(value)))
+                        containers += [(None, "", c, _values(c)) for c in nested]  # held by the one above
                         todo.extend(layers)
     return list(found.values()), containers
+
+
+_CONTAINERS: Final = (list, tuple, dict)
+_REGISTERED: Final = frozenset({"_modules", "_parameters", "_buffers"})
+
+
+def _values(container: Any) -> tuple[Any, ...]:
+    return tuple(container.values()) if isinstance(container, dict) else tuple(container)
+
+
+def _layers(container: Any, depth: int, nested: list[Any]) -> list[nn.Module]:
+    """The modules in ``container`` and in the containers it holds, ``depth`` levels down
+    (those holding modules are added to ``nested``)."""
+    found: list[nn.Module] = []
+    for value in _values(container):
+        if isinstance(value, nn.Module):
+            found.append(value)
+        elif depth > 1 and isinstance(value, _CONTAINERS):
+            more = _layers(value, depth - 1, nested)
+            if more:
+                nested.append(value)
+                found += more
+    return found
 
 
 def unseen_modules(root: nn.Module, calls: dict[int, Any]) -> list[nn.Module]:
@@ -247,7 +281,7 @@ def unseen_modules(root: nn.Module, calls: dict[int, Any]) -> list[nn.Module]:
     return [m for m in planned if id(m) not in calls and id(m) not in inside]
 
 
-_Containers = tuple[tuple[dict[str, Any], str, Any, tuple[Any, ...]], ...]
+_Containers = tuple[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]], ...]
 
 
 def snapshot(
@@ -279,9 +313,8 @@ def unchanged(
     return list(map(tuple, map(dict.values, tree))) == values
 
 
-def _same_container(owner: dict[str, Any], name: str, container: Any, values: tuple[Any, ...]) -> bool:
-    items: Any = container.values() if isinstance(container, dict) else container
-    if owner.get(name) is not container:
+def _same_container(owner: dict[str, Any] | None, name: str, container: Any, values: tuple[Any, ...]) -> bool:
+    if owner is not None and owner.get(name) is not container:
         return False
-    now = tuple(items)
+    now = _values(container)
     return len(now) == len(values) and all(map(operator.is_, now, values))

@@ -35,6 +35,20 @@ _TRIES: Final = 3
 _DYNAMIC: Final = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
 
 
+def _dynamic(func: Any, args: Any) -> bool:
+    """Whether ``func`` gives a shape or value that depends on the data: ``torch.nonzero``,
+    ``masked_select``, ``.item()`` / ``.tolist()``, indexing with a boolean mask (indexing
+    with integer tensors has the indices' shape: not counted)."""
+    if not any(t in _DYNAMIC for t in getattr(func, "tags", ())):
+        return False
+    if func is _INDEX:
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+    return True
+
+
+_INDEX: Final = torch.ops.aten.index.Tensor
+
+
 class _Outside(TorchDispatchMode):
     """While recording: notes what a float32 default would change outside planned modules:
     an op of the O1 low-precision list, or any op given a low-precision floating tensor of
@@ -46,7 +60,7 @@ class _Outside(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         rec = self.rec
-        if not rec.dynamic and not local.measuring and any(t in _DYNAMIC for t in getattr(func, "tags", ())):
+        if not rec.dynamic and not local.measuring and _dynamic(func, args):
             rec.dynamic = True  # the planned calls after it may see shapes the signature does not show
         if not rec.planned and not rec.outside and not local.measuring:
             packet = getattr(func, "overloadpacket", None)  # higher-order ops have none

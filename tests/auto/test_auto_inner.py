@@ -98,6 +98,21 @@ def test_a_bool_flag_is_never_held_by_type() -> None:
     assert flags[0] != flags[1] and _guard.signature((x, 7, 0.5, True), None, net) != flags[1]
 
 
+def test_a_size_given_as_a_number_is_guarded_when_it_is_held_by_type() -> None:
+    class Take(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
+            return self.lin(x[:n]).sum(0)
+
+    net, x = Take(), torch.randn(64, 16)
+    _plan([(net.lin, (8, 16), "fp32")])  # rows 5..8 float32; 40 rows: not in the plan (the O1 lists)
+    sizes = [8, 5, 7, 40, 6, 33]
+    _same(net, lambda i: net(x, sizes[i]), steps=len(sizes))
+
+
 # --- 2. layers in plain lists, tuples and dicts, or passed as arguments ----------------------
 
 
@@ -173,6 +188,37 @@ def test_a_layer_in_a_plain_list_converted_to_low_precision_is_seen() -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_layers_in_nested_and_private_plain_containers() -> None:
+    class Nested(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+            self.b = nn.Linear(16, 16)
+            self._blocks = [[nn.Linear(16, 24)], {"out": (nn.Linear(24, 4),)}]
+            self.deep = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.b(torch.relu(self.a(x)))
+            if self.deep:
+                return self._blocks[1]["out"][0](self._blocks[0][0](h))
+            return h
+
+    net, x = Nested(), torch.randn(8, 16)
+    inner, out = net._blocks[0][0], net._blocks[1]["out"][0]
+    _plan([(net.a, (8, 16), "low"), (net.b, (8, 16), "low"), (inner, (8, 16), "fp32"), (out, (8, 24), "fp32")])
+    deep = [False, False, True, False, True]
+
+    def call(i: int) -> Any:
+        net.deep = deep[i]
+        return net(x)
+
+    _same(net, call, steps=len(deep))
+    net._blocks[0][0] = nn.Linear(16, 24)  # replaced two levels down (the old one still referenced)
+    net.deep = True
+    _same(net, lambda i: net(x), steps=2)
+    assert inner is not net._blocks[0][0]
+
+
 def test_a_layer_passed_as_an_argument() -> None:
     class Apply(nn.Module):
         def __init__(self) -> None:
@@ -217,6 +263,27 @@ def test_moe_routing_gets_each_expert_batch_s_decision(first: int) -> None:
     net = MoE()
     _plan([(net.router, (64, 16), "low"), *_buckets(net.experts[0], 16, "fp32", "low")])
     counts = [first, 60, 5, 33, 2, 48, 7, 61]
+
+    def call(i: int) -> Any:
+        x = torch.linspace(-1, 1, 64 * 16).reshape(64, 16)
+        x[:, 0] = -1.0
+        x[: counts[i], 0] = 1.0
+        return net(x)
+
+    _same(net, call, steps=len(counts))
+
+
+def test_moe_routing_by_counts_read_with_tolist() -> None:
+    class Split(MoE):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            order = torch.argsort((x[:, 0] <= 0).to(torch.int8), stable=True)
+            counts = torch.bincount((x[:, 0] <= 0).long(), minlength=2).tolist()
+            parts = torch.split(x[order], counts)
+            return sum(e(p).float().sum(0) for e, p in zip(self.experts, parts, strict=True)) + self.router(x).sum()
+
+    net = Split()
+    _plan([(net.router, (64, 16), "low"), *_buckets(net.experts[0], 16, "fp32", "low")])
+    counts = [40, 3, 60, 5, 33]
 
     def call(i: int) -> Any:
         x = torch.linspace(-1, 1, 64 * 16).reshape(64, 16)
@@ -317,3 +384,24 @@ def test_checkpoint_recompute_matches_the_forward(reentrant: bool, decisions: tu
         torch.testing.assert_close(list(_flat(got)), list(_flat(want)), rtol=0, atol=0)
         for p, w in zip(net.parameters(), want_grads, strict=True):
             torch.testing.assert_close(p.grad, w, rtol=0, atol=0)
+
+
+def test_checkpoint_sequential_inside_the_root() -> None:
+    class Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh())
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.utils.checkpoint.checkpoint_sequential(self.body, 2, x, use_reentrant=False))
+
+    net, x = Seq(), torch.randn(8, 16, requires_grad=True)
+    _plan([(net.body[0], (8, 16), "fp32"), (net.body[2], (8, 16), "low"), (net.head, (8, 16), "fp32")])
+    for _ in range(3):
+        want = _ambient(lambda: net(x), net.body)
+        got = _auto(lambda: net(x))
+        _clean(net)
+        got.float().sum().backward()
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
