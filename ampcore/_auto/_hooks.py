@@ -27,7 +27,9 @@ shape class:
   cast to float32: the dtype its later calls give.  A device that cannot be timed
   measures nothing: auto runs as torch.autocast.
 
-A recording notes each planned call and its decision (:class:`~._program.Recording`).
+A recording notes each planned call and its decision (:class:`~._recording.Recording`).
+A planned call inside ``torch.utils.checkpoint`` is left to the autocast state (its
+recompute in backward runs with that state and no hooks: :func:`~._guard.in_checkpoint`).
 Custom lists win: a module whose ops a region's custom list names is left to the lists.
 Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
 """

@@ -2,7 +2,7 @@
 
 While a ``level="auto"`` region *records* (:mod:`._hooks`' global module hooks are
 registered), the call of each module it makes directly (a *root*: the model) is a
-:class:`Recording`: which planned modules ran, with which decision, and whether any op the
+:class:`~._recording.Recording`: which planned modules ran, with which decision, and whether any op the
 O1 lists run in low precision ran outside planned modules (a dispatch mode, present only
 while recording).  When every planned call had a decision, the recording becomes a
 :class:`Program` for the root and the signature of its inputs (shapes, dtypes, devices of
@@ -33,7 +33,11 @@ also the values of non-tensor arguments, tensors inside containers, eval mode), 
 changed (a new measurement, ``ampcore plan clear``, ``load_plan``), a module tree that
 changed (a layer replaced) or weights no longer float32 record again.  The root's planned
 modules the recording did not see called (another path) are guarded: called by a later
-path, they apply the plan.  Shapes inside a root are taken to follow from its arguments.
+path, they apply the plan.  So are the planned calls whose shapes may change while the
+root's signature does not (:mod:`._recording`), and planned calls inside
+``torch.utils.checkpoint`` follow the autocast state there (its recompute does).  Numbers
+among the arguments that change every call but give the same program are held by type
+(:func:`._guard.loosen`, applied when a program is stored).
 """
 
 from __future__ import annotations

@@ -36,17 +36,22 @@ _DYNAMIC: Final = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_outp
 
 
 def _dynamic(func: Any, args: Any) -> bool:
-    """Whether ``func`` gives a shape or value that depends on the data: ``torch.nonzero``,
-    ``masked_select``, ``.item()`` / ``.tolist()``, indexing with a boolean mask (indexing
-    with integer tensors has the indices' shape: not counted)."""
+    """Whether ``func`` gives a shape or a size that depends on the data: ``torch.nonzero``,
+    ``masked_select``, ``bincount``, indexing with a boolean mask, ``.item()`` / ``int()`` of
+    an integer tensor (a count).  Not counted: indexing with integer tensors (the indices'
+    shape) and ``.item()`` / ``bool()`` of a floating or boolean tensor (a loss logged, a
+    mask tested: ``if torch.all(mask)``), which pick no size."""
     if not any(t in _DYNAMIC for t in getattr(func, "tags", ())):
         return False
     if func is _INDEX:
         return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+    if func is _SCALAR:
+        return not args[0].is_floating_point() and not args[0].is_complex() and args[0].dtype != torch.bool
     return True
 
 
 _INDEX: Final = torch.ops.aten.index.Tensor
+_SCALAR: Final = torch.ops.aten._local_scalar_dense.default
 
 
 class _Outside(TorchDispatchMode):

@@ -281,7 +281,7 @@ def test_moe_routing_gets_each_expert_batch_s_decision(first: int) -> None:
     _route(net, counts)
 
 
-def test_moe_routing_by_counts_read_with_tolist() -> None:
+def test_moe_routing_by_counts_from_bincount_read_with_tolist() -> None:
     class Split(MoE):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             order = torch.argsort((x[:, 0] <= 0).to(torch.int8), stable=True)
@@ -321,9 +321,19 @@ def test_a_slice_by_a_module_attribute_gets_its_shape_class_s_decision(ks: list[
     _same(net, call, steps=len(ks))
 
 
-def test_shapes_that_follow_the_root_s_arguments_are_not_guarded() -> None:
+class Checked(nn.Sequential):
+    """A forward that tests a mask and reads a float: data-dependent ops that pick no size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if not bool(torch.all(torch.isfinite(x))) or x.abs().max().item() > 1e6:
+            raise ValueError("bad input")
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("kind", [nn.Sequential, Checked])
+def test_shapes_that_follow_the_root_s_arguments_are_not_guarded(kind: type[nn.Sequential]) -> None:
     """The settled path of a model whose inner shapes follow its arguments stays hook-free."""
-    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+    net = kind(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
     _plan([(net[0], (8, 16), "fp32"), (net[2], (8, 32), "fp32")])
     x = torch.randn(8, 16)
     _same(net, lambda i: net(x), steps=2)
