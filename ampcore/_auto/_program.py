@@ -108,6 +108,9 @@ class Program(NamedTuple):
     #: the last ``inner`` of ``unseen`` are guarded because their shapes may change while the
     #: root's signature does not (a fixed choice, ``"low"`` or ``"fp32"``, drops them)
     inner: int = 0
+    #: ids of the guarded modules of changing shapes (all float32 when recorded, where the
+    #: default is float32: only a low decision of theirs makes the root record again)
+    inner_ids: frozenset[int] = frozenset()
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
@@ -122,7 +125,8 @@ class Program(NamedTuple):
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
         if verdict in ("low", "fp32"):
-            fixed = self._replace(unseen=self.unseen[: len(self.unseen) - self.inner], inner=0, checked=True, steps=())
+            kept = self.unseen[: len(self.unseen) - self.inner]
+            fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=())
             if verdict == "low":
                 return fixed._replace(default_fp32=False, switched=())
             if self.fp32_ok:
@@ -229,7 +233,9 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
-        if (decision is None and program.measurable) or program.default_fp32:
+        if (decision is None and program.measurable) or (
+            program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)
+        ):
             # the next call records again: to measure the class, or (a float32 default) to
             # see this path's ops outside planned modules (the default may not suit them)
             program.stale[0] = True

@@ -177,8 +177,10 @@ class Recording:
         low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
         # the default that hooks fewer modules; a float32 one only where it changes no dtype
         # the recording saw (no low-precision tensor reached an op outside planned modules,
-        # no call guarded per call or following a checkpoint's autocast state)
-        fp32_ok = not self.outside and not low_inputs and not apart and not self.watch
+        # no call following a checkpoint's autocast state or guarded for a kind whose classes
+        # decide differently, guarded calls of changing shapes all float32 so far)
+        inner_fp32 = all(d == "fp32" for i in self.inner for d in self.sequence.get(i, ()))
+        fp32_ok = not self.outside and not low_inputs and not self.ambient and not self.watch and inner_fp32
         default_fp32 = fp32_ok and len(low) < len(fp32)
         varying = [self.calls[i][0] for i in varies]
         guarded = list(self.inner.values()) + [m for i, m in self.watch.items() if i not in self.inner]
@@ -214,4 +216,5 @@ class Recording:
             steps,
             plain,
             len(guarded),
+            frozenset(map(id, self.inner.values())),
         )

@@ -321,6 +321,23 @@ def test_a_slice_by_a_module_attribute_gets_its_shape_class_s_decision(ks: list[
     _same(net, call, steps=len(ks))
 
 
+def test_a_float32_model_with_a_guarded_inner_shape_keeps_a_float32_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    net, x = Sliced(), torch.randn(64, 16)
+    _plan([(net.pre, (64, 16), "fp32"), *_buckets(net.lin, 16, "fp32", "fp32")])
+    ks = [3, 40, 5, 64, 7, 33]
+
+    def call(i: int) -> Any:
+        net.k = ks[i]
+        return net(x)
+
+    _same(net, call, steps=len(ks))
+    seen = _recordings(monkeypatch)
+    _same(net, call, steps=len(ks))
+    assert seen == []  # the guard's float32 decisions change nothing: no new recording
+    (program,) = _program._programs[net].values()
+    assert program.default_fp32 and len(program.unseen) == 1  # lin: guarded, its shape changes
+
+
 class Checked(nn.Sequential):
     """A forward that tests a mask and reads a float: data-dependent ops that pick no size."""
 
