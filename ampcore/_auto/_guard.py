@@ -194,14 +194,22 @@ def explained(sig: tuple[Any, ...]) -> set[int]:
     return (dims | halves | {1}) - numbers
 
 
-def follows(module: nn.Module, args: tuple[Any, ...], sizes: set[int]) -> bool:
-    """Whether every dimension of ``module``'s tensor inputs is among ``sizes``
+def follows(module: nn.Module, dims: set[int], sizes: set[int]) -> bool:
+    """Whether every dimension ``dims`` of ``module``'s tensor inputs is among ``sizes``
     (:func:`explained`) or a dimension of its own parameters (``in_features``, channels).
     False: the shape comes from elsewhere (data-dependent routing, a module attribute, a
     number argument), so the call's shape class may change while the root's signature
-    does not: the program guards it per call."""
+    does not: the program guards it per call.
+
+    Example::
+
+        >>> import torch
+        >>> sizes = explained(signature((torch.zeros(64, 16),), None))
+        >>> follows(torch.nn.Linear(16, 4), {64, 16}, sizes), follows(torch.nn.Linear(16, 4), {37, 16}, sizes)
+        (True, False)
+    """
     own = {d for p in module.parameters(recurse=False) for d in p.shape}
-    return all(d in sizes or d in own for a in args if isinstance(a, torch.Tensor) for d in a.shape)
+    return dims <= sizes | own
 
 
 _CHECKPOINT: Final = "torch.utils.checkpoint"

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._costs import Decision
-from ._guard import explained, follows, signature, snapshot, unseen_modules
+from ._guard import explained, follows, snapshot, unseen_modules
 from ._plan import AutoPlan
 from ._program import _LOW, Program, local
 from ._shapes import DESCRIPTION
@@ -102,7 +102,7 @@ class Recording:
         self.inner: dict[int, nn.Module] = {}
         self.watch: dict[int, nn.Module] = {}
         self.ambient: dict[int, nn.Module] = {}
-        self.sizes: set[int] | None = None
+        self.dims: dict[int, set[int]] = {}  # the input dimensions of each planned module's calls
         self.kinds: dict[tuple[str, str], set[str]] | None = None  # (kind, grad) -> the plan's decisions
         self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
@@ -130,11 +130,13 @@ class Recording:
         """A planned call of ``module`` on ``args``, its decision and what float32 saves
         there (ms)."""
         self.saving_ms += saving_ms
-        if self.sizes is None:
-            self.sizes = explained(self.sig or signature(self.args, None) or (None,))
-        if self.dynamic or not follows(module, args, self.sizes):
+        if self.dynamic:
             self.inner[id(module)] = module  # guarded, not part of the program
-        elif self._differs(module):
+        else:  # whether its shapes follow the root's arguments: decided with the signature
+            self.dims.setdefault(id(module), set()).update(
+                d for a in args if isinstance(a, torch.Tensor) for d in a.shape
+            )
+        if self._differs(module):
             self.watch[id(module)] = module  # guarded, and part of the program (for its check)
         self.calls[id(module)] = (module, decision)
         self.sequence.setdefault(id(module), []).append(decision)
@@ -170,6 +172,10 @@ class Recording:
         if undecided and can_measure and tries < _TRIES:
             return None
         # inner (shapes that may change) and checkpointed calls are not part of the program
+        sizes = explained(sig)  # the whole signature: also the keyword arguments' tensors
+        for i, dims in self.dims.items():
+            if not follows(self.calls[i][0], dims, sizes):
+                self.inner[i] = self.calls[i][0]
         apart = self.inner.keys() | self.ambient.keys()
         varies = {i for i, seq in self.sequence.items() if len({d == "fp32" for d in seq}) > 1} - apart
         fp32 = [m for i, (m, d) in self.calls.items() if d == "fp32" and i not in varies and i not in apart]

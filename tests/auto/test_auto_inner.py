@@ -359,6 +359,26 @@ def test_shapes_that_follow_the_root_s_arguments_are_not_guarded(kind: type[nn.S
     assert program.unseen == () and program.switched == ()
 
 
+def test_a_root_called_with_keyword_tensors_is_not_guarded() -> None:
+    """The first call of a root in a region is recorded before its keyword arguments are
+    known (the global pre-hook has none): whether its shapes follow them is decided after."""
+
+    class Keywords(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 32)
+            self.out = nn.Linear(32, 4)
+
+        def forward(self, *, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.relu(self.lin(x)) * mask)
+
+    net, x, mask = Keywords(), torch.randn(8, 5, 16), torch.ones(8, 5, 1)
+    _plan([(net.lin, (8, 5, 16), "fp32"), (net.out, (8, 5, 32), "low")])
+    _same(net, lambda i: net(x=x, mask=mask), steps=3)
+    (program,) = _program._programs[net].values()
+    assert program.unseen == () and len(program.switched) == 1
+
+
 # --- 4. torch.utils.checkpoint inside the root ----------------------------------------------
 
 
