@@ -27,7 +27,7 @@ from test_auto_sweep import LOW, _auto, _classes, _clean, _fixed, _flat, _load, 
 from torch import nn
 
 import ampcore
-from ampcore._auto import _guard, _program, _roots
+from ampcore._auto import _guard, _hooks, _program, _roots
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -454,3 +454,51 @@ def test_checkpoint_sequential_inside_the_root() -> None:
         got.float().sum().backward()
         assert got.dtype == want.dtype
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_transformers_gradient_checkpointing(reentrant: bool) -> None:
+    """A Hugging Face encoder with ``gradient_checkpointing_enable()``: its layers' recompute
+    raised ``CheckpointError`` at the first backward where a Linear in them was decided
+    float32 (``use_reentrant=False``)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).train()
+    model.config.use_cache = False
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    ids, mask = torch.randint(0, 100, (2, 10)), torch.ones(2, 10, dtype=torch.long)
+    decisions: dict[str, str] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            for grad in (True, False):
+                shape = (2, module.in_features) if "pooler" in name else (2, 10, module.in_features)
+                for key in _classes(module, shape, grad=grad):
+                    decisions[key] = "fp32" if "intermediate" in name or "pooler" in name else "low"
+    _load(decisions)
+    for _ in range(3):
+        model.zero_grad(set_to_none=True)
+        want = _ambient(lambda: model(input_ids=ids, attention_mask=mask).pooler_output, model.encoder)
+        want.float().sum().backward()
+        want_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad(set_to_none=True)
+        got = _auto(lambda: model(input_ids=ids, attention_mask=mask).pooler_output)
+        assert not _hooks.installed() and not torch.is_autocast_enabled("cpu")  # (the model has hooks of its own)
+        got.float().sum().backward()
+        assert got.dtype == want.dtype == torch.float32  # the pooler: float32 by the plan
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        # reentrant: ampcore's O1 region itself differs from torch.autocast by a few 1e-5 in
+        # this model's embedding gradients (not auto's doing: level O1 alike; noted, issue 27)
+        tol = 1e-4 if reentrant else 0.0
+        for g, w in zip(grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol)
