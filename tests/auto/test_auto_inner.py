@@ -89,6 +89,36 @@ def test_a_number_that_picks_the_path_still_gets_its_own_program(monkeypatch: py
     assert net(x, 3, 0.5, 1).dtype == torch.float32  # outside a region, as plain torch
 
 
+@pytest.mark.parametrize("default", ["low", "fp32"])
+def test_a_step_counter_in_a_dict_that_sometimes_picks_a_path(monkeypatch: pytest.MonkeyPatch, default: str) -> None:
+    """The counter is held by type after two equal recordings; every 5th step calls a layer
+    the program did not see (its guard applies the plan), also after the counter was
+    loosened."""
+
+    class Every(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(16, 16)
+            self.b = nn.Linear(16, 16)
+            self.extra = nn.Linear(16, 24)
+            self.back = nn.Linear(24, 16)
+
+        def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+            h = self.b(torch.tanh(self.a(batch["x"]))) * batch["scale"]
+            if batch["step"] % 5 == 4:
+                h = self.back(torch.relu(self.extra(h)))
+            return h
+
+    net, x = Every(), torch.randn(8, 16)
+    other = "fp32" if default == "low" else "low"
+    pairs = [(net.a, (8, 16), default), (net.b, (8, 16), default)]
+    _plan([*pairs, (net.extra, (8, 16), other), (net.back, (8, 24), other)])
+    _same(net, lambda i: net({"x": x, "step": i, "scale": 1.0 + i / 10}), steps=12)
+    seen = _recordings(monkeypatch)
+    _same(net, lambda i: net({"x": x, "step": 20 + i, "scale": 2.0 + i / 10}), steps=3)  # no path change
+    assert seen == []
+
+
 def test_a_bool_flag_is_never_held_by_type() -> None:
     net, x = _stepped()
     sig = [_guard.signature((x, i, 0.5, True), None, net) for i in range(2)]
