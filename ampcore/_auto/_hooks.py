@@ -242,7 +242,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if rec is not None:
         entry = plan.entries.get(key) if decision == "fp32" else None
         costs = None if entry is None else entry.costs
-        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args)
+        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args, key)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:

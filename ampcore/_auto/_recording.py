@@ -24,7 +24,6 @@ from ._costs import Decision
 from ._guard import explained, follows, snapshot, unseen_modules
 from ._plan import AutoPlan
 from ._program import _LOW, Program, local
-from ._shapes import DESCRIPTION
 
 __all__ = ["Recording"]
 
@@ -33,6 +32,20 @@ __all__ = ["Recording"]
 _TRIES: Final = 3
 #: ops whose output shape or value depends on the data (nonzero, boolean indexing, .item())
 _DYNAMIC: Final = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
+
+
+def _family(key: str) -> tuple[Any, ...]:
+    """A shape class without its shapes: ``Linear(...) in=[512x2048:bfloat16] grad`` ->
+    ``("Linear(...)", ("bfloat16",), "grad")``.
+
+    Example::
+
+        >>> _family("Linear(in_features=2, out_features=2, bias=True) in=[4x2, 8:bfloat16] no-grad")
+        ('Linear(in_features=2, out_features=2, bias=True)', ('', 'bfloat16'), 'no-grad')
+    """
+    described, _, rest = key.partition(" in=[")
+    shapes, _, grad = rest.rpartition("] ")
+    return described, tuple(part.partition(":")[2] for part in shapes.split(", ")), grad
 
 
 def _dynamic(func: Any, args: Any) -> bool:
@@ -103,7 +116,7 @@ class Recording:
         self.watch: dict[int, nn.Module] = {}
         self.ambient: dict[int, nn.Module] = {}
         self.dims: dict[int, set[int]] = {}  # the input dimensions of each planned module's calls
-        self.kinds: dict[tuple[str, str], set[str]] | None = None  # (kind, grad) -> the plan's decisions
+        self.kinds: dict[tuple[Any, ...], set[str]] | None = None  # family -> the plan's decisions
         self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: the call's signature taken before its forward (which may change a list argument)
@@ -125,10 +138,15 @@ class Recording:
         return True
 
     def note(
-        self, module: nn.Module, decision: Decision | None, saving_ms: float = 0.0, args: tuple[Any, ...] = ()
+        self,
+        module: nn.Module,
+        decision: Decision | None,
+        saving_ms: float = 0.0,
+        args: tuple[Any, ...] = (),
+        key: str = "",
     ) -> None:
-        """A planned call of ``module`` on ``args``, its decision and what float32 saves
-        there (ms)."""
+        """A planned call of ``module`` on ``args`` (shape class ``key``), its decision and
+        what float32 saves there (ms)."""
         self.saving_ms += saving_ms
         if self.dynamic:
             self.inner[id(module)] = module  # guarded, not part of the program
@@ -136,21 +154,20 @@ class Recording:
             self.dims.setdefault(id(module), set()).update(
                 d for a in args if isinstance(a, torch.Tensor) for d in a.shape
             )
-        if self._differs(module):
+        if key and self._differs(key):
             self.watch[id(module)] = module  # guarded, and part of the program (for its check)
         self.calls[id(module)] = (module, decision)
         self.sequence.setdefault(id(module), []).append(decision)
 
-    def _differs(self, module: nn.Module) -> bool:
-        """Whether the plan holds classes of ``module``'s kind (and grad mode) with different
-        decisions: a shape that changes inside the root call could change its decision."""
+    def _differs(self, key: str) -> bool:
+        """Whether the plan holds classes of ``key``'s family (module kind, input dtypes, grad
+        mode: all but the shapes) with different decisions: a shape that changes inside the
+        root call could change its decision."""
         if self.kinds is None:
             self.kinds = {}
-            for key, entry in self.plan.entries.items():
-                described, _, rest = key.partition(" in=[")
-                self.kinds.setdefault((described, rest.rpartition(" ")[2]), set()).add(entry.decision)
-        kind: Any = module.__dict__.get(DESCRIPTION)
-        return len(self.kinds.get((kind, "grad" if torch.is_grad_enabled() else "no-grad"), ())) > 1
+            for other, entry in self.plan.entries.items():
+                self.kinds.setdefault(_family(other), set()).add(entry.decision)
+        return len(self.kinds.get(_family(key), ())) > 1
 
     def in_checkpoint(self, module: nn.Module) -> None:
         """A planned call inside ``torch.utils.checkpoint``: it follows the autocast state."""

@@ -16,7 +16,7 @@ from typing import Final
 import torch
 from torch import nn
 
-__all__ = ["DESCRIPTION", "PLANNED_OPS", "bucket", "float32_weights", "planned_ops", "shape_class"]
+__all__ = ["PLANNED_OPS", "bucket", "float32_weights", "planned_ops", "shape_class"]
 
 
 def _linear(module: nn.Module) -> str:
@@ -121,9 +121,9 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     kind = _kind(type(module))
     if kind is None:
         return None
-    describe = module.__dict__.get(DESCRIPTION)
+    describe = module.__dict__.get(_DESCRIPTION)
     if describe is None:  # read once per module object (the hot path); not a parameter or buffer
-        describe = module.__dict__[DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
+        describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
     signature = (
         describe,
         torch.is_grad_enabled(),
@@ -140,7 +140,7 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
 
 
 #: the attribute a planned module's kind and hyper-parameters are kept in
-DESCRIPTION: Final = "_ampcore_auto_description"
+_DESCRIPTION: Final = "_ampcore_auto_description"
 #: (description, grad, device type, (shape, dtype, device type) per tensor) -> shape class
 _CLASSES: dict[tuple[object, ...], str | None] = {}
 _MAX_CLASSES: Final = 4096

@@ -389,6 +389,15 @@ def test_shapes_that_follow_the_root_s_arguments_are_not_guarded(kind: type[nn.S
     assert program.unseen == () and program.switched == ()
 
 
+def test_classes_that_differ_only_in_input_dtype_are_not_guarded() -> None:
+    net, x = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)), torch.randn(8, 16)
+    as_float, as_low = _classes(net[0], (8, 16))
+    _load({as_float: "fp32", as_low: "low", **dict.fromkeys(_classes(net[2], (8, 32)), "fp32")})
+    _same(net, lambda i: net(x), steps=3)
+    (program,) = _program._programs[net].values()
+    assert program.unseen == ()
+
+
 def test_a_root_called_with_keyword_tensors_is_not_guarded() -> None:
     """The first call of a root in a region is recorded before its keyword arguments are
     known (the global pre-hook has none): whether its shapes follow them is decided after."""
