@@ -7,13 +7,21 @@ recorded one to run its program, and what makes a program stale.
   applies call by call);
 * :func:`unseen_modules`: the root's planned modules the recording did not see called
   (another path of its control flow): the program guards them;
-* :func:`snapshot` / :func:`unchanged`: the root's module tree and its planned layers'
-  weight dtypes when recorded, compared on every root call with C calls only.
+* :func:`snapshot` / :func:`unchanged`: the root's module tree (also layers kept in plain
+  lists, tuples and dicts of its modules) and its planned layers' weight dtypes when
+  recorded, compared on every root call with C calls only;
+* :func:`loosen`: a number argument whose value changes every call (a step counter, a
+  temperature) but whose recordings give the same program is held by type from then on;
+* :func:`follows` / :func:`in_checkpoint`: at recording, a planned call whose input shapes
+  do not follow from the root's arguments (guarded per call), and a call inside
+  ``torch.utils.checkpoint`` (it follows the autocast state, as its recompute does).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
+import sys
 from typing import Any, Final
 
 import torch
@@ -21,7 +29,7 @@ from torch import nn
 
 from ._shapes import float32_weights, planned_ops
 
-__all__ = ["signature", "snapshot", "unchanged", "unseen_modules"]
+__all__ = ["explained", "follows", "in_checkpoint", "loosen", "signature", "snapshot", "unchanged", "unseen_modules"]
 
 _F32: Final = torch.float32
 
@@ -59,8 +67,12 @@ def signature(
                 sig.append(("kw", k))
                 if not _describe(v, sig):
                     return None
-    if root is not None and not root.training:
-        sig.append("eval")
+    if root is not None:
+        if not root.training:
+            sig.append("eval")
+        loose = root.__dict__.get(_LOOSE)  # numbers held by type (see loosen)
+        if loose is not None:
+            return _loosened(tuple(sig), loose)
     return tuple(sig)
 
 
@@ -95,35 +107,225 @@ def _describe(value: Any, sig: list[Any]) -> bool:
     return True
 
 
+#: the attribute of a root module holding its loose patterns: len(signature) -> [(the
+#: positions held by type, the loose signatures confirmed by two equal recordings)]
+_LOOSE: Final = "_ampcore_auto_loose"
+_ANY: Final = "*"  # a loose number's value in a signature (a real entry never holds a str there)
+_NUMBERS: Final = (int, float)
+
+
+def _number(entry: Any) -> bool:
+    return type(entry) is tuple and len(entry) == 3 and entry[0] == "=" and entry[1] in _NUMBERS
+
+
+def _loosened(sig: tuple[Any, ...], loose: dict[int, list[tuple[tuple[int, ...], set[Any]]]]) -> tuple[Any, ...]:
+    """``sig`` with the numbers of a confirmed pattern held by type (else ``sig``)."""
+    for positions, confirmed in loose.get(len(sig), ()):
+        if all(_number(sig[i]) for i in positions):
+            candidate = list(sig)
+            for i in positions:
+                candidate[i] = ("=", sig[i][1], _ANY)
+            found = tuple(candidate)
+            if found in confirmed:
+                return found
+    return sig
+
+
+def loosen(root: nn.Module, sig: tuple[Any, ...], others: dict[tuple[Any, ...], Any], same: Any) -> Any:
+    """The loose signature of ``sig`` when an earlier recording of ``root`` (``others``: its
+    signatures and programs) differs from it only in the values of numbers (``int`` and
+    ``float`` arguments, not ``bool``) and ``same(its program)`` holds: from then on
+    :func:`signature` holds those numbers by type.  None: nothing to loosen.
+
+    Example::
+
+        >>> import torch
+        >>> net = torch.nn.Linear(2, 2)
+        >>> a, b = signature((1,), {"t": 0.5}, net), signature((2,), {"t": 0.5}, net)
+        >>> loose = loosen(net, b, {a: "P"}, lambda p: p == "P")
+        >>> signature((7,), {"t": 0.5}, net) == loose, signature((7,), {"t": 0.9}, net) == loose
+        (True, False)
+    """
+    numbers = [i for i, e in enumerate(sig) if _number(e)]
+    if not numbers:
+        return None
+    for other_sig, other in list(others.items()):
+        if len(other_sig) != len(sig) or other_sig == sig:
+            continue
+        differ = tuple(i for i, (a, b) in enumerate(zip(sig, other_sig, strict=True)) if a != b)
+        if all(_number(sig[i]) and _number(other_sig[i]) and sig[i][1] is other_sig[i][1] for i in differ):
+            if not same(other):
+                continue
+            loose = root.__dict__.setdefault(_LOOSE, {})
+            patterns = loose.setdefault(len(sig), [])
+            found = next((p for p in patterns if p[0] == differ), None)
+            if found is None:
+                found = (differ, set[Any]())
+                patterns.append(found)
+            if len(found[1]) > 64:  # bounded, as the programs are
+                found[1].clear()
+            key = list(sig)
+            for i in differ:
+                key[i] = ("=", sig[i][1], _ANY)
+            found[1].add(tuple(key))
+            return tuple(key)
+    return None
+
+
+def explained(sig: tuple[Any, ...]) -> set[int]:
+    """The sizes a planned call's input may have and still *follow* the root's arguments
+    (``sig``): the tensors' dimensions, the products of two of them (``B * T``), each
+    halved any number of times (strided convolutions, pooling), and 1; not the value of an
+    ``int`` argument (a size given as a number may change while the signature holds it
+    by type).
+
+    Example::
+
+        >>> import torch
+        >>> sorted(explained(signature((torch.zeros(8, 3), 4), None)))
+        [1, 2, 3, 6, 8, 9, 12, 16, 24, 32, 64]
+    """
+    dims = {d for e in sig[1:] if type(e) is tuple and e and isinstance(e[-2], torch.dtype) for d in e[-3]}
+    dims.update([a * b for a in list(dims) for b in dims])
+    halves = {d >> k for d in dims for k in range(1, max(d, 1).bit_length())}
+    numbers = {e[2] for e in sig[1:] if _number(e) and e[1] is int}
+    return (dims | halves | {1}) - numbers
+
+
+def follows(module: nn.Module, dims: set[int], sizes: set[int]) -> bool:
+    """Whether every dimension ``dims`` of ``module``'s tensor inputs is among ``sizes``
+    (:func:`explained`) or a dimension of its own parameters (``in_features``, channels).
+    False: the shape comes from elsewhere (data-dependent routing, a module attribute, a
+    number argument), so the call's shape class may change while the root's signature
+    does not: the program guards it per call.
+
+    Example::
+
+        >>> import torch
+        >>> sizes = explained(signature((torch.zeros(64, 16),), None))
+        >>> follows(torch.nn.Linear(16, 4), {64, 16}, sizes), follows(torch.nn.Linear(16, 4), {37, 16}, sizes)
+        (True, False)
+    """
+    own = {d for p in module.parameters(recurse=False) for d in p.shape}
+    return dims <= sizes | own
+
+
+_CHECKPOINT: Final = "torch.utils.checkpoint"
+
+
+def in_checkpoint() -> bool:
+    """Whether the calling code runs inside ``torch.utils.checkpoint``'s forward: its pack
+    hook on top of the saved-tensor hooks (``use_reentrant=False``), or grad mode off with
+    ``CheckpointFunction.forward`` among the callers (``use_reentrant=True``).  Its recompute
+    in backward runs with the autocast state of the checkpoint's entry and no module hooks,
+    so a planned module in there must follow that state (else the recomputed tensors have
+    other dtypes than the forward's: ``CheckpointError``, or other gradients)."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is not None and getattr(hooks[0], "__module__", None) == _CHECKPOINT:
+        return True
+    if torch.is_grad_enabled():
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "forward" and frame.f_globals.get("__name__") == _CHECKPOINT:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]]]:
+    """The modules of ``root``, also those kept in plain lists, tuples and dicts of its
+    modules' attributes (not registered: not in ``root.modules()``), and those containers:
+    (the owner's ``__dict__``, the attribute, the container, its values now)."""
+    found: dict[int, nn.Module] = {}
+    containers: list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]] = []
+    todo = [root]
+    while todo:
+        for m in todo.pop().modules():
+            if id(m) in found:
+                continue
+            found[id(m)] = m
+            for name, value in vars(m).items():
+                if isinstance(value, _CONTAINERS) and name not in _REGISTERED and value:
+                    nested: list[Any] = []
+                    layers = _layers(value, 3, nested)
+                    if layers:
+                        containers.append((m.__dict__, name, value, _values(value)))
+                        containers += [(None, "", c, _values(c)) for c in nested]  # held by the one above
+                        todo.extend(layers)
+    return list(found.values()), containers
+
+
+_CONTAINERS: Final = (list, tuple, dict)
+_REGISTERED: Final = frozenset({"_modules", "_parameters", "_buffers"})
+
+
+def _values(container: Any) -> tuple[Any, ...]:
+    return tuple(container.values()) if isinstance(container, dict) else tuple(container)
+
+
+def _layers(container: Any, depth: int, nested: list[Any]) -> list[nn.Module]:
+    """The modules in ``container`` and in the containers it holds, ``depth`` levels down
+    (those holding modules are added to ``nested``)."""
+    found: list[nn.Module] = []
+    for value in _values(container):
+        if isinstance(value, nn.Module):
+            found.append(value)
+        elif depth > 1 and isinstance(value, _CONTAINERS):
+            more = _layers(value, depth - 1, nested)
+            if more:
+                nested.append(value)
+                found += more
+    return found
+
+
 def unseen_modules(root: nn.Module, calls: dict[int, Any]) -> list[nn.Module]:
-    """The planned modules of ``root`` not in ``calls`` (none inside another planned module:
-    ``MultiheadAttention`` runs its ``out_proj`` functionally)."""
-    planned = [m for m in root.modules() if planned_ops(m) is not None]
+    """The planned modules of ``root`` (also in plain containers) not in ``calls`` (none
+    inside another planned module: ``MultiheadAttention`` runs its ``out_proj`` functionally)."""
+    planned = [m for m in _plain(root)[0] if planned_ops(m) is not None]
     inside = {id(c) for m in planned for c in m.modules() if c is not m}
     return [m for m in planned if id(m) not in calls and id(m) not in inside]
 
 
+_Containers = tuple[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]], ...]
+
+
 def snapshot(
     root: nn.Module, planned: list[nn.Module]
-) -> tuple[tuple[dict[str, Any], ...], list[tuple[Any, ...]], tuple[torch.Tensor, ...]]:
-    """The ``_modules`` dicts of ``root``'s modules that have children, their values now, and
-    the first floating-point parameter of each ``planned`` module whose weights are float32."""
-    tree = tuple(d for m in root.modules() if (d := m._modules))
+) -> tuple[tuple[dict[str, Any], ...], list[tuple[Any, ...]], tuple[torch.Tensor, ...], _Containers]:
+    """The ``_modules`` dicts of ``root``'s modules that have children, their values now, the
+    first floating-point parameter of each ``planned`` module whose weights are float32, and
+    the plain containers holding layers (:func:`_plain`)."""
+    modules, containers = _plain(root)
+    tree = tuple(d for m in modules if (d := m._modules))
     firsts = (next((p for p in m.parameters() if p.is_floating_point()), None) for m in planned if float32_weights(m))
     weights = tuple(p for p in firsts if p is not None)  # one a module: a conversion converts them all
-    return tree, list(map(tuple, map(dict.values, tree))), weights
+    return tree, list(map(tuple, map(dict.values, tree))), weights, tuple(containers)
 
 
 def unchanged(
-    tree: tuple[dict[str, Any], ...], values: list[tuple[Any, ...]], weights: tuple[torch.Tensor, ...]
+    tree: tuple[dict[str, Any], ...],
+    values: list[tuple[Any, ...]],
+    weights: tuple[torch.Tensor, ...],
+    containers: _Containers = (),
 ) -> bool:
     """Whether :func:`snapshot`'s modules are still in place and its weights still float32
     (it runs on every root call: plain loops, which cost less than ``map`` chains for the
-    few dicts and weights of a model, and stop at the first change)."""
+    few dicts and weights of a model, and stop at the first change; plain containers only
+    where the root has any)."""
     for weight in weights:
         if weight.dtype is not _F32:  # dtypes are singletons
             return False
     for modules, was in zip(tree, values, strict=True):
         if tuple(modules.values()) != was:
             return False
+    if containers and not all(_same_container(*c) for c in containers):
+        return False
     return True
+
+
+def _same_container(owner: dict[str, Any] | None, name: str, container: Any, values: tuple[Any, ...]) -> bool:
+    if owner is not None and owner.get(name) is not container:
+        return False
+    now = _values(container)
+    return len(now) == len(values) and all(map(operator.is_, now, values))

@@ -27,7 +27,9 @@ shape class:
   cast to float32: the dtype its later calls give.  A device that cannot be timed
   measures nothing: auto runs as torch.autocast.
 
-A recording notes each planned call and its decision (:class:`~._program.Recording`).
+A recording notes each planned call and its decision (:class:`~._recording.Recording`).
+A planned call inside ``torch.utils.checkpoint`` is left to the autocast state (its
+recompute in backward runs with that state and no hooks: :func:`~._guard.in_checkpoint`).
 Custom lists win: a module whose ops a region's custom list names is left to the lists.
 Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
 """
@@ -47,6 +49,7 @@ from .._validate import check_real, env_number
 from . import _cache
 from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
+from ._guard import in_checkpoint
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
@@ -227,6 +230,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     if not torch.is_autocast_enabled(device_type):
         return None
+    if in_checkpoint():  # its recompute runs with the autocast state of its entry, no hooks: so does this
+        if rec is not None:
+            rec.in_checkpoint(module)
+        return None
     key = shape_class(module, args, device_type)
     if key is None:
         return None
@@ -235,7 +242,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if rec is not None:
         entry = plan.entries.get(key) if decision == "fp32" else None
         costs = None if entry is None else entry.costs
-        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms)
+        rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args, key)
     if decision is None:
         if not plan.frozen and _process.spent_s < budget_s():
             if _clock(region) is None:

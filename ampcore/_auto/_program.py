@@ -2,7 +2,7 @@
 
 While a ``level="auto"`` region *records* (:mod:`._hooks`' global module hooks are
 registered), the call of each module it makes directly (a *root*: the model) is a
-:class:`Recording`: which planned modules ran, with which decision, and whether any op the
+:class:`~._recording.Recording`: which planned modules ran, with which decision, and whether any op the
 O1 lists run in low precision ran outside planned modules (a dispatch mode, present only
 while recording).  When every planned call had a decision, the recording becomes a
 :class:`Program` for the root and the signature of its inputs (shapes, dtypes, devices of
@@ -39,31 +39,33 @@ also the values of non-tensor arguments, tensors inside containers, eval mode), 
 changed (a new measurement, ``ampcore plan clear``, ``load_plan``), a module tree that
 changed (a layer replaced) or weights no longer float32 record again.  The root's planned
 modules the recording did not see called (another path) are guarded: called by a later
-path, they apply the plan.  Shapes inside a root are taken to follow from its arguments.
+path, they apply the plan.  So are the planned calls whose shapes may change while the
+root's signature does not (:mod:`._recording`), and planned calls inside
+``torch.utils.checkpoint`` follow the autocast state there (its recompute does).  Numbers
+among the arguments that change every call but give the same program are held by type
+(:func:`._guard.loosen`, applied when a program is stored).
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._policy.thread_state import thread_state
-from ._costs import Decision
-from ._guard import signature, snapshot, unchanged, unseen_modules
+from ._guard import in_checkpoint, loosen, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import float32_weights, shape_class
 
-__all__ = ["Program", "Recording", "Running", "cast_floating", "local", "program_for", "signature"]
+if TYPE_CHECKING:
+    from ._recording import Recording
+
+__all__ = ["Program", "Running", "cast_floating", "local", "program_for", "same_program", "signature"]
 
 _LOW: Final = (torch.bfloat16, torch.float16)
-#: recordings of one root and signature that may fail (a class left undecided) before the
-#: program treats what is still undecided as the O1 lists do (low precision)
-_TRIES: Final = 3
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
 
@@ -116,11 +118,19 @@ class Program(NamedTuple):
     #: step runs); other programs keep their planned modules switched (their hooks cast a
     #: low-precision tensor made inside the root, by a layer of another dtype, to float32)
     fp32_root: bool = False
+    #: plain lists, tuples and dicts of the root's modules that hold layers, as recorded
+    plain: tuple[Any, ...] = ()
+    #: the last ``inner`` of ``unseen`` are guarded because their shapes may change while the
+    #: root's signature does not (a fixed choice, ``"low"`` or ``"fp32"``, drops them)
+    inner: int = 0
+    #: ids of the guarded modules of changing shapes (all float32 when recorded, where the
+    #: default is float32: only a low decision of theirs makes the root record again)
+    inner_ids: frozenset[int] = frozenset()
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
         still float32 (C calls only: this runs on every root call)."""
-        return unchanged(self.tree, self.tree_values, self.weights)
+        return unchanged(self.tree, self.tree_values, self.weights, self.plain)
 
     def mixed(self) -> bool:
         """Whether the whole-call check applies: some planned calls run in float32 and others
@@ -131,12 +141,14 @@ class Program(NamedTuple):
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
-        if verdict == "low":
-            return self._replace(default_fp32=False, switched=(), checked=True, steps=())
-        if verdict == "fp32":
+        if verdict in ("low", "fp32"):
+            kept = self.unseen[: len(self.unseen) - self.inner]
+            fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=())
+            if verdict == "low":
+                return fixed._replace(default_fp32=False, switched=())
             if self.fp32_ok or (self.low_outside and self.fp32_root):  # that work in float32 too
-                return self._replace(default_fp32=True, switched=(), checked=True, steps=())
-            return self._replace(default_fp32=False, switched=self.planned, checked=True, steps=())
+                return fixed._replace(default_fp32=True, switched=())
+            return fixed._replace(default_fp32=False, switched=self.planned)
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
@@ -152,134 +164,6 @@ class _Local(threading.local):
 
 
 local = _Local()
-
-
-class _Outside(TorchDispatchMode):
-    """While recording: notes what a float32 default would change outside planned modules:
-    an op of the O1 low-precision list (``low_outside`` too: the whole-call check applies),
-    or any op given a low-precision floating tensor of the region's device type (autocast
-    may cast it, and a float32 default would not)."""
-
-    def __init__(self, rec: Recording, white: frozenset[str], device_type: str) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.rec, self.white, self.device_type = rec, white, device_type
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        rec = self.rec
-        if not rec.planned and not rec.low_outside and not local.measuring:
-            packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
-            if getattr(packet, "__name__", None) in self.white:
-                rec.outside = rec.low_outside = True
-            elif not rec.outside and self._low_input(args, kwargs):
-                rec.outside = True
-        return func(*args, **(kwargs or {}))
-
-    def _low_input(self, args: Any, kwargs: Any) -> bool:
-        values = [*args, *(kwargs or {}).values()]
-        for value in values:
-            if isinstance(value, (list, tuple)):
-                values.extend(value)  # one level: the tensor lists of cat, stack, ...
-            elif isinstance(value, torch.Tensor) and value.dtype in _LOW and value.device.type == self.device_type:
-                return True
-        return False
-
-
-class Recording:
-    """One root call while the global hooks run: the planned calls and their decisions."""
-
-    def __init__(self, root: nn.Module, region: Any, plan: AutoPlan, white: frozenset[str] | None, done: Any) -> None:
-        self.root, self.region, self.plan, self.changes = root, region, plan, plan.changes
-        #: called as done(recording, args, kwargs, ok) when the root call ended
-        self.done = done
-        self.stack: list[tuple[nn.Module, bool]] = []
-        self.planned = 0
-        self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
-        self.sequence: dict[int, list[Decision | None]] = {}  # each module's decisions in call order
-        self.outside = False
-        self.low_outside = False  # an op of the O1 low-precision list ran outside planned modules
-        self.saving_ms = 0.0  # sum of low - fp32 ms over the float32-decided calls
-        self.args: tuple[Any, ...] = ()  # the root call's arguments as called
-        #: the call's signature taken before its forward (which may change a list argument)
-        self.sig: tuple[Any, ...] | None = None
-        #: None: the global hooks apply the plan to this call, nothing is recorded
-        self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
-        if self.mode is not None:
-            self.mode.__enter__()  # type: ignore[no-untyped-call]
-
-    def enter(self, module: nn.Module, planned: bool) -> None:
-        self.stack.append((module, planned))
-        self.planned += planned
-
-    def leave(self, module: nn.Module) -> bool:
-        """The post hook of ``module``: False when it is not the call on top (not entered here)."""
-        if not self.stack or self.stack[-1][0] is not module:
-            return False
-        self.planned -= self.stack.pop()[1]
-        return True
-
-    def note(self, module: nn.Module, decision: Decision | None, saving_ms: float = 0.0) -> None:
-        """A planned call of ``module``, its decision and what float32 saves there (ms)."""
-        self.saving_ms += saving_ms
-        self.calls[id(module)] = (module, decision)
-        self.sequence.setdefault(id(module), []).append(decision)
-
-    def close(self) -> None:
-        if self.mode is None:
-            return
-        try:
-            self.mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
-        except Exception:  # an inner mode left on the stack (an exception): drop ours with it
-            pass
-
-    def program(self, sig: tuple[Any, ...], tries: int, can_measure: bool) -> Program | None:
-        """The program this recording gives (None: record again at the next call)."""
-        if self.mode is None or self.plan.changes != self.changes:
-            return None
-        undecided = any(d is None for seq in self.sequence.values() for d in seq)
-        if undecided and can_measure and tries < _TRIES:
-            return None
-        varies = {i for i, seq in self.sequence.items() if len({d == "fp32" for d in seq}) > 1}
-        fp32 = [m for i, (m, d) in self.calls.items() if d == "fp32" and i not in varies]
-        low = [m for i, (m, d) in self.calls.items() if d != "fp32" and i not in varies]  # undecided: O1
-        low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
-        # the default that hooks fewer modules; a float32 one only where it changes no dtype
-        # the recording saw (no low-precision tensor reached an op outside planned modules)
-        fp32_ok = not self.outside and not low_inputs
-        default_fp32 = fp32_ok and len(low) < len(fp32)
-        varying = [self.calls[i][0] for i in varies]
-        unseen = unseen_modules(self.root, self.calls)
-        tree, values, weights = snapshot(self.root, fp32 + low + varying + unseen)
-        stale = [False]
-
-        def collected(_: object) -> None:  # a module of the program is gone (replaced): record again
-            stale[0] = True
-
-        def refs(modules: list[nn.Module]) -> tuple[weakref.ref[nn.Module], ...]:
-            return tuple(weakref.ref(m, collected) for m in modules)
-
-        steps = tuple(
-            (weakref.ref(m, collected), tuple((d == "fp32") != default_fp32 for d in self.sequence[id(m)]))
-            for m in varying
-        )
-        return Program(
-            self.plan,
-            self.changes,
-            default_fp32,
-            refs((low if default_fp32 else fp32) + varying),
-            refs(fp32 + low + varying),
-            fp32_ok,
-            False,
-            self.saving_ms,
-            refs(unseen),
-            stale,
-            can_measure,
-            tree,
-            values,
-            weights,
-            steps,
-            self.low_outside,
-            not low_inputs and float32_weights(self.root),  # a bf16 layer cannot take float32 inputs
-        )
 
 
 def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
@@ -375,14 +259,16 @@ class Running:
         if local.run is not self or _is_compiling():
             return None
         stack = _thread.stack
-        if not stack or stack[-1] is not self.region:
+        if not stack or stack[-1] is not self.region or in_checkpoint():  # a checkpoint: its autocast state
             return None
         key = shape_class(module, args, self.device_type)
         if key is None:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
-        if (decision is None and program.measurable) or program.default_fp32:
+        if (decision is None and program.measurable) or (
+            program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)
+        ):
             # the next call records again: to measure the class, or (a float32 default) to
             # see this path's ops outside planned modules (the default may not suit them)
             program.stale[0] = True
@@ -458,8 +344,37 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
     if len(programs) > 64:  # dynamic shapes: keep it bounded
         programs.clear()
     programs[sig] = found
+    if isinstance(found, Program):  # a number that changed and gave the same program: held by type
+        loose = loosen(root, sig, programs, lambda other: isinstance(other, Program) and same_program(found, other))
+        if loose is not None:
+            programs[loose] = found
+
+
+def same_program(a: Program, b: Program) -> bool:
+    """Whether ``a`` and ``b`` apply the same decisions to the same modules (under the same plan)."""
+
+    def ids(refs: tuple[weakref.ref[nn.Module], ...]) -> set[int]:
+        return {id(m) for r in refs if (m := r()) is not None}
+
+    return (
+        a.plan is b.plan
+        and a.changes == b.changes
+        and a.default_fp32 == b.default_fp32
+        and ids(a.switched) == ids(b.switched)
+        and ids(a.unseen) == ids(b.unseen)
+        and {(id(r()), c) for r, c in a.steps} == {(id(r()), c) for r, c in b.steps}
+    )
 
 
 def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()
+
+
+def __getattr__(name: str) -> Any:
+    """``Recording`` (moved to :mod:`._recording`), for code that reads it from here."""
+    if name == "Recording":
+        from ._recording import Recording
+
+        return Recording
+    raise AttributeError(name)

@@ -37,9 +37,10 @@ from . import _hooks
 from ._cache import plans as _plans
 from ._guard import unchanged
 from ._plan import AutoPlan
-from ._program import Program, Recording, Running, program_for, signature, store
+from ._program import Program, Running, program_for, signature, store
 from ._program import forget as forget_programs
 from ._program import local as _prog
+from ._recording import Recording
 from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _GLOBAL_PRE,
     _MAX_SITES,
@@ -244,7 +245,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         or last.ref() is not module
         or last.plan.changes != last.changes
         or last.stale[0]
-        or not unchanged(last.tree, last.values, last.weights)  # Program.same_tree
+        or not unchanged(last.tree, last.values, last.weights, last.plain)  # Program.same_tree
     ):
         last = _find(module, args, kwargs, region, sig)
         if type(last) is not _Last:

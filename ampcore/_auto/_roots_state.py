@@ -82,8 +82,8 @@ class _Last:
     :class:`Running`, kept for the next call (no object per call)."""
 
     __slots__ = (
-        "changes", "generation", "plan", "program", "ref", "run", "sig", "spec", "stale", "switches_root",
-        "threads", "tree", "values", "weights",
+        "changes", "generation", "plain", "plan", "program", "ref", "run", "sig", "spec", "stale",
+        "switches_root", "threads", "tree", "values", "weights",
     )  # fmt: skip
 
     def __init__(
@@ -105,6 +105,7 @@ class _Last:
         self.generation, self.threads = generation, _num_threads()
         self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
         self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
+        self.plain = program.plain  # the plain containers of layers (:func:`._guard.unchanged`)
         self.run: Running | None = None
         #: the root is itself a switched module: its own pre-hook would come too late
         self.switches_root = any(ref() is root for ref in program.switched)

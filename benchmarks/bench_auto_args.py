@@ -1,0 +1,113 @@
+"""level="auto" on a model called with numbers that change every step (issue 27).
+
+A model of small residual ``Linear(64)`` layers on a batch of 16 is called as
+``model(x, step, temperature)`` with a new step counter and temperature every call.  The
+guard of a root's program held such numbers by value, so every call was a new signature:
+recorded (the global module hooks and a dispatch mode on every module call, the program
+store cleared every 64 signatures).  Now a number whose recordings give the same program is
+held by type after two of them (``ampcore._auto._guard.loosen``).
+
+One process, three modes in turn per round (training steps: forward, MSE, backward, SGD;
+each mode its own copy of the model from the same weights): ``fp32``; ``auto`` (numbers
+held by type); ``auto-by-value`` (the same with :func:`loosen` switched off for its copy:
+the behaviour before); ``auto-same`` (the same numbers every call: one signature, what a
+settled program costs on this model).  Each round's order rotates; the ratios are medians of the per-round
+ratios to ``fp32`` (process CPU time), after ``--warmup`` untimed rounds (auto measures its
+shape classes there).
+
+    python benchmarks/bench_auto_args.py --rounds 200 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+import ampcore
+from ampcore._auto import _program
+
+
+class Stepped(nn.Module):
+    """``layers`` residual ``Linear(width)`` blocks; ``step`` and ``temperature`` change per call."""
+
+    def __init__(self, layers: int = 24, width: int = 64) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor, step: int, temperature: float = 1.0) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + torch.tanh(block(x)) * temperature
+        return x
+
+
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, i: int, mode: str) -> None:
+    if mode == "fp32":
+        out = model(x, i, 1.0 + (i % 7) / 100)
+    elif mode == "auto-same":  # the same numbers every call: one signature (the floor)
+        with ampcore.autocast("cpu", level="auto"):
+            out = model(x, 0, 1.0)
+    else:
+        with ampcore.autocast("cpu", level="auto"):
+            out = model(x, i, 1.0 + (i % 7) / 100)
+    nn.functional.mse_loss(out.float(), torch.zeros_like(x)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _by_value(blocked: nn.Module) -> None:
+    """Switch :func:`loosen` off for ``blocked`` (the behaviour before: numbers by value)."""
+    loosen = _program.loosen
+
+    def patched(root: nn.Module, *args: Any) -> Any:
+        return None if root is blocked else loosen(root, *args)
+
+    _program.loosen = patched
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    os.environ.setdefault("AMPCORE_AUTO_CACHE", "off")
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.manual_seed(0)
+    base, x = Stepped(), torch.randn(16, 64)
+    models = {m: copy.deepcopy(base) for m in ("fp32", "auto", "auto-by-value", "auto-same")}
+    opts = {m: torch.optim.SGD(models[m].parameters(), lr=1e-4) for m in models}
+    _by_value(models["auto-by-value"])
+    runs: dict[str, Callable[[int], None]] = {
+        m: (lambda i, m=m: _step(models[m], opts[m], x, i, m))  # type: ignore[misc]
+        for m in models
+    }
+    names = list(runs)
+    ratios: dict[str, list[float]] = {m: [] for m in names if m != "fp32"}
+    for r in range(args.warmup + args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        took = {}
+        for m in order:
+            start = time.process_time()
+            runs[m](r)
+            took[m] = time.process_time() - start
+        if r >= args.warmup:
+            for m in ratios:
+                ratios[m].append(took[m] / took["fp32"])
+    print(f"torch {torch.__version__}, {args.threads} thread(s), load {os.getloadavg()[0]:.2f}, {args.rounds} rounds")
+    for m, values in ratios.items():
+        print(f"{m:>14} / fp32: median {statistics.median(values):.3f}")
+
+
+if __name__ == "__main__":
+    main()
