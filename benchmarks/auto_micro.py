@@ -3,12 +3,15 @@ to enter and leave) and ``--pairs`` (auto against fp32, step by step).
 
 Where the compiled settled path of auto root calls is in use (``ampcore._auto._kernel``),
 both add auto on the Python path (``auto, Python path``): the same region, the hooks
-switched to the Python ones for that case only, interleaved with the others."""
+switched to the Python ones (outside the timing) for that case only, interleaved with the
+others (``AMPCORE_BENCH_PYTHON_PATH=0``: not in ``--pairs``, for runs of one path per
+process, each with ``AMPCORE_AUTO_KERNEL``)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -22,14 +25,14 @@ PYTHON_PATH = "auto, Python path"
 @contextlib.contextmanager
 def python_path() -> Any:
     """The Python settled path of auto root calls inside (the compiled one again after)."""
-    from ampcore._auto import _roots, _roots_kernel
+    from ampcore._auto import _roots_kernel
 
-    kept = (_roots._hooks_now.pre, _roots._hooks_now.post)
+    kept = _roots_kernel.paths()
     _roots_kernel.use_python()
     try:
         yield
     finally:
-        _roots._hooks_now.pre, _roots._hooks_now.post = kept
+        _roots_kernel.use_paths(kept)
 
 
 def compiled_path() -> bool:
@@ -79,14 +82,15 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
         "plain 3-module call after auto": lambda: model(x),
     }
     if compiled_path():
-        cases[f"{PYTHON_PATH}, 3-module call"] = python_path()(enter(auto, True))
+        cases[f"{PYTHON_PATH}, 3-module call"] = enter(auto, True)
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, run in cases.items():
-            start = time.process_time()
-            for _ in range(calls):
-                run()
-            times[name].append((time.process_time() - start) / calls * 1e6)
+            with python_path() if name.startswith(PYTHON_PATH) else contextlib.nullcontext():  # outside the timing
+                start = time.process_time()
+                for _ in range(calls):
+                    run()
+                times[name].append((time.process_time() - start) / calls * 1e6)
     for name, values in times.items():
         print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
 
@@ -109,7 +113,7 @@ def pairs(name: str, count: int) -> None:
     base, data = build(name, "cpu")
     auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
     modes: tuple[str, ...] = ("fp32", "auto", "O1 region, fp32 inside", "torch.autocast, fp32 inside")
-    modes += (PYTHON_PATH,) if compiled_path() else ()
+    modes += (PYTHON_PATH,) if compiled_path() and os.environ.get("AMPCORE_BENCH_PYTHON_PATH") != "0" else ()
     models = {mode: copy.deepcopy(base) for mode in modes}
     outers = {"auto": auto, modes[2]: o1, modes[3]: torch.autocast("cpu", dtype=torch.bfloat16), PYTHON_PATH: auto}
     calls: dict[str, list[float]] = {mode: [] for mode in models}
@@ -119,7 +123,7 @@ def pairs(name: str, count: int) -> None:
         outer = outers.get(mode, contextlib.nullcontext())
         own = mode in ("auto", "fp32", PYTHON_PATH)
         inner = contextlib.nullcontext() if own else torch.autocast("cpu", enabled=False)
-        with python_path() if mode == PYTHON_PATH else contextlib.nullcontext(), outer:
+        with outer:
             with inner:
                 start = time.perf_counter_ns()
                 out = model(*data)
@@ -132,10 +136,12 @@ def pairs(name: str, count: int) -> None:
     times: dict[str, list[float]] = {mode: [] for mode in models}
     for round_ in range(count + 20):
         for mode in models:
-            start = time.perf_counter()
-            step(mode)
+            with python_path() if mode == PYTHON_PATH else contextlib.nullcontext():  # outside the timing
+                start = time.perf_counter()
+                step(mode)
+                end = time.perf_counter()
             if round_ >= 20:
-                times[mode].append(time.perf_counter() - start)
+                times[mode].append(end - start)
     for mode in modes[1:]:
         ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
         print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")

@@ -25,7 +25,8 @@ namespace {
 enum Slot {
     PROG, LOCAL, THREAD, PLANS, COMPILER, GLOBAL_PRE, PY_SENTINEL, PY_POST, SENTINEL_OFF,
     SENTINEL_ON, GRAD_ENABLED, NUM_THREADS, AUTOCAST_ENABLED, SET_AUTOCAST, TENSOR, FLOAT32,
-    LAST_TYPE, PROCESS, DYNAMO_READY, SELF_POST, SELF_SENTINEL, N_SLOTS
+    LAST_TYPE, PROCESS, DYNAMO_READY, PY_ENTERED, PY_EXITED, HOOK_PUBLIC, MODULE_TYPE,
+    REGION_THREADS, SELF_POST, SELF_SENTINEL, N_SLOTS
 };
 PyObject* slots[N_SLOTS];
 
@@ -35,7 +36,8 @@ enum Name {
     generation, threads, ref, plan, changes, stale, simple, switches_root, plain, sig, training,
     __dict__, shape, dtype, device, tree, values, weights, sentinel, sentinel_key, public_, key,
     _forward_hooks, _forward_hooks_always_called, root, region, default_fp32, loose, eval_,
-    name, owner, device_index, plans, N_NAMES
+    name, owner, device_index, plans, policy, site_code, site_line, site, overflow, roots,
+    entered, _forward_pre_hooks_with_kwargs, called, remove, N_NAMES
 };
 const char* name_text[N_NAMES] = {
     "settled", "run", "rec", "measuring", "_is_compiling_flag", "stack", "spec", "backend",
@@ -43,7 +45,8 @@ const char* name_text[N_NAMES] = {
     "switches_root", "plain", "sig", "training", "__dict__", "shape", "dtype", "device", "tree",
     "values", "weights", "sentinel", "sentinel_key", "public", "key", "_forward_hooks",
     "_forward_hooks_always_called", "root", "region", "default_fp32", "_ampcore_auto_loose", "eval",
-    "name", "owner", "device_index", "plans",
+    "name", "owner", "device_index", "plans", "policy", "site_code", "site_line", "site", "overflow",
+    "roots", "entered", "_forward_pre_hooks_with_kwargs", "called", "remove",
 };
 PyObject* names[N_NAMES];
 bool configured = false;
@@ -428,7 +431,162 @@ PyObject* configure_fn(PyObject* self, PyObject* const* args, Py_ssize_t nargs) 
     Py_RETURN_NONE;
 }
 
+// The site of an eligible region entered where the thread's last one was (_roots.region_entered's
+// short way), a new reference; NULL (no error) for any other region: the Python way.
+PyObject* known_site(PyObject* st, PyObject* region) {
+    if (PyList_GET_SIZE(st) != 1 || truth(slots[COMPILER], _is_compiling_flag)) return nullptr;
+    PyObject* sp = get(region, spec);
+    bool plain = sp != nullptr && is_none(sp, policy);
+    Py_XDECREF(sp);
+    PyFrameObject* enter = PyEval_GetFrame();  // autocast.__enter__ (a C call has no frame)
+    PyFrameObject* user = (plain && enter != nullptr) ? PyFrame_GetBack(enter) : nullptr;
+    if (user == nullptr) return nullptr;
+    PyCodeObject* code = PyFrame_GetCode(user);
+    int line = PyFrame_GetLineNumber(user);
+    Py_DECREF(user);
+    PyObject* local = slots[LOCAL];
+    PyObject* known = get(local, site_code);
+    PyObject* known_line = get(local, site_line);
+    bool same = known == (PyObject*)code && known_line != nullptr && PyLong_Check(known_line) &&
+                PyLong_AsLong(known_line) == line;
+    Py_DECREF(code);
+    Py_XDECREF(known);
+    Py_XDECREF(known_line);
+    PyObject* found = same ? get(local, site) : nullptr;
+    if (found != nullptr && (found == Py_None || truth(found, overflow))) Py_CLEAR(found);
+    if (PyErr_Occurred()) PyErr_Clear();
+    return found;
+}
+
+// The root marks of _roots.region_entered: the sentinel's key in each live root's with-kwargs
+// pre-hook dict (public hooks where those dicts are not there).
+int mark_roots(PyObject* site_obj, PyObject* handles, PyObject* skey) {
+    PyObject* refs = get(site_obj, roots);
+    if (refs == nullptr || !PyList_CheckExact(refs)) {
+        Py_XDECREF(refs);
+        return -1;
+    }
+    int ok = 0;
+    for (Py_ssize_t i = 0; ok == 0 && i < PyList_GET_SIZE(refs); ++i) {
+        PyObject* module = PyObject_CallNoArgs(PyList_GET_ITEM(refs, i));
+        if (module == nullptr || module == Py_None) {
+            ok = module == nullptr ? -1 : 0;
+            Py_XDECREF(module);
+            continue;
+        }
+        if (hook_dict(module, _forward_pre_hooks_with_kwargs, skey, Py_True)) {
+            ok = PyList_Append(handles, module);
+        } else if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_AttributeError) &&
+                   !PyErr_ExceptionMatches(PyExc_TypeError)) {
+            ok = -1;
+        } else {
+            PyErr_Clear();
+            PyObject* done = PyObject_CallFunctionObjArgs(slots[HOOK_PUBLIC], module, handles, nullptr);
+            ok = done == nullptr ? -1 : 0;
+            Py_XDECREF(done);
+        }
+        Py_DECREF(module);
+    }
+    Py_DECREF(refs);
+    return ok;
+}
+
+PyObject* entered_fn(PyObject*, PyObject* const*, Py_ssize_t) {
+    if (!configured) return PyErr_Format(PyExc_RuntimeError, "ampcore's auto kernel: not configured");
+    if (check_dynamo() < 0) return nullptr;
+    PyObject* st = get(slots[THREAD], stack);
+    PyObject* region = (st != nullptr && PyList_CheckExact(st) && PyList_GET_SIZE(st) > 0)
+                           ? PyList_GET_ITEM(st, PyList_GET_SIZE(st) - 1) : nullptr;
+    PyObject* site_obj = region == nullptr || slots[GLOBAL_PRE] == Py_None ? nullptr : known_site(st, region);
+    if (site_obj == nullptr) {
+        Py_XDECREF(st);
+        return PyObject_CallNoArgs(slots[PY_ENTERED]);
+    }
+    Py_INCREF(region);
+    Py_DECREF(st);
+    PyObject* local = slots[LOCAL];
+    PyObject* handles = PyList_New(0);
+    PyObject* entry = handles == nullptr ? nullptr : PyTuple_Pack(3, region, site_obj, handles);
+    PyObject* list = get(local, entered);
+    PyObject* skey = get(local, sentinel_key);
+    PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    int ok = (entry != nullptr && list != nullptr && skey != nullptr && ident != nullptr) ? 0 : -1;
+    if (ok == 0) ok = PyObject_SetAttr(slots[PROG], names[settled], region);
+    if (ok == 0) ok = PyList_Append(list, entry);
+    if (ok == 0) ok = PyObject_SetItem(slots[REGION_THREADS], ident, Py_True);
+    if (ok == 0) ok = mark_roots(site_obj, handles, skey);
+    if (ok == 0) ok = PyObject_SetItem(slots[GLOBAL_PRE], skey, slots[SELF_SENTINEL]);
+    if (ok == 0) ok = PyObject_SetAttr(local, names[sentinel], skey);
+    Py_XDECREF(handles);
+    Py_XDECREF(entry);
+    Py_XDECREF(list);
+    Py_XDECREF(skey);
+    Py_XDECREF(ident);
+    Py_DECREF(site_obj);
+    Py_DECREF(region);
+    if (ok != 0) return nullptr;
+    Py_RETURN_NONE;
+}
+
+// The last entry of local.entered when _roots.region_exited's short way applies (a region
+// with a site, no root call in progress, no roots new to the site), a new reference; else NULL.
+PyObject* plain_exit(PyObject* list) {
+    PyObject* local = slots[LOCAL];
+    PyObject* prog = slots[PROG];
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) == 0) return nullptr;
+    PyObject* entry = PyList_GET_ITEM(list, PyList_GET_SIZE(list) - 1);
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3 || PyTuple_GET_ITEM(entry, 1) == Py_None ||
+        !PyList_CheckExact(PyTuple_GET_ITEM(entry, 2)))
+        return nullptr;
+    if (!is_none(prog, run) || !is_none(prog, rec) || truth(local, called) || truth(local, public_)) return nullptr;
+    Py_INCREF(entry);
+    return entry;
+}
+
+PyObject* exited_fn(PyObject*, PyObject* const*, Py_ssize_t) {
+    if (!configured) return PyErr_Format(PyExc_RuntimeError, "ampcore's auto kernel: not configured");
+    PyObject* local = slots[LOCAL];
+    PyObject* list = get(local, entered);
+    PyObject* entry = list == nullptr ? nullptr : plain_exit(list);
+    if (entry == nullptr) {
+        Py_XDECREF(list);
+        if (PyErr_Occurred()) PyErr_Clear();
+        return PyObject_CallNoArgs(slots[PY_EXITED]);
+    }
+    int ok = PyList_SetSlice(list, PyList_GET_SIZE(list) - 1, PyList_GET_SIZE(list), nullptr);
+    Py_DECREF(list);
+    PyObject* skey = get(local, sentinel_key);
+    if (skey == nullptr) ok = -1;
+    if (ok == 0) ok = sentinel_off();
+    PyObject* handles = PyTuple_GET_ITEM(entry, 2);
+    for (Py_ssize_t i = 0; ok == 0 && i < PyList_GET_SIZE(handles); ++i) {
+        PyObject* handle = PyList_GET_ITEM(handles, i);
+        int module = PyObject_IsInstance(handle, slots[MODULE_TYPE]);
+        if (module == 1) {
+            ok = hook_dict(handle, _forward_pre_hooks_with_kwargs, skey, nullptr) ? 0 : -1;
+        } else {
+            PyObject* done = module < 0 ? nullptr : PyObject_CallMethodNoArgs(handle, names[remove]);
+            ok = done == nullptr ? -1 : 0;
+            Py_XDECREF(done);
+        }
+    }
+    PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (ok == 0 && ident != nullptr && PyDict_Check(slots[REGION_THREADS])) {
+        PyObject* gone = PyObject_CallMethod(slots[REGION_THREADS], "pop", "OO", ident, Py_None);
+        ok = gone == nullptr ? -1 : 0;
+        Py_XDECREF(gone);
+    }
+    if (ok == 0) ok = PyObject_SetAttr(slots[PROG], names[settled], Py_None);
+    Py_XDECREF(ident);
+    Py_XDECREF(skey);
+    Py_DECREF(entry);
+    if (ok != 0) return nullptr;
+    Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
+    {"region_entered", (PyCFunction)(void (*)(void))entered_fn, METH_FASTCALL, "See _roots.region_entered."},
+    {"region_exited", (PyCFunction)(void (*)(void))exited_fn, METH_FASTCALL, "See _roots.region_exited."},
     {"sentinel", (PyCFunction)(void (*)(void))sentinel_fn, METH_FASTCALL, "The settled root call (see _roots._sentinel)."},
     {"post", (PyCFunction)(void (*)(void))post_fn, METH_FASTCALL, "The root's post-hook (see _roots._root_post)."},
     {"configure", (PyCFunction)(void (*)(void))configure_fn, METH_FASTCALL, "Give the state objects."},

@@ -41,10 +41,10 @@ def compiled_in_use() -> bool:
 def settled_path(request: pytest.FixtureRequest, auto_state: None) -> Iterator[str]:
     """The test once with the Python settled path, once with the compiled one (skipped in a
     run where it is not in use: ``AMPCORE_AUTO_KERNEL=python``, no compiler)."""
-    kept = (_roots._hooks_now.pre, _roots._hooks_now.post)
+    kept = _roots_kernel.paths()
     if request.param == "python":
         _roots_kernel.use_python()
     elif not compiled_in_use():
         pytest.skip(f"the compiled settled path is not in use in this run: {_kernel.describe()}")
     yield str(request.param)
-    _roots._hooks_now.pre, _roots._hooks_now.post = kept
+    _roots_kernel.use_paths(kept)
