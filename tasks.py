@@ -271,11 +271,10 @@ def run_pytest(args: list[str], env: dict[str, str] | None = None, name: str = "
 
 
 #: The second executor's run in CI (issue 26): the policy tests again with the Python policy
-#: kernels, since the main run uses the compiled ones wherever a compiler is available; and
-#: the auto tests with the Python settled path of auto root calls (issue 27), likewise.
+#: kernels, since the main run uses the compiled ones wherever a compiler is available.
 SECOND_EXECUTOR_RUN: tuple[list[str], dict[str, str]] = (
-    ["tests/policy", "tests/auto", "-q", "-p", "no:cacheprovider"],
-    {"AMPCORE_POLICY_KERNEL": "python", "AMPCORE_AUTO_KERNEL": "python"},
+    ["tests/policy", "-q", "-p", "no:cacheprovider"],
+    {"AMPCORE_POLICY_KERNEL": "python"},
 )
 
 #: The suite again as on a machine with one CUDA GPU (faked: ``AMPCORE_TEST_SIMULATE_CUDA=1``,
@@ -349,10 +348,7 @@ def build_policy_kernel() -> None:
     (20-60 s on a fresh machine, then cached per torch version) so that no test's own time
     limit pays for the build; prints which executor runs and why."""
     code = (
-        "from ampcore._policy.executor import executor; e = executor()\n"
-        "print(f'policy kernels: {e.name} ({e.reason})')\n"
-        "from ampcore._auto import _kernel, _roots_kernel; _kernel.start(_roots_kernel.use_compiled); _kernel.wait()\n"
-        "print(f'auto settled path: {_kernel.describe()}')"
+        "from ampcore._policy.executor import executor; e = executor(); print(f'policy kernels: {e.name} ({e.reason})')"
     )
     subprocess.run([str(PY), "-c", code], cwd=ROOT, check=False)
 
@@ -366,7 +362,7 @@ def test(args: list[str]) -> None:
     stages.append(run_pytest(args))
     if not args:
         second_args, env = SECOND_EXECUTOR_RUN
-        stages.append(run_pytest(second_args, env, name="pytest tests/policy tests/auto, Python kernels"))
+        stages.append(run_pytest(second_args, env, name="pytest tests/policy, Python policy kernels"))
         simulated_args, env = SIMULATED_GPU_RUN
         no_fake = simulated_gpu_unsupported_reason()
         name = "pytest with a faked CUDA GPU"

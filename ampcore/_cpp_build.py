@@ -25,9 +25,9 @@ from typing import Final
 
 import torch
 
-from ._errors import AmpcoreError, AmpcoreWarning
+from ._errors import AmpcoreWarning
 
-__all__ = ["STALE_LOCK_S", "build_extension", "choice_of", "clear_stale_lock", "extension_name", "missing_tools"]
+__all__ = ["STALE_LOCK_S", "build_extension", "clear_stale_lock", "extension_name", "missing_tools"]
 
 #: A build lock older than this is a leftover of a killed build (a build takes 20-60 s).
 STALE_LOCK_S: Final = 600.0
@@ -41,15 +41,6 @@ def missing_tools() -> str | None:
     if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
         return "ninja (needed by torch.utils.cpp_extension) is not installed"
     return None
-
-
-def choice_of(env: str, choices: Sequence[str]) -> str:
-    """The validated value of the environment variable ``env`` that chooses between a compiled
-    path and the Python one (``auto`` when unset)."""
-    value = os.environ.get(env, "auto").strip().lower() or "auto"
-    if value not in choices:
-        raise AmpcoreError(f"{env}={os.environ[env]!r}: expected one of {', '.join(choices)}")
-    return value
 
 
 def extension_name(stem: str, source: Path, *headers: Path) -> str:

@@ -1,51 +1,16 @@
 """The micro-benchmarks of ``bench_auto.py``: ``--region-cost`` (what an auto region costs
-to enter and leave) and ``--pairs`` (auto against fp32, step by step).
-
-Where the compiled settled path of auto root calls is in use (``ampcore._auto._kernel``),
-both add auto on the Python path (``auto, Python path``): the same region, the hooks
-switched to the Python ones (outside the timing) for that case only, interleaved with the
-others (``AMPCORE_BENCH_PYTHON_PATH=0``: not in ``--pairs``, for runs of one path per
-process, each with ``AMPCORE_AUTO_KERNEL``)."""
+to enter and leave) and ``--pairs`` (auto against fp32, step by step)."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import os
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 from auto_models import build, loss
-
-PYTHON_PATH = "auto, Python path"
-
-
-@contextlib.contextmanager
-def python_path() -> Any:
-    """The Python settled path of auto root calls inside (the compiled one again after)."""
-    from ampcore._auto import _roots_kernel
-
-    kept = _roots_kernel.paths()
-    _roots_kernel.use_python()
-    try:
-        yield
-    finally:
-        _roots_kernel.use_paths(kept)
-
-
-def compiled_path() -> bool:
-    """Whether auto's settled root calls take the compiled path in this process (waiting up
-    to 30 s for its background build)."""
-    from ampcore._auto import _kernel, _roots
-
-    deadline = time.monotonic() + 30
-    while _roots._hooks_now.pre is _roots._sentinel and time.monotonic() < deadline:
-        if not _kernel._state.started or _kernel.describe().startswith("python ("):
-            return False
-        time.sleep(0.1)
-    return _roots._hooks_now.pre is not _roots._sentinel
 
 
 def region_cost(rounds: int = 11, calls: int = 2000) -> None:
@@ -81,16 +46,13 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
         "auto region, 3-module call": enter(auto, True),
         "plain 3-module call after auto": lambda: model(x),
     }
-    if compiled_path():
-        cases[f"{PYTHON_PATH}, 3-module call"] = enter(auto, True)
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, run in cases.items():
-            with python_path() if name.startswith(PYTHON_PATH) else contextlib.nullcontext():  # outside the timing
-                start = time.process_time()
-                for _ in range(calls):
-                    run()
-                times[name].append((time.process_time() - start) / calls * 1e6)
+            start = time.process_time()
+            for _ in range(calls):
+                run()
+            times[name].append((time.process_time() - start) / calls * 1e6)
     for name, values in times.items():
         print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
 
@@ -111,23 +73,18 @@ def pairs(name: str, count: int) -> None:
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     base, data = build(name, "cpu")
-    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
-    modes: tuple[str, ...] = ("fp32", "auto", "O1 region, fp32 inside", "torch.autocast, fp32 inside")
-    modes += (PYTHON_PATH,) if compiled_path() and os.environ.get("AMPCORE_BENCH_PYTHON_PATH") != "0" else ()
+    modes = ("fp32", "auto", "O1 region, fp32 inside", "torch.autocast, fp32 inside")
     models = {mode: copy.deepcopy(base) for mode in modes}
-    outers = {"auto": auto, modes[2]: o1, modes[3]: torch.autocast("cpu", dtype=torch.bfloat16), PYTHON_PATH: auto}
-    calls: dict[str, list[float]] = {mode: [] for mode in models}
+    auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
+    outers = {"auto": auto, modes[2]: o1, modes[3]: torch.autocast("cpu", dtype=torch.bfloat16)}
 
     def step(mode: str) -> None:
         model = models[mode]
         outer = outers.get(mode, contextlib.nullcontext())
-        own = mode in ("auto", "fp32", PYTHON_PATH)
-        inner = contextlib.nullcontext() if own else torch.autocast("cpu", enabled=False)
+        inner = contextlib.nullcontext() if mode in ("auto", "fp32") else torch.autocast("cpu", enabled=False)
         with outer:
             with inner:
-                start = time.perf_counter_ns()
                 out = model(*data)
-                calls[mode].append((time.perf_counter_ns() - start) / 1e3)
             value = loss(out, data)
         value.backward()
         for p in model.parameters():
@@ -136,14 +93,10 @@ def pairs(name: str, count: int) -> None:
     times: dict[str, list[float]] = {mode: [] for mode in models}
     for round_ in range(count + 20):
         for mode in models:
-            with python_path() if mode == PYTHON_PATH else contextlib.nullcontext():  # outside the timing
-                start = time.perf_counter()
-                step(mode)
-                end = time.perf_counter()
+            start = time.perf_counter()
+            step(mode)
             if round_ >= 20:
-                times[mode].append(end - start)
+                times[mode].append(time.perf_counter() - start)
     for mode in modes[1:]:
         ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
         print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
-    for mode in modes:  # in the step: cold caches after the backward
-        print(f"{name}: {mode}, the model call in the step: {statistics.median(calls[mode][20:]):.1f} us (median)")

@@ -246,11 +246,10 @@ def test_test_runs_lint_as_a_stage_as_ci_runs_it(
     monkeypatch.setattr(tasks, "simulated_gpu_unsupported_reason", lambda: None)
     tasks.test(args)
     assert ("lint" in summarized[0]) is linted and "pytest" in summarized[0]
-    # CI (no arguments) runs the policy and auto tests a second time with the other policy-kernel
-    # executor and auto settled path, and the suite as on a machine with a GPU
+    # CI (no arguments) runs the policy tests a second time with the other policy-kernel
+    # executor, and the suite as on a machine with a GPU
     assert (runs[1:] == [tasks.SECOND_EXECUTOR_RUN, tasks.SIMULATED_GPU_RUN]) is (not args)
-    assert tasks.SECOND_EXECUTOR_RUN[1] == {"AMPCORE_POLICY_KERNEL": "python", "AMPCORE_AUTO_KERNEL": "python"}
-    assert tasks.SECOND_EXECUTOR_RUN[0][:2] == ["tests/policy", "tests/auto"]
+    assert tasks.SECOND_EXECUTOR_RUN[1] == {"AMPCORE_POLICY_KERNEL": "python"}
     assert tasks.SIMULATED_GPU_RUN[1] == {"AMPCORE_TEST_SIMULATE_CUDA": "1"}
 
 

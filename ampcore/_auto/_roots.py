@@ -33,7 +33,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from .._policy.lists import compute_oplists
-from . import _hooks, _kernel
+from . import _hooks
 from ._cache import plans as _plans
 from ._guard import unchanged
 from ._plan import AutoPlan
@@ -49,7 +49,6 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _autocast_enabled,
     _compiler,
     _dynamo_compiling,
-    _hooks_now,
     _is_compiling,
     _Last,
     _local,
@@ -61,8 +60,6 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
 )
 from ._verify import settle
 
-_kernel_state = _kernel._state
-
 __all__ = ["check", "forget", "region_entered", "region_exited"]
 
 
@@ -70,10 +67,6 @@ def check() -> None:
     """A ``level="auto"`` region is being made: its settings must be valid before anything
     changes (``AMPCORE_AUTO_BUDGET``)."""
     _hooks.check()
-    if not _kernel_state.started:  # the compiled settled path (built once, see _kernel)
-        from ._roots_kernel import use_compiled
-
-        _kernel.start(use_compiled)
 
 
 def region_entered() -> None:
@@ -82,10 +75,6 @@ def region_entered() -> None:
     region = stack[-1]
     local = _local
     site = None
-    if _hooks_now.watch and "torch._dynamo" in sys.modules:  # compiled hooks: dynamo must know
-        from ._roots_kernel import dynamo_ready
-
-        dynamo_ready()
     if len(stack) == 1 and region.spec.policy is None and not _compiler._is_compiling_flag:
         # the site: where the user's code entered it, the first frame outside ampcore above
         # the one that called us (autocast.__enter__, or entry.enter on the long way)
@@ -120,7 +109,7 @@ def region_entered() -> None:
         except (AttributeError, TypeError):  # no torch dicts: the public registration
             _hook_public(root, handles)
     if _GLOBAL_PRE is not None:
-        _GLOBAL_PRE[skey] = _hooks_now.pre
+        _GLOBAL_PRE[skey] = _sentinel
         local.sentinel = skey
     else:
         _sentinel_on()
@@ -197,7 +186,7 @@ def _sentinel_on() -> None:
     local = _local
     if local.sentinel is None:
         if _GLOBAL_PRE is not None:
-            _GLOBAL_PRE[local.sentinel_key] = _hooks_now.pre
+            _GLOBAL_PRE[local.sentinel_key] = _sentinel
             local.sentinel = local.sentinel_key
         else:
             local.sentinel = register_module_forward_pre_hook(_sentinel)
@@ -270,7 +259,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
         dicts: Any = module
         key = local.key
-        dicts._forward_hooks[key] = _hooks_now.post
+        dicts._forward_hooks[key] = _root_post
         dicts._forward_hooks_always_called[key] = True
     run = last.run
     if run is None:
@@ -361,7 +350,7 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
             run.stop()
         if prog.settled is region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
-                _GLOBAL_PRE[local.sentinel_key] = _hooks_now.pre
+                _GLOBAL_PRE[local.sentinel_key] = _sentinel
                 local.sentinel = local.sentinel_key
             else:
                 _sentinel_on()
@@ -409,9 +398,6 @@ def _compiled(module: torch.nn.Module) -> bool:
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
     optimized = getattr(eval_frame, "OptimizedModule", None)
     return optimized is not None and isinstance(module, optimized)
-
-
-_hooks_now.pre, _hooks_now.post = _sentinel, _root_post  # until the compiled ones are ready
 
 
 def forget() -> None:

@@ -130,21 +130,6 @@ class _Local(threading.local):
 
 
 _local = _Local()
-
-
-class _HooksNow:
-    """The sentinel and root post-hook in use (``_roots`` sets its Python ones; the compiled
-    path's replace them once built, :mod:`._roots_kernel`)."""
-
-    def __init__(self) -> None:
-        self.pre: Any = None
-        self.post: Any = None
-        #: the compiled hooks wait for torch._dynamo to be imported (see dynamo_ready)
-        self.watch = False
-        self.traced: Any = None  # the compiled hooks dynamo was told about
-
-
-_hooks_now = _HooksNow()
 #: torch's dict of global forward pre-hooks (what register_module_forward_pre_hook fills):
 #: the sentinel goes in and out under a key of its own, without a handle per switch
 _GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)

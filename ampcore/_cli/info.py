@@ -14,7 +14,6 @@ from typing import Any, Final
 import pluggy
 import torch
 
-from .._auto._kernel import describe as describe_auto_kernel
 from .._backends.backend import Backend, dtype_name
 from .._backends.plugins import ENV_STRICT, PluginManager
 from .._backends.registry import get_manager
@@ -101,7 +100,6 @@ def collect_info() -> dict[str, Any]:
         "load_warnings": strict + [str(w.message) for w in caught],
         "strict_error": strict[0] if strict else None,
         "policy_kernel": describe_executor(),
-        "auto_settled_path": describe_auto_kernel(),
         "o2_cpu_update": describe_onepass(),
         "o2_cpu_loop_update": describe_onepass_loop(),
     }
@@ -150,7 +148,6 @@ def format_info(info: dict[str, Any], width: int | None = WIDTH) -> str:
         "   ampcore's only in customised regions; 'ampcore' = ampcore's kernels provide it)",
         "",
         *_wrapped([f"Policy kernels (custom lists, OD, O2): {info.get('policy_kernel', '-')}"], width, hanging=2),
-        *_wrapped([f"level='auto' settled root calls: {info.get('auto_settled_path', '-')}"], width, hanging=2),
         *_wrapped([f"O2 fused CPU master update: {info.get('o2_cpu_update', '-')}"], width, hanging=2),
         *_wrapped([f"O2 for-loop/foreach CPU master update: {info.get('o2_cpu_loop_update', '-')}"], width, hanging=2),
     ]

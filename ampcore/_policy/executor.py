@@ -16,13 +16,14 @@ is built at install time.  ``ampcore info`` prints :func:`describe`.
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from pathlib import Path
 from types import ModuleType
 from typing import Final, Literal, NamedTuple
 
-from .._cpp_build import STALE_LOCK_S, build_extension, choice_of, clear_stale_lock, extension_name
+from .._cpp_build import STALE_LOCK_S, build_extension, clear_stale_lock, extension_name
 from .._cpp_build import missing_tools as _missing_tools
 from .._errors import AmpcoreError, AmpcoreWarning
 
@@ -58,7 +59,10 @@ class Executor(NamedTuple):
 
 def requested() -> str:
     """The validated value of :data:`ENV` (``auto`` when unset)."""
-    return choice_of(ENV, EXECUTORS)
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in EXECUTORS:
+        raise AmpcoreError(f"{ENV}={os.environ[ENV]!r}: expected one of {', '.join(EXECUTORS)}")
+    return value
 
 
 def build_name() -> str:

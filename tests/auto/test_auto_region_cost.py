@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from _auto_testing import auto_state, settled_path  # noqa: F401 (fixtures)
+from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
@@ -32,7 +32,7 @@ EMPTY_EXTRA = 2
 ROOT_EXTRA = 8
 
 
-pytestmark = pytest.mark.usefixtures("auto_state", "settled_path")  # tests/auto/_auto_testing.py
+pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
 
 def _python_calls(run: Callable[[], Any]) -> int:
