@@ -77,6 +77,7 @@ def pairs(name: str, count: int) -> None:
     models = {mode: copy.deepcopy(base) for mode in modes}
     auto, o1 = ampcore.autocast("cpu", level="auto"), ampcore.autocast("cpu", level="O1")
     outers = {"auto": auto, modes[2]: o1, modes[3]: torch.autocast("cpu", dtype=torch.bfloat16)}
+    calls: dict[str, list[float]] = {mode: [] for mode in models}
 
     def step(mode: str) -> None:
         model = models[mode]
@@ -84,7 +85,9 @@ def pairs(name: str, count: int) -> None:
         inner = contextlib.nullcontext() if mode in ("auto", "fp32") else torch.autocast("cpu", enabled=False)
         with outer:
             with inner:
+                start = time.perf_counter_ns()
                 out = model(*data)
+                calls[mode].append((time.perf_counter_ns() - start) / 1e3)
             value = loss(out, data)
         value.backward()
         for p in model.parameters():
@@ -100,3 +103,5 @@ def pairs(name: str, count: int) -> None:
     for mode in modes[1:]:
         ratios = [a / b for a, b in zip(times[mode], times["fp32"], strict=True)]
         print(f"{name}: {mode} / fp32 = {statistics.median(ratios):.3f} (median of {count} pairs)")
+    for mode in modes:  # inside the step: Python runs on cold caches after the backward
+        print(f"{name}: {mode}, the model call in the step: {statistics.median(calls[mode][20:]):.1f} us (median)")
