@@ -12,7 +12,7 @@ its own copy of the modules from the same initial weights and on the same data:
 Patterns:
 
 * ``seqlen``: a 4-layer MLP (d 128) on a sequence of 1-256 tokens, a new length every step
-  (more lengths than a root keeps programs for: 64);
+  (as many lengths as a root keeps programs for: 256); ``seqlen-long``: 1-1024 tokens (more);
 * ``gan``: G and D (3-layer MLPs, d 256, batch 32) in one region, D called three times;
 * ``micro``: a model called on two micro-batches of 32 and 9 in one region;
 * ``eval-tail``: an inference loop (``eval()``, ``no_grad``) over batches 64, 64, 64, 17;
@@ -48,7 +48,7 @@ from typing import Any, Final
 from bench_auto import orders
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
-PATTERNS: Final = ("seqlen", "gan", "micro", "eval-tail", "ensemble", "model-loss")
+PATTERNS: Final = ("seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss")
 Step = Callable[[list[Any], Callable[[], Any], int], None]
 
 
@@ -63,9 +63,11 @@ def _mlp(torch: Any, d: int, layers: int, out: int | None = None) -> Any:
 def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
     """Each pattern: a function making its modules, and its step ``step(modules, region, i)``."""
     nn = torch.nn
-    lengths = [random.Random(0).randint(1, 256) for _ in range(4096)]
+    rnd = random.Random(0)
+    lengths = [rnd.randint(1, 256) for _ in range(4096)]
+    longer = [rnd.randint(1, 1024) for _ in range(4096)]
 
-    def seqlen(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+    def seqlen(ms: list[Any], region: Callable[[], Any], i: int, lengths: list[int] = lengths) -> None:
         with region():
             out = ms[0](torch.randn(lengths[i % len(lengths)], 128))
         out.float().pow(2).mean().backward()
@@ -101,6 +103,7 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
 
     return {
         "seqlen": (lambda: [_mlp(torch, 128, 4)], seqlen),
+        "seqlen-long": (lambda: [_mlp(torch, 128, 4)], lambda ms, region, i: seqlen(ms, region, i, longer)),
         "gan": (lambda: [_gan_g(torch), _mlp(torch, 256, 3, out=1)], gan),
         "micro": (lambda: [_mlp(torch, 256, 3)], micro),
         "eval-tail": (lambda: [_mlp(torch, 256, 3)], eval_tail),
