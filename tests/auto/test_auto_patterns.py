@@ -419,3 +419,48 @@ def test_an_exception_in_a_settled_multi_root_region_leaves_nothing_and_the_next
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+# --- a Lightning-like structure ----------------------------------------------------------------
+
+
+class LitLike(nn.Module):
+    """A LightningModule-like model: the loop calls ``training_step`` / ``validation_step``
+    (plain methods, not module calls), which call ``self(...)`` and a loss module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _mlp(16, 32, 4)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
+        x, y = batch
+        return self.loss_fn(self(x), y)
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], i: int) -> torch.Tensor:
+        x, y = batch
+        return self.loss_fn(self(x), y)
+
+
+def test_a_lightning_like_loop_with_steps_as_methods_and_validation(recordings: list[Any]) -> None:
+    def fit_step(ms: list[nn.Module], i: int, enter: Enter) -> list[Any]:
+        """The trainer's loop body: its own region around the module's step method."""
+        lit = ms[0]
+        assert isinstance(lit, LitLike)
+        n = (8, 8, 5)[i % 3]
+        batch = (torch.randn(n, 16), torch.randint(0, 4, (n,)))
+        if i % 4 == 3:  # validation every few steps
+            lit.eval()
+            with torch.no_grad(), enter():
+                loss = lit.validation_step(batch, i)
+            lit.train()
+            return [loss]
+        with enter():
+            loss = lit.training_step(batch, i)
+        loss.backward()
+        return [loss]
+
+    _run(lambda: [LitLike()], fit_step, 8, recordings, settled=8)
