@@ -63,7 +63,7 @@ from ._shapes import float32_weights, shape_class
 if TYPE_CHECKING:
     from ._recording import Recording
 
-__all__ = ["Program", "Running", "cast_floating", "local", "program_for", "same_program", "signature"]
+__all__ = ["Program", "Running", "cast_floating", "churning", "local", "program_for", "same_program", "signature"]
 
 _LOW: Final = (torch.bfloat16, torch.float16)
 _thread = thread_state()
@@ -319,6 +319,12 @@ class Running:
 _programs: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Program | int]] = weakref.WeakKeyDictionary()
 
 
+#: signatures a root keeps programs for; a new one beyond it replaces the oldest
+_MAX_SIGNATURES: Final = 256
+#: the key, in a root's dict of programs, of how many programs it dropped for new signatures
+_DROPPED: Final = ("dropped",)
+
+
 def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) -> Program | int | None:
     """The valid program of ``root`` for ``sig`` under ``plan`` (``sig`` None: for any
     signature), else the number of recordings of it that failed; None: ``root`` cannot have
@@ -335,14 +341,36 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     return found
 
 
+def churning(root: nn.Module, sig: tuple[Any, ...] | None) -> bool:
+    """Whether a call of ``root`` with ``sig``, a signature it has no entry for, is one more
+    of a stream of signatures the table cannot hold (sequence lengths that change every
+    step over more than :data:`_MAX_SIGNATURES` values): it dropped as many programs as it
+    keeps.  Such a call applies the plan call by call without being recorded: recording
+    every new signature again would cost each such step the recording (the global hooks,
+    a dispatch mode, the whole-call check of a mixed program) for a program it replaces
+    before it is used again (2.0 x the better fixed choice on a model fed lengths 1-256)."""
+    try:
+        programs = _programs.get(root)
+    except TypeError:
+        return False
+    if not programs or sig in programs:
+        return False
+    dropped = programs.get(_DROPPED, 0)
+    return isinstance(dropped, int) and dropped >= _MAX_SIGNATURES
+
+
 def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
-    """Keep the program (or the count of failed recordings) of ``root`` for ``sig``."""
+    """Keep the program (or the count of failed recordings) of ``root`` for ``sig``: up to
+    :data:`_MAX_SIGNATURES` signatures, a new one replacing the oldest (counted: see
+    :func:`churning`)."""
     try:
         programs = _programs.setdefault(root, {})
     except TypeError:  # a module class that is not hashable or weak-referenceable: no program
         return
-    if len(programs) > 64:  # dynamic shapes: keep it bounded
-        programs.clear()
+    dropped = programs.get(_DROPPED, 0)
+    if sig not in programs and len(programs) - (_DROPPED in programs) >= _MAX_SIGNATURES:  # dynamic shapes
+        del programs[next(k for k in programs if k is not _DROPPED)]  # the oldest
+        programs[_DROPPED] = (dropped if isinstance(dropped, int) else 0) + 1
     programs[sig] = found
     if isinstance(found, Program):  # a number that changed and gave the same program: held by type
         loose = loosen(root, sig, programs, lambda other: isinstance(other, Program) and same_program(found, other))

@@ -37,7 +37,7 @@ from . import _hooks
 from ._cache import plans as _plans
 from ._guard import unchanged
 from ._plan import AutoPlan
-from ._program import Program, Running, program_for, signature, store
+from ._program import Program, Running, churning, program_for, signature, store
 from ._program import forget as forget_programs
 from ._program import local as _prog
 from ._recording import Recording
@@ -364,6 +364,8 @@ def _record(
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = program_for(module, None, plan)  # None: a module that cannot have programs
+    if found is not None and churning(module, sig):  # signatures beyond its table: call by call
+        found = None
     if found is not None and id(module) not in _local.called:
         _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
     _sentinel_off()

@@ -19,8 +19,10 @@ from ._program import Program, Running
 
 __all__: list[str] = []
 
-#: distinct roots a place in the code may have before its regions use the global hooks
-_MAX_ROOTS: Final = 16
+#: distinct roots a place in the code may have before its regions use the global hooks (each
+#: region there marks every one: 64 marks cost less than the global hooks on one small model;
+#: 16 sent an ensemble of 20 models, a region each, call by call for ever)
+_MAX_ROOTS: Final = 64
 _MAX_SITES: Final = 256
 _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 

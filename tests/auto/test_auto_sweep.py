@@ -12,6 +12,7 @@ inputs keep their shapes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import warnings
@@ -60,6 +61,13 @@ def _plan(pairs: list[tuple[nn.Module, tuple[int, ...], str]], grad: bool = True
 def _fixed(run: Callable[[], Any]) -> Any:
     """``run()`` under torch.autocast with each planned module call in the plan's precision:
     float32 (autocast off, low inputs cast to float32) where the plan says ``fp32``."""
+    with fixed_region():
+        return run()
+
+
+@contextlib.contextmanager
+def fixed_region() -> Iterator[None]:
+    """The region of :func:`_fixed` (for code that enters regions itself)."""
     plan = ampcore.auto_plan("cpu")
     state: list[bool] = []
 
@@ -84,7 +92,7 @@ def _fixed(run: Callable[[], Any]) -> Any:
     ]
     try:
         with torch.autocast("cpu", dtype=LOW):
-            return run()
+            yield
     finally:
         for handle in handles:
             handle.remove()

@@ -1,0 +1,205 @@
+"""level="auto" in usage patterns the other benchmarks never use (issue 27, helper autoroles).
+
+``bench_auto.py`` runs one model, one training step per region.  Here each *pattern* is a
+training (or inference) step with its own region structure, run under three modes, each on
+its own copy of the modules from the same initial weights and on the same data:
+
+* ``fp32``: no region; ``torch.autocast``: its region where auto's is; ``auto``:
+  ``ampcore.autocast(level="auto")``, a region object made per step as user code does
+  (``--reuse``: one object for every step, as ``bench_auto.py``), measuring in this process
+  (an empty disk cache).
+
+Patterns:
+
+* ``seqlen``: a 4-layer MLP (d 128) on a sequence of 1-256 tokens, a new length every step
+  (as many lengths as a root keeps programs for: 256); ``seqlen-long``: 1-1024 tokens (more);
+* ``gan``: G and D (3-layer MLPs, d 256, batch 32) in one region, D called three times;
+* ``micro``: a model called on two micro-batches of 32 and 9 in one region;
+* ``eval-tail``: an inference loop (``eval()``, ``no_grad``) over batches 64, 64, 64, 17;
+* ``ensemble``: 20 small models, a region each, at one place in the code (more roots than
+  a place keeps: 16);
+* ``model-loss``: a model and an ``nn.CrossEntropyLoss`` module in one region.
+
+After ``--warmup`` steps of every mode (auto measures and records), ``--rounds`` rounds
+each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
+the figure is the median over rounds of auto's time over the better fixed mode's time in
+that round, with the recordings auto made during the timed rounds (``recorded``: must be 0
+for a settled pattern).  One thread, process CPU time.
+
+    python benchmarks/bench_auto_patterns.py --patterns seqlen gan --rounds 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Final
+
+from bench_auto import orders
+
+MODES: Final = ("fp32", "torch.autocast", "auto")
+PATTERNS: Final = ("seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss")
+Step = Callable[[list[Any], Callable[[], Any], int], None]
+
+
+def _mlp(torch: Any, d: int, layers: int, out: int | None = None) -> Any:
+    nn = torch.nn
+    parts: list[Any] = []
+    for i in range(layers):
+        parts += [nn.Linear(d, out if out is not None and i == layers - 1 else d), nn.ReLU()]
+    return nn.Sequential(*parts[:-1])
+
+
+def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
+    """Each pattern: a function making its modules, and its step ``step(modules, region, i)``."""
+    nn = torch.nn
+    rnd = random.Random(0)
+    lengths = [rnd.randint(1, 256) for _ in range(4096)]
+    longer = [rnd.randint(1, 1024) for _ in range(4096)]
+
+    def seqlen(ms: list[Any], region: Callable[[], Any], i: int, lengths: list[int] = lengths) -> None:
+        with region():
+            out = ms[0](torch.randn(lengths[i % len(lengths)], 128))
+        out.float().pow(2).mean().backward()
+
+    def gan(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        g, d = ms
+        with region():
+            fake = g(torch.randn(32, 64))
+            loss = d(fake.detach()).float().mean() - d(torch.randn(32, 256)).float().mean() - d(fake).float().mean()
+        loss.backward()
+
+    def micro(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        with region():
+            loss = ms[0](torch.randn(32, 256)).float().mean() + ms[0](torch.randn(9, 256)).float().mean()
+        loss.backward()
+
+    def eval_tail(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        ms[0].eval()
+        with torch.no_grad(), region():
+            ms[0](torch.randn((64, 64, 64, 17)[i % 4], 256))
+
+    def ensemble(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        for m in ms:
+            with region():
+                out = m(torch.randn(8, 64))
+            out.float().mean().backward()
+
+    def model_loss(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        n = (64, 64, 23)[i % 3]
+        with region():
+            loss = ms[1](ms[0](torch.randn(n, 256)), torch.randint(0, 16, (n,)))
+        loss.backward()
+
+    return {
+        "seqlen": (lambda: [_mlp(torch, 128, 4)], seqlen),
+        "seqlen-long": (lambda: [_mlp(torch, 128, 4)], lambda ms, region, i: seqlen(ms, region, i, longer)),
+        "gan": (lambda: [_gan_g(torch), _mlp(torch, 256, 3, out=1)], gan),
+        "micro": (lambda: [_mlp(torch, 256, 3)], micro),
+        "eval-tail": (lambda: [_mlp(torch, 256, 3)], eval_tail),
+        "ensemble": (lambda: [_mlp(torch, 64, 2) for _ in range(20)], ensemble),
+        "model-loss": (lambda: [_mlp(torch, 256, 3, out=16), nn.CrossEntropyLoss()], model_loss),
+    }
+
+
+def _gan_g(torch: Any) -> Any:
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
+
+
+def run(name: str, args: argparse.Namespace) -> None:
+    import torch
+
+    import ampcore
+    from ampcore._auto import _roots
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    make, step = patterns(torch)[name]
+    base = make()
+    copies = {mode: copy.deepcopy(base) for mode in MODES}
+    one = ampcore.autocast("cpu", level="auto")
+    regions: dict[str, Callable[[], Any]] = {
+        "fp32": contextlib.nullcontext,
+        "torch.autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+        "auto": (lambda: one) if args.reuse else lambda: ampcore.autocast("cpu", level="auto"),
+    }
+    recorded = [0]
+    real = _roots.Recording
+
+    def counted(*a: Any) -> Any:
+        rec = real(*a)
+        recorded[0] += rec.mode is not None
+        return rec
+
+    _roots.Recording = counted  # type: ignore[misc]  # a benchmark's counter
+    counters = dict.fromkeys(MODES, 0)
+
+    def steps(mode: str, n: int) -> float:
+        start = time.process_time()
+        for _ in range(n):
+            step(copies[mode], regions[mode], counters[mode])
+            counters[mode] += 1
+            for m in copies[mode]:
+                for p in m.parameters():
+                    p.grad = None
+        return time.process_time() - start
+
+    for mode in MODES:
+        steps(mode, args.warmup)
+    recorded[0] = 0
+    ratios, totals = [], {mode: 0.0 for mode in MODES}
+    rows = orders(MODES)
+    for r in range(args.rounds):
+        took = {mode: steps(mode, args.steps) for mode in rows[r % len(rows)]}
+        for mode, t in took.items():
+            totals[mode] += t
+        ratios.append(took["auto"] / min(took["fp32"], took["torch.autocast"]))
+    per = {mode: totals[mode] / (args.rounds * args.steps) * 1e3 for mode in MODES}
+    print(
+        f"{name:<11} auto/min {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})  "
+        + "  ".join(f"{mode} {ms:.3f} ms" for mode, ms in per.items())
+        + f"  recorded {recorded[0]} in {args.rounds * args.steps} auto steps"
+    )
+    if args.tables:
+        print(ampcore.debugging.auto_plan_table("cpu"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--patterns", nargs="+", default=list(PATTERNS))
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=40, help="steps of each mode per round")
+    parser.add_argument("--warmup", type=int, default=300, help="steps of each mode before timing")
+    parser.add_argument("--tables", action="store_true", help="print auto's plan table after each pattern")
+    parser.add_argument("--reuse", action="store_true", help="one auto region object for every step (as bench_auto.py)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run(args.child, args)
+        return
+    for name in args.patterns:  # a process each, with an empty cache: auto measures in it
+        if os.path.exists("/proc/loadavg"):
+            print(f"load {' '.join(open('/proc/loadavg').read().split()[:3])}", flush=True)
+        with tempfile.TemporaryDirectory() as cache:
+            env = {**os.environ, "AMPCORE_AUTO_CACHE": cache}
+            argv = [sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)]
+            argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+            argv += ["--tables"] * args.tables + ["--reuse"] * args.reuse
+            subprocess.run(argv, env=env, check=True)
+
+
+if __name__ == "__main__":
+    main()
