@@ -39,7 +39,18 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
 
     for _ in range(3):
         enter(auto, True)()  # measured and recorded: a program from the third call on
+
+    def made(make: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            with make():  # a region object made per step, as training loops write it
+                pass
+
+        return run
+
     cases = {
+        "torch.autocast made + enter/exit": made(lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
+        "O1 region made + enter/exit": made(lambda: ampcore.autocast("cpu")),
+        "auto region made + enter/exit": made(lambda: ampcore.autocast("cpu", level="auto")),
         "O1 region enter/exit": enter(o1, False),
         "auto region enter/exit": enter(auto, False),
         "O1 region, 3-module call": enter(o1, True),
@@ -54,7 +65,7 @@ def region_cost(rounds: int = 11, calls: int = 2000) -> None:
                 run()
             times[name].append((time.process_time() - start) / calls * 1e6)
     for name, values in times.items():
-        print(f"{name:<34}{statistics.median(values):8.2f} us (min {min(values):.2f})")
+        print(f"{name:<36}{statistics.median(values):8.2f} us (min {min(values):.2f})")
 
 
 def pairs(name: str, count: int) -> None:

@@ -20,7 +20,16 @@ from .level_hooks import level_hooks
 from .levels import check_level
 from .lists import compute_oplists
 from .registration import OpPolicy, has_native_autocast, policy_for
-from .signature import MADE, bind_arguments, check_switches, check_use_promote, construction_key, custom_lists, remember
+from .signature import (
+    MADE,
+    bind_arguments,
+    called_key,
+    check_switches,
+    check_use_promote,
+    construction_key,
+    custom_lists,
+    remember,
+)
 from .thread_state import ActiveRegion, RegionSpec, thread_state
 from .torch_state import CompiledRegion, DirectAutocast
 from .torch_state import restore as _restore
@@ -133,12 +142,16 @@ class autocast:
     ) -> None:
         key = None
         generation = loaded_generation()
-        if generation is not None and not args and not aliases and level != "auto":  # auto: budget per region
+        if generation is not None:
             key = construction_key(
                 device, dtype, level, enabled, cache_enabled, custom_white_list, custom_black_list, generation
             )
+            if key is not None and (args or aliases):  # positional (torch's order) or aliased
+                key = called_key(key, args, aliases)
             made = MADE.get(key) if key is not None else None
             if made is not None:  # validated before: the same attributes, without the checks
+                if (check := made["_level_check"]) is not None:
+                    check()  # a level's settings (AMPCORE_AUTO_BUDGET) may have changed since
                 self.__dict__.update(made)
                 return
         if args or aliases:  # positional (three orders) or aliased: bound to ampcore's names
@@ -153,7 +166,7 @@ class autocast:
             }
             values = bind_arguments(args, {**aliases, **keywords}, _DEFAULTS)
             check_use_promote(values.pop("use_promote"), check_level(values["level"]))
-            self._construct(None, **values)
+            self._construct(key, **values)
         else:
             self._construct(key, device, dtype, level, enabled, cache_enabled, custom_white_list, custom_black_list)
 
@@ -174,6 +187,7 @@ class autocast:
         hooks = level_hooks(checked_level)  # level="auto": its module hooks (ampcore._auto)
         if hooks is not None:  # AMPCORE_AUTO_BUDGET checked here, before anything changes
             hooks.check()
+        self._level_check = None if hooks is None else hooks.check  # again when made from the memo
         self._level_hooks = hooks if enabled else None
         check_switches(enabled, cache_enabled)
         if dtype is not None:

@@ -202,6 +202,33 @@ def construction_key(
     return (device, dtype, level, enabled, cache_enabled, generation, white, black)
 
 
+#: values a positional argument or an alias may have in a key (the device, the dtype, the
+#: flags, the level): anything else (a list, an unusual object) is validated the long way
+_CALLED_TYPES: Final = frozenset({str, torch.device, torch.dtype, type(None), bool})
+
+
+def called_key(key: tuple[Any, ...], args: tuple[Any, ...], aliases: dict[str, Any]) -> tuple[Any, ...] | None:
+    """:func:`construction_key`'s ``key`` for a call that also gave ``args`` positionally
+    or ``aliases`` (``device_type=``, ``enable=``...): the call's form is part of the key (it
+    decides how the arguments bind), or None where a value cannot be keyed or the call warns
+    (``use_promote``).  Type checks only.
+
+    Example::
+
+        >>> called_key(("k",), ("cpu",), {}) == called_key(("k",), ("cpu",), {})
+        True
+        >>> called_key(("k",), (["add"],), {}) is None
+        True
+    """
+    if len(args) > 5 or "use_promote" in aliases:  # Paddle's sixth positional is use_promote
+        return None
+    if not _CALLED_TYPES.issuperset(map(type, args)):
+        return None
+    if aliases and not _CALLED_TYPES.issuperset(map(type, aliases.values())):
+        return None
+    return (key, args, tuple(aliases.items()))
+
+
 def remember(key: tuple[Any, ...], attributes: dict[str, Any]) -> None:
     """Remember the attributes a validated construction set (at most :data:`_MAX_MADE`)."""
     if len(MADE) >= _MAX_MADE:

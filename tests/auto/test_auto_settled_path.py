@@ -21,6 +21,7 @@ from torch import nn
 import ampcore
 from ampcore._auto import _hooks, _program, _roots
 from ampcore._auto._cache import plans
+from ampcore._policy.signature import MADE
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -156,7 +157,10 @@ def test_another_region_object_with_the_same_plan_stays_settled_and_another_plan
     monkeypatch.setattr(_hooks, "plan_of", lambda r: asked.append(r) or plan_of(r))
     _step(net, x, y, region=region)
     assert finds == [] and asked == []  # the same region object: the plan is not asked
-    _step(net, x, y, region=ampcore.autocast("cpu", level="auto"))  # a region made per step
+    _step(net, x, y, region=ampcore.autocast("cpu", level="auto"))  # a region made per step: from
+    assert finds == [] and asked == [] and net.small_dtypes() == {torch.float32}  # the memo, same spec
+    MADE.clear()  # a region made the long way: another spec, the same plan (asked once)
+    _step(net, x, y, region=ampcore.autocast("cpu", level="auto"))
     assert finds == [] and len(asked) == 1 and net.small_dtypes() == {torch.float32}
     _step(net, x, y, region=ampcore.autocast("cpu", level="auto", dtype=torch.float16))  # another plan
     assert finds == [net]

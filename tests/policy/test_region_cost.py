@@ -270,3 +270,68 @@ def test_regions_planned_before_the_executor_was_chosen_plan_again_once_it_is() 
 
     done = run_child(PLANNED_BEFORE_THE_EXECUTOR)
     assert "ok" in done.stdout
+
+
+#: regions made the ways users write them in a training loop (issue 27: a region made per
+#: step paid the long validation in every form but the keyword-only one, 33-50 Python calls)
+MADE_FORMS: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {
+    "keywords": ((), {"device": "cpu"}),
+    "positional device": (("cpu",), {}),
+    "positional device and dtype": (("cpu", BF16), {}),
+    "torch's keyword name": ((), {"device_type": "cpu"}),
+    "level auto": ((), {"device": "cpu", "level": "auto"}),
+    "positional device, level auto": (("cpu",), {"level": "auto"}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(MADE_FORMS))
+def test_a_region_made_again_in_any_usual_form_is_made_from_the_memo(form: str) -> None:
+    args, kwargs = MADE_FORMS[form]
+    made = [ampcore.autocast(*args, **kwargs) for _ in range(3)]
+    calls = _python_calls(lambda: ampcore.autocast(*args, **kwargs))
+    hooks = level_hooks.level_hooks(made[-1].level)  # level auto checks its budget again: its calls
+    checks = 0 if hooks is None else 1 + len(_python_calls(hooks.check))
+    # __new__ (the compiling check), __init__, the plugin generation, the memo's keys: 7-8
+    # calls; the long way is 33-50
+    assert len(calls) <= 8 + checks, calls
+    again = ampcore.autocast(*args, **kwargs)
+    assert (again.device_type, again.dtype, again.level, again.enabled) == (
+        made[0].device_type,
+        made[0].dtype,
+        made[0].level,
+        made[0].enabled,
+    )
+    assert again._spec is made[-1]._spec  # the first may have loaded the plugins: not remembered
+
+
+def test_a_memoized_auto_region_still_checks_a_budget_changed_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(2):
+        ampcore.autocast("cpu", level="auto")
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "abc")
+    with pytest.raises(ampcore.AmpcoreError, match="AMPCORE_AUTO_BUDGET"):
+        ampcore.autocast("cpu", level="auto")
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+    assert ampcore.autocast("cpu", level="auto").level == "auto"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        (("cpu",), {"device": "cpu"}, "given twice"),
+        (("cpu",), {"devise": "cpu"}, "unknown keyword"),
+        (("cpu", "float64"), {}, "float64"),
+    ],
+)
+def test_a_bad_positional_region_raises_every_time(args: tuple[Any, ...], kwargs: dict[str, Any], match: str) -> None:
+    for _ in range(2):  # never remembered: the second construction raises too
+        with pytest.raises(ampcore.AmpcoreError, match=match):
+            ampcore.autocast(*args, **kwargs)
+
+
+@pytest.mark.parametrize("how", ["positional", "keyword"])
+def test_a_region_given_paddles_use_promote_warns_every_time_it_is_made(how: str) -> None:
+    args: tuple[Any, ...] = (True, None, None, "O2", "bfloat16", True) if how == "positional" else ()
+    kwargs: dict[str, Any] = {} if args else {"level": "O2", "dtype": "bfloat16", "use_promote": True}
+    for _ in range(3):  # never made from the memo: the warning is the construction's
+        with pytest.warns(ampcore.AmpcoreWarning, match="use_promote"):
+            ampcore.autocast(*args, **kwargs)
