@@ -1,11 +1,12 @@
 """Shared fixture of the level-auto tests: a private plan cache, and no plans or roots
-carried from one test to the next."""
+carried from one test to the next; a tiny Hugging Face encoder for the sweeps."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,3 +29,22 @@ def auto_state(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None
         yield
     forget_plans()
     _roots.forget()
+
+
+def tiny_bert(**config: Any) -> Any:
+    """A 2-layer ``transformers.BertModel`` (hidden 32, vocabulary 100), seeded; ``config``
+    adds to its ``BertConfig``.  Skips where transformers is not installed."""
+    import torch
+
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        **config,
+    )
+    torch.manual_seed(0)
+    return transformers.BertModel(cfg)

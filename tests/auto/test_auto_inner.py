@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from _auto_testing import auto_state  # noqa: F401 (fixture)
+from _auto_testing import auto_state, tiny_bert  # noqa: F401 (fixture)
 from test_auto_sweep import LOW, _auto, _classes, _clean, _fixed, _flat, _load, _plan, _same
 from torch import nn
 
@@ -500,19 +500,7 @@ def test_transformers_gradient_checkpointing(reentrant: bool) -> None:
     """A Hugging Face encoder with ``gradient_checkpointing_enable()``: its layers' recompute
     raised ``CheckpointError`` at the first backward where a Linear in them was decided
     float32 (``use_reentrant=False``)."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    torch.manual_seed(0)
-    model = transformers.BertModel(cfg).train()
+    model = tiny_bert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
     model.config.use_cache = False
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     ids, mask = torch.randint(0, 100, (2, 10)), torch.ones(2, 10, dtype=torch.long)

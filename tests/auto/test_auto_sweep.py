@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from _auto_testing import auto_state  # noqa: F401 (fixture)
+from _auto_testing import auto_state, tiny_bert  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
@@ -720,17 +720,7 @@ def test_the_whole_call_check_leaves_the_call_s_arguments_as_they_were(monkeypat
 def test_a_transformers_model_with_keyword_inputs_and_a_model_output(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Hugging Face encoder called with keyword tensors, returning a ``ModelOutput``: equal to
     the fixed precision, and after the first call its program runs (no global hook)."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = transformers.BertModel(cfg).eval()
+    model = tiny_bert().eval()
     ids, mask = torch.randint(0, 100, (2, 10)), torch.ones(2, 10, dtype=torch.long)
     mask[1, 7:] = 0
     decisions = {}
