@@ -475,7 +475,12 @@ int64_t enter(int id) {
 void leave(int id, int64_t saved) {
   const Entry& e = entry_of(id);
   if (e.slot >= 0) t_current[e.slot] = static_cast<int32_t>(static_cast<uint32_t>(saved & 0xffffffff));
-  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  if (at::autocast::decrement_nesting() == 0) {
+    // Without the GIL, as torch.clear_autocast_cache: another thread in cached_cast holds the
+    // cache's mutex and may wait for the GIL (a Python dispatch mode runs its cast).
+    pybind11::gil_scoped_release no_gil;
+    at::autocast::clear_cache();
+  }
   at::autocast::set_autocast_enabled(e.device_type, (saved >> kBits) & 1);
   at::autocast::set_autocast_dtype(e.device_type, static_cast<at::ScalarType>((saved >> (kBits + 8)) & 0xff));
   at::autocast::set_autocast_cache_enabled((saved >> (kBits + 1)) & 1);

@@ -3,6 +3,9 @@ accepted them, and constructions remembered by their arguments, with every guara
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from _policy_testing import no_lingering_kernels  # noqa: F401 (autouse fixture)
@@ -116,3 +119,46 @@ def test_a_plugin_registered_later_is_seen_by_a_remembered_construction(register
         assert torch.mm(X, X).dtype == FP32
     with ampcore.autocast(device="cpu"):
         assert torch.mm(X, X).dtype == BF16
+
+
+_CACHE_RACE = """
+import threading, torch, ampcore
+from torch.utils._python_dispatch import TorchDispatchMode
+from ampcore._policy.executor import compiled_module
+assert compiled_module() is not None, "the compiled executor must run here"
+
+class Through(TorchDispatchMode):  # a Python mode: autocast's weight cast calls into Python
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+lin, x, stop = torch.nn.Linear(8, 8), torch.randn(2, 8), threading.Event()
+
+def casts():
+    with Through():
+        while not stop.is_set():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                lin(x)  # cached_cast holds torch's cast-cache mutex while the mode runs
+
+thread = threading.Thread(target=casts)
+thread.start()
+for _ in range(20000):
+    with ampcore.autocast("cpu", custom_white_list={"add"}):  # the compiled kernel's leave
+        pass
+stop.set()
+thread.join()
+print("done")
+"""
+
+
+def test_a_region_leaving_while_another_thread_casts_a_weight_through_python_does_not_deadlock() -> None:
+    """The compiled kernel's exit cleared torch's cast cache holding the GIL while another
+    thread, inside ``cached_cast`` (holding the cache's mutex), waited for the GIL to run a
+    Python dispatch mode: both waited for ever (CI's faked-GPU run hung in an auto test with
+    two threads).  torch.clear_autocast_cache releases the GIL; so must the kernel."""
+    if compiled_module() is None:
+        pytest.skip("the compiled policy kernel does not run here (no compiler, or AMPCORE_POLICY_KERNEL=python)")
+    try:
+        done = subprocess.run([sys.executable, "-c", _CACHE_RACE], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: a region's exit and another thread's weight cast waited for each other")
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
