@@ -78,13 +78,14 @@ def region_entered() -> None:
     if len(stack) == 1 and region.spec.policy is None and not _compiler._is_compiling_flag:
         # the site: where the user's code entered it, the first frame outside ampcore above
         # the one that called us (autocast.__enter__, or entry.enter on the long way)
+        # (its instruction, not its line: f_lineno decodes the line table from the start)
         frame = sys._getframe(2)
-        if frame.f_code is local.site_code and frame.f_lineno == local.site_line:
+        if frame.f_code is local.site_code and frame.f_lasti == local.site_at:
             site = local.site  # the place of the last region (a site's code is never ampcore's)
         else:
             while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
                 frame = frame.f_back
-            site = _site_at(local, frame.f_code, frame.f_lineno)
+            site = _site_at(local, frame.f_code, frame.f_lasti)
         if site.overflow:
             site = None
     if site is None:
@@ -236,6 +237,10 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     sig = signature(args, kwargs, module)
     local = _local
     last = local.last.get(id(module))
+    if last is not None and last.sig != sig:  # another signature it ran (micro-batches in turn)
+        last = last.alts.get(sig)
+        if last is not None:
+            local.last[id(module)] = last
     if (
         last is None
         or last.generation != _plans.generation

@@ -24,6 +24,9 @@ __all__: list[str] = []
 #: 16 sent an ensemble of 20 models, a region each, call by call for ever)
 _MAX_ROOTS: Final = 64
 _MAX_SITES: Final = 256
+#: signatures a root keeps settled in a thread (:attr:`_Last.alts`): the sizes of a loop's
+#: micro-batches, its short last batch, a few sequence lengths (beyond: the oldest go)
+_MAX_SIGNATURES: Final = 16
 _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _thread = thread_state()
@@ -78,15 +81,20 @@ class _Key:
 
 
 class _Last:
-    """The program a root ran last in this thread, and what it was found under: the region's
-    spec, the plans' generation and the thread count (what the plan depends on), the
-    signature; the program's fields its guard reads (one attribute each); and its
-    :class:`Running`, kept for the next call (no object per call)."""
+    """The program a root ran last in this thread for one signature, and what it was found
+    under: the region's spec, the plans' generation and the thread count (what the plan
+    depends on), the signature; the program's fields its guard reads (one attribute each);
+    and its :class:`Running`, kept for the next call (no object per call).  ``alts``: the
+    root's entries by signature (one dict per root, shared by its entries, at most
+    :data:`_MAX_SIGNATURES`): a root called with signatures in turn finds each without a
+    lookup of its program or a new entry."""
 
     __slots__ = (
-        "changes", "generation", "plain", "plan", "program", "ref", "run", "sig", "spec", "stale",
+        "alts", "changes", "generation", "plain", "plan", "program", "ref", "run", "sig", "spec", "stale",
         "switches_root", "threads", "tree", "values", "weights",
     )  # fmt: skip
+    ref: weakref.ref[torch.nn.Module]
+    alts: dict[Any, _Last]
 
     def __init__(
         self,
@@ -98,12 +106,21 @@ class _Last:
         table: dict[int, _Last],
     ) -> None:
         key = id(root)
+        known = table.get(key)
+        if known is not None and known.ref() is root:  # the root's other signatures: one ref
+            self.ref, self.alts = known.ref, known.alts
+            if len(self.alts) >= _MAX_SIGNATURES and sig not in self.alts:
+                del self.alts[next(iter(self.alts))]  # the oldest
+        else:
 
-        def gone(ref: weakref.ref[torch.nn.Module]) -> None:  # the root was collected: drop its
-            if (entry := table.get(key)) is not None and entry.ref is ref:  # program (its layers)
-                del table[key]
+            def gone(ref: weakref.ref[torch.nn.Module]) -> None:  # the root was collected: drop
+                if (entry := table.get(key)) is not None and entry.ref is ref:  # its programs
+                    del table[key]
+                    entry.alts.clear()  # the entries hold each other
 
-        self.ref, self.sig, self.program, self.spec = weakref.ref(root, gone), sig, program, spec
+            self.ref, self.alts = weakref.ref(root, gone), {}
+        self.alts[sig] = self
+        self.sig, self.program, self.spec = sig, program, spec
         self.generation, self.threads = generation, _num_threads()
         self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
         self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
@@ -119,15 +136,16 @@ class _Local(threading.local):
         self.sentinel: Any = None  # its global pre-hook's key (or handle) while it is on
         self.called: dict[int, weakref.ref[torch.nn.Module]] = {}  # roots the site did not know
         self.sites: dict[tuple[Any, int], _Site] = {}
-        #: the place (code, line) of the last eligible region and its site: a region in a
-        #: loop finds it without hashing the code object
+        #: the place (code, instruction offset) of the last eligible region and its site: a
+        #: region in a loop finds it without hashing the code object
         self.site_code: Any = None
-        self.site_line = -1
+        self.site_at = -1
         self.site: Any = None
         self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
-        #: id(root) -> the program it ran last (valid while nothing it depends on changed)
+        #: id(root) -> the program it ran last (valid while nothing it depends on changed);
+        #: its ``alts``: the root's other signatures' entries
         self.last: dict[int, _Last] = {}
 
 
@@ -138,15 +156,16 @@ _GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks
 _Module: Final = torch.nn.Module
 
 
-def _site_at(local: _Local, code: Any, line: int) -> _Site:
-    """The site of the place ``(code, line)`` (made where new), remembered as the last."""
-    if code is local.site_code and line == local.site_line:  # entered through ampcore's frames
+def _site_at(local: _Local, code: Any, at: int) -> _Site:
+    """The site of the place ``(code, at)`` (``at``: the offset of the instruction that entered
+    the region; made where new), remembered as the last."""
+    if code is local.site_code and at == local.site_at:  # entered through ampcore's frames
         return local.site  # type: ignore[no-any-return]
-    where = (code, line)
+    where = (code, at)
     site = local.sites.get(where)
     if site is None:
         if len(local.sites) > _MAX_SITES:
             local.sites.clear()
         site = local.sites[where] = _Site()
-    local.site_code, local.site_line, local.site = code, line, site
+    local.site_code, local.site_at, local.site = code, at, site
     return site

@@ -19,7 +19,7 @@ from test_auto_programs import Net, _plan
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
+from ampcore._auto import _hooks, _program, _roots, _roots_state
 from ampcore._auto._cache import plans
 from ampcore._policy.signature import MADE
 
@@ -284,15 +284,23 @@ def test_a_settled_root_dropped_by_its_user_is_collected(finds: list[nn.Module])
         assert ref() is None and layer() is None and key not in _roots._local.last
 
 
-def test_regions_entered_through_the_decorator_find_their_callers_place(finds: list[nn.Module]) -> None:
-    """``@ampcore.autocast(...)``: the place is the decorated function's caller (the frames of
-    ampcore's wrapper are skipped); two callers in turn keep their own roots."""
+def _two_nets() -> tuple[list[Net], Callable[[nn.Module], Any]]:
+    """Two nets, the plan of their layers loaded, and a function decorated with an auto region
+    that calls the net it is given on their inputs."""
     nets, x, y = [Net(big=0, small=2) for _ in range(2)], torch.randn(4, 32), torch.randn(4, 8)
     _plan(nets[0], x, y, big="low", small="fp32")
 
     @ampcore.autocast("cpu", level="auto")
     def call(net: nn.Module) -> Any:
         return net(x, y)
+
+    return nets, call
+
+
+def test_regions_entered_through_the_decorator_find_their_callers_place(finds: list[nn.Module]) -> None:
+    """``@ampcore.autocast(...)``: the place is the decorated function's caller (the frames of
+    ampcore's wrapper are skipped); two callers in turn keep their own roots."""
+    nets, call = _two_nets()
 
     for _ in range(3):
         call(nets[0])  # one place
@@ -323,3 +331,81 @@ def test_a_settled_root_called_while_the_compiling_flag_is_set_runs_no_program(
     assert net.small_dtypes() == {torch.bfloat16} and finds == [] and _roots._local.last[id(net)] is last
     _step(net, x, y)
     assert net.small_dtypes() == {torch.float32} and finds == [] and _no_hooks(net)
+
+
+def test_a_root_called_with_signatures_in_turn_keeps_each_settled(
+    finds: list[nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Micro-batches of two sizes, an inference loop's short last batch, a loss module fed
+    two batch sizes: each signature the root ran keeps its ``_Last`` (and its ``Running``),
+    so a switch of signature looks nothing up and makes nothing."""
+    net = Net(big=0, small=2)
+    x, y = _settled(net, finds)
+    sizes = (4, 2, 4, 1, 4)  # the plan decides the small layers at each size (O1: bf16 elsewhere)
+    for n in sizes * 2:
+        _step(net, x[:n], y[:n])
+    finds.clear()
+    runs: dict[int, Any] = {}
+    made: list[Any] = []
+    init = _roots._Last.__init__
+    monkeypatch.setattr(_roots._Last, "__init__", lambda self, *a: made.append(a) or init(self, *a))
+    for n in sizes * 3:
+        _, out = _step(net, x[:n], y[:n])
+        run = _roots._local.last[id(net)].run
+        assert run is runs.setdefault(n, run) and out.shape[0] == n and _no_hooks(net)
+    assert finds == [] and made == [] and len(runs) == 3
+    assert net.small_dtypes() == {torch.float32}  # the full batch's program ran last
+
+
+def test_a_root_fed_more_signatures_than_it_keeps_settled_stays_correct(finds: list[nn.Module]) -> None:
+    """Beyond the signatures a root keeps settled, the oldest go and the calls stay right."""
+    net = Net(big=0, small=2)
+    x, y = _settled(net, finds)
+    xs, ys = torch.randn(40, 32), torch.randn(40, 8)
+    for _ in range(2):
+        for n in range(1, 41):
+            _, out = _step(net, xs[:n], ys[:n])
+            assert out.shape[0] == n and _no_hooks(net)
+    assert len(_roots._local.last[id(net)].alts) <= _roots_state._MAX_SIGNATURES
+    _step(net, x, y)
+    assert net.small_dtypes() == {torch.float32}
+
+
+def test_the_place_of_a_region_is_found_without_reading_line_numbers(
+    finds: list[nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame's ``f_lineno`` decodes its code's line table from the start: its cost grows
+    with the function entering the region (a 2,000-line one: 10 us per read).  The place is
+    the instruction (``f_lasti``): two places in one function still keep their own roots."""
+    import sys
+    import types
+
+    read: list[int] = []
+
+    class Spy:
+        def __init__(self, frame: types.FrameType) -> None:
+            self.frame = frame
+
+        f_code = property(lambda self: self.frame.f_code)
+        f_lasti = property(lambda self: self.frame.f_lasti)
+        f_back = property(lambda self: None if self.frame.f_back is None else Spy(self.frame.f_back))
+
+        @property
+        def f_lineno(self) -> int:
+            read.append(self.frame.f_lineno)
+            return self.frame.f_lineno
+
+    spied = types.SimpleNamespace(_getframe=lambda depth=0: Spy(sys._getframe(depth + 1)), modules=sys.modules)
+    monkeypatch.setattr(_roots, "sys", spied)
+    nets, decorated = _two_nets()
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            decorated.__wrapped__(nets[0])  # type: ignore[attr-defined]
+        with ampcore.autocast("cpu", level="auto"):
+            decorated.__wrapped__(nets[1])  # type: ignore[attr-defined]
+        decorated(nets[0])
+    places = [s for s in _roots._local.sites.values() if s.roots]
+    assert sorted(len(s.roots) for s in places) == [1, 1, 1] and read == []
+    with ampcore.autocast("cpu", level="auto"):  # another place: a site of its own
+        decorated.__wrapped__(nets[0])  # type: ignore[attr-defined]
+    assert len([s for s in _roots._local.sites.values() if s.roots]) == 4 and read == []
