@@ -314,6 +314,17 @@ def test_a_memoized_auto_region_still_checks_a_budget_changed_since(monkeypatch:
     assert ampcore.autocast("cpu", level="auto").level == "auto"
 
 
+def test_an_auto_region_made_again_reads_an_unset_budget_without_an_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its budget check runs whenever one is made: an unset ``AMPCORE_AUTO_BUDGET`` (the usual
+    case) costs no ``os.environ.get`` (Mapping.get raises and catches KeyError: 0.6 us)."""
+    monkeypatch.delenv("AMPCORE_AUTO_BUDGET", raising=False)
+    hooks = level_hooks.level_hooks("auto")
+    assert hooks is not None
+    assert _python_calls(hooks.check) == ["_hooks.py:check"]
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "2.5")
+    assert "_validate.py:env_number" in _python_calls(hooks.check)  # set: read and checked
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "match"),
     [
