@@ -1,0 +1,150 @@
+"""Where a settled ``level="auto"`` region's time goes inside a step (issue 27).
+
+A region object made per step around one root call whose program is settled, on an MLP of
+three ``Linear(width)`` layers (ReLU between) and a batch of 64, each step followed by
+other work that evicts the caches (the backward of a training step, or the next batch's
+forward in inference), as in user code.  Each part is timed inside the step by wrapping
+it (the wrappers add about 0.2 us each): the region's construction, ``__enter__`` (and
+within it auto's ``region_entered``), the sentinel (auto's pre-hook of the root; within
+it the signature, the guard's tree check and the autocast switch), the root's post-hook,
+``__exit__`` (within it ``region_exited``), and the whole step against a float32 step
+without a region, interleaved, medians over rounds, in us.
+
+Parts timed cold (inside a step) cost several times what the same code costs in a
+tight loop (``bench_auto.py --region-cost``): every object a part reads was evicted by
+the step's other work.
+
+Usage::
+
+    python benchmarks/bench_auto_call_parts.py [--width 256] [--train] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PARTS = (
+    ("made", "the region object made (memo)"),
+    ("__enter__", "ampcore.autocast.__enter__"),
+    ("region_entered", "  of which auto's region_entered"),
+    ("_sentinel", "the root's sentinel (pre-hook)"),
+    ("signature", "  of which the signature"),
+    ("unchanged", "  of which the tree and weight check"),
+    ("_set_autocast", "the autocast switch (sentinel and post-hook)"),
+    ("_root_post", "the root's post-hook"),
+    ("__exit__", "ampcore.autocast.__exit__"),
+    ("region_exited", "  of which auto's region_exited"),
+)
+
+
+@contextlib.contextmanager
+def _timed(times: dict[str, float]) -> Iterator[None]:
+    """Wrap each part in a timer adding to ``times`` (undone on exit)."""
+    import ampcore
+    from ampcore._auto import _roots
+
+    clock = time.perf_counter
+    undo: list[Callable[[], None]] = []
+
+    def wrap(owner: Any, name: str, key: str) -> None:
+        real = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                times[key] += clock() - start
+
+        setattr(owner, name, timed)
+        undo.append(lambda: setattr(owner, name, real))
+
+    for name in ("region_entered", "region_exited", "_sentinel", "_root_post"):
+        wrap(_roots, name, name)
+    for name in ("signature", "unchanged", "_set_autocast"):
+        wrap(_roots, name, name)
+    wrap(ampcore.autocast, "__enter__", "__enter__")
+    wrap(ampcore.autocast, "__exit__", "__exit__")
+    try:
+        yield
+    finally:
+        for step in reversed(undo):
+            step()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--train", action="store_true", help="training steps (backward, grads cleared)")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=200, help="steps of each mode per round")
+    args = parser.parse_args()
+    import os
+
+    os.environ["AMPCORE_AUTO_CACHE"] = tempfile.mkdtemp()  # measure here, never the user's cache
+    import torch
+    from torch import nn
+
+    import ampcore
+
+    warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    torch.manual_seed(0)
+    d = args.width
+    model = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+    model.train(args.train)
+    x = torch.randn(64, d)
+    grad = torch.enable_grad() if args.train else torch.no_grad()
+    clock = time.perf_counter
+
+    def step(auto: bool, times: dict[str, float]) -> None:
+        start = clock()
+        with grad:
+            if auto:
+                made = clock()
+                region = ampcore.autocast("cpu", level="auto")
+                times["made"] += clock() - made
+                with region:
+                    out = model(x)
+            else:
+                out = model(x)
+        if args.train:
+            out.float().mean().backward()
+            for p in model.parameters():
+                p.grad = None
+        times["step"] += clock() - start
+
+    for _ in range(300):  # auto measures and settles
+        step(True, defaultdict(float))
+        step(False, defaultdict(float))
+    rounds: dict[str, list[float]] = defaultdict(list)
+    for r in range(args.rounds):
+        for mode in ("fp32", "auto") if r % 2 == 0 else ("auto", "fp32"):
+            times: dict[str, float] = defaultdict(float)
+            with _timed(times) if mode == "auto" else contextlib.nullcontext():
+                for _ in range(args.steps):
+                    step(mode == "auto", times)
+            for key, total in times.items():
+                rounds[key if mode == "auto" else "fp32 step"].append(total / args.steps * 1e6)
+    median = {key: statistics.median(values) for key, values in rounds.items()}
+    kind = "training" if args.train else "inference (no_grad, eval)"
+    print(f"{kind} steps, 3 x Linear({d}) on a batch of 64, 1 thread, medians of {args.rounds} rounds, us per step")
+    print(f"{'part':<48} {'us':>7}")
+    for key, label in PARTS:
+        print(f"{label:<48} {median.get(key, 0.0):7.1f}")
+    fp32, auto = median["fp32 step"], median["step"]
+    print(f"{'float32 step (no region)':<48} {fp32:7.1f}")
+    print(f"{'auto step (timers included)':<48} {auto:7.1f}  ({auto / fp32:.3f} x float32, +{auto - fp32:.1f} us)")
+
+
+if __name__ == "__main__":
+    main()
