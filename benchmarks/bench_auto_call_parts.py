@@ -8,7 +8,8 @@ it (the wrappers add about 0.2 us each): the region's construction, ``__enter__`
 within it auto's ``region_entered``), the sentinel (auto's pre-hook of the root; within
 it the signature, the guard's tree check and the autocast switch), the root's post-hook,
 ``__exit__`` (within it ``region_exited``), and the whole step against a float32 step
-without a region, interleaved, medians over rounds, in us.
+without a region and one inside ``torch.autocast(enabled=False)`` made per step (the floor of
+any region), interleaved, medians over rounds, in us.
 
 Parts timed cold (inside a step) cost several times what the same code costs in a
 tight loop (``bench_auto.py --region-cost``): every object a part reads was evicted by
@@ -106,14 +107,17 @@ def main() -> None:
     grad = torch.enable_grad() if args.train else torch.no_grad()
     clock = time.perf_counter
 
-    def step(auto: bool, times: dict[str, float]) -> None:
+    def step(mode: str, times: dict[str, float]) -> None:
         start = clock()
         with grad:
-            if auto:
+            if mode == "auto":
                 made = clock()
                 region = ampcore.autocast("cpu", level="auto")
                 times["made"] += clock() - made
                 with region:
+                    out = model(x)
+            elif mode == "torch":  # the floor of any region: torch's own, made per step, off
+                with torch.autocast("cpu", enabled=False):
                     out = model(x)
             else:
                 out = model(x)
@@ -123,27 +127,29 @@ def main() -> None:
                 p.grad = None
         times["step"] += clock() - start
 
+    modes = ("fp32", "torch", "auto")
     for _ in range(300):  # auto measures and settles
-        step(True, defaultdict(float))
-        step(False, defaultdict(float))
+        for mode in modes:
+            step(mode, defaultdict(float))
     rounds: dict[str, list[float]] = defaultdict(list)
     for r in range(args.rounds):
-        for mode in ("fp32", "auto") if r % 2 == 0 else ("auto", "fp32"):
+        for mode in modes[r % 3 :] + modes[: r % 3]:
             times: dict[str, float] = defaultdict(float)
             with _timed(times) if mode == "auto" else contextlib.nullcontext():
                 for _ in range(args.steps):
-                    step(mode == "auto", times)
+                    step(mode, times)
             for key, total in times.items():
-                rounds[key if mode == "auto" else "fp32 step"].append(total / args.steps * 1e6)
+                rounds[key if mode == "auto" else f"{mode} step"].append(total / args.steps * 1e6)
     median = {key: statistics.median(values) for key, values in rounds.items()}
     kind = "training" if args.train else "inference (no_grad, eval)"
     print(f"{kind} steps, 3 x Linear({d}) on a batch of 64, 1 thread, medians of {args.rounds} rounds, us per step")
     print(f"{'part':<48} {'us':>7}")
     for key, label in PARTS:
         print(f"{label:<48} {median.get(key, 0.0):7.1f}")
-    fp32, auto = median["fp32 step"], median["step"]
+    fp32, auto, off = median["fp32 step"], median["step"], median["torch step"]
     print(f"{'float32 step (no region)':<48} {fp32:7.1f}")
-    print(f"{'auto step (timers included)':<48} {auto:7.1f}  ({auto / fp32:.3f} x float32, +{auto - fp32:.1f} us)")
+    for label, t in (("torch.autocast(enabled=False) made per step", off), ("auto step (timers included)", auto)):
+        print(f"{label:<48} {t:7.1f}  ({t / fp32:.3f} x float32, +{t - fp32:.1f} us)")
 
 
 if __name__ == "__main__":
