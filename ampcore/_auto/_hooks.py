@@ -254,7 +254,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     torch.set_autocast_enabled(device_type, False)  # on again in _post (it was on: checked above)
     _local.frames.append(_Frame(module, device_type, None, None, None))
-    return tuple(_to_fp32(a, device_type) for a in args)
+    cast = tuple(_to_fp32(a, device_type) for a in args)
+    if rec is not None and any(c is not a for c, a in zip(cast, args, strict=True)):
+        rec.outside = True  # a low tensor reached it: a float32 default (no hook here) would not cast it
+    return cast
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
