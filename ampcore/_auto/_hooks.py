@@ -203,10 +203,26 @@ def _to_fp32(value: Any, device_type: str) -> Any:
     return value
 
 
+def _in_program() -> bool:
+    """Whether a program's instance hooks apply to this call: a root call runs one, and no
+    region the forward entered since is innermost (an auto region there: these hooks)."""
+    run = _prog.run
+    return run is not None and (not _thread.stack or _thread.stack[-1] is run.region)
+
+
+def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether torch's autocast state at a planned call of a recorded root is not the
+    region's (on, in its dtype) nor one of this thread's float32 calls': the forward entered
+    ``torch.autocast`` itself (``enabled=False``, another dtype)."""
+    if enabled and torch.get_autocast_dtype(device_type) == dtype:
+        return False
+    return not any(frame.off is not None for frame in _local.frames)
+
+
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if _is_compiling() or not _thread.stack or _prog.measuring:  # dynamo folds is_compiling()
         return None
-    if _prog.run is not None:  # a program applies (its own instance hooks)
+    if _in_program():  # a program applies (its own instance hooks)
         return None
     rec = _prog.rec
     if rec is None:
@@ -228,7 +244,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     device_type = spec.backend.device_type
     if (spec.custom_white or spec.custom_black) and ops & (spec.custom_white | spec.custom_black):
         return None
-    if not torch.is_autocast_enabled(device_type):
+    enabled = torch.is_autocast_enabled(device_type)
+    if rec is not None and not rec.outside and _set_by_forward(enabled, device_type, spec.dtype):
+        rec.outside = True  # a float32 default could not tell the forward's autocast state from its own
+    if not enabled:
         return None
     if in_checkpoint():  # its recompute runs with the autocast state of its entry, no hooks: so does this
         if rec is not None:
@@ -261,7 +280,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
-    if _is_compiling() or _prog.measuring or _prog.run is not None:
+    if _is_compiling() or _prog.measuring or _in_program():
         return None
     frames = _local.frames
     output = None  # None: the output as the forward gave it

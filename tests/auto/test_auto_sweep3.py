@@ -33,11 +33,11 @@ from typing import Any
 import pytest
 import torch
 from _auto_testing import auto_state  # noqa: F401 (fixture)
-from test_auto_sweep import _clean, _flat
+from test_auto_sweep import _flat
 from torch import nn
 
 import ampcore
-from ampcore._auto import _program, _roots
+from ampcore._auto import _hooks, _program, _roots
 from ampcore._auto._program import Program
 from ampcore._auto._shapes import planned_ops, shape_class
 
@@ -92,8 +92,8 @@ def load(dtype: torch.dtype, decisions: dict[str, str]) -> None:
 @contextlib.contextmanager
 def fixed(dtype: torch.dtype) -> Iterator[None]:
     """torch.autocast in ``dtype`` with each planned call in its plan's precision (float32:
-    autocast off, low inputs cast to float32), where autocast is on and no ampcore region is
-    active (a region the forward enters: its own rules)."""
+    autocast off, low inputs cast to float32), where autocast is on and no ampcore region but
+    an auto one is active (a region the forward enters: its own rules)."""
     plan = ampcore.auto_plan("cpu", dtype)
     state: list[bool] = []
 
@@ -102,7 +102,8 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
             return None
         enabled = torch.is_autocast_enabled("cpu")
         state.append(enabled)
-        if not enabled or ampcore.active_region() is not None:
+        inner = ampcore.active_region()
+        if not enabled or (inner is not None and inner.level != "auto"):
             return None
         key = shape_class(module, args, "cpu")
         weights32 = all(p.dtype == torch.float32 for p in module.parameters(recurse=False))
@@ -125,6 +126,18 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _clean(*modules: nn.Module) -> None:
+    """Nothing of auto is left (``test_auto_sweep._clean``; a user's own hooks, keyed by
+    handle ids, may stay): no global hook, no hook of ours, autocast off, no program running."""
+    assert not _hooks.installed() and _program.local.run is None and _program.local.rec is None
+    assert not torch.is_autocast_enabled("cpu") and _program.local.settled is None
+    assert not nn.modules.module._global_forward_pre_hooks and not nn.modules.module._global_forward_hooks
+    for root in modules:
+        for m in root.modules():
+            for hooks in (m._forward_pre_hooks, m._forward_hooks, m._forward_pre_hooks_with_kwargs):
+                assert all(type(key) is int for key in hooks), f"a hook left on {m}"
 
 
 def _auto(dtype: torch.dtype) -> Any:
@@ -379,6 +392,7 @@ INNER: dict[str, Callable[[], Any]] = {
     "torch-off": lambda: torch.autocast("cpu", enabled=False),
     "ampcore-off": lambda: ampcore.autocast("cpu", enabled=False),
     "torch-fp16": lambda: torch.autocast("cpu", dtype=FP16),
+    "auto": lambda: ampcore.autocast("cpu", level="auto"),
 }
 
 
@@ -463,7 +477,9 @@ def test_an_exception_inside_a_region_the_forward_entered_leaves_nothing(inner: 
 @pytest.mark.parametrize(("make", "default"), [(_mlp, "low"), (_wide, "fp32")], ids=["low-default", "fp32-default"])
 @pytest.mark.parametrize("dtype", [FP16, BF16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("where", ["step-inside", "step-outside"])
-def test_a_training_loop_with_the_grad_scaler(make: Any, default: str, dtype: torch.dtype, where: str, recordings: list[Any]) -> None:
+def test_a_training_loop_with_the_grad_scaler(
+    make: Any, default: str, dtype: torch.dtype, where: str, recordings: list[Any]
+) -> None:
     x, y = torch.randn(8, 16), torch.randn(8, 4)
     state: dict[int, tuple[Any, Any]] = {}
 
@@ -488,3 +504,144 @@ def test_a_training_loop_with_the_grad_scaler(make: Any, default: str, dtype: to
         return out, loss, scaler.get_scale() if hasattr(scaler, "get_scale") else None
 
     run(make, step, 4, recordings, (dtype,), default=default)
+
+
+# --- (6) a model changed between steps -----------------------------------------------------
+
+
+def _changes(change: str) -> Callable[[nn.Module, int], None]:
+    """What ``change`` does to the model before step ``i`` (the same on the copy)."""
+
+    def apply(m: nn.Module, i: int) -> None:
+        first = m[0]
+        if change == "requires_grad":  # fine-tuning: the first layer unfrozen from step 2, again frozen at 4
+            first.requires_grad_(i in (2, 3))
+        elif change == "freeze":
+            if i == 2:
+                for p in m[2].parameters():
+                    p.requires_grad_(False)
+        elif change == "eval-train":
+            m.train(i % 2 == 0)
+        elif change == "user-hook":
+            if i == 2:
+                m.__dict__["_as3_hook"] = m[2].register_forward_hook(lambda mod, a, out: out * 0.5)
+            elif i == 4 and "_as3_hook" in m.__dict__:  # (the plan's run made a copy per step)
+                m.__dict__.pop("_as3_hook").remove()
+        elif change == "load_state_dict":
+            if i in (2, 4):
+                torch.manual_seed(100 + i)
+                m.load_state_dict(type(m)(*[type(layer)(*_sizes(layer)) for layer in m]).state_dict())
+        elif change == "load_state_dict-bf16":  # assign=True takes the state's dtype: a layer in bf16
+            if i == 2:
+                state = {k: v.to(BF16) if k.startswith("2.") else v for k, v in m.state_dict().items()}
+                m.load_state_dict(state, assign=True)
+        elif change == "half-layer":
+            if i == 2:
+                m[2].to(BF16)
+
+    return apply
+
+
+def _sizes(layer: nn.Module) -> tuple[int, ...]:
+    return (layer.in_features, layer.out_features) if isinstance(layer, nn.Linear) else ()
+
+
+class Bf16Safe(nn.Sequential):
+    """An MLP whose layers cast their input to their own weight's dtype (a model with a bf16
+    layer the user converted)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            weight = getattr(layer, "weight", None)
+            x = layer(x if weight is None else x.to(weight.dtype))
+        return x
+
+
+def _changing() -> nn.Sequential:
+    return Bf16Safe(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+
+
+def _changing_wide() -> nn.Sequential:
+    return Bf16Safe(*_wide())
+
+
+CHANGES = [
+    "requires_grad",
+    "freeze",
+    "eval-train",
+    "user-hook",
+    "load_state_dict",
+    "load_state_dict-bf16",
+    "half-layer",
+]
+
+
+@pytest.mark.parametrize("make", [_changing, _changing_wide], ids=["low-default", "fp32-default"])
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_model_changed_between_steps(make: Any, change: str, recordings: list[Any]) -> None:
+    x = torch.randn(8, 16)
+    apply = _changes(change)
+
+    def step(m: nn.Module, i: int, enter: Enter) -> Any:
+        apply(m, i)
+        return _train(m, x, enter)
+
+    run(make, step, 6, recordings)
+
+
+# --- (7) what a root's forward returns ------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    hidden: list[torch.Tensor]
+    extra: Any = None
+
+
+class Returns(nn.Module):
+    """The MLP's layers, returning ``kind``: a dict, a dataclass, a list, None (the result
+    kept on the module) or a generator of the layers' outputs."""
+
+    def __init__(self, kind: str, wide: bool = False) -> None:
+        super().__init__()
+        self.kind, self.layers = kind, (_wide() if wide else _mlp())
+        self.kept: Any = None
+
+    def _each(self, x: torch.Tensor) -> Iterator[torch.Tensor]:
+        for layer in self.layers:
+            x = layer(x)
+            yield x
+
+    def forward(self, x: torch.Tensor) -> Any:
+        if self.kind.startswith("generator"):
+            return self._each(x)
+        hidden = list(self._each(x))
+        if self.kind == "dict":
+            return {"logits": hidden[-1], "hidden": hidden[:-1], "none": None}
+        if self.kind == "dataclass":
+            return Output(hidden[-1], hidden[:-1])
+        if self.kind == "list":
+            return hidden
+        self.kept = hidden[-1]
+        return None
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["low-default", "fp32-default"])
+@pytest.mark.parametrize("kind", ["dict", "dataclass", "list", "none", "generator", "generator-outside"])
+def test_what_the_root_returns(kind: str, wide: bool, recordings: list[Any]) -> None:
+    x = torch.randn(8, 16)
+
+    def step(m: nn.Module, i: int, enter: Enter) -> Any:
+        with enter(BF16):
+            out = m(x)
+            if kind == "generator":
+                out = list(out)  # consumed inside the region
+            elif kind == "none":
+                out = m.kept
+        if kind == "generator-outside":
+            out = list(out)  # the layers run after the region, without autocast
+        _backward(out)
+        return out
+
+    run(lambda: Returns(kind, wide), step, 3, recordings)
