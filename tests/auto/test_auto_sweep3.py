@@ -384,6 +384,27 @@ def test_the_thread_count_changing_between_steps(make: Any, default: str, thread
     run(make, step, len(counts), recordings, decide=False, default=default)
 
 
+@pytest.mark.parametrize(("make", "default"), [(_mlp, "low"), (_wide, "fp32")], ids=["low-default", "fp32-default"])
+def test_the_thread_count_changing_between_root_calls_of_one_region(
+    make: Any, default: str, threads: int, recordings: list[Any]
+) -> None:
+    x = torch.randn(8, 16)
+
+    def step(m: nn.Module, i: int, enter: Enter) -> Any:
+        found = []
+        with enter(BF16):
+            for count in (1, 2, 1):
+                torch.set_num_threads(count)
+                found.append(m(x))
+        _backward(found)
+        return found
+
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        _decide(make(), lambda m, i, enter: _train(m, x, enter), 1)
+    run(make, step, 3, recordings, decide=False, default=default)
+
+
 # --- (4) a forward that enters regions itself; auto inside O1 ------------------------------
 
 INNER: dict[str, Callable[[], Any]] = {
@@ -445,6 +466,28 @@ def test_an_auto_region_inside_an_o1_region(make: Any, default: str, recordings:
                 yield
 
     run(make, lambda m, i, enter: _train(m, x, lambda d: outer(enter, d)), 3, recordings)  # call by call: no program
+
+
+@pytest.mark.parametrize(("make", "default"), [(_mlp, "low"), (_wide, "fp32")], ids=["low-default", "fp32-default"])
+@pytest.mark.parametrize("around", ["torch-off", "O1", "O0"])  # torch-fp16: torch's weight cache fails it
+def test_a_settled_root_called_inside_a_region_of_its_own(
+    make: Any, default: str, around: str, recordings: list[Any]
+) -> None:
+    """Every other step calls the root inside ``around`` (within the auto region): its
+    settled program must not apply there, nor leave autocast on after it."""
+    x = torch.randn(8, 16)
+
+    def step(m: nn.Module, i: int, enter: Enter) -> Any:
+        with enter(BF16):
+            first = m(x)
+            with INNER[around]() if i % 2 else contextlib.nullcontext():
+                second = m(x)
+            after = torch.is_autocast_enabled("cpu")
+            third = m(x)
+        _backward((first, second, third))
+        return first, second, third, torch.tensor(after)
+
+    run(make, step, 4, recordings, default=default)
 
 
 @pytest.mark.parametrize("inner", ["torch-off", "O1"])
