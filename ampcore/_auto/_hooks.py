@@ -203,13 +203,6 @@ def _to_fp32(value: Any, device_type: str) -> Any:
     return value
 
 
-def _in_program() -> bool:
-    """Whether a program's instance hooks apply to this call: a root call runs one, and no
-    region the forward entered since is innermost (an auto region there: these hooks)."""
-    run = _prog.run
-    return run is not None and (not _thread.stack or _thread.stack[-1] is run.region)
-
-
 def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool:
     """Whether torch's autocast state at a planned call of a recorded root is not the
     region's (on, in its dtype) nor one of this thread's float32 calls': the forward entered
@@ -222,7 +215,8 @@ def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if _is_compiling() or not _thread.stack or _prog.measuring:  # dynamo folds is_compiling()
         return None
-    if _in_program():  # a program applies (its own instance hooks)
+    run = _prog.run  # a program applies (its own instance hooks) unless the forward entered a region since
+    if run is not None and _thread.stack[-1] is run.region:
         return None
     rec = _prog.rec
     if rec is None:
@@ -280,7 +274,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
-    if _is_compiling() or _prog.measuring or _in_program():
+    if _is_compiling() or _prog.measuring:
+        return None
+    run = _prog.run  # as in _pre: an auto region the forward entered inside a program gets these hooks
+    if run is not None and (not _thread.stack or _thread.stack[-1] is run.region):
         return None
     frames = _local.frames
     output = None  # None: the output as the forward gave it

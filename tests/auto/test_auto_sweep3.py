@@ -37,7 +37,7 @@ from test_auto_sweep import _flat
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
+from ampcore._auto import Costs, _hooks, _program, _roots
 from ampcore._auto._program import Program
 from ampcore._auto._shapes import planned_ops, shape_class
 
@@ -58,9 +58,12 @@ def _moved(args: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
     return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
-def _decide(model: nn.Module, step: Step, steps: int, dtypes: tuple[torch.dtype, ...] = (BF16,)) -> None:
+def _decide(
+    model: nn.Module, step: Step, steps: int, dtypes: tuple[torch.dtype, ...] = (BF16,), measured: bool = False
+) -> None:
     """Load, for each of ``dtypes``, a plan deciding every shape class ``step`` meets by
-    :func:`_rule` (inputs as given, in float32 and in that dtype)."""
+    :func:`_rule` (inputs as given, in float32 and in that dtype); ``measured``: give the
+    classes :func:`_rule` decides float32 their costs, the others are measured."""
     keys: dict[torch.dtype, dict[str, str]] = {d: {} for d in dtypes}
 
     def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -79,7 +82,13 @@ def _decide(model: nn.Module, step: Step, steps: int, dtypes: tuple[torch.dtype,
     finally:
         handle.remove()
     for low, found in keys.items():
-        load(low, found)
+        if not measured:
+            load(low, found)
+            continue
+        plan = ampcore.auto_plan("cpu", low)
+        for key, decision in found.items():
+            if decision == "fp32":
+                plan.set(key, Costs(1.0, 4.0, 0.1), source="given")
 
 
 def load(dtype: torch.dtype, decisions: dict[str, str]) -> None:
@@ -184,17 +193,19 @@ def run(
     settled: int | None = None,
     decide: bool = True,
     default: str | None = None,
+    measured: bool = False,
 ) -> nn.Module:
     """``step`` under auto equals it under :func:`fixed`, step by step (outputs, gradients,
     parameters); then the same steps again (``settled``, default ``steps``) record nothing.
-    ``decide``: load the plans first (:func:`_decide`; else the test did); ``default``: the
+    ``decide``: load the plans first (:func:`_decide`; else the test did; ``measured``: the
+    classes decided low are measured in the first step, see :func:`measuring`); ``default``: the
     default (``"fp32"`` or ``"low"``) the model's programs must have (the case is what it
     says it is)."""
     torch.manual_seed(0)
     model = make()
     reference = copy.deepcopy(model)
     if decide:
-        _decide(model, step, steps, dtypes)
+        _decide(model, step, steps, dtypes, measured)
     for i in range(steps):
         torch.manual_seed(i)
         want = step(reference, i, fixed)
@@ -688,3 +699,81 @@ def test_what_the_root_returns(kind: str, wide: bool, recordings: list[Any]) -> 
         return out
 
     run(lambda: Returns(kind, wide), step, 3, recordings)
+
+
+# --- measured: the same dimensions where the plan is measured in the first steps ----------
+
+
+class _Clock:
+    """A device clock: a measured class's low precision wins (1 ms against 4), and a mixed
+    program wins its whole-call check (plan 1 ms, low 2, fp32 3): the program runs."""
+
+    def __init__(self) -> None:
+        self.ms = {"fp32": 4.0, "low": 1.0, "root-plan": 1.0, "root-low": 2.0, "root-fp32": 3.0}
+        self.labels: list[str] = []
+
+    def __call__(self, run: Callable[[], None], label: str) -> float:
+        run()
+        self.labels.append(label)
+        return self.ms.get(label, 0.01) * (1.0 + 0.01 * (len(self.labels) % 3))
+
+
+@pytest.fixture
+def measuring(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    """Measurements allowed (a budget, the fake clock, nothing spent)."""
+    clock = _Clock()
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "60")
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    for name, value in (("spent_s", 0.0), ("warned", False), ("clocks", {})):
+        monkeypatch.setattr(_hooks._process, name, value)
+    return clock
+
+
+def _measured_cases() -> dict[str, tuple[Callable[[], nn.Module], Step, torch.dtype]]:
+    x, ids, mask = torch.randn(8, 16), torch.randint(0, 50, (4, 6)), torch.rand(4, 6) > 0.3
+    image = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    batches = [torch.randn(8, 16), torch.randn(0, 16), torch.randn(8, 16)]
+
+    def grad_input(m: nn.Module, i: int, enter: Enter) -> Any:
+        xi = torch.randn(8, 16, generator=torch.Generator().manual_seed(i), requires_grad=True)
+        return _train(m, xi, enter, FP16), xi.grad
+
+    scalers: dict[int, tuple[Any, Any]] = {}
+
+    def scaled(m: nn.Module, i: int, enter: Enter) -> Any:  # fp16, the optimizer step in the region
+        if id(m) not in scalers:
+            scaler = ampcore.GradScaler("cpu", dtype=FP16, init_scale=256.0, growth_interval=2)
+            scalers[id(m)] = (torch.optim.SGD(m.parameters(), lr=0.1), scaler)
+        opt, scaler = scalers[id(m)]
+        with enter(FP16):
+            out = m(x)
+            scaler.scale(out.float().pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        return out
+
+    return {
+        "fp16": (_mlp, lambda m, i, enter: _train(m, x, enter, FP16), FP16),
+        "grad-scaler-fp16": (_mlp, scaled, FP16),
+        "tokens": (Tokens, lambda m, i, enter: _train(m, ids, enter, mask=mask), BF16),
+        "bf16-input": (_mlp, lambda m, i, enter: _train(m, x.to(BF16), enter), BF16),
+        "grad-input-fp16": (_mlp, grad_input, FP16),
+        "channels_last": (Convs, lambda m, i, enter: _train(m, image, enter), BF16),
+        "zero-batch": (_mlp, lambda m, i, enter: _train(m, batches[i % 3], enter), BF16),
+        "torch-off-inside": (lambda: Inner("torch-off"), lambda m, i, enter: _train(m, x, enter), BF16),
+        "auto-inside": (lambda: Inner("auto"), lambda m, i, enter: _train(m, x, enter), BF16),
+        "dict-output": (lambda: Returns("dict"), lambda m, i, enter: _train(m, x, enter), BF16),
+    }
+
+
+@pytest.mark.parametrize("case", list(_measured_cases()))
+def test_measured_cases_match_the_fixed_precision(case: str, measuring: _Clock, recordings: list[Any]) -> None:
+    """The first steps measure the classes decided low and check the mixed program as a
+    whole: outputs, gradients and parameters still equal the fixed precision, and, once
+    every signature ran after the last measurement, the settled steps record nothing."""
+    make, step, dtype = _measured_cases()[case]
+    run(make, step, 6, recordings, (dtype,), measured=True)  # (a program made before a measurement records again)
+    assert ("low" in measuring.labels) != (case == "torch-off-inside"), (
+        measuring.labels
+    )  # (its low layers: autocast off)
