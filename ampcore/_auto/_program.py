@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from .._policy.thread_state import thread_state
-from ._guard import in_checkpoint, loosen, signature, unchanged
+from ._guard import Weight, in_checkpoint, loosen, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import float32_weights, shape_class
 
@@ -69,6 +69,12 @@ _LOW: Final = (torch.bfloat16, torch.float16)
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
 _autocast_enabled: Final = torch.is_autocast_enabled
+
+
+def _nesting() -> int:
+    """torch's autocast nesting in this thread (each ``torch.autocast`` and ampcore region entered)."""
+    torch.autocast_increment_nesting()
+    return int(torch.autocast_decrement_nesting())
 
 
 #: the ``stale`` cell of programs made without weak reference callbacks (never set)
@@ -106,8 +112,9 @@ class Program(NamedTuple):
     tree: tuple[dict[str, Any], ...] = ()
     tree_values: list[tuple[Any, ...]] = _NO_VALUES
     #: the floating-point parameters of the planned modules (all float32 when recorded): one
-    #: converted since (``model.bfloat16()``) cannot run in float32, so it records again
-    weights: tuple[torch.Tensor, ...] = ()
+    #: converted (``model.bfloat16()``) or replaced (``load_state_dict(..., assign=True)``)
+    #: since may not run in float32, so it records again
+    weights: tuple[Weight, ...] = ()
     #: switched modules whose calls differ: (module, per call in order: switch it or not)
     steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
     #: an op of the O1 low-precision list ran outside planned modules (``F.linear``,
@@ -196,6 +203,7 @@ class Running:
         self.device_type: str = region.spec.backend.device_type
         self.pushed: list[nn.Module] = []
         self.was: list[bool] = []  # per pushed module: whether autocast was on before it
+        self.nesting = 0  # torch's autocast nesting when a float32 default with hooks started
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
         #: id of a module with steps -> [whether to switch it, per call; calls so far]
         self.steps: dict[int, list[Any]] | None = None
@@ -214,6 +222,8 @@ class Running:
             self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
         if program.default_fp32:
             torch.set_autocast_enabled(self.device_type, False)
+            if self.hooks:  # a torch.autocast(enabled=False) the forward enters: not the default's state
+                self.nesting = _nesting()
         if self.hooks:
             for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
                 for ref in refs:
@@ -240,7 +250,9 @@ class Running:
             return None
         if self.steps is not None and not self._this_call(module):
             return None
-        if _autocast_enabled(self.device_type) == self.default_fp32:
+        if _autocast_enabled(self.device_type) == self.default_fp32 or (
+            self.default_fp32 and _nesting() != self.nesting
+        ):
             return None  # the forward switched autocast itself (torch.autocast inside): as the global hooks
         return self.switch(module, args)
 
@@ -270,8 +282,9 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
-        if _autocast_enabled(self.device_type) == program.default_fp32:  # the forward switched autocast
-            return self.switch(module, args, off=True) if decision == "fp32" and program.default_fp32 else None
+        enabled = _autocast_enabled(self.device_type)
+        if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
+            return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above
         if (decision is None and program.measurable) or (
             program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)
         ):

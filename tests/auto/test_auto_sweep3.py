@@ -501,6 +501,44 @@ def test_a_settled_root_called_inside_a_region_of_its_own(
     run(make, step, 4, recordings, default=default)
 
 
+class Sometimes(nn.Module):
+    """Runs its layers inside ``INNER[inner]`` where ``self.off`` (state the call does not show)."""
+
+    def __init__(self, inner: str, wide: bool) -> None:
+        super().__init__()
+        self.inner, self.off = inner, False
+        self.layers = _wide() if wide else _mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.off:
+            return self.layers(x)
+        with INNER[self.inner]():
+            return self.layers(x.float())
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["low-default", "fp32-default"])
+@pytest.mark.parametrize("inner", ["torch-off", "torch-fp16", "O0", "O1"])
+@pytest.mark.parametrize("first", [False, True], ids=["recorded-outside", "recorded-inside"])
+def test_a_region_the_forward_enters_on_some_steps_only(
+    inner: str, wide: bool, first: bool, recordings: list[Any], request: pytest.FixtureRequest
+) -> None:
+    """The program was recorded with the other state: the flag is not part of the signature."""
+    if inner == "torch-fp16" and wide and not first:
+        reason = (
+            "known limit: a float32-default program recorded without the forward's torch.autocast(dtype=float16)"
+            " has no hook on its float32 layers, which then run in float16 (the global hooks run them in float32)"
+        )
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    x = torch.randn(8, 16)
+    offs = [first, not first, not first, first, not first, first]
+
+    def step(m: nn.Module, i: int, enter: Enter) -> Any:
+        m.off = offs[i]
+        return _train(m, x, enter)
+
+    run(lambda: Sometimes(inner, wide), step, len(offs), recordings)
+
+
 @pytest.mark.parametrize("inner", ["torch-off", "O1"])
 def test_an_exception_inside_a_region_the_forward_entered_leaves_nothing(inner: str) -> None:
     x = torch.randn(8, 16)
@@ -586,12 +624,21 @@ def _changes(change: str) -> Callable[[nn.Module, int], None]:
                 torch.manual_seed(100 + i)
                 m.load_state_dict(type(m)(*[type(layer)(*_sizes(layer)) for layer in m]).state_dict())
         elif change == "load_state_dict-bf16":  # assign=True takes the state's dtype: a layer in bf16
-            if i == 2:
+            if i == 2 and not m.__dict__.setdefault("_as3_assigned", False):  # once (new parameters)
+                m.__dict__["_as3_assigned"] = True
                 state = {k: v.to(BF16) if k.startswith("2.") else v for k, v in m.state_dict().items()}
                 m.load_state_dict(state, assign=True)
         elif change == "half-layer":
             if i == 2:
                 m[2].to(BF16)
+        elif change == "load_state_dict-bf16-fp32-layer":  # the layer decided float32
+            if i == 2 and not m.__dict__.setdefault("_as3_assigned", False):
+                m.__dict__["_as3_assigned"] = True
+                state = {k: v.to(BF16) if k.startswith("0.") else v for k, v in m.state_dict().items()}
+                m.load_state_dict(state, assign=True)
+        elif change == "half-fp32-layer":
+            if i == 2:
+                m[0].to(BF16)
 
     return apply
 
@@ -627,6 +674,8 @@ CHANGES = [
     "load_state_dict",
     "load_state_dict-bf16",
     "half-layer",
+    "load_state_dict-bf16-fp32-layer",
+    "half-fp32-layer",
 ]
 
 
