@@ -623,22 +623,14 @@ def _changes(change: str) -> Callable[[nn.Module, int], None]:
             if i in (2, 4):
                 torch.manual_seed(100 + i)
                 m.load_state_dict(type(m)(*[type(layer)(*_sizes(layer)) for layer in m]).state_dict())
-        elif change == "load_state_dict-bf16":  # assign=True takes the state's dtype: a layer in bf16
+        elif change.startswith("load_state_dict-bf16"):  # assign=True takes the state's dtype: a layer in bf16
+            layer = "0." if change.endswith("fp32-layer") else "2."  # (layer 0 is decided float32)
             if i == 2 and not m.__dict__.setdefault("_as3_assigned", False):  # once (new parameters)
                 m.__dict__["_as3_assigned"] = True
-                state = {k: v.to(BF16) if k.startswith("2.") else v for k, v in m.state_dict().items()}
+                state = {k: v.to(BF16) if k.startswith(layer) else v for k, v in m.state_dict().items()}
                 m.load_state_dict(state, assign=True)
-        elif change == "half-layer":
-            if i == 2:
-                m[2].to(BF16)
-        elif change == "load_state_dict-bf16-fp32-layer":  # the layer decided float32
-            if i == 2 and not m.__dict__.setdefault("_as3_assigned", False):
-                m.__dict__["_as3_assigned"] = True
-                state = {k: v.to(BF16) if k.startswith("0.") else v for k, v in m.state_dict().items()}
-                m.load_state_dict(state, assign=True)
-        elif change == "half-fp32-layer":
-            if i == 2:
-                m[0].to(BF16)
+        elif change.startswith("half") and i == 2:  # converted in place
+            m[0 if change.endswith("fp32-layer") else 2].to(BF16)
 
     return apply
 
