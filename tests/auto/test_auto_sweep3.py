@@ -262,6 +262,12 @@ def test_a_float16_region_matches_its_fixed_precision(make: Any, default: str, r
     run(make, lambda m, i, enter: _train(m, x, enter, FP16), 3, recordings, (FP16,), default=default)
 
 
+def test_a_float16_model_in_a_float16_region(recordings: list[Any]) -> None:
+    """Weights that are not float32: the O1 lists, as torch.autocast."""
+    x = torch.randn(8, 16).to(FP16)
+    run(lambda: _mlp().to(FP16), lambda m, i, enter: _train(m, x, enter, FP16), 3, recordings, (FP16,))
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
 def test_a_low_layer_feeding_a_float32_layer_directly(dtype: torch.dtype, recordings: list[Any]) -> None:
     """Its output reached the float32 layer without an op between them: a float32 default
@@ -629,6 +635,8 @@ def _changes(change: str) -> Callable[[nn.Module, int], None]:
                 m.__dict__["_as3_assigned"] = True
                 state = {k: v.to(BF16) if k.startswith(layer) else v for k, v in m.state_dict().items()}
                 m.load_state_dict(state, assign=True)
+        elif change == "weight_norm" and i == 2 and not nn.utils.parametrize.is_parametrized(m[0]):
+            nn.utils.parametrizations.weight_norm(m[0])  # (the copy made for the plan: already done)
         elif change.startswith("half") and i == 2:  # converted in place
             m[0 if change.endswith("fp32-layer") else 2].to(BF16)
 
@@ -668,6 +676,7 @@ CHANGES = [
     "half-layer",
     "load_state_dict-bf16-fp32-layer",
     "half-fp32-layer",
+    "weight_norm",
 ]
 
 
