@@ -18,7 +18,9 @@ Patterns:
 * ``eval-tail``: an inference loop (``eval()``, ``no_grad``) over batches 64, 64, 64, 17;
 * ``ensemble``: 20 small models, a region each, at one place in the code (more roots than
   a place keeps: 16);
-* ``model-loss``: a model and an ``nn.CrossEntropyLoss`` module in one region.
+* ``model-loss``: a model and an ``nn.CrossEntropyLoss`` module in one region;
+* ``dtype-switch``: a 3-layer MLP (d 256, batch 64) whose region alternates bfloat16 and
+  float16 from one step to the next (at one place in the code; each dtype has its plan).
 
 After ``--warmup`` steps of every mode (auto measures and records), ``--rounds`` rounds
 each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
@@ -48,8 +50,8 @@ from typing import Any, Final
 from bench_auto import orders
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
-PATTERNS: Final = ("seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss")
-Step = Callable[[list[Any], Callable[[], Any], int], None]
+PATTERNS: Final = ("seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch")
+Step = Callable[[list[Any], Callable[..., Any], int], None]
 
 
 def _mlp(torch: Any, d: int, layers: int, out: int | None = None) -> Any:
@@ -101,6 +103,11 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
             loss = ms[1](ms[0](torch.randn(n, 256)), torch.randint(0, 16, (n,)))
         loss.backward()
 
+    def dtype_switch(ms: list[Any], region: Callable[..., Any], i: int) -> None:
+        with region((torch.bfloat16, torch.float16)[i % 2]):
+            out = ms[0](torch.randn(64, 256))
+        out.float().pow(2).mean().backward()
+
     return {
         "seqlen": (lambda: [_mlp(torch, 128, 4)], seqlen),
         "seqlen-long": (lambda: [_mlp(torch, 128, 4)], lambda ms, region, i: seqlen(ms, region, i, longer)),
@@ -109,6 +116,7 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
         "eval-tail": (lambda: [_mlp(torch, 256, 3)], eval_tail),
         "ensemble": (lambda: [_mlp(torch, 64, 2) for _ in range(20)], ensemble),
         "model-loss": (lambda: [_mlp(torch, 256, 3, out=16), nn.CrossEntropyLoss()], model_loss),
+        "dtype-switch": (lambda: [_mlp(torch, 256, 3)], dtype_switch),
     }
 
 
@@ -130,11 +138,19 @@ def run(name: str, args: argparse.Namespace) -> None:
     make, step = patterns(torch)[name]
     base = make()
     copies = {mode: copy.deepcopy(base) for mode in MODES}
-    one = ampcore.autocast("cpu", level="auto")
-    regions: dict[str, Callable[[], Any]] = {
-        "fp32": contextlib.nullcontext,
-        "torch.autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16),
-        "auto": (lambda: one) if args.reuse else lambda: ampcore.autocast("cpu", level="auto"),
+
+    def auto(dtype: Any = None) -> Any:  # as the other patterns' user code: no dtype unless switched
+        return (
+            ampcore.autocast("cpu", level="auto")
+            if dtype is None
+            else ampcore.autocast("cpu", level="auto", dtype=dtype)
+        )
+
+    ones = {d: auto(d) for d in (None, torch.bfloat16, torch.float16)}
+    regions: dict[str, Callable[..., Any]] = {  # (a region in a dtype: the default unless given)
+        "fp32": lambda dtype=None: contextlib.nullcontext(),
+        "torch.autocast": lambda dtype=None: torch.autocast("cpu", dtype=dtype or torch.bfloat16),
+        "auto": (lambda dtype=None: ones[dtype]) if args.reuse else auto,
     }
     recorded = [0]
     real = _roots.Recording

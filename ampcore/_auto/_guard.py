@@ -29,7 +29,17 @@ from torch import nn
 
 from ._shapes import float32_weights, planned_ops
 
-__all__ = ["explained", "follows", "in_checkpoint", "loosen", "signature", "snapshot", "unchanged", "unseen_modules"]
+__all__ = [
+    "Weight",
+    "explained",
+    "follows",
+    "in_checkpoint",
+    "loosen",
+    "signature",
+    "snapshot",
+    "unchanged",
+    "unseen_modules",
+]
 
 _F32: Final = torch.float32
 
@@ -290,31 +300,44 @@ def unseen_modules(root: nn.Module, calls: dict[int, Any]) -> list[nn.Module]:
 _Containers = tuple[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]], ...]
 
 
+#: a planned module's first floating-point parameter: the dict that holds it, its name, itself
+Weight = tuple[dict[str, Any], str, torch.Tensor]
+
+
+def _first_weight(module: nn.Module) -> Weight | None:
+    for owner in module.modules():  # the order of module.parameters()
+        for name, p in owner._parameters.items():
+            if p is not None and p.is_floating_point():
+                return owner._parameters, name, p
+    return None
+
+
 def snapshot(
     root: nn.Module, planned: list[nn.Module]
-) -> tuple[tuple[dict[str, Any], ...], list[tuple[Any, ...]], tuple[torch.Tensor, ...], _Containers]:
+) -> tuple[tuple[dict[str, Any], ...], list[tuple[Any, ...]], tuple[Weight, ...], _Containers]:
     """The ``_modules`` dicts of ``root``'s modules that have children, their values now, the
-    first floating-point parameter of each ``planned`` module whose weights are float32, and
-    the plain containers holding layers (:func:`_plain`)."""
+    first floating-point parameter of each ``planned`` module whose weights are float32 (with
+    the dict that holds it), and the plain containers holding layers (:func:`_plain`)."""
     modules, containers = _plain(root)
     tree = tuple(d for m in modules if (d := m._modules))
-    firsts = (next((p for p in m.parameters() if p.is_floating_point()), None) for m in planned if float32_weights(m))
-    weights = tuple(p for p in firsts if p is not None)  # one a module: a conversion converts them all
+    firsts = (_first_weight(m) for m in planned if float32_weights(m))
+    weights = tuple(w for w in firsts if w is not None)  # one a module: a conversion converts them all
     return tree, list(map(tuple, map(dict.values, tree))), weights, tuple(containers)
 
 
 def unchanged(
     tree: tuple[dict[str, Any], ...],
     values: list[tuple[Any, ...]],
-    weights: tuple[torch.Tensor, ...],
+    weights: tuple[Weight, ...],
     containers: _Containers = (),
 ) -> bool:
-    """Whether :func:`snapshot`'s modules are still in place and its weights still float32
-    (it runs on every root call: plain loops, which cost less than ``map`` chains for the
-    few dicts and weights of a model, and stop at the first change; plain containers only
-    where the root has any)."""
-    for weight in weights:
-        if weight.dtype is not _F32:  # dtypes are singletons
+    """Whether :func:`snapshot`'s modules are still in place and its weights still in place
+    and float32 (``load_state_dict(..., assign=True)`` replaces them, ``module.to()``
+    converts them) (it runs on every root call: plain loops, which cost less than ``map``
+    chains for the few dicts and weights of a model, and stop at the first change; plain
+    containers only where the root has any)."""
+    for params, name, weight in weights:
+        if weight.dtype is not _F32 or params.get(name) is not weight:  # dtypes are singletons
             return False
     for modules, was in zip(tree, values, strict=True):
         if tuple(modules.values()) != was:

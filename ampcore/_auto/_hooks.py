@@ -204,10 +204,20 @@ def _to_fp32(value: Any, device_type: str) -> Any:
     return value
 
 
+def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether torch's autocast state at a planned call of a recorded root is not the
+    region's (on, in its dtype) nor one of this thread's float32 calls': the forward entered
+    ``torch.autocast`` itself (``enabled=False``, another dtype)."""
+    if enabled and torch.get_autocast_dtype(device_type) == dtype:
+        return False
+    return not any(frame.off is not None for frame in _local.frames)
+
+
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if _is_compiling() or not _thread.stack or _prog.measuring:  # dynamo folds is_compiling()
         return None
-    if _prog.run is not None:  # a program applies (its own instance hooks)
+    run = _prog.run  # a program applies (its own instance hooks) unless the forward entered a region since
+    if run is not None and _thread.stack[-1] is run.region:
         return None
     rec = _prog.rec
     if rec is None:
@@ -229,7 +239,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     device_type = spec.backend.device_type
     if (spec.custom_white or spec.custom_black) and ops & (spec.custom_white | spec.custom_black):
         return None
-    if not torch.is_autocast_enabled(device_type):
+    enabled = torch.is_autocast_enabled(device_type)
+    if rec is not None and not rec.outside and _set_by_forward(enabled, device_type, spec.dtype):
+        rec.outside = True  # a float32 default could not tell the forward's autocast state from its own
+    if not enabled:
         return None
     if in_checkpoint():  # its recompute runs with the autocast state of its entry, no hooks: so does this
         if rec is not None:
@@ -255,11 +268,17 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         return None
     torch.set_autocast_enabled(device_type, False)  # on again in _post (it was on: checked above)
     _local.frames.append(_Frame(module, device_type, None, None, None))
-    return tuple(_to_fp32(a, device_type) for a in args)
+    cast = tuple(_to_fp32(a, device_type) for a in args)
+    if rec is not None and any(c is not a for c, a in zip(cast, args, strict=True)):
+        rec.outside = True  # a low tensor reached it: a float32 default (no hook here) would not cast it
+    return cast
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
-    if _is_compiling() or _prog.measuring or _prog.run is not None:
+    if _is_compiling() or _prog.measuring:
+        return None
+    run = _prog.run  # as in _pre: an auto region the forward entered inside a program gets these hooks
+    if run is not None and (not _thread.stack or _thread.stack[-1] is run.region):
         return None
     frames = _local.frames
     output = None  # None: the output as the forward gave it

@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from .._policy.thread_state import thread_state
-from ._guard import in_checkpoint, loosen, signature, unchanged
+from ._guard import Weight, in_checkpoint, loosen, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import float32_weights, shape_class
 
@@ -68,6 +68,13 @@ __all__ = ["Program", "Running", "cast_floating", "churning", "local", "program_
 _LOW: Final = (torch.bfloat16, torch.float16)
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
+_autocast_enabled: Final = torch.is_autocast_enabled
+
+
+def _nesting() -> int:
+    """torch's autocast nesting in this thread (each ``torch.autocast`` and ampcore region entered)."""
+    torch.autocast_increment_nesting()
+    return int(torch.autocast_decrement_nesting())
 
 
 #: the ``stale`` cell of programs made without weak reference callbacks (never set)
@@ -105,8 +112,9 @@ class Program(NamedTuple):
     tree: tuple[dict[str, Any], ...] = ()
     tree_values: list[tuple[Any, ...]] = _NO_VALUES
     #: the floating-point parameters of the planned modules (all float32 when recorded): one
-    #: converted since (``model.bfloat16()``) cannot run in float32, so it records again
-    weights: tuple[torch.Tensor, ...] = ()
+    #: converted (``model.bfloat16()``) or replaced (``load_state_dict(..., assign=True)``)
+    #: since may not run in float32, so it records again
+    weights: tuple[Weight, ...] = ()
     #: switched modules whose calls differ: (module, per call in order: switch it or not)
     steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
     #: an op of the O1 low-precision list ran outside planned modules (``F.linear``,
@@ -194,6 +202,8 @@ class Running:
         self.region: Any = None
         self.device_type: str = region.spec.backend.device_type
         self.pushed: list[nn.Module] = []
+        self.was: list[bool] = []  # per pushed module: whether autocast was on before it
+        self.nesting = 0  # torch's autocast nesting when a float32 default with hooks started
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
         #: id of a module with steps -> [whether to switch it, per call; calls so far]
         self.steps: dict[int, list[Any]] | None = None
@@ -212,6 +222,8 @@ class Running:
             self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
         if program.default_fp32:
             torch.set_autocast_enabled(self.device_type, False)
+            if self.hooks:  # a torch.autocast(enabled=False) the forward enters: not the default's state
+                self.nesting = _nesting()
         if self.hooks:
             for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
                 for ref in refs:
@@ -238,6 +250,10 @@ class Running:
             return None
         if self.steps is not None and not self._this_call(module):
             return None
+        if _autocast_enabled(self.device_type) == self.default_fp32 or (
+            self.default_fp32 and _nesting() != self.nesting
+        ):
+            return None  # the forward switched autocast itself (torch.autocast inside): as the global hooks
         return self.switch(module, args)
 
     def _this_call(self, module: nn.Module) -> bool:
@@ -266,6 +282,9 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
+        enabled = _autocast_enabled(self.device_type)
+        if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
+            return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above
         if (decision is None and program.measurable) or (
             program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)
         ):
@@ -278,11 +297,13 @@ class Running:
             return cast_floating(args, torch.float32, self.device_type, low=True)
         return None  # the default's precision
 
-    def switch(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        """Run ``module``'s forward in the precision other than the default (its new
-        arguments, or None); its forward hook switches back."""
+    def switch(self, module: nn.Module, args: tuple[Any, ...], off: bool = False) -> Any:
+        """Run ``module``'s forward in the precision other than the default (``off``: in
+        float32 whatever the default) (its new arguments, or None); its forward hook switches
+        back to the state before it."""
         self.pushed.append(module)
-        if self.program.default_fp32:  # a low-precision module: autocast on for its forward
+        self.was.append(_autocast_enabled(self.device_type))
+        if self.program.default_fp32 and not off:  # a low-precision module: autocast on for its forward
             torch.set_autocast_enabled(self.device_type, True)
             return None
         torch.set_autocast_enabled(self.device_type, False)
@@ -295,7 +316,7 @@ class Running:
         if not self.pushed or self.pushed[-1] is not module or local.run is not self:
             return
         self.pushed.pop()
-        torch.set_autocast_enabled(self.device_type, not self.program.default_fp32)
+        torch.set_autocast_enabled(self.device_type, self.was.pop())
 
     def stop(self) -> None:
         handles = self.handles
@@ -312,6 +333,7 @@ class Running:
         if self.program.default_fp32 or self.pushed:
             torch.set_autocast_enabled(self.device_type, True)  # the region's state (it is enabled)
             self.pushed.clear()
+            self.was.clear()
         self.root = self.region = None
 
 
@@ -323,6 +345,11 @@ _programs: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Program | 
 _MAX_SIGNATURES: Final = 256
 #: the key, in a root's dict of programs, of how many programs it dropped for new signatures
 _DROPPED: Final = ("dropped",)
+#: root -> {(id of its plan, signature): Program}: the programs of plans other than the one
+#: its table's program has, for a signature (each dtype and thread count has its plan)
+_others: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, Any], Program]] = weakref.WeakKeyDictionary()
+#: programs of other plans a root keeps
+_MAX_OTHERS: Final = 64
 
 
 def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) -> Program | int | None:
@@ -336,9 +363,34 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     if sig is None:
         return next((p for p in programs.values() if isinstance(p, Program) and p.valid(plan)), 0)
     found = programs.get(sig, 0)
+    if isinstance(found, Program) and found.plan is not plan or found == 0:
+        found = _other_plan(root, sig, plan, programs, found)
     if isinstance(found, Program) and not found.valid(plan):
         return 0
     return found
+
+
+def _other_plan(
+    root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan, programs: dict[tuple[Any, ...], Program | int], found: Any
+) -> Any:
+    """The program ``root`` keeps for ``sig`` under ``plan`` among those of other plans (a
+    region's dtype or torch's thread count that changes between steps: each has its plan),
+    swapped with ``found``, the table's; else ``found``."""
+    others = _others.get(root)
+    kept = None if others is None else others.pop((id(plan), sig), None)
+    if kept is None or kept.plan is not plan:
+        return found
+    if isinstance(found, Program):
+        _keep_other(root, sig, found)
+    programs[sig] = kept
+    return kept
+
+
+def _keep_other(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
+    others = _others.setdefault(root, {})
+    if len(others) >= _MAX_OTHERS:
+        del others[next(iter(others))]  # the oldest
+    others[(id(program.plan), sig)] = program
 
 
 def churning(root: nn.Module, sig: tuple[Any, ...] | None) -> bool:
@@ -367,6 +419,9 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
         programs = _programs.setdefault(root, {})
     except TypeError:  # a module class that is not hashable or weak-referenceable: no program
         return
+    known = programs.get(sig)
+    if isinstance(known, Program) and (not isinstance(found, Program) or found.plan is not known.plan):
+        _keep_other(root, sig, known)  # another plan's: kept for when it applies again
     dropped = programs.get(_DROPPED, 0)
     if sig not in programs and len(programs) - (_DROPPED in programs) >= _MAX_SIGNATURES:  # dynamic shapes
         del programs[next(k for k in programs if k is not _DROPPED)]  # the oldest
@@ -397,6 +452,7 @@ def same_program(a: Program, b: Program) -> bool:
 def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()
+    _others.clear()
 
 
 def __getattr__(name: str) -> Any:
