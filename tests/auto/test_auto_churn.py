@@ -44,11 +44,11 @@ def _mlp() -> nn.Sequential:
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-def _keys(model: nn.Module, length: int) -> list[tuple[nn.Linear, str]]:
-    """The shape classes of ``model``'s layers on a sequence of ``length`` (float32 and
-    bfloat16 inputs)."""
+def _keys(layers: Any, length: int) -> list[tuple[nn.Linear, str]]:
+    """The shape classes of the ``layers`` that are Linear on a sequence of ``length``
+    (float32 and bfloat16 inputs)."""
     found = []
-    for layer in model:
+    for layer in layers:
         if isinstance(layer, nn.Linear):
             for dtype in (torch.float32, LOW):
                 x = torch.zeros(length, layer.in_features, dtype=dtype)
@@ -218,3 +218,51 @@ def test_a_class_a_program_depends_on_makes_it_record_again(
     for i, length in enumerate(lengths):
         _same_as_fixed(model, reference, length, i)
     assert recordings["recorded"] >= 1
+
+
+class _Scaled(nn.Module):
+    """A model whose call takes an object the guard cannot see (its signature is unknown)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor, config: Any) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x))) * config.scale
+
+
+class _Config:
+    scale = 0.5
+
+
+def test_a_root_called_with_an_argument_the_guard_cannot_see_is_not_recorded_every_call(
+    recordings: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No program can hold such a call: it applies the plan call by call.  Before, every call
+    after the first was recorded too (the dispatch mode on every op) for nothing kept."""
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+    torch.manual_seed(0)
+    model = _Scaled()
+    reference = copy.deepcopy(model)
+    decisions = {
+        key: "fp32" if layer is model.a else "low" for n in (8, 5) for layer, key in _keys(model.children(), n)
+    }
+    _load(decisions)
+
+    def step(m: nn.Module, n: int, enter: Any) -> torch.Tensor:
+        with enter():
+            out = m(torch.randn(n, 16), _Config())
+        out.float().pow(2).mean().backward()
+        return out
+
+    for i, n in enumerate([8, 5, 8, 8, 5, 8]):
+        torch.manual_seed(i)
+        want = step(reference, n, fixed_region)
+        torch.manual_seed(i)
+        got = step(model, n, _auto)
+        _clean(model)
+        assert got.dtype == want.dtype == LOW
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        if i == 0:
+            recordings.update({"recorded": 0, "call-by-call": 0})
+    assert recordings == {"recorded": 0, "call-by-call": 5}
