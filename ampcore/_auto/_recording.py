@@ -139,6 +139,8 @@ class Recording:
     ) -> None:
         """A planned call of ``module`` on ``args`` (shape class ``key``), its decision and
         what float32 saves there (ms)."""
+        if self.mode is None:  # nothing is recorded (the plan applies call by call)
+            return
         self.saving_ms += saving_ms
         if self.dynamic:
             self.inner[id(module)] = module  # guarded, not part of the program
