@@ -381,9 +381,10 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
         del programs[oldest]
         programs[_DROPPED] = (dropped if isinstance(dropped, int) else 0) + (oldest in unrun)
         unrun.discard(oldest)
+    if isinstance(found, Program) and not isinstance(programs.get(sig), Program):
+        unrun.add(sig)  # (a program checked or recorded again keeps whether it ran)
     programs[sig] = found
     if isinstance(found, Program):  # a number that changed and gave the same program: held by type
-        unrun.add(sig)
         loose = loosen(root, sig, programs, lambda other: isinstance(other, Program) and same_program(found, other))
         if loose is not None:
             programs[loose] = found

@@ -266,3 +266,23 @@ def test_a_root_called_with_an_argument_the_guard_cannot_see_is_not_recorded_eve
         if i == 0:
             recordings.update({"recorded": 0, "call-by-call": 0})
     assert recordings == {"recorded": 0, "call-by-call": 5}
+
+
+def test_a_new_phase_with_shapes_of_its_own_still_gets_programs(
+    recordings: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root keeping 16 signatures (256 in use: the test is shorter) runs lengths 1-16 for a
+    while (a dummy call of length 200 first, never again), then lengths 17-32: the programs
+    of the first phase ran before the second replaced them, so the root keeps recording and
+    the second phase settles with programs of its own (nothing call by call)."""
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+    monkeypatch.setattr(_program, "_MAX_SIGNATURES", 16)
+    torch.manual_seed(0)
+    model = _mlp()
+    _decide(model, 256)
+    _step(model, 200, _auto)
+    _settle(model, list(range(1, 17)))
+    _settle(model, list(range(17, 33)))
+    recordings.update({"recorded": 0, "call-by-call": 0})
+    _settle(model, list(range(17, 33)))
+    assert recordings == {"recorded": 0, "call-by-call": 0}
