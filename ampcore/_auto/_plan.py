@@ -163,9 +163,9 @@ class AutoPlan:
             self.changes += 1  # every program records again
         else:
             self.added += 1
-            for cell in list(self.waiting.values()):
+            waiting, self.waiting = self.waiting, weakref.WeakValueDictionary()
+            for cell in list(waiting.values()):
                 cell[0] = True
-            self.waiting.clear()
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
         return decision
 
