@@ -28,6 +28,7 @@ __all__ = [
     "Decision",
     "costs_from_mapping",
     "decide",
+    "family",
     "finite",
     "implausible",
     "merge",
@@ -199,6 +200,20 @@ def module_of(shape_class: str) -> tuple[str, str]:
     for dtype in ("bfloat16", "float16", "float64"):
         head = head.replace(f":{dtype}", "")
     return head, grad
+
+
+def family(shape_class: str) -> tuple[Any, ...]:
+    """A shape class without its shapes: the module kind and hyper-parameters, the inputs'
+    dtypes and grad mode (classes of one layer on other shapes share it).
+
+    Example::
+
+        >>> family("Linear(in_features=2, out_features=2, bias=True) in=[4x2, 8:bfloat16] no-grad")
+        ('Linear(in_features=2, out_features=2, bias=True)', ('', 'bfloat16'), 'no-grad')
+    """
+    described, _, rest = shape_class.partition(" in=[")
+    shapes, _, grad = rest.rpartition("] ")
+    return described, tuple(part.partition(":")[2] for part in shapes.split(", ")), grad
 
 
 def _parts(shape_class: str) -> tuple[str, list[list[str]], str] | None:

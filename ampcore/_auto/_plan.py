@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from .._validate import check_bool
 from .._version import __version__
 from ._checks import RootCheck, check_from_mapping
 from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
+from ._costs import family as family_of
 
 __all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
 
@@ -106,6 +108,12 @@ def _key(fp: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class Stale(list[bool]):
+    """A program's ``stale`` cell (``[True]``: record again), held weakly by :meth:`AutoPlan.wait`."""
+
+    __slots__ = ("__weakref__",)
+
+
 @dataclass
 class AutoPlan:
     """The decisions of ``level="auto"`` for one fingerprint (see :func:`fingerprint`).
@@ -127,9 +135,14 @@ class AutoPlan:
     entries: dict[str, PlanEntry] = field(default_factory=dict)
     margin: float = MARGIN
     frozen: bool = False
-    #: how many times an entry was set or dropped (the programs of :mod:`._program` are
-    #: valid while it stays the same)
+    #: entries set again or dropped, and new ones that make their family's decisions differ:
+    #: the programs of :mod:`._program` are valid while it stays the same (see :meth:`set`)
     changes: int = field(default=0, compare=False)
+    #: entries added otherwise; the ``stale`` cells of programs that ran a call undecided
+    added: int = field(default=0, compare=False)
+    waiting: weakref.WeakValueDictionary[int, Stale] = field(
+        default_factory=weakref.WeakValueDictionary, compare=False, repr=False
+    )
     #: whole-call checks of mixed programs (:mod:`._checks`), by :func:`root_key`; setting
     #: one does not count as a change (the programs it chose between stay valid)
     roots: dict[str, RootCheck] = field(default_factory=dict)
@@ -140,11 +153,28 @@ class AutoPlan:
         return None if entry is None else entry.decision
 
     def set(self, shape_class: str, costs: Costs, source: str = "measured") -> Decision:
-        """Record ``costs`` for ``shape_class`` and return the decision they give."""
+        """Record ``costs`` for ``shape_class`` and return the decision they give.  A new class
+        changes no program where its family's classes (:func:`~._costs.family`: the layer on
+        other shapes) decide as it does: only programs that ran it undecided record again."""
         decision = decide(costs, self.margin)
+        mine = family_of(shape_class)  # a family that now decides two ways: programs guard its calls
+        theirs = {e.decision for key, e in self.entries.items() if family_of(key) == mine}
+        if shape_class in self.entries or (len(theirs) == 1 and decision not in theirs):
+            self.changes += 1  # every program records again
+        else:
+            self.added += 1
+            waiting, self.waiting = self.waiting, weakref.WeakValueDictionary()
+            for cell in list(waiting.values()):
+                cell[0] = True
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
-        self.changes += 1
         return decision
+
+    def wait(self, stale: Stale, added: int) -> None:
+        """Set ``stale``, a program's that ran a call undecided, when a class is added (``added``: when recorded)."""
+        if added != self.added:
+            stale[0] = True
+        else:
+            self.waiting[id(stale)] = stale
 
     def set_root(self, key: str, check: RootCheck) -> None:
         """Record the whole-call check of a root's mixed program (:func:`root_key`)."""

@@ -343,13 +343,17 @@ _programs: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, ...], Program | 
 
 #: signatures a root keeps programs for; a new one beyond it replaces the oldest
 _MAX_SIGNATURES: Final = 256
-#: the key, in a root's dict of programs, of how many programs it dropped for new signatures
+#: the key, in a root's dict of programs, of how many it dropped unrun for new signatures
 _DROPPED: Final = ("dropped",)
 #: root -> {(id of its plan, signature): Program}: the programs of plans other than the one
 #: its table's program has, for a signature (each dtype and thread count has its plan)
 _others: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, Any], Program]] = weakref.WeakKeyDictionary()
 #: programs of other plans a root keeps
 _MAX_OTHERS: Final = 64
+#: programs dropped unrun before a root stops recording (:func:`churning`; one-offs do not)
+_SETTLE_AFTER: Final = 4
+#: root -> the signatures of its programs that have not run since they were recorded
+_unrun: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
 def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) -> Program | int | None:
@@ -365,8 +369,12 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     found = programs.get(sig, 0)
     if isinstance(found, Program) and found.plan is not plan or found == 0:
         found = _other_plan(root, sig, plan, programs, found)
-    if isinstance(found, Program) and not found.valid(plan):
-        return 0
+    if isinstance(found, Program):
+        if not found.valid(plan):
+            return 0
+        unrun = _unrun.get(root)
+        if unrun:
+            unrun.discard(sig)  # it runs
     return found
 
 
@@ -395,12 +403,11 @@ def _keep_other(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None
 
 def churning(root: nn.Module, sig: tuple[Any, ...] | None) -> bool:
     """Whether a call of ``root`` with ``sig``, a signature it has no entry for, is one more
-    of a stream of signatures the table cannot hold (sequence lengths that change every
-    step over more than :data:`_MAX_SIGNATURES` values): it dropped as many programs as it
-    keeps.  Such a call applies the plan call by call without being recorded: recording
-    every new signature again would cost each such step the recording (the global hooks,
-    a dispatch mode, the whole-call check of a mixed program) for a program it replaces
-    before it is used again (2.0 x the better fixed choice on a model fed lengths 1-256)."""
+    of a stream its table cannot hold (lengths over more than :data:`_MAX_SIGNATURES` values):
+    the table dropped :data:`_SETTLE_AFTER` programs that never ran again.  It then applies
+    the plan call by call unrecorded (a recording, with a mixed program's whole-call check,
+    per step for a program dropped before it runs: 2.0 x the better fixed choice); a table
+    whose programs run before they go (a new phase with its own shapes) keeps recording."""
     try:
         programs = _programs.get(root)
     except TypeError:
@@ -408,15 +415,16 @@ def churning(root: nn.Module, sig: tuple[Any, ...] | None) -> bool:
     if not programs or sig in programs:
         return False
     dropped = programs.get(_DROPPED, 0)
-    return isinstance(dropped, int) and dropped >= _MAX_SIGNATURES
+    return isinstance(dropped, int) and dropped >= _SETTLE_AFTER
 
 
 def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
     """Keep the program (or the count of failed recordings) of ``root`` for ``sig``: up to
-    :data:`_MAX_SIGNATURES` signatures, a new one replacing the oldest (counted: see
-    :func:`churning`)."""
+    :data:`_MAX_SIGNATURES` signatures, a new one replacing the oldest (those dropped unrun
+    are counted: see :func:`churning`)."""
     try:
         programs = _programs.setdefault(root, {})
+        unrun = _unrun.setdefault(root, set())
     except TypeError:  # a module class that is not hashable or weak-referenceable: no program
         return
     known = programs.get(sig)
@@ -424,8 +432,12 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
         _keep_other(root, sig, known)  # another plan's: kept for when it applies again
     dropped = programs.get(_DROPPED, 0)
     if sig not in programs and len(programs) - (_DROPPED in programs) >= _MAX_SIGNATURES:  # dynamic shapes
-        del programs[next(k for k in programs if k is not _DROPPED)]  # the oldest
-        programs[_DROPPED] = (dropped if isinstance(dropped, int) else 0) + 1
+        oldest = next(k for k in programs if k is not _DROPPED)
+        del programs[oldest]
+        programs[_DROPPED] = (dropped if isinstance(dropped, int) else 0) + (oldest in unrun)
+        unrun.discard(oldest)
+    if isinstance(found, Program) and not isinstance(programs.get(sig), Program):
+        unrun.add(sig)  # (a program checked or recorded again keeps whether it ran)
     programs[sig] = found
     if isinstance(found, Program):  # a number that changed and gave the same program: held by type
         loose = loosen(root, sig, programs, lambda other: isinstance(other, Program) and same_program(found, other))
@@ -453,6 +465,7 @@ def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()
     _others.clear()
+    _unrun.clear()
 
 
 def __getattr__(name: str) -> Any:

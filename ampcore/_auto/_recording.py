@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._costs import Decision
+from ._costs import Decision, family
 from ._guard import explained, follows, snapshot, unseen_modules
-from ._plan import AutoPlan
+from ._plan import AutoPlan, Stale
 from ._program import _LOW, Program, local
 from ._shapes import float32_weights
 
@@ -33,20 +33,6 @@ __all__ = ["Recording"]
 _TRIES: Final = 3
 #: ops whose output shape or value depends on the data (nonzero, boolean indexing, .item())
 _DYNAMIC: Final = (torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output)
-
-
-def _family(key: str) -> tuple[Any, ...]:
-    """A shape class without its shapes: ``Linear(...) in=[512x2048:bfloat16] grad`` ->
-    ``("Linear(...)", ("bfloat16",), "grad")``.
-
-    Example::
-
-        >>> _family("Linear(in_features=2, out_features=2, bias=True) in=[4x2, 8:bfloat16] no-grad")
-        ('Linear(in_features=2, out_features=2, bias=True)', ('', 'bfloat16'), 'no-grad')
-    """
-    described, _, rest = key.partition(" in=[")
-    shapes, _, grad = rest.rpartition("] ")
-    return described, tuple(part.partition(":")[2] for part in shapes.split(", ")), grad
 
 
 def _dynamic(func: Any, args: Any) -> bool:
@@ -105,6 +91,7 @@ class Recording:
 
     def __init__(self, root: nn.Module, region: Any, plan: AutoPlan, white: frozenset[str] | None, done: Any) -> None:
         self.root, self.region, self.plan, self.changes = root, region, plan, plan.changes
+        self.added = plan.added  # classes added since make a program with undecided calls stale
         #: called as done(recording, args, kwargs, ok) when the root call ended
         self.done = done
         self.stack: list[tuple[nn.Module, bool]] = []
@@ -152,6 +139,8 @@ class Recording:
     ) -> None:
         """A planned call of ``module`` on ``args`` (shape class ``key``), its decision and
         what float32 saves there (ms)."""
+        if self.mode is None:  # nothing is recorded (the plan applies call by call)
+            return
         self.saving_ms += saving_ms
         if self.dynamic:
             self.inner[id(module)] = module  # guarded, not part of the program
@@ -171,8 +160,8 @@ class Recording:
         if self.kinds is None:
             self.kinds = {}
             for other, entry in self.plan.entries.items():
-                self.kinds.setdefault(_family(other), set()).add(entry.decision)
-        return len(self.kinds.get(_family(key), ())) > 1
+                self.kinds.setdefault(family(other), set()).add(entry.decision)
+        return len(self.kinds.get(family(key), ())) > 1
 
     def in_checkpoint(self, module: nn.Module) -> None:
         """A planned call inside ``torch.utils.checkpoint``: it follows the autocast state."""
@@ -214,7 +203,9 @@ class Recording:
         guarded = list(self.inner.values()) + [m for i, m in self.watch.items() if i not in self.inner]
         unseen = unseen_modules(self.root, {**self.calls, **self.ambient}) + guarded
         tree, values, weights, plain = snapshot(self.root, fp32 + low + varying + unseen)
-        stale = [False]
+        stale = Stale([False])
+        if undecided:  # they ran as the O1 lists: record again once the plan gains a class
+            self.plan.wait(stale, self.added)
 
         def collected(_: object) -> None:  # a module of the program is gone (replaced): record again
             stale[0] = True

@@ -297,8 +297,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     the call is recorded (its new arguments for torch, or None)."""
     generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
     plan = _hooks.plan_of(region)
-    if sig is None:  # an argument the guard cannot see: the plan applies call by call
-        new = _record(module, args, region, plan)
+    if sig is None:  # an argument the guard cannot see: the plan applies call by call, unrecorded
+        new = _record(module, args, region, plan, unsigned=True)
         return None if new is None else (new, kwargs)
     local = _local
     found = program_for(module, sig, plan)
@@ -362,14 +362,20 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
 
 
 def _record(
-    module: torch.nn.Module, args: tuple[Any, ...], region: Any, plan: AutoPlan, sig: tuple[Any, ...] | None = None
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    region: Any,
+    plan: AutoPlan,
+    sig: tuple[Any, ...] | None = None,
+    unsigned: bool = False,
 ) -> Any:
     """Run this root call with the global hooks, recording it when it may have programs
-    (``sig``: the call's signature, taken before the forward may change its arguments)."""
+    (``sig``: the call's signature, taken before the forward may change its arguments;
+    ``unsigned``: it has none, an argument the guard cannot see: no program, no recording)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = program_for(module, None, plan)  # None: a module that cannot have programs
-    if found is not None and churning(module, sig):  # signatures beyond its table: call by call
+    if found is not None and (unsigned or churning(module, sig)):  # signatures beyond its table: call by call
         found = None
     if found is not None and id(module) not in _local.called:
         _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
