@@ -236,15 +236,14 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         return None
     sig = signature(args, kwargs, module)
     local = _local
+    threads = _num_threads()
     last = local.last.get(id(module))
-    if last is not None and last.sig != sig:  # another signature it ran (micro-batches in turn)
-        last = last.alts.get(sig)
-        if last is not None:
-            local.last[id(module)] = last
+    if last is not None and (last.sig != sig or last.spec is not spec or last.threads != threads):
+        last = _turn(last, sig, spec, threads, region, module)  # micro-batches, dtypes in turn
     if (
         last is None
         or last.generation != _plans.generation
-        or last.threads != _num_threads()
+        or last.threads != threads
         or (last.spec is not spec and not _same_plan(last, region))
         or last.sig != sig  # never None: a call the guard cannot see differs
         or last.ref() is not module
@@ -280,6 +279,21 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         new = run.switch(module, args)
         return None if new is None else (new, kwargs)
     return None
+
+
+def _turn(last: _Last, sig: Any, spec: Any, threads: int, region: Any, module: torch.nn.Module) -> _Last | None:
+    """The entry ``module`` keeps settled for ``sig`` under this region's plan and thread
+    count (signatures, region dtypes or thread counts that take turns), remembered as its
+    last; None: none."""
+    entries = last.alts.get(sig)
+    if not entries:
+        return None
+    found = next((e for e in entries if e.spec is spec and e.threads == threads), None)
+    if found is None:  # a region made another way (another spec object): its plan decides
+        found = next((e for e in entries if e.threads == threads and _same_plan(e, region)), None)
+    if found is not None:
+        _local.last[id(module)] = found
+    return found
 
 
 def _same_plan(last: _Last, region: Any) -> bool:

@@ -27,6 +27,8 @@ _MAX_SITES: Final = 256
 #: signatures a root keeps settled in a thread (:attr:`_Last.alts`): the sizes of a loop's
 #: micro-batches, its short last batch, a few sequence lengths (beyond: the oldest go)
 _MAX_SIGNATURES: Final = 16
+#: plans a root keeps settled per signature (a region's dtype, torch's thread count)
+_MAX_PLANS: Final = 4
 _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 _thread = thread_state()
@@ -86,15 +88,19 @@ class _Last:
     depends on), the signature; the program's fields its guard reads (one attribute each);
     and its :class:`Running`, kept for the next call (no object per call).  ``alts``: the
     root's entries by signature (one dict per root, shared by its entries, at most
-    :data:`_MAX_SIGNATURES`): a root called with signatures in turn finds each without a
-    lookup of its program or a new entry."""
+    :data:`_MAX_SIGNATURES`), each a list of up to :data:`_MAX_PLANS` entries of other plans
+    (a region's dtype, torch's thread count): a root called with signatures or plans in
+    turn finds each without a lookup of its program or a new entry."""
 
     __slots__ = (
         "alts", "changes", "generation", "plain", "plan", "program", "ref", "run", "sig", "spec", "stale",
         "switches_root", "threads", "tree", "values", "weights",
     )  # fmt: skip
     ref: weakref.ref[torch.nn.Module]
-    alts: dict[Any, _Last]
+    alts: dict[Any, list[_Last]]
+    plan: Any
+    spec: Any
+    threads: int
 
     def __init__(
         self,
@@ -106,6 +112,7 @@ class _Last:
         table: dict[int, _Last],
     ) -> None:
         key = id(root)
+        threads = _num_threads()
         known = table.get(key)
         if known is not None and known.ref() is root:  # the root's other signatures: one ref
             self.ref, self.alts = known.ref, known.alts
@@ -119,15 +126,22 @@ class _Last:
                     entry.alts.clear()  # the entries hold each other
 
             self.ref, self.alts = weakref.ref(root, gone), {}
-        self.alts[sig] = self
+        self.alts[sig] = [*_others(self.alts.get(sig, []), program.plan, spec, threads), self]
         self.sig, self.program, self.spec = sig, program, spec
-        self.generation, self.threads = generation, _num_threads()
+        self.generation, self.threads = generation, threads
         self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
         self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
         self.plain = program.plain  # the plain containers of layers (:func:`._guard.unchanged`)
         self.run: Running | None = None
         #: the root is itself a switched module: its own pre-hook would come too late
         self.switches_root = any(ref() is root for ref in program.switched)
+
+
+def _others(entries: list[_Last], plan: Any, spec: Any, threads: int) -> list[_Last]:
+    """The entries a new one for the same signature keeps beside it: not one of its plan, nor
+    of its region and thread count (which it replaces); the latest :data:`_MAX_PLANS` - 1."""
+    kept = [e for e in entries if e.plan is not plan and not (e.spec is spec and e.threads == threads)]
+    return kept[-(_MAX_PLANS - 1) :]
 
 
 class _Local(threading.local):
@@ -145,7 +159,7 @@ class _Local(threading.local):
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
         #: id(root) -> the program it ran last (valid while nothing it depends on changed);
-        #: its ``alts``: the root's other signatures' entries
+        #: its ``alts``: the root's entries for other signatures and plans
         self.last: dict[int, _Last] = {}
 
 

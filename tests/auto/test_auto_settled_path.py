@@ -409,3 +409,31 @@ def test_the_place_of_a_region_is_found_without_reading_line_numbers(
     with ampcore.autocast("cpu", level="auto"):  # another place: a site of its own
         decorated.__wrapped__(nets[0])  # type: ignore[attr-defined]
     assert len([s for s in _roots._local.sites.values() if s.roots]) == 4 and read == []
+
+
+def test_regions_whose_dtype_or_thread_count_take_turns_keep_each_settled(
+    finds: list[nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each region dtype and thread count has its own plan, so the same signature has a
+    program per plan: a root whose regions take turns between them keeps each settled
+    (a switch looks nothing up)."""
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")  # nothing measured: a new plan runs the O1 lists
+    net, x, y = Net(big=0, small=2), torch.randn(4, 32), torch.randn(4, 8)
+    _plan(net, x, y, big="low", small="fp32")
+    threads = torch.get_num_threads()
+    dtypes = (torch.bfloat16, torch.float16)
+
+    def turn(i: int) -> Any:
+        torch.set_num_threads(threads + (i // 2) % 2)
+        return _step(net, x, y, region=ampcore.autocast("cpu", level="auto", dtype=dtypes[i % 2]))
+
+    try:
+        for i in range(12):
+            turn(i)
+        finds.clear()
+        for i in range(8):
+            turn(i)  # the plan loaded is bfloat16's at the first thread count; the others: O1
+            assert _no_hooks(net) and net.small_dtypes() == {torch.float32 if i % 4 == 0 else dtypes[i % 2]}
+        assert finds == []
+    finally:
+        torch.set_num_threads(threads)
