@@ -56,7 +56,7 @@ from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
 from ._roots_state import _compiler, _dynamo_compiling, _num_threads
-from ._shapes import float32_weights, planned_ops, shape_class
+from ._shapes import device_type_of, float32_weights, planned_ops, shape_class
 
 __all__ = [
     "BUDGET_ENV",
@@ -199,7 +199,7 @@ def _fingerprint(region: Any) -> dict[str, Any]:
 
 
 def _to_fp32(value: Any, device_type: str) -> Any:
-    if isinstance(value, torch.Tensor) and value.dtype in _LOW and value.device.type == device_type:
+    if isinstance(value, torch.Tensor) and value.dtype in _LOW and device_type_of(value.device) == device_type:
         return value.float()
     return value
 
@@ -290,7 +290,7 @@ def _fp32(module: torch.nn.Module, args: tuple[Any, ...], device_type: str, rec:
     _local.frames.append(_new_tuple(_Frame, (module, device_type, None, None, None)))
     if len(args) == 1:  # the common call: no generator
         one = args[0]
-        if isinstance(one, torch.Tensor) and one.dtype in _LOW and one.device.type == device_type:
+        if isinstance(one, torch.Tensor) and one.dtype in _LOW and device_type_of(one.device) == device_type:
             if rec is not None:
                 rec.outside = True  # a low tensor reached it: a float32 default (no hook here) would not cast it
             return (one.float(),)

@@ -16,7 +16,7 @@ from typing import Final
 import torch
 from torch import nn
 
-__all__ = ["PLANNED_OPS", "bucket", "float32_weights", "planned_ops", "shape_class"]
+__all__ = ["PLANNED_OPS", "bucket", "device_type_of", "float32_weights", "planned_ops", "shape_class"]
 
 
 def _linear(module: nn.Module) -> str:
@@ -108,6 +108,27 @@ def float32_weights(module: nn.Module) -> bool:
 _F32: Final = torch.float32
 
 
+def device_type_of(device: torch.device) -> str:
+    """``device.type``, kept per device object: torch formats it through a C++ string stream
+    each time (0.3 us in a loop, about 3 us inside a training step on a CPU).
+
+    Example::
+
+        >>> import torch
+        >>> device_type_of(torch.zeros(1).device)
+        'cpu'
+    """
+    try:
+        return _TYPES[device]
+    except KeyError:
+        found = _TYPES[device] = device.type
+        return found
+
+
+#: torch.device (type and index: a handful per process) -> its type
+_TYPES: dict[torch.device, str] = {}
+
+
 def bucket(n: int) -> int:
     """``n`` rounded up to a power of two (the size bucket of a dimension).
 
@@ -139,7 +160,8 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     if describe is None:  # read once per module object (the hot path); not a parameter or buffer
         describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
     if len(args) == 1 and isinstance(one := args[0], torch.Tensor):  # the common call: no comprehension
-        signature: tuple[object, ...] = (describe, _is_grad(), device_type, one.shape, one.dtype, one.device.type)
+        # the device, not its type: torch formats ``device.type`` through a C++ stream (3 us in a step)
+        signature: tuple[object, ...] = (describe, _is_grad(), device_type, one.shape, one.dtype, one.device)
     else:  # nested (shape, dtype, device type) per tensor: never equal to a key of the form above
         signature = (
             describe,

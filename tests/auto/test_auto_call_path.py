@@ -36,8 +36,8 @@ pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.p
 #: ``torch.compiler.is_dynamo_compiling`` in each (2), the planned kind, the weights' dtypes,
 #: the checkpoint check, the shape class and the plan (5)
 PLANNED = 7
-#: and one more where the plan runs it in float32 (autocast off, its input cast)
-FP32 = 1
+#: and two more where the plan runs it in float32 (autocast off; its input's device type)
+FP32 = 2
 #: and for a module of another kind (``nn.ReLU``, the ``nn.Sequential`` around them)
 UNPLANNED = 3
 
