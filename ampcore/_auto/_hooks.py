@@ -55,7 +55,8 @@ from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
-from ._shapes import float32_weights, planned_ops, shape_class
+from ._roots_state import _compiler, _dynamo_compiling, _num_threads
+from ._shapes import device_type_of, float32_weights, planned_ops, shape_class
 
 __all__ = [
     "BUDGET_ENV",
@@ -76,7 +77,9 @@ _PER_CLASS_MS: Final = 400.0
 _LOW: Final = (torch.bfloat16, torch.float16)
 
 _thread = thread_state()
-_is_compiling = torch.compiler.is_compiling
+_autocast_enabled: Final = torch.is_autocast_enabled
+_set_autocast: Final = torch.set_autocast_enabled
+_new_tuple: Final = tuple.__new__  # a _Frame without its generated __new__ (a Python call)
 
 
 class _Frame(NamedTuple):
@@ -94,6 +97,8 @@ class _Frame(NamedTuple):
 class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
+        #: (region, thread count, the plans' generation, its plan): :func:`plan_of`'s last
+        self.plan: tuple[Any, int, int, AutoPlan] | None = None
 
 
 class _Process:
@@ -159,15 +164,21 @@ def can_measure(region: Any, plan: AutoPlan) -> bool:
 
 
 def plan_of(region: Any) -> AutoPlan:
-    """``current_plan(fingerprint_of(region))`` with one dictionary lookup when nothing changed."""
+    """``current_plan(fingerprint_of(region))`` with one dictionary lookup when nothing
+    changed, none for the thread's last region (a planned call applied call by call asks)."""
+    threads, generation = _num_threads(), _cache.plans.generation
+    last = _local.plan
+    if last is not None and last[0] is region and last[1] == threads and last[2] == generation:
+        return last[3]
     spec = region.spec
-    key = (spec.backend.name, getattr(region.owner, "device_index", None) or 0, spec.dtype, torch.get_num_threads())
+    key = (spec.backend.name, getattr(region.owner, "device_index", None) or 0, spec.dtype, threads)
     found = _process.plans.get(key)
-    generation = _cache.plans.generation
     if found is not None and found[0] == generation:
-        return found[1]
-    plan = current_plan(_fingerprint(region))
-    _process.plans[key] = (generation, plan)
+        plan = found[1]
+    else:
+        plan = current_plan(_fingerprint(region))
+        _process.plans[key] = (generation, plan)
+    _local.plan = (region, threads, generation, plan)
     return plan
 
 
@@ -187,19 +198,8 @@ def _fingerprint(region: Any) -> dict[str, Any]:
     return found
 
 
-def _auto_region() -> Any:
-    stack = _thread.stack
-    if not stack:
-        return None
-    region = stack[-1]
-    spec = region.spec
-    if spec.level != "auto" or not spec.enabled or _prog.measuring:
-        return None
-    return region
-
-
 def _to_fp32(value: Any, device_type: str) -> Any:
-    if isinstance(value, torch.Tensor) and value.dtype in _LOW and value.device.type == device_type:
+    if isinstance(value, torch.Tensor) and value.dtype in _LOW and device_type_of(value.device) == device_type:
         return value.float()
     return value
 
@@ -214,33 +214,42 @@ def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool
 
 
 def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    if _is_compiling() or not _thread.stack or _prog.measuring:  # dynamo folds is_compiling()
+    if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
-    run = _prog.run  # a program applies (its own instance hooks) unless the forward entered a region since
-    if run is not None and _thread.stack[-1] is run.region:
+    prog, stack = _prog, _thread.stack
+    if not stack or prog.measuring:
         return None
-    rec = _prog.rec
+    top = stack[-1]
+    run = prog.run  # a program applies (its own instance hooks) unless the forward entered a region since
+    if run is not None and top is run.region:
+        return None
+    rec = prog.rec
     if rec is None:
-        if _prog.settled is not None and _thread.stack[-1] is _prog.settled:
+        if prog.settled is not None and top is prog.settled:
             return None  # a root of a region with programs: its own hooks decide
     elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
         return None  # the root being recorded: entered already
     ops = planned_ops(module)
     if ops is not None and not float32_weights(module):
         ops = None  # weights of another dtype: the O1 lists run it (it cannot run in float32)
-    if rec is not None:
-        rec.enter(module, ops is not None)
+    if rec is not None:  # rec.enter(module, ops is not None), inline
+        rec.stack.append((module, ops is not None))
+        rec.planned += ops is not None
     if ops is None:
         return None
-    region = _auto_region()
-    if region is None:
+    spec = top.spec  # the innermost region: an enabled level="auto" one (not measuring: checked above)
+    if spec.level != "auto" or not spec.enabled:
         return None
-    spec = region.spec
     device_type = spec.backend.device_type
     if (spec.custom_white or spec.custom_black) and ops & (spec.custom_white | spec.custom_black):
         return None
-    enabled = torch.is_autocast_enabled(device_type)
-    if rec is not None and not rec.outside and _set_by_forward(enabled, device_type, spec.dtype):
+    enabled = _autocast_enabled(device_type)
+    if (
+        rec is not None
+        and rec.mode is not None
+        and not rec.outside
+        and _set_by_forward(enabled, device_type, spec.dtype)
+    ):
         rec.outside = True  # a float32 default could not tell the forward's autocast state from its own
     if not enabled:
         return None
@@ -251,31 +260,49 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     key = shape_class(module, args, device_type)
     if key is None:
         return None
-    plan = current_plan(_fingerprint(region))
-    decision = plan.decision(key)
-    if rec is not None:
-        entry = plan.entries.get(key) if decision == "fp32" else None
-        costs = None if entry is None else entry.costs
+    plan = plan_of(top)
+    entry = plan.entries.get(key)  # plan.decision(key), inline
+    decision = None if entry is None else entry.decision
+    if rec is not None and rec.mode is not None:  # recorded (a call applied call by call notes nothing)
+        costs = None if entry is None or decision != "fp32" else entry.costs
         rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args, key)
+    if decision == "fp32":
+        return _fp32(module, args, device_type, rec)
     if decision is None:
-        if not plan.frozen and _process.spent_s < budget_s():
-            if _clock(region) is None:
-                _warn_untimed(spec)
-            else:
-                _local.frames.append(_Frame(module, None, key, plan, region))
-        return None
-    if decision == "low":
-        return None
-    torch.set_autocast_enabled(device_type, False)  # on again in _post (it was on: checked above)
-    _local.frames.append(_Frame(module, device_type, None, None, None))
+        _undecided(module, key, plan, top)
+    return None
+
+
+def _undecided(module: torch.nn.Module, key: str, plan: AutoPlan, region: Any) -> None:
+    """A call of a class the plan lacks: runs with the O1 lists, measured by :func:`_post`
+    within the budget."""
+    if not plan.frozen and _process.spent_s < budget_s():
+        if _clock(region) is None:
+            _warn_untimed(region.spec)
+        else:
+            _local.frames.append(_Frame(module, None, key, plan, region))
+
+
+def _fp32(module: torch.nn.Module, args: tuple[Any, ...], device_type: str, rec: Any) -> tuple[Any, ...]:
+    """A call the plan runs in float32: autocast off for its forward (on again in
+    :func:`_post`; it was on), its low-precision inputs cast to float32."""
+    _set_autocast(device_type, False)
+    _local.frames.append(_new_tuple(_Frame, (module, device_type, None, None, None)))
+    if len(args) == 1:  # the common call: no generator
+        one = args[0]
+        if isinstance(one, torch.Tensor) and one.dtype in _LOW and device_type_of(one.device) == device_type:
+            if rec is not None:
+                rec.outside = True  # a low tensor reached it: a float32 default (no hook here) would not cast it
+            return (one.float(),)
+        return args
     cast = tuple(_to_fp32(a, device_type) for a in args)
     if rec is not None and any(c is not a for c, a in zip(cast, args, strict=True)):
-        rec.outside = True  # a low tensor reached it: a float32 default (no hook here) would not cast it
+        rec.outside = True  # as above
     return cast
 
 
 def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
-    if _is_compiling() or _prog.measuring:
+    if _dynamo_compiling() or _compiler._is_compiling_flag or _prog.measuring:
         return None
     run = _prog.run  # as in _pre: an auto region the forward entered inside a program gets these hooks
     if run is not None and (not _thread.stack or _thread.stack[-1] is run.region):
@@ -291,8 +318,12 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
             if plan.decision(key) == "fp32":  # it ran with the O1 lists: the dtype of later calls
                 output = cast_floating(rest[1], torch.float32, region.spec.backend.device_type, low=True)
     rec = _prog.rec
-    if rec is not None and rec.leave(module) and not rec.stack and module is rec.root:
-        rec.done(rec, args, rest[0] if len(rest) == 2 else None, len(rest) == 2)  # the root call ended
+    if rec is not None:  # rec.leave(module), inline: False when it is not the call on top (not entered here)
+        stack = rec.stack
+        if stack and stack[-1][0] is module:
+            rec.planned -= stack.pop()[1]
+            if not stack and module is rec.root:  # the root call ended
+                rec.done(rec, args, rest[0] if len(rest) == 2 else None, len(rest) == 2)
     return output
 
 
