@@ -58,7 +58,7 @@ from torch import nn
 from .._policy.thread_state import thread_state
 from ._guard import Weight, in_checkpoint, loosen, signature, unchanged
 from ._plan import AutoPlan
-from ._shapes import float32_weights, shape_class
+from ._shapes import device_type_of, float32_weights, shape_class
 
 if TYPE_CHECKING:
     from ._recording import Recording
@@ -179,7 +179,7 @@ def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -
     to ``dtype`` (through tuples and lists)."""
     if isinstance(value, torch.Tensor):
         match = value.dtype in _LOW if low else value.dtype == torch.float32
-        return value.to(dtype) if match and value.device.type == device_type else value
+        return value.to(dtype) if match and device_type_of(value.device) == device_type else value
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(cast_floating(v, dtype, device_type, low) for v in value)
     if isinstance(value, list):

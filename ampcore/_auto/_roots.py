@@ -388,9 +388,9 @@ def _record(
     ``unsigned``: it has none, an argument the guard cannot see: no program, no recording)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
-    found = program_for(module, None, plan)  # None: a module that cannot have programs
-    if found is not None and (unsigned or churning(module, sig)):  # signatures beyond its table: call by call
-        found = None
+    found = None  # no program (signatures beyond its table, or none): call by call
+    if not unsigned and not churning(module, sig):
+        found = program_for(module, None, plan)  # None: a module that cannot have programs
     if found is not None and id(module) not in _local.called:
         _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
     _sentinel_off()
