@@ -331,13 +331,17 @@ def unchanged(
     weights: tuple[Weight, ...],
     containers: _Containers = (),
 ) -> bool:
-    """Whether :func:`snapshot`'s modules are still in place and its weights still in place
-    and float32 (``load_state_dict(..., assign=True)`` replaces them, ``module.to()``
-    converts them) (it runs on every root call: plain loops, which cost less than ``map``
-    chains for the few dicts and weights of a model, and stop at the first change; plain
-    containers only where the root has any)."""
+    """Whether :func:`snapshot`'s modules are still in place and its weights still float32
+    (``module.to()`` converts them; ``load_state_dict(..., assign=True)`` and
+    ``torch.func.functional_call`` replace them: :func:`_float32_values`) (it runs on every
+    root call: plain loops, which cost less than ``map`` chains for the few dicts and
+    weights of a model, and stop at the first change; plain containers only where the root
+    has any)."""
     for params, name, weight in weights:
-        if weight.dtype is not _F32 or params.get(name) is not weight:  # dtypes are singletons
+        if params.get(name) is not weight:  # replaced: only a float32 replacement keeps the program
+            if not _float32_values(params, name):
+                return False
+        elif weight.dtype is not _F32:  # dtypes are singletons
             return False
     for modules, was in zip(tree, values, strict=True):
         if tuple(modules.values()) != was:
@@ -345,6 +349,17 @@ def unchanged(
     if containers and not all(_same_container(*c) for c in containers):
         return False
     return True
+
+
+def _float32_values(params: dict[str, Any], name: str) -> bool:
+    """Whether the weight ``name`` of a planned layer, replaced since the recording, and the
+    other floating-point tensors of its dict are float32: ``torch.func.functional_call``
+    swaps tensors in for a call (new ones each step: fast weights), ``load_state_dict(...,
+    assign=True)`` in float32; the program holds for them (a replacement in another dtype
+    records again).  Before, any other tensor recorded the call again: every step."""
+    if not isinstance(params.get(name), torch.Tensor):
+        return False
+    return all(v is None or not v.is_floating_point() or v.dtype is _F32 for v in params.values())
 
 
 def _same_container(owner: dict[str, Any] | None, name: str, container: Any, values: tuple[Any, ...]) -> bool:
