@@ -34,6 +34,7 @@ __all__ = [
     "explained",
     "follows",
     "in_checkpoint",
+    "in_transform",
     "loosen",
     "signature",
     "snapshot",
@@ -241,6 +242,18 @@ def in_checkpoint() -> bool:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
+
+
+#: torch.func's interpreter stack (vmap, grad, jacrev, functionalize): None where no transform runs
+_interpreters: Final = torch._C._functorch.peek_interpreter_stack
+
+
+def in_transform() -> bool:
+    """Whether the calling code runs inside a ``torch.func`` transform (``vmap``, ``grad``,
+    ``jacrev``, ...): its tensors are wrapped (batched, tracked by the transform), so a call
+    cannot be timed there (``requires_grad_`` on them raises); its classes wait for a call
+    outside one, running with the O1 lists meanwhile."""
+    return _interpreters() is not None
 
 
 def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]]]:

@@ -26,6 +26,8 @@ import pytest
 import torch
 from _auto_testing import auto_state  # noqa: F401 (fixture)
 from test_auto_sweep3 import BF16, Enter, _backward, _mlp, _train, _wide, counting, fixed, run
+from test_auto_sweep3_models import _Clock
+from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC0414 (fixture)
 from torch import nn
 
 import ampcore
@@ -41,9 +43,9 @@ def recordings(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 # --- (1) Hugging Face models ----------------------------------------------------------------
 
 
-def _gpt2(**config: Any) -> nn.Module:
+def _gpt2(n_embd: int = 16, **config: Any) -> nn.Module:
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=2, n_head=2, **config)
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=n_embd, n_layer=2, n_head=2, **config)
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(cfg).eval()
 
@@ -425,3 +427,107 @@ def test_a_root_whose_forward_raises_on_some_steps(make: Any, recordings: list[A
         return None
 
     run(lambda: Flaky(make), step, len(fails), recordings)
+
+
+# --- measured: the sweep's cases where the plan is measured in the first steps ------------
+
+
+def _measured_cases() -> dict[str, tuple[Any, Any]]:
+    x, image = torch.randn(8, 16), torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    src, labels = torch.randint(1, 64, (2, 7)), torch.randint(1, 64, (2, 5))
+    fresh: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+
+    def params(m: nn.Module, i: int) -> dict[str, torch.Tensor]:
+        key = (id(m), i % 2)
+        if key not in fresh:
+            fresh[key] = {n: (p * (1 + i / 8)).detach().requires_grad_() for n, p in m.named_parameters()}
+        return fresh[key]
+
+    def functional(m: nn.Module, i: int, enter: Enter) -> Any:
+        p = params(m, i)
+        with enter(BF16):
+            out = torch.func.functional_call(m, p, (x,))
+        _backward(out)
+        return out, [p[n].grad for n in sorted(p)]
+
+    def per_sample_grads(m: nn.Module, i: int, enter: Enter) -> Any:
+        p = {n: q.detach() for n, q in m.named_parameters()}
+
+        def loss(q: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(m, q, (xi.unsqueeze(0),)).float().square().sum()
+
+        with enter(BF16):
+            grads = torch.vmap(torch.func.grad(loss), in_dims=(None, 0))(p, x)
+        return [grads[n] for n in sorted(grads)]
+
+    def vmapped(m: nn.Module, i: int, enter: Enter) -> Any:
+        with enter(BF16):
+            out = torch.vmap(m)(x.view(2, 4, 16))
+        _backward(out)
+        return out
+
+    def seq2seq(m: nn.Module, i: int, enter: Enter) -> Any:
+        with enter(BF16):
+            out = m(input_ids=src, attention_mask=torch.ones_like(src), labels=labels)
+        out.loss.backward()
+        return out.loss, out.logits
+
+    def generate(m: nn.Module, i: int, enter: Enter) -> Any:
+        with enter(BF16):
+            return m.generate(src, max_new_tokens=3, do_sample=False, pad_token_id=0)
+
+    def train(m: nn.Module, i: int, enter: Enter) -> Any:
+        return _train(m, x, enter)
+
+    return {
+        "functional-call": (_wide, functional),
+        "per-sample-grads": (_mlp, per_sample_grads),
+        "vmap": (_mlp, vmapped),
+        "autograd-function": (WithFunction, train),
+        "orthogonal": (lambda: _parametrized("orthogonal"), train),
+        "spectral-norm": (lambda: _parametrized("spectral_norm"), train),
+        "checkpoint": (Checkpointed, lambda m, i, enter: _train(m, x, enter, reference=enter is fixed)),
+        "complex": (Spectral, train),
+        "channels-last": (_convnet, lambda m, i, enter: _train(m, image, enter)),
+        "subclass-input": (_mlp, lambda m, i, enter: _train(m, x.as_subclass(Logged), enter)),
+        "t5": (_t5, seq2seq),
+        "gpt2-generate": (lambda: _gpt2(32), generate),
+    }
+
+
+@pytest.mark.parametrize("case", list(_measured_cases()))
+def test_measured_cases_match_the_fixed_precision(case: str, measuring: _Clock, recordings: list[Any]) -> None:
+    """The first steps measure the classes decided low (and check mixed programs as a
+    whole): outputs, gradients and parameters equal the fixed precision; settled steps record
+    nothing.  Inside a ``torch.func`` transform nothing is timed (its tensors are wrapped:
+    before, the measurement's ``requires_grad_`` raised out of the user's ``vmap``): those
+    classes run with the O1 lists until a call outside one measures them."""
+    make, step = _measured_cases()[case]
+    run(make, step, 6, recordings, measured=True)
+    if case in ("vmap", "per-sample-grads"):
+        assert measuring.labels == [], measuring.labels
+    else:
+        assert "low" in measuring.labels, measuring.labels
+
+
+def test_a_class_met_inside_vmap_is_measured_by_a_call_outside(measuring: _Clock, recordings: list[Any]) -> None:
+    """The same shapes inside ``vmap`` (per sample: 8 x 16 of an 8 x 8 x 16 batch) and
+    outside: the call outside measures (every class low), the program inside records again
+    once and then runs as torch.autocast does there (which leaves vmapped CPU calls in
+    float32)."""
+    model, x = _mlp(), torch.randn(8, 8, 16)
+    with torch.autocast("cpu", dtype=BF16):
+        want = torch.vmap(model)(x)
+    with ampcore.autocast("cpu", level="auto"):
+        torch.vmap(model)(x)
+    assert measuring.labels == []
+    with ampcore.autocast("cpu", level="auto"):
+        model(x[0])
+    assert "low" in measuring.labels
+    recordings.clear()
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            out = torch.vmap(model)(x)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        assert out.dtype == want.dtype
+    assert len(recordings) == 1, recordings
