@@ -479,6 +479,17 @@ def _measured_cases() -> dict[str, tuple[Any, Any]]:
     def train(m: nn.Module, i: int, enter: Enter) -> Any:
         return _train(m, x, enter)
 
+    def flaky(m: nn.Module, i: int, enter: Enter) -> Any:
+        m.fail = i in (1, 3)
+        with contextlib.suppress(ValueError):
+            return _train(m, x, enter)
+        return None
+
+    def hooked() -> nn.Module:
+        model = _mlp()
+        model.register_forward_hook(lambda mod, args, out: out.float() * 2)
+        return model
+
     return {
         "functional-call": (_wide, functional),
         "per-sample-grads": (_mlp, per_sample_grads),
@@ -491,6 +502,9 @@ def _measured_cases() -> dict[str, tuple[Any, Any]]:
         "channels-last": (_convnet, lambda m, i, enter: _train(m, image, enter)),
         "subclass-input": (_mlp, lambda m, i, enter: _train(m, x.as_subclass(Logged), enter)),
         "t5": (_t5, seq2seq),
+        "raises": (lambda: Flaky(_mlp), flaky),
+        "routed": (Routed, lambda m, i, enter: _train(m, x, enter, task=("fast", "big")[i % 2])),
+        "root-hook": (hooked, train),
         "gpt2-generate": (lambda: _gpt2(32), generate),
     }
 
@@ -531,3 +545,29 @@ def test_a_class_met_inside_vmap_is_measured_by_a_call_outside(measuring: _Clock
         torch.testing.assert_close(out, want, rtol=0, atol=0)
         assert out.dtype == want.dtype
     assert len(recordings) == 1, recordings
+
+
+def test_a_root_that_raises_in_its_whole_call_check_is_checked_at_its_next_call(
+    measuring: _Clock, recordings: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mixed program's whole-call check (its first layer float32, the others measured low)
+    falls on a step whose forward raises (a bad batch): the real call raises too, and the
+    next good step checks it.  Before, the error was taken for a forward that cannot run
+    again: the check was given up for good (a warning said so) and the program ran
+    unchecked."""
+    from ampcore._auto import Costs, _verify
+    from ampcore._auto._shapes import shape_class
+
+    given_up: list[Exception] = []
+    monkeypatch.setattr(_verify, "_unrepeatable", lambda root, exc: given_up.append(exc))
+    model, x = Flaky(_mlp), torch.randn(8, 16)
+    ampcore.auto_plan("cpu").set(shape_class(model.body[0], (x,), "cpu"), Costs(1.0, 4.0, 0.1), source="given")
+    for i in range(9):
+        model.fail = i in (1, 3)  # step 3: the first call of the settled signature (its check)
+        if i == 6:
+            recordings.clear()
+        with contextlib.suppress(ValueError), ampcore.autocast("cpu", level="auto"):
+            _backward(model(x))
+        assert ("root-plan" in measuring.labels) == (i >= 4), (i, measuring.labels)
+    assert given_up == []
+    assert recordings == []  # settled
