@@ -21,6 +21,9 @@ Patterns:
 * ``model-loss``: a model and an ``nn.CrossEntropyLoss`` module in one region;
 * ``dtype-switch``: a 3-layer MLP (d 256, batch 64) whose region alternates bfloat16 and
   float16 from one step to the next (at one place in the code; each dtype has its plan);
+* ``fast-weights``: a 3-layer MLP (d 128, batch 32) called through
+  ``torch.func.functional_call`` with new parameters every step (meta-learning's fast
+  weights: each step's are the model's own times a step factor);
 * ``generate`` (not in the default list: needs ``transformers``): a tiny GPT-2 (d 64, 2
   layers, vocabulary 256) decoding 8 tokens greedily with its KV cache from 2 prompts of 8
   tokens, ``generate()`` inside the region (issue 27, fourth sweep).
@@ -53,7 +56,9 @@ from typing import Any, Final
 from bench_auto import orders
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
-PATTERNS: Final = ("seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch")
+PATTERNS: Final = (
+    "seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch", "fast-weights",
+)  # fmt: skip
 Step = Callable[[list[Any], Callable[..., Any], int], None]
 
 
@@ -116,7 +121,14 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
         with region():
             ms[0].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
 
+    def fast_weights(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        params = {n: (p * (1 + (i % 7) / 64)).detach().requires_grad_() for n, p in ms[0].named_parameters()}
+        with region():
+            out = torch.func.functional_call(ms[0], params, (torch.randn(32, 128),))
+        out.float().pow(2).mean().backward()
+
     return {
+        "fast-weights": (lambda: [_mlp(torch, 128, 3)], fast_weights),
         "generate": (lambda: [_gpt2(torch)], generate),
         "seqlen": (lambda: [_mlp(torch, 128, 4)], seqlen),
         "seqlen-long": (lambda: [_mlp(torch, 128, 4)], lambda ms, region, i: seqlen(ms, region, i, longer)),
