@@ -43,17 +43,22 @@ __all__ = [
 ]
 
 _F32: Final = torch.float32
+#: torch.func's interpreter stack (vmap, grad, jacrev, functionalize): None where no transform runs
+_interpreters: Final = torch._C._functorch.peek_interpreter_stack
+#: the signature's mark of a call inside a torch.func transform (an entry of a scalar's form)
+_IN_TRANSFORM: Final = ("=", str, "torch.func")
 
 
 def signature(
     args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None
 ) -> tuple[Any, ...] | None:
-    """The guard of a root's program: grad mode, then (shape, dtype, device) of every tensor
-    among the call's positional and keyword arguments, also inside lists, tuples, dicts and
-    dataclasses, and the other arguments' values (``None``, numbers, strings, dtypes,
-    devices: a flag that picks a path or a size is part of the guard), and ``"eval"`` when
-    ``root`` is not training.  ``None``: an argument of another kind (an object whose state
-    the guard cannot see): the call cannot have a program and the plan applies call by call.
+    """The guard of a root's program: grad mode, whether a ``torch.func`` transform runs,
+    then (shape, dtype, device) of every tensor among the call's positional and keyword
+    arguments, also inside lists, tuples, dicts and dataclasses, and the other arguments'
+    values (``None``, numbers, strings, dtypes, devices: a flag that picks a path or a size
+    is part of the guard), and ``"eval"`` when ``root`` is not training.  ``None``: an
+    argument of another kind (an object whose state the guard cannot see): the call cannot
+    have a program and the plan applies call by call.
 
     Example::
 
@@ -65,6 +70,8 @@ def signature(
         True
     """
     sig: list[Any] = [torch.is_grad_enabled()]
+    if _interpreters() is not None:  # inside vmap / grad: programs of their own (see in_transform)
+        sig.append(_IN_TRANSFORM)
     for a in args:
         if isinstance(a, torch.Tensor):
             sig.append((a.shape, a.dtype, a.device))
@@ -244,15 +251,14 @@ def in_checkpoint() -> bool:
     return False
 
 
-#: torch.func's interpreter stack (vmap, grad, jacrev, functionalize): None where no transform runs
-_interpreters: Final = torch._C._functorch.peek_interpreter_stack
-
-
 def in_transform() -> bool:
     """Whether the calling code runs inside a ``torch.func`` transform (``vmap``, ``grad``,
     ``jacrev``, ...): its tensors are wrapped (batched, tracked by the transform), so a call
     cannot be timed there (``requires_grad_`` on them raises); its classes wait for a call
-    outside one, running with the O1 lists meanwhile."""
+    outside one, running with the O1 lists meanwhile.  A root's call inside one has its
+    own signature (:func:`signature`): a program recorded there, with classes it could not
+    measure, must not serve the same shapes outside (they would never be measured), and
+    torch.autocast does not act on ``vmap``'s batched CPU calls."""
     return _interpreters() is not None
 
 

@@ -460,6 +460,12 @@ def _measured_cases() -> dict[str, tuple[Any, Any]]:
             grads = torch.vmap(torch.func.grad(loss), in_dims=(None, 0))(p, x)
         return [grads[n] for n in sorted(grads)]
 
+    def jacobians(m: nn.Module, i: int, enter: Enter) -> Any:
+        with enter(BF16):
+            func = torch.func.jacrev(lambda xi: m(xi).float())(x[:2])
+            graph = torch.autograd.functional.jacobian(lambda xi: m(xi).float(), x[:2])
+        return func, graph
+
     def vmapped(m: nn.Module, i: int, enter: Enter) -> Any:
         with enter(BF16):
             out = torch.vmap(m)(x.view(2, 4, 16))
@@ -479,6 +485,13 @@ def _measured_cases() -> dict[str, tuple[Any, Any]]:
     def train(m: nn.Module, i: int, enter: Enter) -> Any:
         return _train(m, x, enter)
 
+    def tied_functional(m: nn.Module, i: int, enter: Enter) -> Any:  # (tie_weights: one tensor, both uses)
+        p = {n: (q * (1 + i / 8)).detach().requires_grad_() for n, q in m.named_parameters()}
+        with enter(BF16):
+            out = torch.func.functional_call(m, p, (), {"input_ids": src, "labels": src})
+        out.loss.backward()
+        return out.logits, [p[n].grad for n in sorted(p)]
+
     def flaky(m: nn.Module, i: int, enter: Enter) -> Any:
         m.fail = i in (1, 3)
         with contextlib.suppress(ValueError):
@@ -494,6 +507,8 @@ def _measured_cases() -> dict[str, tuple[Any, Any]]:
         "functional-call": (_wide, functional),
         "per-sample-grads": (_mlp, per_sample_grads),
         "vmap": (_mlp, vmapped),
+        "jacobians": (_mlp, jacobians),
+        "tied-functional": (lambda: _gpt2(32, tie_word_embeddings=True), tied_functional),
         "autograd-function": (WithFunction, train),
         "orthogonal": (lambda: _parametrized("orthogonal"), train),
         "spectral-norm": (lambda: _parametrized("spectral_norm"), train),
@@ -526,25 +541,23 @@ def test_measured_cases_match_the_fixed_precision(case: str, measuring: _Clock, 
 
 def test_a_class_met_inside_vmap_is_measured_by_a_call_outside(measuring: _Clock, recordings: list[Any]) -> None:
     """The same shapes inside ``vmap`` (per sample: 8 x 16 of an 8 x 8 x 16 batch) and
-    outside: the call outside measures (every class low), the program inside records again
-    once and then runs as torch.autocast does there (which leaves vmapped CPU calls in
-    float32)."""
+    outside, at one place in the code: the call outside measures (every class low; before,
+    it ran the program recorded inside, whose classes then were never measured), the
+    program inside records again once and then runs as torch.autocast does there (which
+    leaves vmapped CPU calls in float32)."""
     model, x = _mlp(), torch.randn(8, 8, 16)
     with torch.autocast("cpu", dtype=BF16):
         want = torch.vmap(model)(x)
-    with ampcore.autocast("cpu", level="auto"):
-        torch.vmap(model)(x)
-    assert measuring.labels == []
-    with ampcore.autocast("cpu", level="auto"):
-        model(x[0])
-    assert "low" in measuring.labels
-    recordings.clear()
-    for _ in range(3):
+    for i in range(6):
+        if i == 3:
+            recordings.clear()
         with ampcore.autocast("cpu", level="auto"):
-            out = torch.vmap(model)(x)
-        torch.testing.assert_close(out, want, rtol=0, atol=0)
-        assert out.dtype == want.dtype
-    assert len(recordings) == 1, recordings
+            out = model(x[0]) if i == 1 else torch.vmap(model)(x)
+        assert ("low" in measuring.labels) == (i >= 1), (i, measuring.labels)
+        if i != 1:
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+            assert out.dtype == want.dtype
+    assert recordings == [], recordings
 
 
 def test_a_root_that_raises_in_its_whole_call_check_is_checked_at_its_next_call(
