@@ -57,8 +57,9 @@ def signature(
     arguments, also inside lists, tuples, dicts and dataclasses, and the other arguments'
     values (``None``, numbers, strings, dtypes, devices: a flag that picks a path or a size
     is part of the guard), and ``"eval"`` when ``root`` is not training.  ``None``: an
-    argument of another kind (an object whose state the guard cannot see): the call cannot
-    have a program and the plan applies call by call.
+    argument of another kind (an object whose state the guard cannot see), or a ``root``
+    with forward pre-hooks of the user's (they run after the signature is taken): the call
+    cannot have a program and the plan applies call by call.
 
     Example::
 
@@ -86,6 +87,8 @@ def signature(
                 if not _describe(v, sig):
                     return None
     if root is not None:
+        if root._forward_pre_hooks and _user_pre_hooks(root):
+            return None  # it may change the arguments after the sentinel took them: call by call
         if not root.training:
             sig.append("eval")
         loose = root.__dict__.get(_LOOSE)  # numbers held by type (see loosen)
@@ -93,6 +96,18 @@ def signature(
             return _loosened(tuple(sig), loose)
     return tuple(sig)
 
+
+def _user_pre_hooks(root: nn.Module) -> bool:
+    """Whether ``root`` has forward pre-hooks of the user's (not the public root hook of
+    :mod:`._roots`): torch runs them after the global ones, so after the sentinel took the
+    signature, and one may change the arguments on some steps by state of its own (cast
+    them, change the batch): a program for the arguments before them then ran stale (a
+    float32 default given bfloat16 inputs raised ``mat1 and mat2 must have the same
+    dtype``)."""
+    return any(getattr(h, "__module__", None) != _ROOTS for h in root._forward_pre_hooks.values())
+
+
+_ROOTS: Final = "ampcore._auto._roots"
 
 #: arguments the guard holds by value (hashable, immutable)
 _SCALARS: Final = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)

@@ -584,3 +584,28 @@ def test_a_root_that_raises_in_its_whole_call_check_is_checked_at_its_next_call(
         assert ("root-plan" in measuring.labels) == (i >= 4), (i, measuring.labels)
     assert given_up == []
     assert recordings == []  # settled
+
+
+@pytest.mark.parametrize("make", [_mlp, _wide], ids=["low-default", "fp32-default"])
+@pytest.mark.parametrize("change", ["bf16-some-steps", "batch-some-steps"])
+def test_a_user_forward_pre_hook_on_the_root_changes_its_input(make: Any, change: str, recordings: list[Any]) -> None:
+    """The root's signature is taken before the user's pre-hook runs (the sentinel is a
+    global pre-hook): a hook that, by state of its own, casts the input or doubles the batch
+    on some steps."""
+
+    def made() -> nn.Module:
+        model = make()
+        model.calls = 0  # (on the module: copies count their own calls)
+
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> Any:
+            module.calls += 1
+            if module.calls % 2:
+                return None
+            (x,) = args
+            return (x.to(BF16),) if change == "bf16-some-steps" else (torch.cat([x, x]),)
+
+        model.register_forward_pre_hook(hook)
+        return model
+
+    x = torch.randn(8, 16)
+    run(made, lambda m, i, enter: _train(m, x, enter), 4, recordings)
