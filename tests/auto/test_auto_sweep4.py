@@ -9,8 +9,9 @@ torch features the earlier sweeps (``test_auto_sweep.py``, ``test_auto_sweep3*.p
   (orthogonal, a custom parametrization) and ``spectral_norm``; ``torch.utils.checkpoint``
   (``use_reentrant=False``) around a submodule; complex parameters and intermediates; a
   ``channels_last`` model; a ``__torch_function__`` subclass input; an ``nn.ModuleDict``
-  routed by a string argument; a user's forward hook on the root that changes its output; a
-  root whose forward raises on some steps.
+  routed by a string argument; a user's forward hook on the root that changes its output
+  (and a pre-hook that changes its input on some steps); a root whose forward raises on
+  some steps (also in its whole-call check).
 
 Each case runs with :func:`test_auto_sweep3.run`: its steps under auto (a plan loaded) equal
 them under the fixed precision the plan gives (outputs, dtypes, gradients, parameters),
