@@ -20,7 +20,13 @@ Patterns:
   a place keeps: 16);
 * ``model-loss``: a model and an ``nn.CrossEntropyLoss`` module in one region;
 * ``dtype-switch``: a 3-layer MLP (d 256, batch 64) whose region alternates bfloat16 and
-  float16 from one step to the next (at one place in the code; each dtype has its plan).
+  float16 from one step to the next (at one place in the code; each dtype has its plan);
+* ``fast-weights``: a 3-layer MLP (d 128, batch 32) called through
+  ``torch.func.functional_call`` with new parameters every step (meta-learning's fast
+  weights: each step's are the model's own times a step factor);
+* ``generate`` (not in the default list: needs ``transformers``): a tiny GPT-2 (d 64, 2
+  layers, vocabulary 256) decoding 8 tokens greedily with its KV cache from 2 prompts of 8
+  tokens, ``generate()`` inside the region (issue 27, fourth sweep).
 
 After ``--warmup`` steps of every mode (auto measures and records), ``--rounds`` rounds
 each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
@@ -50,7 +56,9 @@ from typing import Any, Final
 from bench_auto import orders
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
-PATTERNS: Final = ("seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch")
+PATTERNS: Final = (
+    "seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch", "fast-weights",
+)  # fmt: skip
 Step = Callable[[list[Any], Callable[..., Any], int], None]
 
 
@@ -108,7 +116,20 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
             out = ms[0](torch.randn(64, 256))
         out.float().pow(2).mean().backward()
 
+    def generate(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(i))
+        with region():
+            ms[0].generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
+
+    def fast_weights(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        params = {n: (p * (1 + (i % 7) / 64)).detach().requires_grad_() for n, p in ms[0].named_parameters()}
+        with region():
+            out = torch.func.functional_call(ms[0], params, (torch.randn(32, 128),))
+        out.float().pow(2).mean().backward()
+
     return {
+        "fast-weights": (lambda: [_mlp(torch, 128, 3)], fast_weights),
+        "generate": (lambda: [_gpt2(torch)], generate),
         "seqlen": (lambda: [_mlp(torch, 128, 4)], seqlen),
         "seqlen-long": (lambda: [_mlp(torch, 128, 4)], lambda ms, region, i: seqlen(ms, region, i, longer)),
         "gan": (lambda: [_gan_g(torch), _mlp(torch, 256, 3, out=1)], gan),
@@ -118,6 +139,15 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
         "model-loss": (lambda: [_mlp(torch, 256, 3, out=16), nn.CrossEntropyLoss()], model_loss),
         "dtype-switch": (lambda: [_mlp(torch, 256, 3)], dtype_switch),
     }
+
+
+def _gpt2(torch: Any) -> Any:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    cfg.bos_token_id = cfg.eos_token_id = None  # (never stops early: 8 tokens every step)
+    return transformers.GPT2LMHeadModel(cfg).eval()
 
 
 def _gan_g(torch: Any) -> Any:

@@ -34,6 +34,7 @@ __all__ = [
     "explained",
     "follows",
     "in_checkpoint",
+    "in_transform",
     "loosen",
     "signature",
     "snapshot",
@@ -42,17 +43,23 @@ __all__ = [
 ]
 
 _F32: Final = torch.float32
+#: torch.func's interpreter stack (vmap, grad, jacrev, functionalize): None where no transform runs
+_interpreters: Final = torch._C._functorch.peek_interpreter_stack
+#: the signature's mark of a call inside a torch.func transform (an entry of a scalar's form)
+_IN_TRANSFORM: Final = ("=", str, "torch.func")
 
 
 def signature(
     args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None
 ) -> tuple[Any, ...] | None:
-    """The guard of a root's program: grad mode, then (shape, dtype, device) of every tensor
-    among the call's positional and keyword arguments, also inside lists, tuples, dicts and
-    dataclasses, and the other arguments' values (``None``, numbers, strings, dtypes,
-    devices: a flag that picks a path or a size is part of the guard), and ``"eval"`` when
-    ``root`` is not training.  ``None``: an argument of another kind (an object whose state
-    the guard cannot see): the call cannot have a program and the plan applies call by call.
+    """The guard of a root's program: grad mode, whether a ``torch.func`` transform runs,
+    then (shape, dtype, device) of every tensor among the call's positional and keyword
+    arguments, also inside lists, tuples, dicts and dataclasses, and the other arguments'
+    values (``None``, numbers, strings, dtypes, devices: a flag that picks a path or a size
+    is part of the guard), and ``"eval"`` when ``root`` is not training.  ``None``: an
+    argument of another kind (an object whose state the guard cannot see), or a ``root``
+    with forward pre-hooks of the user's (they run after the signature is taken): the call
+    cannot have a program and the plan applies call by call.
 
     Example::
 
@@ -64,6 +71,8 @@ def signature(
         True
     """
     sig: list[Any] = [torch.is_grad_enabled()]
+    if _interpreters() is not None:  # inside vmap / grad: programs of their own (see in_transform)
+        sig.append(_IN_TRANSFORM)
     for a in args:
         if isinstance(a, torch.Tensor):
             sig.append((a.shape, a.dtype, a.device))
@@ -78,6 +87,8 @@ def signature(
                 if not _describe(v, sig):
                     return None
     if root is not None:
+        if root._forward_pre_hooks and _user_pre_hooks(root):
+            return None  # it may change the arguments after the sentinel took them: call by call
         if not root.training:
             sig.append("eval")
         loose = root.__dict__.get(_LOOSE)  # numbers held by type (see loosen)
@@ -85,6 +96,18 @@ def signature(
             return _loosened(tuple(sig), loose)
     return tuple(sig)
 
+
+def _user_pre_hooks(root: nn.Module) -> bool:
+    """Whether ``root`` has forward pre-hooks of the user's (not the public root hook of
+    :mod:`._roots`): torch runs them after the global ones, so after the sentinel took the
+    signature, and one may change the arguments on some steps by state of its own (cast
+    them, change the batch): a program for the arguments before them then ran stale (a
+    float32 default given bfloat16 inputs raised ``mat1 and mat2 must have the same
+    dtype``)."""
+    return any(getattr(h, "__module__", None) != _ROOTS for h in root._forward_pre_hooks.values())
+
+
+_ROOTS: Final = "ampcore._auto._roots"
 
 #: arguments the guard holds by value (hashable, immutable)
 _SCALARS: Final = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
@@ -243,6 +266,17 @@ def in_checkpoint() -> bool:
     return False
 
 
+def in_transform() -> bool:
+    """Whether the calling code runs inside a ``torch.func`` transform (``vmap``, ``grad``,
+    ``jacrev``, ...): its tensors are wrapped (batched, tracked by the transform), so a call
+    cannot be timed there (``requires_grad_`` on them raises); its classes wait for a call
+    outside one, running with the O1 lists meanwhile.  A root's call inside one has its
+    own signature (:func:`signature`): a program recorded there, with classes it could not
+    measure, must not serve the same shapes outside (they would never be measured), and
+    torch.autocast does not act on ``vmap``'s batched CPU calls."""
+    return _interpreters() is not None
+
+
 def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]]]:
     """The modules of ``root``, also those kept in plain lists, tuples and dicts of its
     modules' attributes (not registered: not in ``root.modules()``), and those containers:
@@ -331,13 +365,17 @@ def unchanged(
     weights: tuple[Weight, ...],
     containers: _Containers = (),
 ) -> bool:
-    """Whether :func:`snapshot`'s modules are still in place and its weights still in place
-    and float32 (``load_state_dict(..., assign=True)`` replaces them, ``module.to()``
-    converts them) (it runs on every root call: plain loops, which cost less than ``map``
-    chains for the few dicts and weights of a model, and stop at the first change; plain
-    containers only where the root has any)."""
+    """Whether :func:`snapshot`'s modules are still in place and its weights still float32
+    (``module.to()`` converts them; ``load_state_dict(..., assign=True)`` and
+    ``torch.func.functional_call`` replace them: :func:`_float32_values`) (it runs on every
+    root call: plain loops, which cost less than ``map`` chains for the few dicts and
+    weights of a model, and stop at the first change; plain containers only where the root
+    has any)."""
     for params, name, weight in weights:
-        if weight.dtype is not _F32 or params.get(name) is not weight:  # dtypes are singletons
+        if params.get(name) is not weight:  # replaced: only a float32 replacement keeps the program
+            if not _float32_values(params, name):
+                return False
+        elif weight.dtype is not _F32:  # dtypes are singletons
             return False
     for modules, was in zip(tree, values, strict=True):
         if tuple(modules.values()) != was:
@@ -345,6 +383,17 @@ def unchanged(
     if containers and not all(_same_container(*c) for c in containers):
         return False
     return True
+
+
+def _float32_values(params: dict[str, Any], name: str) -> bool:
+    """Whether the weight ``name`` of a planned layer, replaced since the recording, and the
+    other floating-point tensors of its dict are float32: ``torch.func.functional_call``
+    swaps tensors in for a call (new ones each step: fast weights), ``load_state_dict(...,
+    assign=True)`` in float32; the program holds for them (a replacement in another dtype
+    records again).  Before, any other tensor recorded the call again: every step."""
+    if not isinstance(params.get(name), torch.Tensor):
+        return False
+    return all(v is None or not v.is_floating_point() or v.dtype is _F32 for v in params.values())
 
 
 def _same_container(owner: dict[str, Any] | None, name: str, container: Any, values: tuple[Any, ...]) -> bool:

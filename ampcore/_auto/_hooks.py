@@ -50,7 +50,7 @@ from .._validate import check_real, env_number
 from . import _cache
 from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
-from ._guard import in_checkpoint
+from ._guard import in_checkpoint, in_transform
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
@@ -160,7 +160,7 @@ def load_of(region: Any) -> float | None:
 
 def can_measure(region: Any, plan: AutoPlan) -> bool:
     """Whether a class ``plan`` lacks can still be measured in ``region``."""
-    return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None
+    return not plan.frozen and _process.spent_s < budget_s() and _clock(region) is not None and not in_transform()
 
 
 def plan_of(region: Any) -> AutoPlan:
@@ -276,7 +276,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
 def _undecided(module: torch.nn.Module, key: str, plan: AutoPlan, region: Any) -> None:
     """A call of a class the plan lacks: runs with the O1 lists, measured by :func:`_post`
     within the budget."""
-    if not plan.frozen and _process.spent_s < budget_s():
+    if not plan.frozen and _process.spent_s < budget_s() and not in_transform():  # (torch.func: later)
         if _clock(region) is None:
             _warn_untimed(region.spec)
         else:

@@ -134,6 +134,9 @@ class Program(NamedTuple):
     #: ids of the guarded modules of changing shapes (all float32 when recorded, where the
     #: default is float32: only a low decision of theirs makes the root record again)
     inner_ids: frozenset[int] = frozenset()
+    #: whole-call checks that failed because the forward raised (checked again at the next
+    #: call up to :data:`._verify.CHECK_TRIES` times: a bad batch the real call raises on too)
+    check_tries: int = 0
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are

@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import weakref
 from _thread import get_ident as _get_ident
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
@@ -330,7 +330,12 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if len(local.last) > _MAX_SITES:
         local.last.clear()
     last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation, local.last)
+    if not program.checked and program.check_tries:  # its check raised: checked again at the next call
+        last.stale = _AGAIN
     return last
+
+
+_AGAIN: Final = [True]  # a _Last's stale flag that sends the next call to _find
 
 
 def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -42,6 +42,9 @@ __all__ = ["PER_ROOT_MS", "root_key", "settle"]
 #: always times :data:`~._measure.MIN_RUNS` rounds.
 PER_ROOT_MS: Final = 1500.0
 _CANDIDATES: Final = ("plan", "low", "fp32")
+#: forwards that raise in the whole-call check before the check is given up for the root's
+#: signature (a forward that cannot run again); fewer: checked again at the next call
+CHECK_TRIES: Final = 3
 _ORDERS: Final = tuple(itertools.permutations(_CANDIDATES))
 _LABELS: Final[dict[str, Label]] = {"plan": "root-plan", "low": "root-low", "fp32": "root-fp32"}
 
@@ -91,7 +94,9 @@ def settle(
     """What ``root`` runs for ``sig``: ``program`` when it is not mixed or wins its
     whole-call check, else the better fixed choice (:meth:`Program.fixed`); checked once
     (``clock`` None: nothing can be measured, the program runs as recorded), cached in
-    ``plan`` and stored as the root's program.  A provisional check read from the cache
+    ``plan`` and stored as the root's program.  A check whose forward raised returns the
+    program unchecked (checked again at the next call) until it has failed
+    :data:`CHECK_TRIES` times: then the program runs as recorded, unchecked.  A provisional check read from the cache
     (measured busy or noisy by an earlier process) is measured again once in this process
     (:func:`~._checks.recheck`)."""
     if not program.mixed() or any(r() is root for r in program.planned):  # a planned root: its own hooks
@@ -103,8 +108,12 @@ def settle(
         if (check is None or again) and clock is not None and not plan.frozen:
             try:
                 found = _check(root, args, kwargs, program, region, clock)
-            except Exception as exc:  # a forward that cannot run again: the real call follows
-                _unrepeatable(root, exc)
+            except Exception as exc:  # a forward that raised: the real call follows
+                if program.check_tries + 1 < CHECK_TRIES:  # (its own error, a bad batch: the real call raises too)
+                    retry = program._replace(check_tries=program.check_tries + 1)
+                    store(root, sig, retry)  # unchecked: checked at the next call
+                    return retry
+                _unrepeatable(root, exc)  # a forward that cannot run again
                 store(root, sig, program.fixed("plan"))
                 return program.fixed("plan")
             check = found if check is None else recheck(check, found)
