@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 import torch
-from _auto_testing import auto_state  # noqa: F401 (fixture)
+from _auto_testing import auto_state, counting  # noqa: F401 (fixture)
 from test_auto_sweep import LOW, _clean, _flat, _load, fixed_region
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots, _roots_state
+from ampcore._auto import _hooks, _program, _roots_state
 from ampcore._auto._shapes import planned_ops, shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -74,17 +74,7 @@ def _decide(modules: list[nn.Module], step: Step, steps: int) -> None:
 @pytest.fixture
 def recordings(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
     """The recordings made (those with their dispatch mode: the ones that may give programs)."""
-    made: list[Any] = []
-    real = _roots.Recording
-
-    def counted(*args: Any) -> Any:
-        rec = real(*args)
-        if rec.mode is not None:
-            made.append(rec.root)
-        return rec
-
-    monkeypatch.setattr(_roots, "Recording", counted)
-    yield made
+    yield counting(monkeypatch)
 
 
 def _run(make: Callable[[], list[nn.Module]], step: Step, steps: int, made: list[Any], settled: int = 4) -> None:

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 import torch
-from _auto_testing import auto_state, tiny_bert  # noqa: F401 (fixture)
+from _auto_testing import auto_state, fixed, tiny_bert  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
 from ampcore._auto import Costs, _hooks, _program, _roots, _verify
-from ampcore._auto._shapes import planned_ops, shape_class
+from ampcore._auto._shapes import shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -65,37 +65,9 @@ def _fixed(run: Callable[[], Any]) -> Any:
         return run()
 
 
-@contextlib.contextmanager
-def fixed_region() -> Iterator[None]:
+def fixed_region() -> contextlib.AbstractContextManager[None]:
     """The region of :func:`_fixed` (for code that enters regions itself)."""
-    plan = ampcore.auto_plan("cpu")
-    state: list[bool] = []
-
-    def pre(module: nn.Module, args: tuple[Any, ...]) -> Any:
-        if planned_ops(module) is None:
-            return None
-        key = shape_class(module, args, "cpu")
-        enabled = torch.is_autocast_enabled("cpu")
-        state.append(enabled)
-        if key is not None and plan.decision(key) == "fp32":
-            torch.set_autocast_enabled("cpu", False)
-            return tuple(a.float() if isinstance(a, torch.Tensor) and a.dtype == LOW else a for a in args)
-        return None
-
-    def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if planned_ops(module) is not None:
-            torch.set_autocast_enabled("cpu", state.pop())
-
-    handles = [
-        nn.modules.module.register_module_forward_pre_hook(pre),
-        nn.modules.module.register_module_forward_hook(post),
-    ]
-    try:
-        with torch.autocast("cpu", dtype=LOW):
-            yield
-    finally:
-        for handle in handles:
-            handle.remove()
+    return fixed(LOW)
 
 
 def _auto(run: Callable[[], Any]) -> Any:
