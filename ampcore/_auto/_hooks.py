@@ -232,7 +232,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     ops = planned_ops(module)
     if ops is not None and not float32_weights(module):
         ops = None  # weights of another dtype: the O1 lists run it (it cannot run in float32)
-    if rec is not None:  # rec.enter(module, ops is not None), inline
+    if rec is not None:  # the recording's stack of calls entered, and how many are planned
         rec.stack.append((module, ops is not None))
         rec.planned += ops is not None
     if ops is None:
@@ -318,7 +318,7 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
             if plan.decision(key) == "fp32":  # it ran with the O1 lists: the dtype of later calls
                 output = cast_floating(rest[1], torch.float32, region.spec.backend.device_type, low=True)
     rec = _prog.rec
-    if rec is not None:  # rec.leave(module), inline: False when it is not the call on top (not entered here)
+    if rec is not None:  # the call on top of the recording's stack left (another was not entered here)
         stack = rec.stack
         if stack and stack[-1][0] is module:
             rec.planned -= stack.pop()[1]

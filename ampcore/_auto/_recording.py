@@ -118,17 +118,6 @@ class Recording:
         if self.mode is not None:
             self.mode.__enter__()  # type: ignore[no-untyped-call]
 
-    def enter(self, module: nn.Module, planned: bool) -> None:
-        self.stack.append((module, planned))
-        self.planned += planned
-
-    def leave(self, module: nn.Module) -> bool:
-        """The post hook of ``module``: False when it is not the call on top (not entered here)."""
-        if not self.stack or self.stack[-1][0] is not module:
-            return False
-        self.planned -= self.stack.pop()[1]
-        return True
-
     def note(
         self,
         module: nn.Module,
