@@ -215,7 +215,7 @@ def _force(verdicts: dict[int, str]) -> None:
     """``--forced``: the roots with these ids run their program as the verdict says (``low``:
     torch.autocast's program, ``plan``: the mixed one) instead of the whole-call check's
     (measured for the ``auto`` copy): what each costs in steps, next to what the check says."""
-    from ampcore._auto import _program, _roots
+    from ampcore._auto import _roots, _store
 
     settle = _roots.settle
 
@@ -224,7 +224,7 @@ def _force(verdicts: dict[int, str]) -> None:
         if verdict is None:
             return settle(root, args, kwargs, program, region, plan, sig, clock)
         chosen = program.fixed(verdict)
-        _program.store(root, sig, chosen)
+        _store.store(root, sig, chosen)
         return chosen
 
     _roots.settle = forced

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 import ampcore
-from ampcore._auto import _program
+from ampcore._auto import _store
 
 
 class Stepped(nn.Module):
@@ -65,12 +65,12 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, i: int,
 
 def _by_value(blocked: nn.Module) -> None:
     """Switch :func:`loosen` off for ``blocked`` (the behaviour before: numbers by value)."""
-    loosen = _program.loosen
+    loosen = _store.loosen
 
     def patched(root: nn.Module, *args: Any) -> Any:
         return None if root is blocked else loosen(root, *args)
 
-    _program.loosen = patched
+    _store.loosen = patched
 
 
 def main() -> None:

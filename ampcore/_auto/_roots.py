@@ -37,8 +37,7 @@ from . import _hooks
 from ._cache import plans as _plans
 from ._guard import unchanged
 from ._plan import AutoPlan
-from ._program import Program, Running, churning, program_for, signature, store
-from ._program import forget as forget_programs
+from ._program import Program, Running, signature
 from ._program import local as _prog
 from ._recording import Recording
 from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
@@ -58,6 +57,8 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _site_at,
     _thread,
 )
+from ._store import churning, program_for, store
+from ._store import forget as forget_programs
 from ._verify import settle
 
 __all__ = ["check", "forget", "region_entered", "region_exited"]

@@ -33,8 +33,9 @@ from ._checks import RootCheck, recheck
 from ._costs import MARGIN, SPREAD_BOUND
 from ._measure import MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
 from ._plan import AutoPlan
-from ._program import Program, Running, store
+from ._program import Program, Running
 from ._program import local as _prog
+from ._store import store
 
 __all__ = ["PER_ROOT_MS", "root_key", "settle"]
 

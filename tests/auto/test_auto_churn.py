@@ -34,7 +34,7 @@ from test_auto_sweep import LOW, _clean, _load, fixed_region
 from torch import nn
 
 import ampcore
-from ampcore._auto import Costs, _program, _roots
+from ampcore._auto import Costs, _program, _roots, _store
 from ampcore._auto._shapes import shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -133,8 +133,8 @@ def test_a_stream_of_more_signatures_than_a_root_keeps_settles(
         _same_as_fixed(model, reference, length, i)
     assert recordings["recorded"] == 0, recordings
     assert recordings["call-by-call"] > 0  # the lengths it has no program for
-    table = [p for p in _program._programs[model].values() if isinstance(p, _program.Program)]
-    assert len(table) <= _program._MAX_SIGNATURES
+    table = [p for p in _store._programs[model].values() if isinstance(p, _program.Program)]
+    assert len(table) <= _store._MAX_SIGNATURES
 
 
 def test_signatures_within_what_a_root_keeps_stay_settled(
@@ -276,7 +276,7 @@ def test_a_new_phase_with_shapes_of_its_own_still_gets_programs(
     of the first phase ran before the second replaced them, so the root keeps recording and
     the second phase settles with programs of its own (nothing call by call)."""
     monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
-    monkeypatch.setattr(_program, "_MAX_SIGNATURES", 16)
+    monkeypatch.setattr(_store, "_MAX_SIGNATURES", 16)
     torch.manual_seed(0)
     model = _mlp()
     _decide(model, 256)

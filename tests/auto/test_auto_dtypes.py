@@ -18,7 +18,7 @@ from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program
+from ampcore._auto import _hooks, _program, _store
 from ampcore._auto._shapes import shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -83,7 +83,7 @@ def test_a_recorded_call_and_the_program_give_the_same_dtypes(fp32: int, low: in
     assert all(dtypes == first for dtypes in later), (first, later)
     # the dtype torch.autocast gives for each decision
     assert first[: fp32 + low] == [torch.float32] * fp32 + [torch.bfloat16] * low
-    assert isinstance(next(iter(_program._programs[net].values())), _program.Program)
+    assert isinstance(next(iter(_store._programs[net].values())), _program.Program)
 
 
 class _Clock:

@@ -27,7 +27,7 @@ from test_auto_sweep import LOW, _auto, _classes, _clean, _fixed, _flat, _load, 
 from torch import nn
 
 import ampcore
-from ampcore._auto import _guard, _hooks, _program, _roots
+from ampcore._auto import _guard, _hooks, _roots, _store
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -364,7 +364,7 @@ def test_a_float32_model_with_a_guarded_inner_shape_keeps_a_float32_default(monk
     seen = _recordings(monkeypatch)
     _same(net, call, steps=len(ks))
     assert seen == []  # the guard's float32 decisions change nothing: no new recording
-    (program,) = _program._programs[net].values()
+    (program,) = _store._programs[net].values()
     assert program.default_fp32 and len(program.unseen) == 1  # lin: guarded, its shape changes
 
 
@@ -385,7 +385,7 @@ def test_shapes_that_follow_the_root_s_arguments_are_not_guarded(kind: type[nn.S
     x = torch.randn(8, 16)
     _same(net, lambda i: net(x), steps=2)
     _auto(lambda: net(x))
-    (program,) = _program._programs[net].values()
+    (program,) = _store._programs[net].values()
     assert program.unseen == () and program.switched == ()
 
 
@@ -394,7 +394,7 @@ def test_classes_that_differ_only_in_input_dtype_are_not_guarded() -> None:
     as_float, as_low = _classes(net[0], (8, 16))
     _load({as_float: "fp32", as_low: "low", **dict.fromkeys(_classes(net[2], (8, 32)), "fp32")})
     _same(net, lambda i: net(x), steps=3)
-    (program,) = _program._programs[net].values()
+    (program,) = _store._programs[net].values()
     assert program.unseen == ()
 
 
@@ -414,7 +414,7 @@ def test_a_root_called_with_keyword_tensors_is_not_guarded() -> None:
     net, x, mask = Keywords(), torch.randn(8, 5, 16), torch.ones(8, 5, 1)
     _plan([(net.lin, (8, 5, 16), "fp32"), (net.out, (8, 5, 32), "low")])
     _same(net, lambda i: net(x=x, mask=mask), steps=3)
-    (program,) = _program._programs[net].values()
+    (program,) = _store._programs[net].values()
     assert program.unseen == () and len(program.switched) == 1
 
 

@@ -31,7 +31,7 @@ from test_auto_sweep import LOW, _clean, _flat, _load, fixed_region
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots_state
+from ampcore._auto import _hooks, _roots_state, _store
 from ampcore._auto._shapes import planned_ops, shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -323,7 +323,7 @@ def test_sequence_lengths_over_more_values_than_a_root_keeps_stop_recording(
     use: the test is shorter): the others apply the plan call by call once it dropped 16.
     Before, the table was cleared when full and every new length recorded again, for ever
     (2.0 x the better of float32 and torch.autocast on such a model)."""
-    monkeypatch.setattr(_program, "_MAX_SIGNATURES", 16)
+    monkeypatch.setattr(_store, "_MAX_SIGNATURES", 16)
     lengths = list(range(1, 101)) * 3
     random.Random(0).shuffle(lengths)
 
@@ -343,8 +343,8 @@ def test_sequence_lengths_over_more_values_than_a_root_keeps_stop_recording(
     for i in range(100):
         step([model], i, _auto)
     assert recordings == []
-    programs = _program._programs[model]
-    assert len(programs) <= _program._MAX_SIGNATURES + 1  # bounded (and its count of dropped ones)
+    programs = _store._programs[model]
+    assert len(programs) <= _store._MAX_SIGNATURES + 1  # bounded (and its count of dropped ones)
 
 
 def test_the_sequence_lengths_pattern_stays_equal_to_the_fixed_precision(recordings: list[Any]) -> None:

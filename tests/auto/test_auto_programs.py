@@ -17,7 +17,7 @@ from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program
+from ampcore._auto import _hooks, _program, _store
 from ampcore._auto._shapes import shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -81,7 +81,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _programs(net: nn.Module) -> list[_program.Program]:
-    return [p for p in _program._programs.get(net, {}).values() if isinstance(p, _program.Program)]
+    return [p for p in _store._programs.get(net, {}).values() if isinstance(p, _program.Program)]
 
 
 def _step(net: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -99,7 +99,7 @@ def test_a_settled_root_of_float32_modules_runs_no_hook_and_exactly_as_float32(m
     for _ in range(3):
         out = _step(net, x, y)
     assert calls == []  # no global hook ran for any module
-    program = _program._programs[net][_program.signature((x, y), {})]
+    program = _store._programs[net][_program.signature((x, y), {})]
     assert isinstance(program, _program.Program) and len(_programs(net)) == 2
     assert program.default_fp32 and program.switched == ()
     assert torch.equal(out[1], net(x, y)[1]) and torch.equal(first[1], out[1])

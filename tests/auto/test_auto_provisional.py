@@ -19,7 +19,7 @@ from conftest import make_adapter
 from test_auto_root_check import Clock, Net, _steps, budget  # noqa: F401 (budget: an autouse fixture)
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
+from ampcore._auto import _hooks, _roots, _store
 from ampcore._auto._cache import cache_file, forget_plans
 from ampcore._auto._checks import MAX_CHECKS, RootCheck
 from ampcore._cli.main import main
@@ -36,7 +36,7 @@ def _load(monkeypatch: pytest.MonkeyPatch, value: float | None) -> None:
 def _new_process() -> None:
     """What a later process starts with: the disk cache, nothing in memory."""
     forget_plans()
-    _program.forget()
+    _store.forget()
     _roots.forget()
 
 

@@ -19,7 +19,7 @@ from _auto_testing import auto_state  # noqa: F401 (fixture)
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
+from ampcore._auto import _hooks, _program, _roots, _store
 from ampcore._auto._shapes import shape_class
 
 #: Python calls an empty settled auto region may add to an O1 region: its two level hooks
@@ -87,7 +87,7 @@ def test_a_root_running_an_all_float32_program_costs_its_two_hooks_and_runs_as_f
 
     for _ in range(3):
         step(auto)
-    (program,) = _program._programs[net].values()
+    (program,) = _store._programs[net].values()
     assert isinstance(program, _program.Program) and program.default_fp32 and program.switched == ()
     extra = _python_calls(lambda: step(auto)) - _python_calls(lambda: step(o1))
     assert extra <= EMPTY_EXTRA + ROOT_EXTRA, extra

@@ -172,9 +172,9 @@ def test_the_verdict_is_cached_and_a_corrupted_one_is_checked_again(
     assert stored["verdict"] == "low"
 
     forget_plans()  # a new process: reads the verdict, measures nothing
-    from ampcore._auto import _program, _roots
+    from ampcore._auto import _roots, _store
 
-    _program.forget()
+    _store.forget()
     _roots.forget()
     silent = Clock(1.0, 1.0, 1.0)
     assert _steps(monkeypatch, silent, net)[1:] == [(torch.bfloat16, torch.bfloat16)] * 2
@@ -183,7 +183,7 @@ def test_the_verdict_is_cached_and_a_corrupted_one_is_checked_again(
     data["roots"][key]["verdict"] = "plan"  # does not follow from its figures
     path.write_text(json.dumps(data))
     forget_plans()
-    _program.forget()
+    _store.forget()
     _roots.forget()
     clock = Clock(8.0, 9.0, 12.0)
     with pytest.warns(ampcore.AmpcoreWarning, match="whole-call check .* does not follow from the figures"):
@@ -298,13 +298,13 @@ def test_a_plan_file_with_a_bad_whole_call_check_is_refused_naming_it(tmp_path: 
 
 
 def test_an_exported_plan_carries_its_verdicts_to_every_process_that_loads_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ampcore._auto import _program, _roots
+    from ampcore._auto import _roots, _store
 
     net = Net()
     _steps(monkeypatch, Clock(10.0, 9.0, 12.0), net)  # rank 0 measures: the program loses, runs as low
     exported = ampcore.auto_plan("cpu").to_dict()
     forget_plans()  # another rank or a resumed run
-    _program.forget()
+    _store.forget()
     _roots.forget()
     plan = ampcore.load_plan(exported)  # frozen: measures nothing
     assert [c.source for c in plan.roots.values()] == ["loaded"]

@@ -36,7 +36,7 @@ from test_auto_sweep import _flat
 from torch import nn
 
 import ampcore
-from ampcore._auto import Costs, _hooks, _program
+from ampcore._auto import Costs, _hooks, _program, _store
 from ampcore._auto._program import Program
 from ampcore._auto._shapes import planned_ops, shape_class
 
@@ -164,7 +164,7 @@ def run(
         _equal(got, want, f"step {i}")
         _params(model, reference, f"step {i}")
     if default is not None:
-        defaults = {p.default_fp32 for p in _program._programs.get(model, {}).values() if isinstance(p, Program)}
+        defaults = {p.default_fp32 for p in _store._programs.get(model, {}).values() if isinstance(p, Program)}
         assert defaults == {default == "fp32"}, f"programs' defaults: {defaults}"
     made.clear()
     for i in range(steps if settled is None else settled):
