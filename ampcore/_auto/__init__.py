@@ -27,7 +27,8 @@ from .._policy.level_hooks import register_level_hooks
 from . import _roots
 from ._cache import current_plan
 from ._costs import MARGIN, Costs, Decision, decide
-from ._plan import AutoPlan, PlanEntry, fingerprint, load_plan
+from ._load import load_plan
+from ._plan import AutoPlan, PlanEntry, fingerprint
 
 __all__ = ["MARGIN", "AutoPlan", "Costs", "Decision", "PlanEntry", "auto_plan", "decide", "load_plan"]
 

@@ -3,7 +3,7 @@
 An :class:`AutoPlan` belongs to one *fingerprint*: backend, device name, low-precision
 dtype, torch and ampcore versions, the host's ISA flags, thread count and the environment
 variables that change the CPU kernels (``ONEDNN_*``, ``DNNL_*``, ``MKL_*``, ``OMP_*``).  A plan is exported and
-loaded as JSON (:meth:`AutoPlan.save`, :func:`load_plan`, ``ampcore plan``), so every rank
+loaded as JSON (:meth:`AutoPlan.save`, :func:`._load.load_plan`, ``ampcore plan``), so every rank
 of a job and every resumed run uses the same decisions.
 
 Everything read from a file is checked (types, finiteness, the decisions' names) and an
@@ -19,7 +19,7 @@ import math
 import os
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,13 +28,12 @@ import torch
 from .._backends.backend import dtype_name
 from .._errors import AmpcoreError
 from .._table import format_table
-from .._validate import check_bool
 from .._version import __version__
 from ._checks import RootCheck, check_from_mapping
 from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 from ._costs import family as family_of
 
-__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
+__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint"]
 
 #: The format plans are written in (2: costs with spread, runs and checks); plan files of
 #: format 1 load too.
@@ -325,82 +324,3 @@ def _checked_margin(data: Mapping[str, Any], where: str) -> float:
     if not number or not math.isfinite(margin) or not 0 <= margin < 1:
         raise AmpcoreError(f"ampcore.load_plan: {where}: 'margin' = {margin!r}: expected a number in [0, 1)")
     return float(margin)
-
-
-def read_plan(source: object, call: str = "ampcore.load_plan") -> AutoPlan:
-    """A plan from a JSON file or from :meth:`AutoPlan.to_dict`'s form (AmpcoreError naming
-    the argument when ``source`` is neither)."""
-    if isinstance(source, Mapping):
-        return AutoPlan.from_dict(source)
-    if not isinstance(source, (str, os.PathLike)) or isinstance(source, bytes):
-        raise AmpcoreError(
-            f"{call}(source={source!r}): expected the path of a plan file (str or os.PathLike), a plan "
-            "dict (AutoPlan.to_dict()) or an AutoPlan"
-        )
-    path = Path(source)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise AmpcoreError(f"ampcore.load_plan({str(path)!r}): cannot read the file: {exc.strerror}") from None
-    except ValueError as exc:
-        raise AmpcoreError(f"ampcore.load_plan({str(path)!r}): not JSON: {exc}") from None
-    if not isinstance(data, Mapping):
-        raise AmpcoreError(f"ampcore.load_plan({str(path)!r}): not an ampcore auto plan (a JSON object expected)")
-    return AutoPlan.from_dict(data, where=str(path))
-
-
-def load_plan(
-    source: str | os.PathLike[str] | Mapping[str, Any] | AutoPlan, freeze: bool = True, check: bool = True
-) -> AutoPlan:
-    """Load a plan (a file :meth:`AutoPlan.save` or ``ampcore plan export`` wrote, its dict
-    form, or an :class:`AutoPlan`) as this process's plan for its fingerprint.
-
-    Args:
-        source: the plan.
-        freeze: measure nothing more: shape classes the plan lacks run with the O1 lists,
-            so every rank and resumed run decides the same.
-        check: raise when the plan's fingerprint (device, dtype, torch and ampcore
-            versions, threads, kernel environment) is not this process's; ``False`` uses
-            its decisions anyway (e.g. rank 0's plan on identical machines that differ in
-            thread count).
-
-    Example::
-
-        >>> import ampcore, torch
-        >>> fp = ampcore.auto_plan("cpu").fingerprint
-        >>> plan = ampcore.load_plan({"format": 2, "fingerprint": fp, "entries": {}})
-        >>> plan.frozen
-        True
-    """
-    check_bool("ampcore.load_plan", "freeze", freeze)
-    check_bool("ampcore.load_plan", "check", check)
-    given = source if isinstance(source, AutoPlan) else read_plan(source)
-    here = _this_process(given.fingerprint)
-    if check and here != given.fingerprint:
-        diff = sorted(k for k in {*here, *given.fingerprint} if here.get(k) != given.fingerprint.get(k))
-        raise AmpcoreError(
-            f"ampcore.load_plan: the plan was made for another setting ({', '.join(diff)} differ: "
-            f"plan {[given.fingerprint.get(k) for k in diff]}, this process {[here.get(k) for k in diff]}); "
-            "pass check=False to use its decisions anyway"
-        )
-    entries = {key: PlanEntry(key, e.decision, e.costs, "loaded") for key, e in given.entries.items()}
-    plan = AutoPlan(here, entries, given.margin, freeze)
-    plan.roots = {key: replace(check, source="loaded") for key, check in given.roots.items()}
-    from ._cache import install_plan
-
-    install_plan(plan)
-    return plan
-
-
-def _this_process(fp: Mapping[str, Any]) -> dict[str, Any]:
-    from .._backends.registry import resolve_device
-    from .._dtypes import parse_dtype
-
-    try:
-        resolved = resolve_device(fp.get("backend"))
-    except AmpcoreError as exc:
-        raise AmpcoreError(
-            f"ampcore.load_plan: the plan's backend {fp.get('backend')!r} is not usable here: {exc}"
-        ) from None
-    dtype = parse_dtype(fp.get("dtype"), "ampcore.load_plan")
-    return fingerprint(resolved.backend.name, resolved.backend.device_name(resolved.index or 0), dtype)

@@ -17,7 +17,7 @@ import json
 from .. import _dtypes
 from .._auto import AutoPlan, auto_plan
 from .._auto._cache import cache_file, cache_files, forget_plans
-from .._auto._plan import _this_process, read_plan
+from .._auto._load import _this_process, read_plan
 from .._errors import AmpcoreError
 
 __all__ = ["add_parser"]

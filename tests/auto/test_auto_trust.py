@@ -372,7 +372,7 @@ def test_a_plan_file_with_wrong_types_is_refused_naming_the_file_and_entry(
         err = capsys.readouterr().err
         assert path.name in err and "entry 'k'" in err and "Traceback" not in err
     with pytest.raises(ampcore.AmpcoreError, match="entry 'k'"):
-        ampcore.debugging.auto_plan_table(plan=ampcore._auto._plan.read_plan(path))
+        ampcore.debugging.auto_plan_table(plan=ampcore._auto._load.read_plan(path))
 
 
 @pytest.mark.parametrize(
