@@ -150,7 +150,7 @@ def _check(
     grad = torch.is_grad_enabled()
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
     buffers = [(b, b.detach().clone()) for b in root.buffers()]
-    runs = {name: _run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES}
+    runs = {name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES}
     loads = [_hooks.load_of(region)]
     start = time.perf_counter()
     _prog.measuring = True
@@ -243,19 +243,6 @@ class _Run:
         if outs and self.params:
             with torch.autocast(self.device_type, enabled=False):
                 torch.autograd.grad(outs, self.params, [torch.ones_like(t) for t in outs], allow_unused=True)
-
-
-def _run(
-    root: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    program: Program,
-    region: Any,
-    params: Sequence[torch.Tensor],
-    device_type: str,
-) -> Callable[[], None]:
-    """One call of ``root`` under ``program`` (:class:`_Run`)."""
-    return _Run(root, args, kwargs, program, region, params, device_type)
 
 
 def _ready(run: Callable[[], None]) -> Callable[[], None]:
