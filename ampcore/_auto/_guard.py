@@ -34,6 +34,7 @@ __all__ = [
     "Weight",
     "explained",
     "follows",
+    "holds_objects",
     "in_checkpoint",
     "in_transform",
     "loosen",
@@ -194,6 +195,13 @@ def _state(value: Any, sig: list[Any], held: list[int] | None) -> bool:
         return False
     sig.append(("object", type(value), tuple(state)))
     return all(_describe(v, sig, held) for v in state.values())
+
+
+def holds_objects(sig: tuple[Any, ...]) -> bool:
+    """Whether a signature holds an object argument's state (:func:`_state`): one taken after
+    the call (a new root's first call, whose keyword arguments only its end sees) may show
+    what the forward made of it (a cache grown by a token), not what the call was given."""
+    return any(type(e) is tuple and len(e) == 3 and e[0] == "object" for e in sig[1:])
 
 
 def low_held(sig: tuple[Any, ...]) -> bool:

@@ -150,7 +150,9 @@ def _check(
     grad = torch.is_grad_enabled()
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
     buffers = [(b, b.detach().clone()) for b in root.buffers()]
-    runs = {name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES}
+    runs: dict[str, Callable[[], None]] = {
+        name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES
+    }
     loads = [_hooks.load_of(region)]
     start = time.perf_counter()
     _prog.measuring = True

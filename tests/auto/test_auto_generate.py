@@ -268,14 +268,17 @@ def test_decoding_with_a_cache_object_settles_and_equals_the_plans_fixed_choice(
     """Before: every decoding call ran call by call (the cache was invisible), and the
     product layers in bfloat16 whatever the plan said.  Now the cache's length is a shape
     class: the fourth decoding pass records nothing, and every step equals the plan's fixed
-    choice (fixed: each planned call in its plan's precision, torch.autocast elsewhere)."""
+    choice (fixed: each planned call in its plan's precision, torch.autocast elsewhere).
+    The prefill's first call (the root met for the first time: its keyword arguments are
+    seen only at its end, the cache grown by then) gives no program: recorded at its next call."""
     measuring.ms.update({"fp32": 1.0, "low": 4.0})  # float32 wins every class (as on this CPU)
     measuring.ms.update({"root-plan": 1.0, "root-low": 2.0, "root-fp32": 3.0})  # the program wins its check
     torch.manual_seed(0)
     model = Decoder().eval()
     made = counting(monkeypatch)
     with torch.no_grad():
-        for _ in range(3):  # the first meets the layers' class (watched), the next ones measure and record
+        for _ in range(3):  # 1: the layers' class watched (prefill), decoding measured and recorded;
+            # 2: the prefill's classes measured; 3: the prefill recorded
             _decode(model, _auto)
         _clean(model)
         made.clear()
@@ -333,6 +336,8 @@ def test_gpt2_generate_settles_and_equals_the_plans_fixed_choice(
     got = _generate(model, _auto, ids)
     _clean(model)
     assert made == [], f"{len(made)} recordings in a settled generate() call"
+    decoding = [p for sig, p in _program._programs[model].items() if _guard.holds_objects(sig)]
+    assert sum(isinstance(p, _program.Program) for p in decoding) >= 2  # programs, not call by call
     conv1d = model.transformer.h[0].attn.c_attn  # type: ignore[union-attr,index]
     assert planned_ops(conv1d) == _shapes.MATMUL[1]  # transformers' Conv1D: planned by its ops
     references = [lambda: fixed(BF16)] + ([] if fp32_wins else [lambda: torch.autocast("cpu", dtype=BF16)])
@@ -341,3 +346,24 @@ def test_gpt2_generate_settles_and_equals_the_plans_fixed_choice(
         assert torch.equal(got[0], want[0])
         for g, w in zip(got[1], want[1], strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_a_new_roots_first_call_keys_no_program_by_the_cache_it_grew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root met for the first time gets its keyword arguments only at its end: the cache
+    then holds what the forward appended.  Before, its program was stored under that grown
+    state (a signature no call enters with); now that call gives none, and its next call,
+    seen at entry, records it."""
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+    _shapes.set_kind(AddmmLayer, _shapes.MATMUL)  # planned already: no watch in the first call
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        entry = _guard.signature((ids,), {"cache": Cache(1, 0)}, model)
+        for i in range(2):  # one place in the code: the second call finds the root marked
+            with _auto():
+                model(ids, cache=Cache(1, 0))
+            _clean(model)
+            if i == 0:
+                assert [p for p in _program._programs.get(model, {}).values() if isinstance(p, _program.Program)] == []
+    assert entry is not None and isinstance(_program._programs[model].get(entry), _program.Program)
