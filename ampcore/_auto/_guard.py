@@ -133,7 +133,13 @@ def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool
         if held is None:
             sig.append((value.shape, value.dtype, value.device))
         else:  # a cache's tensor: by shape class (a length that grows every call)
-            sig.append((_HELD, value.dtype, value.device, tuple(bucket(d) for d in value.shape)))
+            shape = value.shape
+            rounded = _ROUNDED.get(shape)
+            if rounded is None:
+                if len(_ROUNDED) > 4096:  # dynamic shapes: keep the memo bounded
+                    _ROUNDED.clear()
+                rounded = _ROUNDED[shape] = tuple(bucket(d) for d in shape)
+            sig.append((_HELD, value.dtype, value.device, rounded))
     elif isinstance(value, _SCALARS):
         sig.append(("=", type(value), value))
     elif isinstance(value, (list, tuple)):
@@ -164,6 +170,8 @@ def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool
 #: dimensions rounded up to powers of two); never a dtype second from the end, so
 #: :func:`explained` does not count its sizes (they are not exact)
 _HELD: Final = "held"
+#: shape -> its dimensions rounded up to powers of two (held tensors' shapes recur every step)
+_ROUNDED: dict[torch.Size, tuple[int, ...]] = {}
 #: entries (attributes, list and dict items) the guard reads of one object argument at most
 _HELD_MAX: Final = 256
 
@@ -178,9 +186,13 @@ def _state(value: Any, sig: list[Any], held: list[int] | None) -> bool:
     """Append an object argument's type, attribute names and attributes (tensors by shape
     class) to ``sig``: a cache object holding lists of tensors (``transformers``'
     ``DynamicCache``: layers of keys and values that grow every decoding step) is guarded
-    by what it holds when the call enters (the forward may grow it).  False: a callable
-    (a function, a module, a class), an object without a ``__dict__`` (slots, C types) or
+    by what it holds when the call enters (the forward may grow it); a class it holds, by
+    identity (``DynamicCache()``'s kind of layer).  False: a callable (a function, a
+    module; a class given as an argument itself), an object without a ``__dict__`` (slots, C types) or
     holding another kind of value, or more than :data:`_HELD_MAX` entries in all."""
+    if isinstance(value, type) and held is not None:  # a class an object holds (the kind of layer a cache adds)
+        sig.append(("=", type, value))
+        return True
     if callable(value):
         return False
     try:
@@ -194,7 +206,12 @@ def _state(value: Any, sig: list[Any], held: list[int] | None) -> bool:
     if _spend(held, len(state) + 1):
         return False
     sig.append(("object", type(value), tuple(state)))
-    return all(_describe(v, sig, held) for v in state.values())
+    for v in state.values():  # the common values inline (a cache's every step: one call less each)
+        if isinstance(v, _SCALARS):
+            sig.append(("=", type(v), v))
+        elif not _describe(v, sig, held):
+            return False
+    return True
 
 
 def holds_objects(sig: tuple[Any, ...]) -> bool:

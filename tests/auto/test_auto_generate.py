@@ -196,6 +196,9 @@ def test_a_cache_object_is_guarded_by_type_state_and_shape_classes() -> None:
     other = Cache(2, 9)
     other.offloading = True
     assert sig((x,), {"cache": other}) != same[0]  # a flag's value
+    kind = Cache(2, 9)
+    kind.kind = Layer  # type: ignore[attr-defined]  # a class it holds (DynamicCache(): its kind of layer)
+    assert sig((x,), {"cache": kind}) is not None and sig((x,), {"cache": kind}) != same[0]
 
 
 def test_what_the_guard_cannot_read_is_still_call_by_call() -> None:
