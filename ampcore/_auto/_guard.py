@@ -3,8 +3,9 @@ recorded one to run its program, and what makes a program stale.
 
 * :func:`signature`: grad mode, the root's eval mode, every tensor's shape, dtype and device
   among the call's arguments (also inside lists, tuples, dicts and dataclasses) and the
-  values of its other arguments; ``None`` for an argument it cannot see (the plan then
-  applies call by call);
+  values of its other arguments; an object holding plain data (a KV cache: tensors in
+  lists of objects) by its type and state, its tensors by shape class; ``None`` for an
+  argument it cannot see (the plan then applies call by call);
 * :func:`unseen_modules`: the root's planned modules the recording did not see called
   (another path of its control flow): the program guards them;
 * :func:`snapshot` / :func:`unchanged`: the root's module tree (also layers kept in plain
@@ -27,15 +28,17 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-from ._shapes import float32_weights, planned_ops
+from ._shapes import bucket, float32_weights, planned_ops
 
 __all__ = [
     "Weight",
     "explained",
     "follows",
+    "holds_objects",
     "in_checkpoint",
     "in_transform",
     "loosen",
+    "low_held",
     "signature",
     "snapshot",
     "unchanged",
@@ -56,8 +59,13 @@ def signature(
     then (shape, dtype, device) of every tensor among the call's positional and keyword
     arguments, also inside lists, tuples, dicts and dataclasses, and the other arguments'
     values (``None``, numbers, strings, dtypes, devices: a flag that picks a path or a size
-    is part of the guard), and ``"eval"`` when ``root`` is not training.  ``None``: an
-    argument of another kind (an object whose state the guard cannot see), or a ``root``
+    is part of the guard), and ``"eval"`` when ``root`` is not training.  An object that
+    holds plain data (:func:`_state`: a ``transformers`` ``DynamicCache``, lists of layers
+    holding key and value tensors) is held by its type, its attributes' names and values,
+    and its tensors' dtypes, devices and shape classes (every dimension rounded up to a
+    power of two, as the plan's shape classes: a cache that grows one token a step keeps
+    its signature within a bucket).  ``None``: an argument of another kind (a callable, an
+    object without a ``__dict__`` or holding more than :data:`_HELD_MAX` entries), or a ``root``
     with forward pre-hooks of the user's (they run after the signature is taken): the call
     cannot have a program and the plan applies call by call.
 
@@ -68,6 +76,10 @@ def signature(
         >>> sig[1], sig[2][2], sig[3:]
         ((torch.Size([2, 3]), torch.float32, device(type='cpu')), None, (('kw', 'flag'), ('=', <class 'bool'>, True)))
         >>> signature((object(),), None) is None
+        True
+        >>> class Cache:
+        ...     def __init__(self, n): self.keys = [torch.zeros(1, 2, n, 4)]
+        >>> signature((Cache(9),), None) == signature((Cache(16),), None) != signature((Cache(17),), None)
         True
     """
     sig: list[Any] = [torch.is_grad_enabled()]
@@ -113,31 +125,109 @@ _ROOTS: Final = "ampcore._auto._roots"
 _SCALARS: Final = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 
 
-def _describe(value: Any, sig: list[Any]) -> bool:
+def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool:
     """Append what the guard needs of a non-tensor argument to ``sig`` (False: it cannot be
-    guarded).  Entries other than tensors' never hold a dtype second from the end."""
+    guarded); ``held``: inside an object (:func:`_state`), the entries it may still read.
+    Entries other than tensors' never hold a dtype second from the end."""
     if isinstance(value, torch.Tensor):
-        sig.append((value.shape, value.dtype, value.device))
+        if held is None:
+            sig.append((value.shape, value.dtype, value.device))
+        else:  # a cache's tensor: by shape class (a length that grows every call)
+            shape = value.shape
+            rounded = _ROUNDED.get(shape)
+            if rounded is None:
+                if len(_ROUNDED) > 4096:  # dynamic shapes: keep the memo bounded
+                    _ROUNDED.clear()
+                rounded = _ROUNDED[shape] = tuple(bucket(d) for d in shape)
+            sig.append((_HELD, value.dtype, value.device, rounded))
     elif isinstance(value, _SCALARS):
         sig.append(("=", type(value), value))
     elif isinstance(value, (list, tuple)):
+        if held is not None and _spend(held, len(value)):
+            return False
         sig.append(("(", type(value), len(value)))
-        return all(_describe(v, sig) for v in value)
+        return all(_describe(v, sig, held) for v in value)
     elif isinstance(value, dict):
+        if held is not None and _spend(held, len(value)):
+            return False
         sig.append(("{", type(value), len(value)))
         for k, v in value.items():
             if not isinstance(k, _SCALARS):
                 return False
             sig.append(("key", type(k), k))
-            if not _describe(v, sig):
+            if not _describe(v, sig, held):
                 return False
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = dataclasses.fields(value)
         sig.append(("dataclass", type(value), len(fields)))
-        return all(_describe(getattr(value, f.name), sig) for f in fields)
+        return all(_describe(getattr(value, f.name), sig, held) for f in fields)
     else:
-        return False
+        return _state(value, sig, held)
     return True
+
+
+#: the mark of a tensor held by an object argument in a signature: (mark, dtype, device,
+#: dimensions rounded up to powers of two); never a dtype second from the end, so
+#: :func:`explained` does not count its sizes (they are not exact)
+_HELD: Final = "held"
+#: shape -> its dimensions rounded up to powers of two (held tensors' shapes recur every step)
+_ROUNDED: dict[torch.Size, tuple[int, ...]] = {}
+#: entries (attributes, list and dict items) the guard reads of one object argument at most
+_HELD_MAX: Final = 256
+
+
+def _spend(held: list[int], n: int) -> bool:
+    """Take ``n`` entries from ``held``; True: the object holds more than the guard reads."""
+    held[0] -= n
+    return held[0] < 0
+
+
+def _state(value: Any, sig: list[Any], held: list[int] | None) -> bool:
+    """Append an object argument's type, attribute names and attributes (tensors by shape
+    class) to ``sig``: a cache object holding lists of tensors (``transformers``'
+    ``DynamicCache``: layers of keys and values that grow every decoding step) is guarded
+    by what it holds when the call enters (the forward may grow it); a class it holds, by
+    identity (``DynamicCache()``'s kind of layer).  False: a callable (a function, a
+    module; a class given as an argument itself), an object without a ``__dict__`` (slots, C types) or
+    holding another kind of value, or more than :data:`_HELD_MAX` entries in all."""
+    if isinstance(value, type) and held is not None:  # a class an object holds (the kind of layer a cache adds)
+        sig.append(("=", type, value))
+        return True
+    if callable(value):
+        return False
+    try:
+        state = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return False
+    if type(state) is not dict:
+        return False
+    if held is None:
+        held = [_HELD_MAX]
+    if _spend(held, len(state) + 1):
+        return False
+    sig.append(("object", type(value), tuple(state)))
+    for v in state.values():  # the common values inline (a cache's every step: one call less each)
+        if isinstance(v, _SCALARS):
+            sig.append(("=", type(v), v))
+        elif not _describe(v, sig, held):
+            return False
+    return True
+
+
+def holds_objects(sig: tuple[Any, ...]) -> bool:
+    """Whether a signature holds an object argument's state (:func:`_state`): one taken after
+    the call (a new root's first call, whose keyword arguments only its end sees) may show
+    what the forward made of it (a cache grown by a token), not what the call was given."""
+    return any(type(e) is tuple and len(e) == 3 and e[0] == "object" for e in sig[1:])
+
+
+def low_held(sig: tuple[Any, ...]) -> bool:
+    """Whether a signature holds a low-precision tensor inside an object argument (a cache
+    of bfloat16 keys: a float32 root would mix it with its float32 ones)."""
+    return any(type(e) is tuple and len(e) == 4 and e[0] == _HELD and e[1] in _LOW for e in sig[1:])
+
+
+_LOW: Final = (torch.bfloat16, torch.float16)
 
 
 #: the attribute of a root module holding its loose patterns: len(signature) -> [(the
@@ -222,7 +312,7 @@ def explained(sig: tuple[Any, ...]) -> set[int]:
     dims.update([a * b for a in list(dims) for b in dims])
     halves = {d >> k for d in dims for k in range(1, max(d, 1).bit_length())}
     numbers = {e[2] for e in sig[1:] if _number(e) and e[1] is int}
-    return (dims | halves | {1}) - numbers
+    return (dims | halves) - numbers | {1}  # 1 always (a number 1, logits_to_keep=1, must not remove it)
 
 
 def follows(module: nn.Module, dims: set[int], sizes: set[int]) -> bool:

@@ -9,7 +9,8 @@ root calls that run a program, module calls take torch's path without global hoo
 While registered (in any thread), every ``nn.Module`` call in the process runs the two
 hooks; they return at once unless the calling thread's innermost ampcore region is an
 enabled ``level="auto"`` region and the module is a planned kind
-(:data:`ampcore._auto._shapes.PLANNED_OPS`).  Then, by the plan's decision for the call's
+(:data:`ampcore._auto._shapes.PLANNED_OPS`, or a class whose forward is one product with
+its own matrix, found at its first call: :mod:`._kinds`).  Then, by the plan's decision for the call's
 shape class:
 
 * ``"low"``: nothing; the region's O1 lists run it in low precision (black-list ops in
@@ -51,12 +52,13 @@ from . import _cache
 from ._cache import cache_file, current_plan, write_cache
 from ._costs import Costs, merge
 from ._guard import in_checkpoint, in_transform
+from ._kinds import Watch, candidate, watched
 from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
 from ._roots_state import _compiler, _dynamo_compiling, _num_threads
-from ._shapes import device_type_of, float32_weights, planned_ops, shape_class
+from ._shapes import PENDING, device_type_of, float32_weights, known_kind, planned_ops, set_kind, shape_class
 
 __all__ = [
     "BUDGET_ENV",
@@ -97,6 +99,7 @@ class _Frame(NamedTuple):
 class _Local(threading.local):
     def __init__(self) -> None:
         self.frames: list[_Frame] = []
+        self.watches: list[Watch] = []  # classes whose first call is watched (:mod:`._kinds`)
         #: (region, thread count, the plans' generation, its plan): :func:`plan_of`'s last
         self.plan: tuple[Any, int, int, AutoPlan] | None = None
 
@@ -236,6 +239,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         rec.stack.append((module, ops is not None))
         rec.planned += ops is not None
     if ops is None:
+        if known_kind(type(module)) is PENDING:  # a class met for the first time: a matmul kind?
+            _watch(module, top)
         return None
     spec = top.spec  # the innermost region: an enabled level="auto" one (not measuring: checked above)
     if spec.level != "auto" or not spec.enabled:
@@ -273,6 +278,21 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     return None
 
 
+def _watch(module: torch.nn.Module, region: Any) -> None:
+    """The first call of a class not planned by its type in an enabled auto region: watch
+    its ops (:mod:`._kinds`; a class that cannot be a matmul kind is settled at once)."""
+    spec = region.spec
+    if spec.level != "auto" or not spec.enabled or in_transform():
+        return  # watched at a call in an auto region
+    if not candidate(module):
+        set_kind(type(module), None)
+        return
+    watch = Watch(module)
+    watch.plan = plan_of(region)
+    watch.__enter__()  # type: ignore[no-untyped-call]
+    _local.watches.append(watch)
+
+
 def _undecided(module: torch.nn.Module, key: str, plan: AutoPlan, region: Any) -> None:
     """A call of a class the plan lacks: runs with the O1 lists, measured by :func:`_post`
     within the budget."""
@@ -307,6 +327,11 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
     run = _prog.run  # as in _pre: an auto region the forward entered inside a program gets these hooks
     if run is not None and (not _thread.stack or _thread.stack[-1] is run.region):
         return None
+    watches = _local.watches
+    if watches and watches[-1].module is module:
+        watch = watches.pop()
+        if watched(watch, len(rest) == 2):
+            watch.plan.changes += 1  # a planned kind new to the plan's programs: they record again
     frames = _local.frames
     output = None  # None: the output as the forward gave it
     if frames and frames[-1].module is module:

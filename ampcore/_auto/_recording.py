@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._costs import Decision, family
-from ._guard import explained, follows, snapshot, unseen_modules
+from ._guard import explained, follows, low_held, snapshot, unseen_modules
 from ._plan import AutoPlan, Stale
 from ._program import _LOW, Program, local
 from ._shapes import float32_weights
@@ -54,9 +54,17 @@ _INDEX: Final = torch.ops.aten.index.Tensor
 _SCALAR: Final = torch.ops.aten._local_scalar_dense.default
 
 
+def _to_low(args: Any, kwargs: Any) -> bool:
+    """Whether a ``_to_copy`` casts a float32 tensor to low precision: autocast's cast for an
+    op of its low-precision list, also one that reaches the dispatch mode only decomposed
+    (``scaled_dot_product_attention`` runs as ``_scaled_dot_product_flash_attention_for_cpu``)."""
+    return bool(kwargs) and kwargs.get("dtype") in _LOW and bool(args) and args[0].dtype == torch.float32
+
+
 class _Outside(TorchDispatchMode):
     """While recording: notes what a float32 default would change outside planned modules:
-    an op of the O1 low-precision list (``low_outside`` too: the whole-call check applies),
+    an op of the O1 low-precision list or a cast of a float32 tensor to low precision
+    (``low_outside`` too: the whole-call check applies),
     or any op given a low-precision floating tensor of the region's device type (autocast
     may cast it, and a float32 default would not)."""
 
@@ -70,7 +78,8 @@ class _Outside(TorchDispatchMode):
             rec.dynamic = True  # the planned calls after it may see shapes the signature does not show
         if not rec.planned and not rec.low_outside and not local.measuring:
             packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
-            if getattr(packet, "__name__", None) in self.white:
+            name = getattr(packet, "__name__", None)
+            if name in self.white or (name == "_to_copy" and _to_low(args, kwargs)):
                 rec.outside = rec.low_outside = True
             elif not rec.outside and self._low_input(args, kwargs):
                 rec.outside = True
@@ -180,7 +189,7 @@ class Recording:
         varies = {i for i, seq in self.sequence.items() if len({d == "fp32" for d in seq}) > 1} - apart
         fp32 = [m for i, (m, d) in self.calls.items() if d == "fp32" and i not in varies and i not in apart]
         low = [m for i, (m, d) in self.calls.items() if d != "fp32" and i not in varies and i not in apart]
-        low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:])
+        low_inputs = any(isinstance(s, tuple) and s[-2] in _LOW for s in sig[1:]) or low_held(sig)
         # the default that hooks fewer modules; a float32 one only where it changes no dtype
         # the recording saw (no low-precision tensor reached an op outside planned modules,
         # no call following a checkpoint's autocast state or guarded for a kind whose classes

@@ -35,7 +35,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from .._policy.lists import compute_oplists
 from . import _hooks
 from ._cache import plans as _plans
-from ._guard import unchanged
+from ._guard import holds_objects, unchanged
 from ._plan import AutoPlan
 from ._program import Program, Running, signature
 from ._program import local as _prog
@@ -413,6 +413,8 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     _hooks.release()
     if ok and rec.mode is not None:
         sig = rec.sig if rec.sig is not None else signature(rec.args, kwargs, rec.root)
+        if rec.sig is None and sig is not None and holds_objects(sig):
+            sig = None  # taken after a forward that may have changed them (a cache grown): recorded again
         found = None if sig is None else program_for(rec.root, sig, rec.plan)
         if found is not None and sig is not None:
             tries = found if isinstance(found, int) else 0

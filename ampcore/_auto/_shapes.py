@@ -16,7 +16,18 @@ from typing import Final
 import torch
 from torch import nn
 
-__all__ = ["PLANNED_OPS", "bucket", "device_type_of", "float32_weights", "planned_ops", "shape_class"]
+__all__ = [
+    "MATMUL",
+    "PENDING",
+    "PLANNED_OPS",
+    "bucket",
+    "device_type_of",
+    "float32_weights",
+    "known_kind",
+    "planned_ops",
+    "set_kind",
+    "shape_class",
+]
 
 
 def _linear(module: nn.Module) -> str:
@@ -65,20 +76,41 @@ PLANNED_OPS: Final[dict[type[nn.Module], tuple[Callable[[nn.Module], str], froze
     ),
 }
 
-_BY_TYPE: dict[type, tuple[Callable[[nn.Module], str], frozenset[str]] | None] = {}
+Kind = tuple[Callable[[nn.Module], str], frozenset[str] | None]
 
 
-def _kind(cls: type) -> tuple[Callable[[nn.Module], str], frozenset[str]] | None:
+def _own(module: nn.Module) -> str:
+    return ", ".join(f"{n}={'x'.join(map(str, p.shape))}" for n, p in module._parameters.items() if p is not None)
+
+
+#: the kind of a module class whose own forward is one product with its own weight
+#: (``transformers``' ``Conv1D``: ``torch.addmm(bias, x, weight)``), found by
+#: :mod:`._kinds` from the ops of its first call: planned as ``Linear``
+MATMUL: Final[Kind] = (_own, frozenset({"linear", "addmm", "mm", "matmul", "bmm", "baddbmm"}))
+#: the kind of a class not planned by its type whose first call is still to be watched (:mod:`._kinds`)
+PENDING: Final[Kind] = (_own, None)
+_BY_TYPE: dict[type, Kind | None] = {}
+#: class -> its kind (None: not planned; :data:`PENDING`: to be watched), None if not met yet
+known_kind: Final = _BY_TYPE.get
+
+
+def _kind(cls: type) -> Kind | None:
     try:
         return _BY_TYPE[cls]
     except KeyError:
-        found = next((value for base, value in PLANNED_OPS.items() if issubclass(cls, base)), None)
+        found = next((value for base, value in PLANNED_OPS.items() if issubclass(cls, base)), PENDING)
         _BY_TYPE[cls] = found
         return found
 
 
+def set_kind(cls: type, kind: Kind | None) -> None:
+    """What :mod:`._kinds` found for ``cls`` (:data:`MATMUL`, or None: not planned)."""
+    _BY_TYPE[cls] = kind
+
+
 def planned_ops(module: nn.Module) -> frozenset[str] | None:
-    """The ATen ops a planned module runs in low precision; ``None``: not a planned kind."""
+    """The ATen ops a planned module runs in low precision; ``None``: not a planned kind (or
+    not yet: a class whose first call :mod:`._kinds` has still to watch)."""
     try:  # every module call under the global hooks asks: one dict lookup, no call
         kind = _BY_TYPE[type(module)]
     except KeyError:
@@ -154,7 +186,7 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
         kind = _BY_TYPE[type(module)]
     except KeyError:
         kind = _kind(type(module))
-    if kind is None:
+    if kind is None or kind[1] is None:
         return None
     describe = module.__dict__.get(_DESCRIPTION)
     if describe is None:  # read once per module object (the hot path); not a parameter or buffer

@@ -14,11 +14,14 @@ what the program's float32 modules save by their own figures) is measured once m
 rounds added to the first ones.  The root's
 parameters, gradients, buffers (running statistics) and the RNG state are left as they
 were; the autocast weight cache is cleared before each run, as a step's region starts
-without it.
+without it.  Each run gets copies of the call's lists and dicts and of the objects among
+its arguments (a KV cache the forward grows: its tensors cloned, before the run is timed),
+so the real call that follows sees its arguments as they were.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import time
@@ -64,6 +67,9 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     """
     shapes = []
     for entry in sig[1:]:
+        if type(entry) is tuple and len(entry) == 4 and entry[0] == "held":  # an object's tensor, by shape class
+            shapes.append("~" + "x".join(map(str, entry[3])))
+            continue
         if not isinstance(entry, tuple) or not isinstance(entry[-2], torch.dtype):
             continue  # not a tensor's (a flag's value, a container's mark: see signature)
         shape, dtype = entry[-3], entry[-2]
@@ -145,7 +151,9 @@ def _check(
     grad = torch.is_grad_enabled()
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
     buffers = [(b, b.detach().clone()) for b in root.buffers()]
-    runs = {name: _run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES}
+    runs: dict[str, Callable[[], None]] = {
+        name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES
+    }
     loads = [_hooks.load_of(region)]
     start = time.perf_counter()
     _prog.measuring = True
@@ -187,11 +195,11 @@ def _doubtful(check: RootCheck, saving_ms: float) -> bool:
 
 def _rounds(clock: Clock, runs: dict[str, Callable[[], None]], budget_ms: float) -> dict[str, list[float]]:
     """Warm each candidate, then time them in rounds of every order (see the module)."""
-    spent = sum(clock(run, _LABELS[name]) for name, run in runs.items())  # warm-up: one-time set-up, not timed
+    spent = sum(clock(_ready(run), _LABELS[name]) for name, run in runs.items())  # warm-up: not timed
     times: dict[str, list[float]] = {name: [] for name in runs}
     for order in itertools.islice(itertools.cycle(_ORDERS), MAX_RUNS):
         for name in order:
-            times[name].append(clock(runs[name], _LABELS[name]))
+            times[name].append(clock(_ready(runs[name]), _LABELS[name]))
         last = sum(found[-1] for found in times.values())
         spent += last
         if len(times["plan"]) >= MIN_RUNS and spent + last > budget_ms:
@@ -199,43 +207,74 @@ def _rounds(clock: Clock, runs: dict[str, Callable[[], None]], budget_ms: float)
     return times
 
 
-def _run(
-    root: nn.Module,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    program: Program,
-    region: Any,
-    params: Sequence[torch.Tensor],
-    device_type: str,
-) -> Callable[[], None]:
+class _Run:
     """One call of ``root`` under ``program`` (forward, then backward outside autocast as in
     training; gradients through :func:`torch.autograd.grad`, the parameters' ``.grad``
-    untouched)."""
+    untouched), on copies of the call's arguments made by :meth:`prepare` before it is
+    timed (a forward may consume a list or grow a cache: the real call follows)."""
 
-    def run() -> None:
+    def __init__(
+        self,
+        root: nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        program: Program,
+        region: Any,
+        params: Sequence[torch.Tensor],
+        device_type: str,
+    ) -> None:
+        self.root, self.args, self.kwargs, self.program, self.region = root, args, kwargs, program, region
+        self.params, self.device_type = params, device_type
+        self.next: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def prepare(self) -> None:
+        self.next = (_fresh(self.args), _fresh(self.kwargs))
+
+    def __call__(self) -> None:
+        if self.next is None:
+            self.prepare()
+        args, kwargs = self.next or ((), {})
+        self.next = None
         torch.clear_autocast_cache()  # a step's region starts without cast weights
-        running = _prog.run = Running(program, root, region)
-        try:  # on copies of its lists and dicts: a forward may consume them (the real call follows)
-            out = root.forward(*_fresh(args), **_fresh(kwargs))
+        running = _prog.run = Running(self.program, self.root, self.region)
+        try:
+            out = self.root.forward(*args, **kwargs)
         finally:
             _prog.run = None
             running.stop()
         outs = [t for t in _tensors(out) if t.requires_grad]
-        if outs and params:
-            with torch.autocast(device_type, enabled=False):
-                torch.autograd.grad(outs, params, [torch.ones_like(t) for t in outs], allow_unused=True)
+        if outs and self.params:
+            with torch.autocast(self.device_type, enabled=False):
+                torch.autograd.grad(outs, self.params, [torch.ones_like(t) for t in outs], allow_unused=True)
 
+
+def _ready(run: Callable[[], None]) -> Callable[[], None]:
+    """``run`` with the copies of its arguments made (outside the timed call)."""
+    prepare = getattr(run, "prepare", None)
+    if prepare is not None:
+        prepare()
     return run
 
 
-def _fresh(value: Any) -> Any:
-    """``value`` with its lists, dicts and plain tuples copied (tensors and the rest shared)."""
+def _fresh(value: Any, held: bool = False) -> Any:
+    """``value`` with its lists, dicts and plain tuples copied (tensors and the rest shared)
+    and the objects the guard reads (:func:`~._guard.signature`: a KV cache) copied with
+    their state, the tensors they hold cloned (a forward may write into a static cache)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone() if held else value
     if isinstance(value, list):
-        return [_fresh(v) for v in value]
+        return [_fresh(v, held) for v in value]
     if type(value) is tuple:
-        return tuple(_fresh(v) for v in value)
+        return tuple(_fresh(v, held) for v in value)
     if type(value) is dict:
-        return {k: _fresh(v) for k, v in value.items()}
+        return {k: _fresh(v, held) for k, v in value.items()}
+    state = None if callable(value) else getattr(value, "__dict__", None)
+    if type(state) is dict and not isinstance(value, (type, nn.Module)):
+        twin = copy.copy(value)  # a new object of its type, with a dict of its own
+        if twin is value or getattr(twin, "__dict__", None) is state:
+            return value  # a __copy__ that shares its state: nothing to copy it with
+        vars(twin).update({k: _fresh(v, True) for k, v in state.items()})
+        return twin
     return value
 
 

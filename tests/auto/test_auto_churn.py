@@ -232,6 +232,9 @@ class _Scaled(nn.Module):
 
 
 class _Config:
+    """Slots, no ``__dict__``: the guard cannot read it (an object holding plain data it reads)."""
+
+    __slots__ = ()
     scale = 0.5
 
 
