@@ -28,7 +28,7 @@ from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC041
 from torch import nn
 
 import ampcore
-from ampcore._auto import _guard, _program, _shapes, _verify
+from ampcore._auto import _guard, _program, _shapes, _store, _verify
 from ampcore._auto._shapes import planned_ops, shape_class
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -292,7 +292,7 @@ def test_decoding_with_a_cache_object_settles_and_equals_the_plans_fixed_choice(
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=0, atol=0)
-    programs = [p for p in _program._programs.get(model, {}).values() if isinstance(p, _program.Program)]
+    programs = [p for p in _store._programs.get(model, {}).values() if isinstance(p, _program.Program)]
     assert programs and all(p.switched or p.default_fp32 for p in programs)  # the float32 decisions apply
 
 
@@ -339,7 +339,7 @@ def test_gpt2_generate_settles_and_equals_the_plans_fixed_choice(
     got = _generate(model, _auto, ids)
     _clean(model)
     assert made == [], f"{len(made)} recordings in a settled generate() call"
-    decoding = [p for sig, p in _program._programs[model].items() if _guard.holds_objects(sig)]
+    decoding = [p for sig, p in _store._programs[model].items() if _guard.holds_objects(sig)]
     assert sum(isinstance(p, _program.Program) for p in decoding) >= 2  # programs, not call by call
     conv1d = model.transformer.h[0].attn.c_attn  # type: ignore[union-attr,index]
     assert planned_ops(conv1d) == _shapes.MATMUL[1]  # transformers' Conv1D: planned by its ops
@@ -368,5 +368,5 @@ def test_a_new_roots_first_call_keys_no_program_by_the_cache_it_grew(monkeypatch
                 model(ids, cache=Cache(1, 0))
             _clean(model)
             if i == 0:
-                assert [p for p in _program._programs.get(model, {}).values() if isinstance(p, _program.Program)] == []
-    assert entry is not None and isinstance(_program._programs[model].get(entry), _program.Program)
+                assert [p for p in _store._programs.get(model, {}).values() if isinstance(p, _program.Program)] == []
+    assert entry is not None and isinstance(_store._programs[model].get(entry), _program.Program)
