@@ -77,7 +77,7 @@ _Entered = tuple[Any, "_Site | None", list[Any]]
 
 class _Key:
     """A key of ours in torch's hook dicts (hashed by identity): one per thread for its root
-    hooks, one for its sentinel."""
+    hooks, one for its sentinel, one for the sentinel as a root's own last pre-hook."""
 
     __slots__ = ("__weakref__",)
 
@@ -157,6 +157,9 @@ class _Local(threading.local):
         self.site: Any = None
         self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
+        #: its key in the pre-hook dict of a root with pre-hooks of its own (the user's:
+        #: FSDP2's, ZeRO-3's, an offload hook's): the sentinel as that root's last pre-hook
+        self.late_key: Any = _Key()  # (Any: torch types the dicts as keyed by handle ids)
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
         #: id(root) -> the program it ran last (valid while nothing it depends on changed);
         #: its ``alts``: the root's entries for other signatures and plans
