@@ -45,6 +45,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _GLOBAL_PRE,
     _MAX_SITES,
     _PACKAGE,
+    _alone,
     _AskCompiling,
     _autocast_enabled,
     _compiler,
@@ -382,7 +383,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if not program.checked:  # a mixed program is timed as a whole once (see _verify)
         _sentinel_off()
         try:
-            clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
+            measure = _hooks.can_measure(region, plan) and _alone()
+            clock = _hooks.clock_of(region) if measure else None
             program = settle(module, args, kwargs, program, region, plan, sig, clock)
         finally:
             _sentinel_on()

@@ -8,12 +8,14 @@ checks of torch's state the hot path reads without calls.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Final
 
 import torch
 
+from .._errors import AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
 from ._program import Program, Running
 
@@ -171,6 +173,30 @@ _local = _Local()
 #: the sentinel goes in and out under a key of its own, without a handle per switch
 _GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
 _Module: Final = torch.nn.Module
+
+
+_GROUP_WARNED: Final = [False]
+
+
+def _alone() -> bool:
+    """Whether a whole-call check (:mod:`._verify`) may run a root's forward and backward
+    again in this process alone: not in a process group of several processes, where the
+    collectives of FSDP2, ZeRO-3 or DDP inside them would wait for ever for the other
+    ranks, which do not run them (its program then runs as recorded, unchecked).  Warns
+    once."""
+    dist = sys.modules.get("torch.distributed")  # (imported by whoever made a group)
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() <= 1:
+        return True
+    if not _GROUP_WARNED[0]:
+        _GROUP_WARNED[0] = True
+        warn_user(
+            "ampcore.autocast(level='auto'): in a process group of several processes the "
+            "whole-call checks of mixed programs are skipped (their forward and backward would "
+            "run collectives on this rank alone); load one checked plan on every rank "
+            "(ampcore.load_plan) to run checked programs",
+            AmpcoreWarning,
+        )
+    return False
 
 
 def _site_at(local: _Local, code: Any, at: int) -> _Site:

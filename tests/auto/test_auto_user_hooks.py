@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import ampcore
-from ampcore._auto import _roots
+from ampcore._auto import _roots, _roots_state
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -252,6 +253,41 @@ def test_fsdp2_fully_shard_on_one_process(tmp_path: Path, recordings: list[Any])
         run(made, lambda m, i, enter: _train(m, X, enter), 3, recordings, plain=_mlp())
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_no_whole_call_check_in_a_group_of_several_processes(
+    world: int, monkeypatch: pytest.MonkeyPatch, recordings: list[Any]
+) -> None:
+    """A root that now settles under FSDP2 or ZeRO-3 gets a mixed program's whole-call
+    check: its forward and backward again, on one rank (their collectives would wait for
+    ever for the others).  In a group of several processes (faked) the check is skipped and
+    warned about; alone, it runs."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world)
+    monkeypatch.setattr(_roots_state, "_GROUP_WARNED", [False])
+    clocks: list[Any] = []
+    real = _roots.settle
+
+    def settle(*args: Any) -> Any:
+        clocks.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(_roots, "settle", settle)
+    model = _sharded(_mlp, _gather)()
+    step = lambda m, i, enter: _train(m, X, enter)  # noqa: E731
+    _decide(model, step, 1, measured=True)  # (a plan that measures: checks may run)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ampcore.AmpcoreWarning)
+        for i in range(3):
+            step(model, i, _auto)
+            _none_left(model)
+    assert clocks, "the root met no program"
+    assert all(c is None for c in clocks) == (world > 1), clocks
+    assert any("process group" in str(w.message) for w in caught) == (world > 1)
 
 
 # --- (3) hooks registered, removed and reordered between and inside regions ------------------
