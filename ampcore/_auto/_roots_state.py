@@ -162,6 +162,9 @@ class _Local(threading.local):
         #: its key in the pre-hook dict of a root with pre-hooks of its own (the user's:
         #: FSDP2's, ZeRO-3's, an offload hook's): the sentinel as that root's last pre-hook
         self.late_key: Any = _Key()  # (Any: torch types the dicts as keyed by handle ids)
+        #: the modules inside the root being recorded whose own last pre-hook is the global
+        #: hooks' (``_hooks.defer``)
+        self.deferred: list[torch.nn.Module] = []
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
         #: id(root) -> the program it ran last (valid while nothing it depends on changed);
         #: its ``alts``: the root's entries for other signatures and plans

@@ -262,19 +262,60 @@ def test_fsdp2_fully_shard_on_one_process(fsdp2: Any, recordings: list[Any]) -> 
     run(lambda: _fully_sharded(fsdp2), lambda m, i, enter: _train(m, X, enter), 3, recordings, plain=_mlp())
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="a layer's own pre-hook casts its weights after ours")
-def test_fsdp2_with_bfloat16_parameters(fsdp2: Any) -> None:
-    """Left (tenth stop): ``MixedPrecisionPolicy(param_dtype=bfloat16)``.  The global hooks
-    that record a root's call see each layer's weights before the layer's own pre-hook
-    (FSDP2's unshard, which casts them): float32 shards, so the layer is planned; its
-    measurement then runs float32 inputs on the bfloat16 weights (``mat1 and mat2 must
-    have the same dtype``; de3c7f1 too).  The root's own pre-hooks are handled (the
-    sentinel is last); a layer's would need the same, a decision after its own hooks."""
+def test_fsdp2_with_bfloat16_parameters(fsdp2: Any, recordings: list[Any]) -> None:
+    """``MixedPrecisionPolicy(param_dtype=bfloat16)``: each layer's own pre-hook (FSDP2's
+    unshard) casts its weights.  The global hooks that record a root's call saw them before
+    it (float32 shards): the layer was planned, then measured with float32 inputs on its
+    bfloat16 weights (``mat1 and mat2 must have the same dtype``; de3c7f1 too).  Now the
+    recording's pre-hook is each such layer's last (``_hooks.defer``): its bfloat16 weights
+    run it with the O1 lists, as torch.autocast (measured plan: nothing to measure)."""
     policy = fsdp2.MixedPrecisionPolicy(param_dtype=BF16, reduce_dtype=torch.float32)
-    model = _fully_sharded(fsdp2, mp_policy=policy)
-    for _ in range(3):
-        _train(model, X, _auto)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(_fully_sharded(fsdp2, mp_policy=policy))
+    model, reference = models
+    for i in range(4):
+        if i == 2:
+            recordings.clear()
+        got = _train(model, X + i, _auto)
+        want = _train(reference, X + i, lambda dtype: torch.autocast("cpu", dtype=dtype))
         _none_left(model)
+        _equal(got, want, f"step {i}")
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.to_local(), q.grad.to_local(), rtol=0, atol=0)
+    assert recordings == [], "settled"
+
+
+@MAKERS
+def test_a_layers_own_pre_hook_that_raises_while_its_root_is_recorded(make: Any, recordings: list[Any]) -> None:
+    """The recording's pre-hook is the layer's last one for that call (``_hooks.defer``):
+    gone after the call, also when the layer's own hook raised."""
+    model = make()
+    layer = model[2] if isinstance(model[2], nn.Linear) else model[1]
+
+    def raises(module: nn.Module, args: tuple[Any, ...]) -> None:
+        module.calls += 1
+        if module.calls in (1, 3):
+            raise ValueError("bad layer input")
+
+    layer.register_forward_pre_hook(raises)
+    layer.calls = 10
+    _decide(model, lambda m, i, enter: _train(m, X, enter), 1)
+    reference = copy.deepcopy(model)
+    layer.calls = 0
+    for i in range(6):
+        if i == 4:
+            recordings.clear()
+        try:
+            got = _train(model, X + i, _auto)
+        except ValueError:
+            got = None
+        _none_left(model)
+        assert (got is None) == (i in (0, 2)), i
+        if got is not None:
+            _equal(got, _train(reference, X + i, fixed), f"step {i}")
+    assert recordings == []
 
 
 @pytest.mark.parametrize("world", [1, 2])
