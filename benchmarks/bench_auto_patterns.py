@@ -26,7 +26,12 @@ Patterns:
   weights: each step's are the model's own times a step factor);
 * ``generate`` (not in the default list: needs ``transformers``): a tiny GPT-2 (d 64, 2
   layers, vocabulary 256) decoding 8 tokens greedily with its KV cache from 2 prompts of 8
-  tokens, ``generate()`` inside the region (issue 27, fourth sweep).
+  tokens, ``generate()`` inside the region (issue 27, fourth sweep);
+* ``plain-12``, ``pre-hook``, ``gather`` (not in the default list; issue 27, roots with
+  pre-hooks of their own): 12 x ``Linear(256)``, batch 64, training; plain, with a no-op
+  forward pre-hook on the root, and with a pre-hook / post-hook pair on the root that puts
+  each layer's parameters in place for the forward and an empty placeholder back after it
+  (FSDP2 / ZeRO-3 in pure torch).  Every mode runs the same hooks.
 
 After ``--warmup`` steps of every mode (auto measures and records), ``--rounds`` rounds
 each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
@@ -60,6 +65,7 @@ PATTERNS: Final = (
     "seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch", "fast-weights",
 )  # fmt: skip
 Step = Callable[[list[Any], Callable[..., Any], int], None]
+HOOKED: Final = ("plain-12", "pre-hook", "gather")
 
 
 def _mlp(torch: Any, d: int, layers: int, out: int | None = None) -> Any:
@@ -127,7 +133,15 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
             out = torch.func.functional_call(ms[0], params, (torch.randn(32, 128),))
         out.float().pow(2).mean().backward()
 
+    def train12(ms: list[Any], region: Callable[[], Any], i: int) -> None:
+        with region():
+            out = ms[0](torch.randn(64, 256))
+        out.float().pow(2).mean().backward()
+
     return {
+        "plain-12": (lambda: [_mlp(torch, 256, 12)], train12),
+        "pre-hook": (lambda: [_hooked(torch, _mlp(torch, 256, 12), gather=False)], train12),
+        "gather": (lambda: [_hooked(torch, _mlp(torch, 256, 12), gather=True)], train12),
         "fast-weights": (lambda: [_mlp(torch, 128, 3)], fast_weights),
         "generate": (lambda: [_gpt2(torch)], generate),
         "seqlen": (lambda: [_mlp(torch, 128, 4)], seqlen),
@@ -139,6 +153,37 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
         "model-loss": (lambda: [_mlp(torch, 256, 3, out=16), nn.CrossEntropyLoss()], model_loss),
         "dtype-switch": (lambda: [_mlp(torch, 256, 3)], dtype_switch),
     }
+
+
+def _noop(module: Any, args: tuple[Any, ...]) -> None:
+    return None
+
+
+def _gather(module: Any, args: tuple[Any, ...]) -> None:
+    for owner, name, full, _ in module.slots:
+        owner._parameters[name] = full
+
+
+def _reshard(module: Any, args: tuple[Any, ...], out: Any) -> None:
+    for owner, name, _, shard in module.slots:
+        owner._parameters[name] = shard
+
+
+def _hooked(torch: Any, model: Any, gather: bool) -> Any:
+    """``model`` with a no-op pre-hook, or (``gather``) the FSDP2-like pair: the full
+    parameters in place for the forward (gradients accumulate there), placeholders between."""
+    if not gather:
+        model.register_forward_pre_hook(_noop)
+        return model
+    model.slots = []
+    for owner in model.modules():
+        for name, p in list(owner._parameters.items()):
+            model.slots.append((owner, name, p, torch.nn.Parameter(torch.empty(0))))
+            owner._parameters[name] = model.slots[-1][3]
+    model.full = [s[2] for s in model.slots]  # (the optimizer's parameters)
+    model.register_forward_pre_hook(_gather)
+    model.register_forward_hook(_reshard, always_call=True)
+    return model
 
 
 def _gpt2(torch: Any) -> Any:
@@ -182,12 +227,12 @@ def run(name: str, args: argparse.Namespace) -> None:
         "torch.autocast": lambda dtype=None: torch.autocast("cpu", dtype=dtype or torch.bfloat16),
         "auto": (lambda dtype=None: ones[dtype]) if args.reuse else auto,
     }
-    recorded = [0]
+    recorded = [0, 0]  # recordings; root calls applied call by call (unrecorded)
     real = _roots.Recording
 
     def counted(*a: Any) -> Any:
         rec = real(*a)
-        recorded[0] += rec.mode is not None
+        recorded[rec.mode is None] += 1
         return rec
 
     _roots.Recording = counted  # type: ignore[misc]  # a benchmark's counter
@@ -199,13 +244,13 @@ def run(name: str, args: argparse.Namespace) -> None:
             step(copies[mode], regions[mode], counters[mode])
             counters[mode] += 1
             for m in copies[mode]:
-                for p in m.parameters():
+                for p in m.__dict__.get("full", m.parameters()):
                     p.grad = None
         return time.process_time() - start
 
     for mode in MODES:
         steps(mode, args.warmup)
-    recorded[0] = 0
+    recorded[:] = [0, 0]
     ratios, totals = [], {mode: 0.0 for mode in MODES}
     rows = orders(MODES)
     for r in range(args.rounds):
@@ -217,7 +262,7 @@ def run(name: str, args: argparse.Namespace) -> None:
     print(
         f"{name:<11} auto/min {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})  "
         + "  ".join(f"{mode} {ms:.3f} ms" for mode, ms in per.items())
-        + f"  recorded {recorded[0]} in {args.rounds * args.steps} auto steps"
+        + f"  recorded {recorded[0]}, call by call {recorded[1]} in {args.rounds * args.steps} auto steps"
     )
     if args.tables:
         print(ampcore.debugging.auto_plan_table("cpu"))

@@ -66,8 +66,8 @@ def signature(
     power of two, as the plan's shape classes: a cache that grows one token a step keeps
     its signature within a bucket).  ``None``: an argument of another kind (a callable, an
     object without a ``__dict__`` or holding more than :data:`_HELD_MAX` entries), or a ``root``
-    with forward pre-hooks of the user's (they run after the signature is taken): the call
-    cannot have a program and the plan applies call by call.
+    whose last forward pre-hook is the user's (it runs after the signature is taken): the
+    call cannot have a program and the plan applies call by call.
 
     Example::
 
@@ -110,13 +110,15 @@ def signature(
 
 
 def _user_pre_hooks(root: nn.Module) -> bool:
-    """Whether ``root`` has forward pre-hooks of the user's (not the public root hook of
-    :mod:`._roots`): torch runs them after the global ones, so after the sentinel took the
-    signature, and one may change the arguments on some steps by state of its own (cast
-    them, change the batch): a program for the arguments before them then ran stale (a
-    float32 default given bfloat16 inputs raised ``mat1 and mat2 must have the same
-    dtype``)."""
-    return any(getattr(h, "__module__", None) != _ROOTS for h in root._forward_pre_hooks.values())
+    """Whether ``root``'s last forward pre-hook is the user's, not the sentinel of
+    :mod:`._roots` (which a root with pre-hooks of its own has as its last one): torch runs
+    a module's own pre-hooks after the global ones and in order, so such a hook runs after
+    the sentinel took the signature, and it may change the arguments on some steps by state
+    of its own (cast them, change the batch): a program for the arguments before it then
+    ran stale (a float32 default given bfloat16 inputs raised ``mat1 and mat2 must have the
+    same dtype``)."""
+    pre = root._forward_pre_hooks
+    return getattr(pre[next(reversed(pre))], "__module__", None) != _ROOTS
 
 
 _ROOTS: Final = "ampcore._auto._roots"

@@ -37,6 +37,7 @@ Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -216,9 +217,11 @@ def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool
     return not any(frame.off is not None for frame in _local.frames)
 
 
-def _pre(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> Any:
     if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
+    if not late and module._forward_pre_hooks and _DEFERRED in module._forward_pre_hooks:
+        return None  # its own last pre-hook decides (see defer)
     prog, stack = _prog, _thread.stack
     if not stack or prog.measuring:
         return None
@@ -291,6 +294,41 @@ def _watch(module: torch.nn.Module, region: Any) -> None:
     watch.plan = plan_of(region)
     watch.__enter__()  # type: ignore[no-untyped-call]
     _local.watches.append(watch)
+
+
+class _Deferred:
+    """The key of :func:`_pre` as the last own pre-hook of a module (see :func:`defer`)."""
+
+    __slots__ = ()
+
+
+_DEFERRED: Final[Any] = _Deferred()
+_LATE: Final = functools.partial(_pre, late=True)  # (a C call: no Python frame more)
+
+
+def defer(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """While ``root``'s call is recorded, the modules inside it with forward pre-hooks of
+    their own get :func:`_pre` as their last one, and the global one leaves them to it:
+    torch runs global pre-hooks first, so the global one saw a layer's weights before its
+    own hooks put them in place (FSDP2's per-layer unshard, which casts them to its
+    ``param_dtype``): float32 shards planned a layer that then ran, and was measured, with
+    bfloat16 weights (``mat1 and mat2 must have the same dtype``).  Returns them, for
+    :func:`undefer`."""
+    found = []
+    for module in root.modules():
+        pre: Any = module._forward_pre_hooks
+        if pre and module is not root:
+            pre.pop(_DEFERRED, None)
+            pre[_DEFERRED] = _LATE
+            found.append(module)
+    return found
+
+
+def undefer(modules: list[torch.nn.Module]) -> None:
+    """Undo :func:`defer`."""
+    for module in modules:
+        pre: Any = module._forward_pre_hooks
+        pre.pop(_DEFERRED, None)
 
 
 def _undecided(module: torch.nn.Module, key: str, plan: AutoPlan, region: Any) -> None:

@@ -44,11 +44,13 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _GLOBAL_PRE,
     _MAX_SITES,
     _PACKAGE,
+    _alone,
     _AskCompiling,
     _autocast_enabled,
     _compiler,
     _dynamo_compiling,
     _is_compiling,
+    _Key,
     _Last,
     _local,
     _Module,
@@ -106,7 +108,10 @@ def region_entered() -> None:
             if _GLOBAL_PRE is None:
                 raise TypeError
             dicts: Any = root  # torch types these dicts as keyed by handle ids; any hashable key works
-            dicts._forward_pre_hooks_with_kwargs[skey] = True
+            if dicts._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
+                _last_pre(dicts, local.late_key)
+            else:
+                dicts._forward_pre_hooks_with_kwargs[skey] = True
             handles.append(root)
         except (AttributeError, TypeError):  # no torch dicts: the public registration
             _hook_public(root, handles)
@@ -144,6 +149,10 @@ def region_exited() -> None:
     for handle in handles:
         if isinstance(handle, _Module):
             handle._forward_pre_hooks_with_kwargs.pop(skey, None)  # type: ignore[call-overload]
+            if handle._forward_pre_hooks:  # the sentinel as its last pre-hook (_last_pre)
+                lkey: Any = local.late_key
+                handle._forward_pre_hooks.pop(lkey, None)
+                handle._forward_pre_hooks_with_kwargs.pop(lkey, None)
         else:
             handle.remove()
     _hooks.region_threads.pop(_get_ident(), None)
@@ -155,18 +164,49 @@ def region_exited() -> None:
         local.called.clear()
 
 
-def _hook_root(module: torch.nn.Module) -> None:
-    """Make ``module`` (met through the sentinel) a root until the active region exits."""
+def _hook_root(module: torch.nn.Module) -> bool:
+    """Make ``module`` (met through the sentinel) a root until the active region exits.
+    True: it has pre-hooks of its own, which run after this call's sentinel (the arguments
+    and weights they give are not known yet); its later calls' sentinel runs after them."""
     local = _local
     handles = local.entered[-1][2]
+    own = bool(getattr(module, "_forward_pre_hooks", None))
     try:
         if local.sentinel is not local.sentinel_key:
             raise TypeError  # the sentinel has a public handle: public root hooks
         dicts: Any = module
-        dicts._forward_pre_hooks_with_kwargs[local.sentinel_key] = True
+        if own:
+            _last_pre(dicts, local.late_key)
+        else:
+            dicts._forward_pre_hooks_with_kwargs[local.sentinel_key] = True
         handles.append(module)
     except (AttributeError, TypeError):
-        _hook_public(module, handles)
+        _hook_public(module, handles)  # (its pre-hook goes after the module's own)
+    return own
+
+
+def _last_pre(module: Any, key: _Key) -> None:
+    """The sentinel as ``module``'s last pre-hook (given its kwargs) under ``key``: it runs
+    after the root's own pre-hooks (FSDP2's and ZeRO-3's that gather the parameters, an
+    offload hook's that moves them, a user's that changes the arguments), so it takes the
+    signature of the arguments they return and checks the weights they put in place.  One
+    of ours already there goes last again (a hook registered after it)."""
+    pre = module._forward_pre_hooks
+    pre.pop(key, None)
+    pre[key] = _sentinel
+    module._forward_pre_hooks_with_kwargs[key] = True
+
+
+def _after_own(module: Any) -> None:
+    """A root of this region whose sentinel ran before one of its own pre-hooks (one
+    registered since it was marked, while the region lasts): its later calls' sentinel
+    runs after them (:func:`_last_pre`)."""
+    local = _local
+    if id(module) in local.public:
+        return
+    late, dicts = local.late_key, module._forward_pre_hooks_with_kwargs
+    if dicts.pop(local.sentinel_key, None) is not None or late in module._forward_pre_hooks:
+        _last_pre(module, late)
 
 
 def _hook_public(module: torch.nn.Module, handles: list[Any]) -> None:
@@ -235,7 +275,11 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     stack, spec = _thread.stack, region.spec
     if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
-    sig = signature(args, kwargs, module)
+    glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare)
+    if glob and type(next(reversed(glob))) is not _Key and _global_after(module):
+        sig = None
+    else:
+        sig = signature(args, kwargs, module)
     local = _local
     threads = _num_threads()
     last = local.last.get(id(module))
@@ -282,6 +326,20 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     return None
 
 
+def _global_after(module: torch.nn.Module) -> bool:
+    """Whether a global pre-hook (of the user's: registered inside the region, after the
+    sentinel) runs after this call's sentinel: the sentinel goes last again for later calls
+    (this call is applied call by call).  False: the sentinel is the root's own last
+    pre-hook (:func:`_last_pre`), after every global one."""
+    local = _local
+    if local.late_key in module._forward_pre_hooks:
+        return False
+    key: Any = local.sentinel_key
+    if _GLOBAL_PRE is not None and key in _GLOBAL_PRE:
+        _GLOBAL_PRE[key] = _GLOBAL_PRE.pop(key)
+    return True
+
+
 def _turn(last: _Last, sig: Any, spec: Any, threads: int, region: Any, module: torch.nn.Module) -> _Last | None:
     """The entry ``module`` keeps settled for ``sig`` under this region's plan and thread
     count (signatures, region dtypes or thread counts that take turns), remembered as its
@@ -312,8 +370,11 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     the call is recorded (its new arguments for torch, or None)."""
     generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
     plan = _hooks.plan_of(region)
-    if sig is None:  # an argument the guard cannot see: the plan applies call by call, unrecorded
-        new = _record(module, args, region, plan, unsigned=True)
+    if sig is None:  # an argument the guard cannot see, or a pre-hook of its own after the
+        own = bool(module._forward_pre_hooks)  # sentinel: the plan applies call by call, unrecorded
+        if own:
+            _after_own(module)
+        new = _record(module, args, region, plan, unsigned=True, once=own)
         return None if new is None else (new, kwargs)
     local = _local
     found = program_for(module, sig, plan)
@@ -324,7 +385,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if not program.checked:  # a mixed program is timed as a whole once (see _verify)
         _sentinel_off()
         try:
-            clock = _hooks.clock_of(region) if _hooks.can_measure(region, plan) else None
+            measure = _hooks.can_measure(region, plan) and _alone()
+            clock = _hooks.clock_of(region) if measure else None
             program = settle(module, args, kwargs, program, region, plan, sig, clock)
         finally:
             _sentinel_on()
@@ -346,13 +408,18 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     """A module called directly in an eligible region that is not one of its roots."""
-    if id(module) in _local.public:  # a root with public hooks: its own pre-hook decides
-        return None
+    local = _local
+    if id(module) in local.public or local.late_key in module._forward_pre_hooks:
+        return None  # a root with public hooks, or the sentinel as its last pre-hook: that decides
     region = _idle_region()
     if region is None or _compiled(module):
         return None
-    _hook_root(module)  # its later calls in this region run its program
-    return _record(module, args, region, _hooks.plan_of(region))
+    plan = _hooks.plan_of(region)
+    if _hook_root(module):  # its later calls in this region run its program
+        if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
+            local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
+        return _record(module, args, region, plan, unsigned=True)
+    return _record(module, args, region, plan)
 
 
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
@@ -388,10 +455,14 @@ def _record(
     plan: AutoPlan,
     sig: tuple[Any, ...] | None = None,
     unsigned: bool = False,
+    once: bool = True,
 ) -> Any:
     """Run this root call with the global hooks, recording it when it may have programs
     (``sig``: the call's signature, taken before the forward may change its arguments;
-    ``unsigned``: it has none, an argument the guard cannot see: no program, no recording)."""
+    ``unsigned``: it has none, an argument the guard cannot see: no program, no recording;
+    ``once``: an unsigned call that later calls of the root will not repeat, whose layers
+    with pre-hooks of their own are planned after them as in a recording: ``_hooks.defer``
+    walks the root's modules, which a root applied call by call for good skips)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = None  # no program (signatures beyond its table, or none): call by call
@@ -403,6 +474,8 @@ def _record(
     _hooks.acquire()
     rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
     rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
+    if found is not None or (unsigned and once):  # layers with pre-hooks of their own: planned after them
+        _local.deferred = _hooks.defer(module)
     return _hooks._pre(module, args)  # the root's own pre-hook call (the global ones ran before)
 
 
@@ -411,6 +484,10 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     _prog.rec = None
     rec.close()
     _hooks.release()
+    deferred = _local.deferred
+    if deferred:
+        _local.deferred = []
+        _hooks.undefer(deferred)
     if ok and rec.mode is not None:
         sig = rec.sig if rec.sig is not None else signature(rec.args, kwargs, rec.root)
         if rec.sig is None and sig is not None and holds_objects(sig):

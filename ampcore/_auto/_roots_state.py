@@ -8,12 +8,14 @@ checks of torch's state the hot path reads without calls.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from typing import Any, Final
 
 import torch
 
+from .._errors import AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
 from ._program import Program, Running
 
@@ -77,7 +79,7 @@ _Entered = tuple[Any, "_Site | None", list[Any]]
 
 class _Key:
     """A key of ours in torch's hook dicts (hashed by identity): one per thread for its root
-    hooks, one for its sentinel."""
+    hooks, one for its sentinel, one for the sentinel as a root's own last pre-hook."""
 
     __slots__ = ("__weakref__",)
 
@@ -157,6 +159,12 @@ class _Local(threading.local):
         self.site: Any = None
         self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
+        #: its key in the pre-hook dict of a root with pre-hooks of its own (the user's:
+        #: FSDP2's, ZeRO-3's, an offload hook's): the sentinel as that root's last pre-hook
+        self.late_key: Any = _Key()  # (Any: torch types the dicts as keyed by handle ids)
+        #: the modules inside the root being recorded whose own last pre-hook is the global
+        #: hooks' (``_hooks.defer``)
+        self.deferred: list[torch.nn.Module] = []
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
         #: id(root) -> the program it ran last (valid while nothing it depends on changed);
         #: its ``alts``: the root's entries for other signatures and plans
@@ -168,6 +176,30 @@ _local = _Local()
 #: the sentinel goes in and out under a key of its own, without a handle per switch
 _GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
 _Module: Final = torch.nn.Module
+
+
+_GROUP_WARNED: Final = [False]
+
+
+def _alone() -> bool:
+    """Whether a whole-call check (:mod:`._verify`) may run a root's forward and backward
+    again in this process alone: not in a process group of several processes, where the
+    collectives of FSDP2, ZeRO-3 or DDP inside them would wait for ever for the other
+    ranks, which do not run them (its program then runs as recorded, unchecked).  Warns
+    once."""
+    dist = sys.modules.get("torch.distributed")  # (imported by whoever made a group)
+    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() <= 1:
+        return True
+    if not _GROUP_WARNED[0]:
+        _GROUP_WARNED[0] = True
+        warn_user(
+            "ampcore.autocast(level='auto'): in a process group of several processes the "
+            "whole-call checks of mixed programs are skipped (their forward and backward would "
+            "run collectives on this rank alone); load one checked plan on every rank "
+            "(ampcore.load_plan) to run checked programs",
+            AmpcoreWarning,
+        )
+    return False
 
 
 def _site_at(local: _Local, code: Any, at: int) -> _Site:
