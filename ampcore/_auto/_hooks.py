@@ -58,7 +58,7 @@ from ._measure import Clock, device_clock, measure
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
-from ._roots_state import _compiler, _dynamo_compiling, _num_threads
+from ._roots_state import Stale, _compiler, _dynamo_compiling, _num_threads, drop_strays
 from ._shapes import PENDING, device_type_of, float32_weights, known_kind, planned_ops, set_kind, shape_class
 
 __all__ = [
@@ -220,8 +220,12 @@ def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool
 def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> Any:
     if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
-    if not late and module._forward_pre_hooks and _DEFERRED in module._forward_pre_hooks:
-        return None  # its own last pre-hook decides (see defer)
+    if module._forward_pre_hooks and _DEFERRED in module._forward_pre_hooks:
+        if not late:
+            return None  # its own last pre-hook decides (see defer)
+    elif late:  # a copy's stray (a module copied while deferred)
+        drop_strays(module)
+        return None
     prog, stack = _prog, _thread.stack
     if not stack or prog.measuring:
         return None
@@ -297,9 +301,13 @@ def _watch(module: torch.nn.Module, region: Any) -> None:
 
 
 class _Deferred:
-    """The key of :func:`_pre` as the last own pre-hook of a module (see :func:`defer`)."""
+    """The key of :func:`_pre` as the last own pre-hook of a module (see :func:`defer`); a
+    copy of the module made meanwhile holds a :class:`~._roots_state.Stale` key instead."""
 
     __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Stale, ())
 
 
 _DEFERRED: Final[Any] = _Deferred()

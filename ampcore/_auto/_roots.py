@@ -58,6 +58,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _set_autocast,
     _site_at,
     _thread,
+    drop_strays,
 )
 from ._store import churning, program_for, store
 from ._store import forget as forget_programs
@@ -268,7 +269,10 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         return _new_root(module, args)
     prog = _prog
     region = prog.settled
-    if region is None or prog.run is not None or prog.rec is not None or prog.measuring:
+    if region is None:  # no region of ours in this thread: a copy's stray, or another thread's root
+        drop_strays(module)
+        return None
+    if prog.run is not None or prog.rec is not None or prog.measuring:
         return None
     if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
@@ -414,6 +418,8 @@ def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     region = _idle_region()
     if region is None or _compiled(module):
         return None
+    if module._forward_pre_hooks:
+        drop_strays(module)  # a copy of a root made while hooked
     plan = _hooks.plan_of(region)
     if _hook_root(module):  # its later calls in this region run its program
         if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this

@@ -79,9 +79,36 @@ _Entered = tuple[Any, "_Site | None", list[Any]]
 
 class _Key:
     """A key of ours in torch's hook dicts (hashed by identity): one per thread for its root
-    hooks, one for its sentinel, one for the sentinel as a root's own last pre-hook."""
+    hooks, one for its sentinel, one for the sentinel as a root's own last pre-hook.  A copy
+    of a module made while it holds one (``copy.deepcopy``, pickling: an EMA copy in the
+    step) holds a :class:`Stale` instead."""
 
     __slots__ = ("__weakref__",)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Stale, ())
+
+
+class Stale:
+    """A copy of a key of ours: the copy's entry under it is a stray, dropped by
+    :func:`drop_strays` (at the copy's next call outside a region, or as it becomes a root)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Stale, ())
+
+
+_HOOK_DICTS: Final = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+
+
+def drop_strays(module: Any) -> None:
+    """Drop the entries of ``module``'s pre-hook dicts under :class:`Stale` keys."""
+    for name in _HOOK_DICTS:
+        hooks = getattr(module, name, None)
+        if hooks:
+            for key in [k for k in hooks if type(k) is Stale]:
+                del hooks[key]
 
 
 class _Last:

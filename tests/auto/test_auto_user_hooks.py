@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import ampcore
-from ampcore._auto import _roots, _roots_state
+from ampcore._auto import _roots, _roots_state, _store
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -516,3 +517,75 @@ def test_the_sentinel_is_the_last_pre_hook_and_leaves_with_the_region() -> None:
     _none_left(model)
     assert not any(type(t) is not torch.Tensor for t in _flat(model(X)))
     assert ampcore.active_region() is None
+
+
+def _ours(module: nn.Module) -> list[Any]:
+    """Keys in ``module``'s hook dicts that are not torch's handle ids (ours, or copies of ours)."""
+    dicts = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs")
+    return [k for m in module.modules() for d in dicts for k in getattr(m, d) if type(k) is not int]
+
+
+class _Inert:
+    """A pre-hook that does nothing (what :class:`_CopyInForward` becomes in its copies)."""
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        return None
+
+
+class _CopyInForward(_Inert):
+    """A layer's pre-hook that copies the whole model at its first call (an EMA copy in the
+    forward), while the root's call is recorded."""
+
+    def __init__(self, duplicate: Callable[[nn.Module], nn.Module]) -> None:
+        self.duplicate, self.model, self.copies = duplicate, None, list[nn.Module]()
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        if self.model is not None and not self.copies:
+            self.copies.append(self.duplicate(self.model))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Inert, ())
+
+
+def _duplicate(how: str) -> Callable[[nn.Module], nn.Module]:
+    def duplicate(m: nn.Module) -> nn.Module:
+        if how == "deepcopy":
+            return copy.deepcopy(m)
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        return torch.load(buf, weights_only=False)
+
+    return duplicate
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("when", ["in-region", "in-forward"])
+def test_a_copy_made_while_the_root_is_hooked_keeps_no_hook_of_ours(how: str, when: str) -> None:
+    """A root (or a layer of a recorded root) copied while our keys are in its dicts (an EMA
+    copy in the step, a whole model pickled in the region): the copy's entries are strays,
+    gone at its next call outside a region and never applied twice in a region."""
+    hook = _CopyInForward(_duplicate(how))
+    model = _hooked(_mlp, _noop)()
+    model[0].register_forward_pre_hook(hook)
+    reference = copy.deepcopy(model)
+    _decide(model, lambda m, i, enter: _train(m, X, enter), 1)
+    for _ in range(3):
+        with _auto(BF16):
+            if when == "in-forward" and hook.model is None:  # armed for a recorded call:
+                hook.model = model  # the layers' own pre-hooks deferred (_hooks.defer)
+                _store.forget()
+            model(X)
+            if when == "in-region" and not hook.copies:
+                hook.copies.append(_duplicate(how)(model))
+    (clone,) = hook.copies
+    clone(X)  # outside a region: a stray of ours goes
+    assert _ours(clone) == [], "a hook of ours left on the copy"
+    for _ in range(3):  # in regions the copy is a root of its own, its results the fixed choice's
+        with _auto(BF16):
+            got = clone(X)
+        with fixed(BF16):
+            want = reference(X)
+        _equal(got, want, "copy")
+        assert _ours(clone) == []
+    _none_left(model)
