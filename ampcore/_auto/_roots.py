@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import sys
 import weakref
-from _thread import get_ident as _get_ident
 from typing import Any, Final
 
 import torch
@@ -67,10 +66,10 @@ from ._verify import settle
 __all__ = ["check", "forget", "region_entered", "region_exited"]
 
 
-def check() -> None:
-    """A ``level="auto"`` region is being made: its settings must be valid before anything
-    changes (``AMPCORE_AUTO_BUDGET``)."""
-    _hooks.check()
+#: A ``level="auto"`` region is being made: its settings must be valid before anything
+#: changes (``AMPCORE_AUTO_BUDGET``): :func:`._hooks.check` itself (a region made per step
+#: calls it from the memo: no call in between)
+check: Final = _hooks.check
 
 
 def region_entered() -> None:
@@ -99,28 +98,28 @@ def region_entered() -> None:
     _prog.settled = region
     handles: list[Any] = []
     local.entered.append((region, site, handles))
-    _hooks.region_threads[_get_ident()] = True
+    _hooks.region_threads[local.ident] = True
     skey = local.sentinel_key
-    for ref in site.roots:
-        root = ref()
-        if root is None:
-            continue
-        try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
-            if _GLOBAL_PRE is None:
-                raise TypeError
-            dicts: Any = root  # torch types these dicts as keyed by handle ids; any hashable key works
-            if dicts._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
-                _last_pre(dicts, local.late_key)
-            else:
-                dicts._forward_pre_hooks_with_kwargs[skey] = True
-            handles.append(root)
-        except (AttributeError, TypeError):  # no torch dicts: the public registration
-            _hook_public(root, handles)
-    if _GLOBAL_PRE is not None:
-        _GLOBAL_PRE[skey] = _sentinel
-        local.sentinel = skey
-    else:
+    if _GLOBAL_PRE is None:  # a torch without the global dict: public registrations only
+        for ref in site.roots:
+            if (root := ref()) is not None:
+                _hook_public(root, handles)
         _sentinel_on()
+        return
+    for ref in site.roots:  # (a site of many roots marks each: few lines per root)
+        if (root := ref()) is not None:
+            try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
+                # (torch types these dicts as keyed by handle ids; any hashable key works)
+                if root._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
+                    _last_pre(root, local.late_key)
+                else:
+                    root._forward_pre_hooks_with_kwargs[skey] = True
+            except (AttributeError, TypeError):  # no torch dicts: the public registration
+                _hook_public(root, handles)
+            else:
+                handles.append(root)
+    _GLOBAL_PRE[skey] = _sentinel
+    local.sentinel = skey
 
 
 def region_exited() -> None:
@@ -156,7 +155,7 @@ def region_exited() -> None:
                 handle._forward_pre_hooks_with_kwargs.pop(lkey, None)
         else:
             handle.remove()
-    _hooks.region_threads.pop(_get_ident(), None)
+    _hooks.region_threads.pop(local.ident, None)
     prog.settled = None
     if local.public:
         local.public.clear()
@@ -288,13 +287,12 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     threads = _num_threads()
     last = local.last.get(id(module))
     if last is not None and (last.sig != sig or last.spec is not spec or last.threads != threads):
-        last = _turn(last, sig, spec, threads, region, module)  # micro-batches, dtypes in turn
-    if (
+        # micro-batches, dtypes in turn: an entry for this signature (a sig of None, a call the
+        # guard cannot see, has none), thread count and spec (or plan), else None
+        last = _turn(last, sig, spec, threads, region, module)
+    if (  # (so the signature, the spec and the thread count are the last's: compared once)
         last is None
         or last.generation != _plans.generation
-        or last.threads != threads
-        or (last.spec is not spec and not _same_plan(last, region))
-        or last.sig != sig  # never None: a call the guard cannot see differs
         or last.ref() is not module
         or last.plan.changes != last.changes
         or last.stale[0]

@@ -184,7 +184,8 @@ class _Local(threading.local):
         self.site_code: Any = None
         self.site_at = -1
         self.site: Any = None
-        self.key = _Key()  # this thread's key in a root's forward hooks while it runs a program
+        self.key = _Key()  # this thread's key in its roots' forward hooks (the post-hook) in a region
+        self.ident = threading.get_ident()  # the thread's (its key in _hooks.region_threads)
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
         #: its key in the pre-hook dict of a root with pre-hooks of its own (the user's:
         #: FSDP2's, ZeRO-3's, an offload hook's): the sentinel as that root's last pre-hook

@@ -89,8 +89,8 @@ def get_manager() -> PluginManager:
 def loaded_generation() -> int | None:
     """The manager's generation once its plugins are loaded, else None: what a memo of
     resolved arguments is keyed by (no lock, no loading: a region's construction reads it)."""
-    manager = _holder.manager
-    return manager.generation if manager is not None and manager.loaded else None
+    manager = _holder.manager  # its flag, not its property: a region made per step reads it
+    return manager.generation if manager is not None and manager._loaded else None
 
 
 def register_plugin(plugin: object, name: str | None = None) -> Backend:

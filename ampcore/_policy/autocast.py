@@ -23,7 +23,6 @@ from .registration import OpPolicy, has_native_autocast, policy_for
 from .signature import (
     MADE,
     bind_arguments,
-    called_key,
     check_switches,
     check_use_promote,
     construction_key,
@@ -41,6 +40,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _CALL = "ampcore.autocast"
 _is_compiling = torch.compiler.is_compiling
+#: ``torch.compiler.is_compiling()`` without its call of ``torch.jit.is_scripting`` (a region
+#: made per step asks): dynamo folds ``is_dynamo_compiling()`` to True where it traces the
+#: construction, an export's tracing sets the flag (a torch without the flag: the call)
+_dynamo_compiling = torch.compiler.is_dynamo_compiling
+_FLAG_OF: Final[Any] = torch.compiler if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
 _thread = thread_state()
 _new_object = object.__new__
 _new_tuple = tuple.__new__
@@ -119,7 +123,7 @@ class autocast:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():
+        if _dynamo_compiling() or (_is_compiling() if _FLAG_OF is None else _FLAG_OF._is_compiling_flag):
             # Inside a function dynamo traces: a region with torch's own lists *is* a
             # torch.autocast, which dynamo compiles without a graph break.
             native = _native_region(args, kwargs)
@@ -143,11 +147,18 @@ class autocast:
         key = None
         generation = loaded_generation()
         if generation is not None:
-            key = construction_key(
-                device, dtype, level, enabled, cache_enabled, custom_white_list, custom_black_list, generation
+            key = construction_key(  # with the call's form where positional (torch's order) or aliased
+                device,
+                dtype,
+                level,
+                enabled,
+                cache_enabled,
+                custom_white_list,
+                custom_black_list,
+                generation,
+                args,
+                aliases,
             )
-            if key is not None and (args or aliases):  # positional (torch's order) or aliased
-                key = called_key(key, args, aliases)
             made = MADE.get(key) if key is not None else None
             if made is not None:  # validated before: the same attributes, without the checks
                 if (check := made["_level_check"]) is not None:

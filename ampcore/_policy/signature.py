@@ -176,11 +176,24 @@ def construction_key(
     white: Any,
     black: Any,
     generation: int,
+    args: tuple[Any, ...] = (),
+    aliases: dict[str, Any] | None = None,
 ) -> tuple[Any, ...] | None:
-    """A key that identifies a keyword-only construction of ``ampcore.autocast`` (its
-    arguments and the plugin manager's ``generation``), or None where an argument cannot be
-    keyed (an iterator would be consumed, an unhashable or unusual value is validated the
-    long way).  Called on every construction: type checks only, no Python calls."""
+    """A key that identifies a construction of ``ampcore.autocast`` (its arguments, the
+    plugin manager's ``generation``, and for a call that also gave ``args`` positionally or
+    ``aliases`` (``device_type=``, ``enable=``...) the call's form, which decides how the
+    arguments bind), or None where an argument cannot be keyed (an iterator would be
+    consumed, an unhashable or unusual value is validated the long way, the call warns:
+    ``use_promote``).  Called on every construction: type checks only, no Python calls.
+
+    Example::
+
+        >>> key = construction_key(None, None, "O1", True, None, None, None, 0, ("cpu",))
+        >>> key == construction_key(None, None, "O1", True, None, None, None, 0, ("cpu",))
+        True
+        >>> construction_key(None, None, "O1", True, None, None, None, 0, (["add"],)) is None
+        True
+    """
     if (
         type(device) not in _KEY_TYPES
         or type(dtype) not in _KEY_TYPES
@@ -190,43 +203,29 @@ def construction_key(
     ):
         return None
     if white is None and black is None:
-        return (device, dtype, level, enabled, cache_enabled, generation)
-    if white is not None:
-        if type(white) not in _LIST_TYPES or not _NAME_TYPES.issuperset(map(type, white)):
-            return None
-        white = frozenset(white)
-    if black is not None:
-        if type(black) not in _LIST_TYPES or not _NAME_TYPES.issuperset(map(type, black)):
-            return None
-        black = frozenset(black)
-    return (device, dtype, level, enabled, cache_enabled, generation, white, black)
+        key: tuple[Any, ...] = (device, dtype, level, enabled, cache_enabled, generation)
+    else:
+        if white is not None:
+            if type(white) not in _LIST_TYPES or not _NAME_TYPES.issuperset(map(type, white)):
+                return None
+            white = frozenset(white)
+        if black is not None:
+            if type(black) not in _LIST_TYPES or not _NAME_TYPES.issuperset(map(type, black)):
+                return None
+            black = frozenset(black)
+        key = (device, dtype, level, enabled, cache_enabled, generation, white, black)
+    if not args and not aliases:
+        return key
+    if len(args) > 5 or not _CALLED_TYPES.issuperset(map(type, args)):  # Paddle's sixth: use_promote
+        return None
+    if aliases and ("use_promote" in aliases or not _CALLED_TYPES.issuperset(map(type, aliases.values()))):
+        return None
+    return (key, args, tuple(aliases.items()) if aliases else ())
 
 
 #: values a positional argument or an alias may have in a key (the device, the dtype, the
 #: flags, the level): anything else (a list, an unusual object) is validated the long way
 _CALLED_TYPES: Final = frozenset({str, torch.device, torch.dtype, type(None), bool})
-
-
-def called_key(key: tuple[Any, ...], args: tuple[Any, ...], aliases: dict[str, Any]) -> tuple[Any, ...] | None:
-    """:func:`construction_key`'s ``key`` for a call that also gave ``args`` positionally
-    or ``aliases`` (``device_type=``, ``enable=``...): the call's form is part of the key (it
-    decides how the arguments bind), or None where a value cannot be keyed or the call warns
-    (``use_promote``).  Type checks only.
-
-    Example::
-
-        >>> called_key(("k",), ("cpu",), {}) == called_key(("k",), ("cpu",), {})
-        True
-        >>> called_key(("k",), (["add"],), {}) is None
-        True
-    """
-    if len(args) > 5 or "use_promote" in aliases:  # Paddle's sixth positional is use_promote
-        return None
-    if not _CALLED_TYPES.issuperset(map(type, args)):
-        return None
-    if aliases and not _CALLED_TYPES.issuperset(map(type, aliases.values())):
-        return None
-    return (key, args, tuple(aliases.items()))
 
 
 def remember(key: tuple[Any, ...], attributes: dict[str, Any]) -> None:
