@@ -5,7 +5,7 @@ A model of small residual ``Linear(64)`` layers on a batch of 16 is called as
 guard of a root's program held such numbers by value, so every call was a new signature:
 recorded (the global module hooks and a dispatch mode on every module call, the program
 store cleared every 64 signatures).  Now a number whose recordings give the same program is
-held by type after two of them (``ampcore._auto._guard.loosen``).
+held by type after two of them (``ampcore._auto._loose.loosen``).
 
 One process, three modes in turn per round (training steps: forward, MSE, backward, SGD;
 each mode its own copy of the model from the same weights): ``fp32``; ``auto`` (numbers

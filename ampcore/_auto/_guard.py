@@ -28,16 +28,14 @@ from typing import Any, Final
 import torch
 from torch import nn
 
+from ._loose import _LOOSE, _loosened
 from ._shapes import bucket, float32_weights, planned_ops
 
 __all__ = [
     "Weight",
-    "explained",
-    "follows",
     "holds_objects",
     "in_checkpoint",
     "in_transform",
-    "loosen",
     "low_held",
     "signature",
     "snapshot",
@@ -230,109 +228,6 @@ def low_held(sig: tuple[Any, ...]) -> bool:
 
 
 _LOW: Final = (torch.bfloat16, torch.float16)
-
-
-#: the attribute of a root module holding its loose patterns: len(signature) -> [(the
-#: positions held by type, the loose signatures confirmed by two equal recordings)]
-_LOOSE: Final = "_ampcore_auto_loose"
-_ANY: Final = "*"  # a loose number's value in a signature (a real entry never holds a str there)
-_NUMBERS: Final = (int, float)
-
-
-def _number(entry: Any) -> bool:
-    return type(entry) is tuple and len(entry) == 3 and entry[0] == "=" and entry[1] in _NUMBERS
-
-
-def _loosened(sig: tuple[Any, ...], loose: dict[int, list[tuple[tuple[int, ...], set[Any]]]]) -> tuple[Any, ...]:
-    """``sig`` with the numbers of a confirmed pattern held by type (else ``sig``)."""
-    for positions, confirmed in loose.get(len(sig), ()):
-        if all(_number(sig[i]) for i in positions):
-            candidate = list(sig)
-            for i in positions:
-                candidate[i] = ("=", sig[i][1], _ANY)
-            found = tuple(candidate)
-            if found in confirmed:
-                return found
-    return sig
-
-
-def loosen(root: nn.Module, sig: tuple[Any, ...], others: dict[tuple[Any, ...], Any], same: Any) -> Any:
-    """The loose signature of ``sig`` when an earlier recording of ``root`` (``others``: its
-    signatures and programs) differs from it only in the values of numbers (``int`` and
-    ``float`` arguments, not ``bool``) and ``same(its program)`` holds: from then on
-    :func:`signature` holds those numbers by type.  None: nothing to loosen.
-
-    Example::
-
-        >>> import torch
-        >>> net = torch.nn.Linear(2, 2)
-        >>> a, b = signature((1,), {"t": 0.5}, net), signature((2,), {"t": 0.5}, net)
-        >>> loose = loosen(net, b, {a: "P"}, lambda p: p == "P")
-        >>> signature((7,), {"t": 0.5}, net) == loose, signature((7,), {"t": 0.9}, net) == loose
-        (True, False)
-    """
-    numbers = [i for i, e in enumerate(sig) if _number(e)]
-    if not numbers:
-        return None
-    for other_sig, other in list(others.items()):
-        if len(other_sig) != len(sig) or other_sig == sig:
-            continue
-        differ = tuple(i for i, (a, b) in enumerate(zip(sig, other_sig, strict=True)) if a != b)
-        if all(_number(sig[i]) and _number(other_sig[i]) and sig[i][1] is other_sig[i][1] for i in differ):
-            if not same(other):
-                continue
-            loose = root.__dict__.setdefault(_LOOSE, {})
-            patterns = loose.setdefault(len(sig), [])
-            found = next((p for p in patterns if p[0] == differ), None)
-            if found is None:
-                found = (differ, set[Any]())
-                patterns.append(found)
-            if len(found[1]) > 64:  # bounded, as the programs are
-                found[1].clear()
-            key = list(sig)
-            for i in differ:
-                key[i] = ("=", sig[i][1], _ANY)
-            found[1].add(tuple(key))
-            return tuple(key)
-    return None
-
-
-def explained(sig: tuple[Any, ...]) -> set[int]:
-    """The sizes a planned call's input may have and still *follow* the root's arguments
-    (``sig``): the tensors' dimensions, the products of two of them (``B * T``), each
-    halved any number of times (strided convolutions, pooling), and 1; not the value of an
-    ``int`` argument (a size given as a number may change while the signature holds it
-    by type).
-
-    Example::
-
-        >>> import torch
-        >>> sorted(explained(signature((torch.zeros(8, 3), 4), None)))
-        [1, 2, 3, 6, 8, 9, 12, 16, 24, 32, 64]
-    """
-    dims = {d for e in sig[1:] if type(e) is tuple and e and isinstance(e[-2], torch.dtype) for d in e[-3]}
-    dims.update([a * b for a in list(dims) for b in dims])
-    halves = {d >> k for d in dims for k in range(1, max(d, 1).bit_length())}
-    numbers = {e[2] for e in sig[1:] if _number(e) and e[1] is int}
-    return (dims | halves) - numbers | {1}  # 1 always (a number 1, logits_to_keep=1, must not remove it)
-
-
-def follows(module: nn.Module, dims: set[int], sizes: set[int]) -> bool:
-    """Whether every dimension ``dims`` of ``module``'s tensor inputs is among ``sizes``
-    (:func:`explained`) or a dimension of its own parameters (``in_features``, channels).
-    False: the shape comes from elsewhere (data-dependent routing, a module attribute, a
-    number argument), so the call's shape class may change while the root's signature
-    does not: the program guards it per call.
-
-    Example::
-
-        >>> import torch
-        >>> sizes = explained(signature((torch.zeros(64, 16),), None))
-        >>> follows(torch.nn.Linear(16, 4), {64, 16}, sizes), follows(torch.nn.Linear(16, 4), {37, 16}, sizes)
-        (True, False)
-    """
-    own = {d for p in module.parameters(recurse=False) for d in p.shape}
-    return dims <= sizes | own
 
 
 _CHECKPOINT: Final = "torch.utils.checkpoint"

@@ -43,7 +43,7 @@ path, they apply the plan.  So are the planned calls whose shapes may change whi
 root's signature does not (:mod:`._recording`), and planned calls inside
 ``torch.utils.checkpoint`` follow the autocast state there (its recompute does).  Numbers
 among the arguments that change every call but give the same program are held by type
-(:func:`._guard.loosen`, applied when a program is stored).
+(:func:`._loose.loosen`, applied when a program is stored).
 """
 
 from __future__ import annotations

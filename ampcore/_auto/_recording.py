@@ -21,7 +21,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._costs import Decision, family
-from ._guard import explained, follows, low_held, snapshot, unseen_modules
+from ._guard import low_held, snapshot, unseen_modules
+from ._loose import explained, follows
 from ._plan import AutoPlan, Stale
 from ._program import _LOW, Program, local
 from ._shapes import float32_weights

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from torch import nn
 
-from ._guard import loosen
+from ._loose import loosen
 from ._plan import AutoPlan
 from ._program import Program
 
