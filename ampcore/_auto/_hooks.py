@@ -1,38 +1,31 @@
-"""The global module hooks that apply a plan call by call, and the measurements.
+"""The global module hooks that apply a plan call by call.
 
 ``torch.nn.modules.module.register_module_forward_pre_hook`` / ``..._forward_hook`` are
-registered (a count across threads, under a lock) only while something needs them: a
-root call of a region with programs that is being *recorded* (:mod:`._roots`), or a whole
+registered (a count across threads, under a lock) only while something needs them: a root
+call of a region with programs that is being *recorded* (:mod:`._roots`), or a whole
 ``level="auto"`` region that cannot have programs (nested in another ampcore region, with
 custom lists, on a device type ampcore's kernels serve).  Outside auto regions, and inside
-root calls that run a program, module calls take torch's path without global hooks.
-While registered (in any thread), every ``nn.Module`` call in the process runs the two
-hooks; they return at once unless the calling thread's innermost ampcore region is an
-enabled ``level="auto"`` region and the module is a planned kind
-(:data:`ampcore._auto._shapes.PLANNED_OPS`, or a class whose forward is one product with
-its own matrix, found at its first call: :mod:`._kinds`).  Then, by the plan's decision for the call's
-shape class:
+root calls that run a program, module calls take torch's path without global hooks.  While
+registered (in any thread), every ``nn.Module`` call in the process runs the two hooks; they
+return at once unless the calling thread's innermost ampcore region is an enabled
+``level="auto"`` region and the module is a planned kind (:data:`._shapes.PLANNED_OPS`, or a
+class whose forward is one product with its own matrix: :mod:`._kinds`).  Then, by the
+plan's decision for the call's shape class:
 
 * ``"low"``: nothing; the region's O1 lists run it in low precision (black-list ops in
   float32, exactly as O1);
-* ``"fp32"``: autocast is switched off for the module's forward
-  (``torch.set_autocast_enabled(device_type, False)``, on again after it) and its
-  low-precision floating inputs are cast to float32;
-* no decision yet: the call runs with the O1 lists, then the forward hook takes the costs
-  from the adapter's ``ampcore_auto_costs`` hook or measures it
-  (:func:`ampcore._auto._measure.measure`, with the adapter's clock) within the process's
-  warm-up budget (``AMPCORE_AUTO_BUDGET`` seconds, default 10); a figure the plausibility
-  checks flag (:func:`ampcore._auto._costs.implausible`) is measured again before it
-  decides, and a cached neighbour it contradicts is dropped (measured again at its next
-  call).  When the measurement decides ``"fp32"``, the call's low-precision outputs are
-  cast to float32: the dtype its later calls give.  A device that cannot be timed
-  measures nothing: auto runs as torch.autocast.
+* ``"fp32"``: autocast is switched off for the module's forward (on again after it) and
+  its low-precision floating inputs are cast to float32;
+* no decision yet: the call runs with the O1 lists, then the forward hook measures it
+  within the process's warm-up budget (``AMPCORE_AUTO_BUDGET`` seconds, default 10) and
+  decides (:mod:`._deciding`).  A device that cannot be timed measures nothing: auto runs
+  as torch.autocast.
 
 A recording notes each planned call and its decision (:class:`~._recording.Recording`).
 A planned call inside ``torch.utils.checkpoint`` is left to the autocast state (its
-recompute in backward runs with that state and no hooks: :func:`~._guard.in_checkpoint`).
-Custom lists win: a module whose ops a region's custom list names is left to the lists.
-Inside ``torch.compile``d code the hooks do nothing (the O1 lists apply).
+recompute runs with that state and no hooks: :func:`~._guard.in_checkpoint`).  Custom
+lists win: a module whose ops a region's custom list names is left to the lists.  Inside
+``torch.compile``d code the hooks do nothing (the O1 lists apply).
 """
 
 from __future__ import annotations
@@ -40,26 +33,23 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import time
 from typing import Any, Final, NamedTuple
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-from .._errors import AmpcoreError, AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
-from .._validate import check_real, env_number
-from . import _cache
-from ._cache import cache_file, current_plan, write_cache
-from ._costs import Costs, merge
+from .._validate import env_number
+from . import _cache, _deciding
+from ._cache import current_plan
 from ._guard import in_checkpoint, in_transform
-from ._kinds import Watch, candidate, watched
-from ._measure import Clock, device_clock, measure
+from ._kinds import Watch, watched
+from ._measure import Clock, device_clock
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
 from ._roots_state import Stale, _compiler, _dynamo_compiling, _num_threads, drop_strays
-from ._shapes import PENDING, device_type_of, float32_weights, known_kind, planned_ops, set_kind, shape_class
+from ._shapes import PENDING, device_type_of, float32_weights, known_kind, planned_ops, shape_class
 
 __all__ = [
     "BUDGET_ENV",
@@ -76,7 +66,6 @@ __all__ = [
 
 #: Environment variable: seconds of measurement a process may spend (default 10).
 BUDGET_ENV: Final = "AMPCORE_AUTO_BUDGET"
-_PER_CLASS_MS: Final = 400.0
 _LOW: Final = (torch.bfloat16, torch.float16)
 
 _thread = thread_state()
@@ -125,8 +114,7 @@ class _Process:
 
 _local = _Local()
 _process = _Process()
-#: thread id -> True while the thread is in a region with programs (its sentinel and root
-#: hooks are in place); dict operations are atomic, no lock
+#: thread id -> True while the thread is in a region with programs (its hooks are in place; no lock)
 region_threads: dict[int, bool] = {}
 
 
@@ -247,7 +235,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> 
         rec.planned += ops is not None
     if ops is None:
         if known_kind(type(module)) is PENDING:  # a class met for the first time: a matmul kind?
-            _watch(module, top)
+            _deciding.watch(module, top)
         return None
     spec = top.spec  # the innermost region: an enabled level="auto" one (not measuring: checked above)
     if spec.level != "auto" or not spec.enabled:
@@ -281,23 +269,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> 
     if decision == "fp32":
         return _fp32(module, args, device_type, rec)
     if decision is None:
-        _undecided(module, key, plan, top)
+        _deciding.undecided(module, key, plan, top)
     return None
-
-
-def _watch(module: torch.nn.Module, region: Any) -> None:
-    """The first call of a class not planned by its type in an enabled auto region: watch
-    its ops (:mod:`._kinds`; a class that cannot be a matmul kind is settled at once)."""
-    spec = region.spec
-    if spec.level != "auto" or not spec.enabled or in_transform():
-        return  # watched at a call in an auto region
-    if not candidate(module):
-        set_kind(type(module), None)
-        return
-    watch = Watch(module)
-    watch.plan = plan_of(region)
-    watch.__enter__()  # type: ignore[no-untyped-call]
-    _local.watches.append(watch)
 
 
 class _Deferred:
@@ -339,16 +312,6 @@ def undefer(modules: list[torch.nn.Module]) -> None:
         pre.pop(_DEFERRED, None)
 
 
-def _undecided(module: torch.nn.Module, key: str, plan: AutoPlan, region: Any) -> None:
-    """A call of a class the plan lacks: runs with the O1 lists, measured by :func:`_post`
-    within the budget."""
-    if not plan.frozen and _process.spent_s < budget_s() and not in_transform():  # (torch.func: later)
-        if _clock(region) is None:
-            _warn_untimed(region.spec)
-        else:
-            _local.frames.append(_Frame(module, None, key, plan, region))
-
-
 def _fp32(module: torch.nn.Module, args: tuple[Any, ...], device_type: str, rec: Any) -> tuple[Any, ...]:
     """A call the plan runs in float32: autocast off for its forward (on again in
     :func:`_post`; it was on), its low-precision inputs cast to float32."""
@@ -385,7 +348,7 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
         if off is not None:
             torch.set_autocast_enabled(off, True)
         elif len(rest) == 2:  # torch calls always-call hooks as (module, args, None) after an exception
-            _decide(module, args, rest[0], key, plan, region)
+            _deciding.decide(module, args, rest[0], key, plan, region)
             if plan.decision(key) == "fp32":  # it ran with the O1 lists: the dtype of later calls
                 output = cast_floating(rest[1], torch.float32, region.spec.backend.device_type, low=True)
     rec = _prog.rec
@@ -398,115 +361,15 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
     return output
 
 
-def _decide(
-    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any
-) -> None:
-    spec = region.spec
-    if plan.decision(key) is not None:
-        return
-    given = adapter_costs(spec.backend, key, spec.dtype)
-    if given is not None:
-        plan.set(key, given, source="adapter")
-        write_cache(plan)
-        return
-    clock = _clock(region)
-    if clock is None or budget_s() <= _process.spent_s:
-        return
-    _warn_once(spec, plan)
-    short = (budget_s() - _process.spent_s) * 1e3 < _PER_CLASS_MS  # the process's budget bounds this class
-    costs = _measure(module, args, kwargs, spec, clock)
-    if plan.suspect(key, costs) is not None and budget_s() > _process.spent_s:
-        costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
-    if costs.runs >= 2 or not short:  # one round because the budget ran out: no decision (O1 lists), measured later
-        plan.set(key, costs)
-        for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
-            if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
-                plan.drop(other)
-        write_cache(plan)
-    if _process.spent_s >= budget_s() and not _process.exhausted_warned:
-        _process.exhausted_warned = True
-        warn_user(
-            f"ampcore.autocast(level='auto'): the warm-up budget of {budget_s():g} s "
-            f"({BUDGET_ENV}) is spent; shape classes not measured yet run with the O1 lists",
-            AmpcoreWarning,
-        )
-
-
-def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, clock: Clock) -> Costs:
-    left_ms = (budget_s() - _process.spent_s) * 1e3
-    start = time.perf_counter()
-    _prog.measuring = True
-    try:
-        return measure(
-            module, args, kwargs, spec.backend.device_type, spec.dtype, clock, budget_ms=min(_PER_CLASS_MS, left_ms)
-        )
-    finally:
-        _prog.measuring = False
-        with _process.lock:
-            _process.spent_s += time.perf_counter() - start
-
-
-def adapter_costs(backend: Any, key: str, dtype: torch.dtype) -> Costs | None:
-    """The costs the backend's ``ampcore_auto_costs`` hook gives for ``key`` (None: measure)."""
-    hook = backend.hook("ampcore_auto_costs")
-    if hook is None:
-        return None
-    raw = hook(shape_class=key, dtype=dtype)
-    if raw is None:
-        return None
-    try:  # finite, non-negative numbers (nan or "a" would decide every class wrongly)
-        values = {"fp32_ms": raw["fp32_ms"], "low_ms": raw["low_ms"], "cast_ms": raw.get("cast_ms", 0.0)}
-        checked = [check_real("ampcore_auto_costs()", k, v, low=0.0, entry=True) or 0.0 for k, v in values.items()]
-        return Costs(checked[0], checked[1], checked[2])
-    except (KeyError, TypeError, ValueError, AttributeError, AmpcoreError) as exc:
-        from .._errors import PluginError
-
-        raise PluginError(
-            backend.plugin_name,
-            f"ampcore_auto_costs() returned {raw!r} for {key!r}: expected None or a mapping with "
-            f"'fp32_ms', 'low_ms' and optionally 'cast_ms' (finite numbers); {exc}",
-            backend.distribution,
-        ) from None
-
-
-def _warn_once(spec: Any, plan: AutoPlan) -> None:
-    if _process.warned:
-        return
-    _process.warned = True
-    where = cache_file(plan.fingerprint)
-    warn_user(
-        "ampcore.autocast(level='auto'): measuring the costs of new shape classes; calls of a class "
-        f"run with the O1 lists until it is measured (at most {budget_s():g} s in all, {BUDGET_ENV}). "
-        + (f"Decisions are cached in {where}." if where else "The disk cache is off (AMPCORE_AUTO_CACHE).")
-        + " See ampcore.debugging.auto_plan_table().",
-        AmpcoreWarning,
-    )
-
-
-def _warn_untimed(spec: Any) -> None:
-    name = spec.backend.name
-    if name in _process.untimed_warned:
-        return
-    _process.untimed_warned.add(name)
-    warn_user(
-        f"ampcore.autocast(level='auto'): the {name!r} device can be neither timed with events nor "
-        "synchronised (no ampcore_synchronize hook, not torch's current accelerator): nothing is "
-        "measured, and level='auto' runs as torch.autocast (the O1 lists) there",
-        AmpcoreWarning,
-    )
-
-
-#: ``os.environ``'s own dict and the budget's key in it: :func:`check` finds the variable
-#: unset without ``Mapping.get``, which raises and catches a KeyError (0.6 us; a region
-#: made per step checks it)
+#: ``os.environ``'s own dict and the budget's key in it: :func:`check` finds the variable unset
+#: without ``Mapping.get``, which raises and catches a KeyError (0.6 us per region made)
 _ENVIRON: Final = os.environ
 _ENV_DATA: Final[dict[Any, Any] | None] = getattr(os.environ, "_data", None)
 _BUDGET_KEY: Final = os.environ.encodekey(BUDGET_ENV) if _ENV_DATA is not None else None
 
 
 def check() -> None:
-    """A ``level="auto"`` region is being made: its settings must be valid before anything
-    changes (:func:`budget_s` raises for a bad ``AMPCORE_AUTO_BUDGET``)."""
+    """A ``level="auto"`` region is being made: :func:`budget_s` raises for a bad budget."""
     if _ENV_DATA is not None and _BUDGET_KEY not in _ENV_DATA and os.environ is _ENVIRON:
         return  # unset: the default budget
     budget_s()
@@ -533,6 +396,5 @@ def release() -> None:
 
 
 def installed() -> bool:
-    """Whether hooks of auto are registered now: the global ones (while a ``level="auto"``
-    region records or is nested) or those of a region with programs (in any thread)."""
+    """Whether hooks of auto are registered now: the global ones or a region's (any thread)."""
     return bool(_process.handles) or bool(region_threads)
