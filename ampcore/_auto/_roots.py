@@ -3,11 +3,10 @@
 An enabled ``level="auto"`` region that is a thread's outermost ampcore region and runs
 torch's own lists (no custom list, a device type with native autocast) is *eligible*: the
 modules it calls directly (its *roots*, normally the model) run the programs of
-:mod:`._program`.  When it is entered, one global pre-hook (the *sentinel*) goes into
-torch's dict of global pre-hooks, and the roots that regions entered at the same place in
-the code called before are *marked*: the sentinel's key goes into each root's dict of
-pre-hooks that take keyword arguments, so torch calls the sentinel with the root's kwargs
-(the guard needs them).  Both are removed when it exits.
+:mod:`._program`.  When it is entered, one global pre-hook (the *sentinel*) goes in, and
+the roots that regions entered at the same place in the code called before are *marked*
+(:mod:`._root_hooks`: torch calls the sentinel with a marked root's kwargs, after the
+root's own pre-hooks).  Both are removed when it exits.
 
 * A marked root with a program for its input signature runs it (the sentinel adds the
   root's post-hook for that call): the sentinel is off for the call, so the modules inside
@@ -19,7 +18,7 @@ pre-hooks that take keyword arguments, so torch calls the sentinel with the root
 
 Other regions (nested in another ampcore region, with custom lists, on a device type
 ampcore's kernels serve, or while compiling) register the global hooks for their whole
-life, as before.  Outside auto regions nothing of auto is registered.
+life.  Outside auto regions nothing of auto is registered.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ import weakref
 from typing import Any, Final
 
 import torch
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from .._policy.lists import compute_oplists
 from . import _hooks
@@ -39,8 +37,9 @@ from ._plan import AutoPlan
 from ._program import Program, Running, signature
 from ._program import local as _prog
 from ._recording import Recording
+from ._root_hooks import after_own, drop_post, global_after, hook_public, hook_root, last_pre, sentinel_off, sentinel_on
+from ._roots_state import _GLOBAL_PRE as _GLOBAL_PRE  # (_root_hooks reads it here: tests replace it)
 from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
-    _GLOBAL_PRE,
     _MAX_SITES,
     _PACKAGE,
     _alone,
@@ -58,6 +57,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _site_at,
     _thread,
     drop_strays,
+    turn,
 )
 from ._store import churning, program_for, store
 from ._store import forget as forget_programs
@@ -66,9 +66,7 @@ from ._verify import settle
 __all__ = ["check", "forget", "region_entered", "region_exited"]
 
 
-#: A ``level="auto"`` region is being made: its settings must be valid before anything
-#: changes (``AMPCORE_AUTO_BUDGET``): :func:`._hooks.check` itself (a region made per step
-#: calls it from the memo: no call in between)
+#: A region being made checks ``AMPCORE_AUTO_BUDGET``: :func:`._hooks.check` itself (no call between)
 check: Final = _hooks.check
 
 
@@ -103,19 +101,19 @@ def region_entered() -> None:
     if _GLOBAL_PRE is None:  # a torch without the global dict: public registrations only
         for ref in site.roots:
             if (root := ref()) is not None:
-                _hook_public(root, handles)
-        _sentinel_on()
+                hook_public(root, handles)
+        sentinel_on()
         return
     for ref in site.roots:  # (a site of many roots marks each: few lines per root)
         if (root := ref()) is not None:
             try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
                 # (torch types these dicts as keyed by handle ids; any hashable key works)
                 if root._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
-                    _last_pre(root, local.late_key)
+                    last_pre(root, local.late_key)
                 else:
                     root._forward_pre_hooks_with_kwargs[skey] = True
             except (AttributeError, TypeError):  # no torch dicts: the public registration
-                _hook_public(root, handles)
+                hook_public(root, handles)
             else:
                 handles.append(root)
     _GLOBAL_PRE[skey] = _sentinel
@@ -136,7 +134,7 @@ def region_exited() -> None:
     if run is not None:  # an exception skipped its hooks (a run is always the outermost region's)
         prog.run = None
         if run.root is not None:
-            _drop_post(run.root)
+            drop_post(run.root)
         run.stop()
     if rec is not None and rec.region is region:
         _finish(rec, (), None, False)
@@ -145,11 +143,11 @@ def region_exited() -> None:
         _GLOBAL_PRE.pop(skey, None)
         local.sentinel = None
     else:
-        _sentinel_off()
+        sentinel_off()
     for handle in handles:
         if isinstance(handle, _Module):
             handle._forward_pre_hooks_with_kwargs.pop(skey, None)  # type: ignore[call-overload]
-            if handle._forward_pre_hooks:  # the sentinel as its last pre-hook (_last_pre)
+            if handle._forward_pre_hooks:  # the sentinel as its last pre-hook (last_pre)
                 lkey: Any = local.late_key
                 handle._forward_pre_hooks.pop(lkey, None)
                 handle._forward_pre_hooks_with_kwargs.pop(lkey, None)
@@ -164,88 +162,6 @@ def region_exited() -> None:
         local.called.clear()
 
 
-def _hook_root(module: torch.nn.Module) -> bool:
-    """Make ``module`` (met through the sentinel) a root until the active region exits.
-    True: it has pre-hooks of its own, which run after this call's sentinel (the arguments
-    and weights they give are not known yet); its later calls' sentinel runs after them."""
-    local = _local
-    handles = local.entered[-1][2]
-    own = bool(getattr(module, "_forward_pre_hooks", None))
-    try:
-        if local.sentinel is not local.sentinel_key:
-            raise TypeError  # the sentinel has a public handle: public root hooks
-        dicts: Any = module
-        if own:
-            _last_pre(dicts, local.late_key)
-        else:
-            dicts._forward_pre_hooks_with_kwargs[local.sentinel_key] = True
-        handles.append(module)
-    except (AttributeError, TypeError):
-        _hook_public(module, handles)  # (its pre-hook goes after the module's own)
-    return own
-
-
-def _last_pre(module: Any, key: _Key) -> None:
-    """The sentinel as ``module``'s last pre-hook (given its kwargs) under ``key``: it runs
-    after the root's own pre-hooks (FSDP2's and ZeRO-3's that gather the parameters, an
-    offload hook's that moves them, a user's that changes the arguments), so it takes the
-    signature of the arguments they return and checks the weights they put in place.  One
-    of ours already there goes last again (a hook registered after it)."""
-    pre = module._forward_pre_hooks
-    pre.pop(key, None)
-    pre[key] = _sentinel
-    module._forward_pre_hooks_with_kwargs[key] = True
-
-
-def _after_own(module: Any) -> None:
-    """A root of this region whose sentinel ran before one of its own pre-hooks (one
-    registered since it was marked, while the region lasts): its later calls' sentinel
-    runs after them (:func:`_last_pre`)."""
-    local = _local
-    if id(module) in local.public:
-        return
-    late, dicts = local.late_key, module._forward_pre_hooks_with_kwargs
-    if dicts.pop(local.sentinel_key, None) is not None or late in module._forward_pre_hooks:
-        _last_pre(module, late)
-
-
-def _hook_public(module: torch.nn.Module, handles: list[Any]) -> None:
-    """The root hooks through torch's public registration (where our keys cannot go)."""
-    _local.public.add(id(module))
-    handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
-    handles.append(module.register_forward_hook(_root_post, always_call=True))
-
-
-def _drop_post(module: torch.nn.Module) -> None:
-    """Remove the post-hook :func:`_sentinel` gave a root for the call that runs a program."""
-    if id(module) not in _local.public:
-        dicts: Any = module
-        dicts._forward_hooks.pop(_local.key, None)
-        dicts._forward_hooks_always_called.pop(_local.key, None)
-
-
-def _sentinel_on() -> None:
-    local = _local
-    if local.sentinel is None:
-        if _GLOBAL_PRE is not None:
-            _GLOBAL_PRE[local.sentinel_key] = _sentinel
-            local.sentinel = local.sentinel_key
-        else:
-            local.sentinel = register_module_forward_pre_hook(_sentinel)
-
-
-def _sentinel_off() -> None:
-    local = _local
-    sentinel = local.sentinel
-    if sentinel is not None:
-        local.sentinel = None
-        if sentinel is local.sentinel_key:
-            if _GLOBAL_PRE is not None:
-                _GLOBAL_PRE.pop(sentinel, None)
-        else:
-            sentinel.remove()
-
-
 def _idle_region() -> Any:
     """The eligible region when it is innermost and no root call of it is in progress."""
     if _prog.run is not None or _prog.rec is not None or _prog.measuring or _is_compiling():
@@ -253,9 +169,7 @@ def _idle_region() -> Any:
     region, stack = _prog.settled, _thread.stack
     if region is None or not stack or stack[-1] is not region:
         return None
-    if not torch.is_autocast_enabled(region.spec.backend.device_type):  # switched off: nothing planned
-        return None
-    return region
+    return region if torch.is_autocast_enabled(region.spec.backend.device_type) else None  # off: nothing planned
 
 
 def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
@@ -279,7 +193,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
     glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare)
-    if glob and type(next(reversed(glob))) is not _Key and _global_after(module):
+    if glob and type(next(reversed(glob))) is not _Key and global_after(module):
         sig = None
     else:
         sig = signature(args, kwargs, module)
@@ -289,7 +203,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if last is not None and (last.sig != sig or last.spec is not spec or last.threads != threads):
         # micro-batches, dtypes in turn: an entry for this signature (a sig of None, a call the
         # guard cannot see, has none), thread count and spec (or plan), else None
-        last = _turn(last, sig, spec, threads, region, module)
+        last = turn(last, sig, spec, threads, region, module)
     if (  # (so the signature, the spec and the thread count are the last's: compared once)
         last is None
         or last.generation != _plans.generation
@@ -306,7 +220,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         _GLOBAL_PRE.pop(sentinel, None)
         local.sentinel = None
     else:
-        _sentinel_off()
+        sentinel_off()
     if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
         dicts: Any = module
         key = local.key
@@ -328,44 +242,6 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     return None
 
 
-def _global_after(module: torch.nn.Module) -> bool:
-    """Whether a global pre-hook (of the user's: registered inside the region, after the
-    sentinel) runs after this call's sentinel: the sentinel goes last again for later calls
-    (this call is applied call by call).  False: the sentinel is the root's own last
-    pre-hook (:func:`_last_pre`), after every global one."""
-    local = _local
-    if local.late_key in module._forward_pre_hooks:
-        return False
-    key: Any = local.sentinel_key
-    if _GLOBAL_PRE is not None and key in _GLOBAL_PRE:
-        _GLOBAL_PRE[key] = _GLOBAL_PRE.pop(key)
-    return True
-
-
-def _turn(last: _Last, sig: Any, spec: Any, threads: int, region: Any, module: torch.nn.Module) -> _Last | None:
-    """The entry ``module`` keeps settled for ``sig`` under this region's plan and thread
-    count (signatures, region dtypes or thread counts that take turns), remembered as its
-    last; None: none."""
-    entries = last.alts.get(sig)
-    if not entries:
-        return None
-    found = next((e for e in entries if e.spec is spec and e.threads == threads), None)
-    if found is None:  # a region made another way (another spec object): its plan decides
-        found = next((e for e in entries if e.threads == threads and _same_plan(e, region)), None)
-    if found is not None:
-        _local.last[id(module)] = found
-    return found
-
-
-def _same_plan(last: _Last, region: Any) -> bool:
-    """Whether ``region`` (another region object than ``last`` was found under: a region
-    made per step) has the plan of ``last``'s program; it is then remembered as ``last``'s."""
-    if _hooks.plan_of(region) is not last.plan:
-        return False
-    last.spec = region.spec
-    return True
-
-
 def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, sig: Any) -> Any:
     """The root call of :func:`_sentinel` without a settled program: the program for its
     signature (checked as a whole first where it is mixed) as a new :class:`_Last`, else
@@ -375,7 +251,7 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if sig is None:  # an argument the guard cannot see, or a pre-hook of its own after the
         own = bool(module._forward_pre_hooks)  # sentinel: the plan applies call by call, unrecorded
         if own:
-            _after_own(module)
+            after_own(module)
         new = _record(module, args, region, plan, unsigned=True, once=own)
         return None if new is None else (new, kwargs)
     local = _local
@@ -385,13 +261,13 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         return None if new is None else (new, kwargs)
     program = found
     if not program.checked:  # a mixed program is timed as a whole once (see _verify)
-        _sentinel_off()
+        sentinel_off()
         try:
             measure = _hooks.can_measure(region, plan) and _alone()
             clock = _hooks.clock_of(region) if measure else None
             program = settle(module, args, kwargs, program, region, plan, sig, clock)
         finally:
-            _sentinel_on()
+            sentinel_on()
     if len(local.last) > _MAX_SITES:
         local.last.clear()
     last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation, local.last)
@@ -404,7 +280,7 @@ _AGAIN: Final = [True]  # a _Last's stale flag that sends the next call to _find
 
 
 def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A root's pre-hook registered through torch's public API (see :func:`_hook_public`)."""
+    """A root's pre-hook registered through torch's public API (see :func:`hook_public`)."""
     return _sentinel(module, args, kwargs)
 
 
@@ -419,7 +295,7 @@ def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     if module._forward_pre_hooks:
         drop_strays(module)  # a copy of a root made while hooked
     plan = _hooks.plan_of(region)
-    if _hook_root(module):  # its later calls in this region run its program
+    if hook_root(module):  # its later calls in this region run its program
         if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
             local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
         return _record(module, args, region, plan, unsigned=True)
@@ -449,7 +325,7 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel
                 local.sentinel = local.sentinel_key
             else:
-                _sentinel_on()
+                sentinel_on()
 
 
 def _record(
@@ -474,7 +350,7 @@ def _record(
         found = program_for(module, None, plan)  # None: a module that cannot have programs
     if found is not None and id(module) not in _local.called:
         _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
-    _sentinel_off()
+    sentinel_off()
     _hooks.acquire()
     rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
     rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
@@ -502,7 +378,7 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
             program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
             store(rec.root, sig, program if program is not None else tries + 1)
     if _prog.settled is rec.region:
-        _sentinel_on()
+        sentinel_on()
 
 
 def _white(region: Any) -> frozenset[str]:

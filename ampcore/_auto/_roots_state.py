@@ -17,6 +17,7 @@ import torch
 
 from .._errors import AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
+from . import _hooks
 from ._program import Program, Running
 
 __all__: list[str] = []
@@ -228,6 +229,30 @@ def _alone() -> bool:
             AmpcoreWarning,
         )
     return False
+
+
+def turn(last: _Last, sig: Any, spec: Any, threads: int, region: Any, module: torch.nn.Module) -> _Last | None:
+    """The entry ``module`` keeps settled for ``sig`` under this region's plan and thread
+    count (signatures, region dtypes or thread counts that take turns), remembered as its
+    last; None: none."""
+    entries = last.alts.get(sig)
+    if not entries:
+        return None
+    found = next((e for e in entries if e.spec is spec and e.threads == threads), None)
+    if found is None:  # a region made another way (another spec object): its plan decides
+        found = next((e for e in entries if e.threads == threads and _same_plan(e, region)), None)
+    if found is not None:
+        _local.last[id(module)] = found
+    return found
+
+
+def _same_plan(last: _Last, region: Any) -> bool:
+    """Whether ``region`` (another region object than ``last`` was found under: a region
+    made per step) has the plan of ``last``'s program; it is then remembered as ``last``'s."""
+    if _hooks.plan_of(region) is not last.plan:
+        return False
+    last.spec = region.spec
+    return True
 
 
 def _site_at(local: _Local, code: Any, at: int) -> _Site:

@@ -5,7 +5,7 @@ FSDP2's ``fully_shard``, DeepSpeed ZeRO-3, accelerate's ``cpu_offload`` and user
 (its root).  torch runs a module's own pre-hooks after the global ones, so the sentinel
 (a global pre-hook) took the root's signature before they changed the arguments and
 before they put the parameters in place: such roots ran call by call (correct, not free).
-Now the sentinel is the last of the root's own pre-hooks (:func:`._roots._last_pre`).
+Now the sentinel is the last of the root's own pre-hooks (:func:`._root_hooks.last_pre`).
 
 Each case: its steps under auto (a plan loaded) equal them under the fixed precision the
 plan gives (outputs, dtypes, gradients; :func:`test_auto_sweep3.fixed`), nothing of auto
