@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -34,7 +35,7 @@ from ._checks import RootCheck, check_from_mapping
 from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 from ._costs import family as family_of
 
-__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan"]
+__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan", "seal"]
 
 #: The format plans are written in (2: costs with spread, runs and checks); plan files of
 #: format 1 load too.
@@ -106,6 +107,25 @@ def _host_isa() -> str:
 
 def _key(fp: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def seal(fp: Mapping[str, Any], key: str, value: object) -> str:
+    """The seal of an entry or whole-call check ``value`` (its JSON form, without the source)
+    of shape class or root ``key`` in a plan of fingerprint ``fp``: the disk cache refuses an
+    entry whose figures no longer give its seal (edited or damaged after ampcore wrote it).
+
+    Example::
+
+        >>> entry = {"decision": "low", "costs": {"fp32_ms": 4.0, "low_ms": 1.0}}
+        >>> seal({}, "k", entry) == seal({}, "k", {**entry, "source": "cache"})
+        True
+        >>> seal({}, "k", entry) == seal({}, "k", {**entry, "decision": "fp32"})
+        False
+    """
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k != "source"}
+    text = json.dumps([_key(fp), key, value], sort_keys=True, default=repr)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 class Stale(list[bool]):
@@ -201,13 +221,21 @@ class AutoPlan:
         return implausible(costs, [c for _, c in self.neighbours(shape_class)])
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object)."""
+        """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object),
+        with the :func:`seal` of each entry and whole-call check."""
+        entries = {key: entry.as_dict() for key, entry in sorted(self.entries.items())}
+        roots = {key: check.as_dict() for key, check in sorted(self.roots.items())}
+        fp = self.fingerprint
         return {
             "format": FORMAT,
-            "fingerprint": self.fingerprint,
+            "fingerprint": fp,
             "margin": self.margin,
-            "entries": {key: entry.as_dict() for key, entry in sorted(self.entries.items())},
-            "roots": {key: check.as_dict() for key, check in sorted(self.roots.items())},
+            "entries": entries,
+            "roots": roots,
+            "seals": {
+                "entries": {key: seal(fp, key, value) for key, value in entries.items()},
+                "roots": {key: seal(fp, key, value) for key, value in roots.items()},
+            },
         }
 
     @classmethod
@@ -239,9 +267,13 @@ class AutoPlan:
         """Write the plan as JSON to ``path`` (atomically) and return the path."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, target)
+        # one temporary file per process and thread: writers never share one; none is left
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
         return target
 
     def table(self) -> str:
