@@ -26,10 +26,11 @@ from typing import Any, Final
 from .._errors import AmpcoreWarning, warn_at
 from ._checks import check_from_mapping
 from ._costs import decide, implausible
-from ._plan import FORMAT, AutoPlan, PlanEntry, _key, entry_from_mapping, seal
+from ._plan import FORMAT, AutoPlan, PlanEntry, _key, by_module, entry_from_mapping, seal
 
 __all__ = [
     "CACHE_ENV",
+    "MAX_CACHE_BYTES",
     "cache_dir",
     "cache_file",
     "cache_files",
@@ -41,6 +42,8 @@ __all__ = [
 
 #: Environment variable: the directory of the disk cache, or ``off`` / ``0`` to disable it.
 CACHE_ENV: Final = "AMPCORE_AUTO_CACHE"
+#: A cache file larger than this is refused unread (an entry takes about 500 bytes).
+MAX_CACHE_BYTES: Final = 64 << 20
 
 
 def cache_dir() -> Path | None:
@@ -114,6 +117,10 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
     if path is None or not path.is_file():
         return None
     try:
+        size = path.stat().st_size
+        if size > MAX_CACHE_BYTES:  # not read into memory: no plan is that large
+            _warn(path, [f"the file is {size} bytes, more than any plan ({MAX_CACHE_BYTES})"])
+            return None
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         _warn(path, [f"the file is not readable JSON ({type(exc).__name__})"])
@@ -178,10 +185,12 @@ def _disagreeing(plan: AutoPlan) -> list[str]:
     """Drop the entries that disagree with a neighbour (both sides: either may be the
     outlier, and measuring again settles it); their reasons."""
     found = []
-    for key, entry in list(plan.entries.items()):
-        reason = None if entry.costs is None else plan.suspect(key, entry.costs)
-        if reason is not None:
-            found.append((key, reason))
+    for group in by_module(plan.entries).values():
+        for key in group:
+            costs = plan.entries[key].costs
+            reason = None if costs is None else plan.suspect(key, costs, group)
+            if reason is not None:
+                found.append((key, reason))
     for key, _ in found:
         del plan.entries[key]
     return [f"{key!r}: {reason}" for key, reason in found]

@@ -19,7 +19,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -35,7 +35,17 @@ from ._checks import RootCheck, check_from_mapping
 from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 from ._costs import family as family_of
 
-__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "load_plan", "read_plan", "seal"]
+__all__ = [
+    "FORMAT",
+    "AutoPlan",
+    "PlanEntry",
+    "by_module",
+    "entry_from_mapping",
+    "fingerprint",
+    "load_plan",
+    "read_plan",
+    "seal",
+]
 
 #: The format plans are written in (2: costs with spread, runs and checks); plan files of
 #: format 1 load too.
@@ -205,20 +215,22 @@ class AutoPlan:
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 
-    def neighbours(self, shape_class: str) -> Iterator[tuple[str, Costs]]:
+    def neighbours(self, shape_class: str, among: Iterable[str] | None = None) -> Iterator[tuple[str, Costs]]:
         """The measured classes whose costs should agree with this one's: the same module on
         the same shapes with inputs of another dtype (:func:`~._costs.module_of`), or on
-        the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`)."""
+        the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`).
+        ``among``: the keys to look at (default: every entry; :func:`by_module` groups them)."""
         mine = module_of(shape_class)
-        for key, entry in list(self.entries.items()):
-            if key == shape_class or entry.costs is None:
+        for key in list(self.entries if among is None else among):
+            entry = self.entries.get(key)
+            if key == shape_class or entry is None or entry.costs is None:
                 continue
             if module_of(key) == mine or shape_neighbours(key, shape_class):
                 yield key, entry.costs
 
-    def suspect(self, shape_class: str, costs: Costs) -> str | None:
+    def suspect(self, shape_class: str, costs: Costs, among: Iterable[str] | None = None) -> str | None:
         """Why ``costs`` for ``shape_class`` should be measured again (``None``: plausible)."""
-        return implausible(costs, [c for _, c in self.neighbours(shape_class)])
+        return implausible(costs, [c for _, c in self.neighbours(shape_class, among)])
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object),
@@ -324,6 +336,23 @@ class AutoPlan:
             "measured busy or noisy, a later process measures it again"
         )
         return ["", *format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None), foot]
+
+
+def by_module(keys: Iterable[str]) -> dict[str, list[str]]:
+    """Shape classes grouped by their module (kind and hyper-parameters): neighbours
+    (:meth:`AutoPlan.neighbours`) are always in one group, so checking every entry of a plan
+    compares within groups, not every pair (a cache of thousands of classes reads in
+    linear time, not quadratic).
+
+    Example::
+
+        >>> by_module(["Linear(a) in=[8x4] grad", "Conv2d(b) in=[1x3] grad", "Linear(a) in=[16x4] grad"])
+        {'Linear(a)': ['Linear(a) in=[8x4] grad', 'Linear(a) in=[16x4] grad'], 'Conv2d(b)': ['Conv2d(b) in=[1x3] grad']}
+    """
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key.rpartition(" in=[")[0], []).append(key)
+    return groups
 
 
 def entry_from_mapping(key: object, raw: object, source: str) -> PlanEntry:

@@ -32,8 +32,8 @@ from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC041
 from torch import nn
 
 import ampcore
-from ampcore._auto import _hooks, _program, _roots
-from ampcore._auto._cache import cache_file, forget_plans
+from ampcore._auto import Costs, _hooks, _plan, _program, _roots
+from ampcore._auto._cache import MAX_CACHE_BYTES, cache_file, forget_plans
 from ampcore._auto._shapes import shape_class
 from ampcore._cli.main import main
 
@@ -186,6 +186,39 @@ def test_a_damaged_cache_file_is_refused_with_a_warning_and_rewritten(
     _quiet_process(monkeypatch, "low")
 
 
+def test_a_cache_file_larger_than_any_plan_is_refused_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    _process(monkeypatch, Clock())
+    path = _path()
+    with path.open("r+") as f:
+        f.truncate(MAX_CACHE_BYTES + 1)  # sparse: no disk used
+    with pytest.warns(ampcore.AmpcoreWarning, match="more than any plan"):
+        _process(monkeypatch, Clock())
+    _quiet_process(monkeypatch, "low")
+
+
+def test_a_cache_of_thousands_of_classes_is_checked_within_each_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading a cache compares each entry with its module's other classes only (neighbours
+    are always of one module): 2,000 classes of 200 modules, counted comparisons."""
+    plan = ampcore.auto_plan("cpu")
+    for m in range(200):
+        for b in range(10):
+            plan.set(f"Linear(in_features={m}, out_features=8, bias=True) in=[{2**b}x{m}] grad", Costs(2.0, 1.0, 0.1))
+    plan.save(_path())
+    calls = [0]
+    real = _plan.shape_neighbours
+
+    def counted(a: str, b: str) -> bool:
+        calls[0] += 1
+        return real(a, b)
+
+    monkeypatch.setattr(_plan, "shape_neighbours", counted)
+    forget_plans()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.AmpcoreWarning)
+        assert len(ampcore.auto_plan("cpu").entries) == 2000
+    assert calls[0] <= 2000 * 10  # before: every pair, 4 million
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("torch", "2.0.0"), ("threads", 97), ("host", "AVX2"), ("env", {"ONEDNN_MAX_CPU_ISA": "AVX2"})]
 )
@@ -255,7 +288,7 @@ def test_a_cache_that_cannot_be_written_warns_once_and_the_model_trains(
 
 def test_threads_writing_the_cache_at_once_leave_a_valid_file() -> None:
     plan = ampcore.auto_plan("cpu")
-    plan.set(_key(), ampcore._auto.Costs(4.0, 1.0, 0.1, runs=5))
+    plan.set(_key(), Costs(4.0, 1.0, 0.1, runs=5))
     path = _path()
 
     def write(_: int) -> None:  # an error (a shared temporary file renamed away) propagates
