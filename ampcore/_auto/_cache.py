@@ -25,8 +25,8 @@ from typing import Any, Final
 
 from .._errors import AmpcoreWarning, warn_at
 from ._checks import check_from_mapping
-from ._costs import decide, implausible
-from ._plan import FORMAT, AutoPlan, PlanEntry, _key, by_module, entry_from_mapping, seal
+from ._costs import by_module, decide, implausible
+from ._plan import FORMAT, AutoPlan, PlanEntry, _key, entry_from_mapping, seal
 
 __all__ = [
     "CACHE_ENV",

@@ -39,7 +39,6 @@ __all__ = [
     "FORMAT",
     "AutoPlan",
     "PlanEntry",
-    "by_module",
     "entry_from_mapping",
     "fingerprint",
     "load_plan",
@@ -219,7 +218,7 @@ class AutoPlan:
         """The measured classes whose costs should agree with this one's: the same module on
         the same shapes with inputs of another dtype (:func:`~._costs.module_of`), or on
         the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`).
-        ``among``: the keys to look at (default: every entry; :func:`by_module` groups them)."""
+        ``among``: the keys to look at (default: every entry; :func:`~._costs.by_module` groups them)."""
         mine = module_of(shape_class)
         for key in list(self.entries if among is None else among):
             entry = self.entries.get(key)
@@ -336,23 +335,6 @@ class AutoPlan:
             "measured busy or noisy, a later process measures it again"
         )
         return ["", *format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None), foot]
-
-
-def by_module(keys: Iterable[str]) -> dict[str, list[str]]:
-    """Shape classes grouped by their module (kind and hyper-parameters): neighbours
-    (:meth:`AutoPlan.neighbours`) are always in one group, so checking every entry of a plan
-    compares within groups, not every pair (a cache of thousands of classes reads in
-    linear time, not quadratic).
-
-    Example::
-
-        >>> by_module(["Linear(a) in=[8x4] grad", "Conv2d(b) in=[1x3] grad", "Linear(a) in=[16x4] grad"])
-        {'Linear(a)': ['Linear(a) in=[8x4] grad', 'Linear(a) in=[16x4] grad'], 'Conv2d(b)': ['Conv2d(b) in=[1x3] grad']}
-    """
-    groups: dict[str, list[str]] = {}
-    for key in keys:
-        groups.setdefault(key.rpartition(" in=[")[0], []).append(key)
-    return groups
 
 
 def entry_from_mapping(key: object, raw: object, source: str) -> PlanEntry:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 from _auto_testing import auto_state  # noqa: F401 (fixture)
-from test_auto_sweep3 import _train, run
+from test_auto_sweep3 import BF16, _train, run
 from test_auto_sweep3_models import _Clock
 from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC0414 (fixture)
 from torch import nn
@@ -60,17 +60,28 @@ class Clock:
         return self.ms.get(label, 0.01) * (1.0 + 0.01 * (len(self.labels) % 3))
 
 
-def _process(monkeypatch: pytest.MonkeyPatch, clock: Clock, model: nn.Module | None = None) -> nn.Module:
-    """A new process (plans, programs and roots forgotten, nothing spent) that trains two steps."""
+def _process(
+    monkeypatch: pytest.MonkeyPatch,
+    clock: Clock,
+    model: nn.Module | None = None,
+    n: int = 2,
+    fp32: tuple[str, ...] = (),
+) -> nn.Module:
+    """A new process (plans, programs and roots forgotten, nothing spent) that trains ``n``
+    steps; ``fp32``: shape classes given float32 costs where the cache does not hold them."""
     forget_plans()
     _program.forget()
     _roots.forget()
+    plan = ampcore.auto_plan("cpu")
+    for key in fp32:
+        if key not in plan.entries:
+            plan.set(key, Costs(1.0, 4.0, 0.1, runs=5))
     monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "60")
     monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
     for name, value in (("spent_s", 0.0), ("warned", False), ("clocks", {})):
         monkeypatch.setattr(_hooks._process, name, value)
     model = model or _net()
-    for _ in range(2):
+    for _ in range(n):
         with ampcore.autocast("cpu", level="auto"):
             out = model(X)
         out.float().sum().backward()
@@ -253,6 +264,31 @@ def test_a_cache_edited_between_two_processes_heals_and_plan_show_gives_the_sour
     row = next(line for line in shown.splitlines() if line.startswith(key))
     assert row.split()[-2:] == ["low", "cache"] and "0.25" in row  # low/fp32 as measured, with its spread
     assert main(["plan", "clear", "--device", "cpu"]) == 0 and not path.exists()
+
+
+def test_a_whole_call_check_edited_to_favour_the_program_is_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verdict edited with figures that agree with it (the program 2 x faster) is refused by
+    its seal and measured again: the program does not run on an edited word."""
+    model = _net()
+    with torch.enable_grad():  # the last layer float32 (given), the first measured low: a mixed program
+        last = tuple(str(shape_class(model[2], (torch.randn(8, 32, dtype=d),), "cpu")) for d in (BF16, torch.float32))
+
+    def steps(clock: Clock) -> None:
+        _process(monkeypatch, clock, model, n=4, fp32=last)
+
+    clock = Clock()
+    steps(clock)
+    assert "root-plan" in clock.labels
+    path = _path()
+    data = json.loads(path.read_text())
+    ((key, check),) = data["roots"].items()
+    assert check["verdict"] == "low"  # every root candidate took the same time
+    check.update(plan_ms=check["low_ms"] / 2, plan_over_low=0.5, plan_over_fp32=0.5, verdict="plan")
+    path.write_text(json.dumps(data))
+    again = Clock()
+    with pytest.warns(ampcore.AmpcoreWarning, match=rf"whole-call check {re.escape(repr(key))}: changed after"):
+        steps(again)
+    assert "root-plan" in again.labels and ampcore.auto_plan("cpu").roots[key].verdict == "low"
 
 
 # -- a cache that cannot be written --------------------------------------------------------
