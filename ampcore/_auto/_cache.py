@@ -135,7 +135,7 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
     seals = seals if isinstance(seals, Mapping) else {}
     entries = data.get("entries")
     dropped = [] if isinstance(entries, Mapping) else ["'entries' is not an object"]
-    dropped += [] if isinstance(data.get("seals"), Mapping) else ["'seals' is not an object"]
+    dropped += [] if isinstance(data.get("seals"), (Mapping, type(None))) else ["'seals' is not an object"]
     for key, raw in entries.items() if isinstance(entries, Mapping) else ():
         try:
             entry = _entry(fp, key, raw, _section(seals, "entries").get(key), plan.margin)
