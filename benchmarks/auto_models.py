@@ -12,9 +12,12 @@ _MIXED: Final = {
     "heldout-small": (1536, 384, 0, 48, 8, 40),
     "heldout-wide": (1024, 256, 2, 96, 4, 64),
     "gpu-mixed": (4096, 4096, 4, 64, 16, 64),
+    "heldout-mlp5": (2048, 256, 2, 32, 8, 56),
 }
 #: (layers, d_model, heads, feed-forward, batch, tokens)
 _TRANSFORMERS: Final = {"transformer": (4, 256, 4, 1024, 16, 64), "heldout-transformer": (3, 320, 5, 1280, 16, 64)}
+#: (layers, d_model, heads, feed-forward, batch, target tokens, memory tokens)
+_DECODERS: Final = {"heldout-decoder": (2, 192, 6, 768, 8, 32, 48)}
 
 
 def _mixed(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]]:
@@ -321,6 +324,26 @@ _KINDS: Final = {
 }
 
 
+def _decoder(sizes: tuple[int, ...], device: str) -> tuple[Any, tuple[Any, ...]]:
+    """``heldout-decoder``: an ``nn.TransformerDecoder`` (self- and cross-attention) over a memory."""
+    import torch
+    from torch import nn
+
+    layers, d, heads, ff, batch, tokens, memory_tokens = sizes
+
+    class Decoder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layer = nn.TransformerDecoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
+            self.decoder = nn.TransformerDecoder(layer, layers)
+
+        def forward(self, memory: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return self.decoder(target, memory)  # the target last: the loss compares the output with it
+
+    data = (torch.randn(batch, memory_tokens, d, device=device), torch.randn(batch, tokens, d, device=device))
+    return Decoder().to(device), data
+
+
 def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
     import torch
     from torch import nn
@@ -342,11 +365,23 @@ def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
         model = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         return model.to(device), (torch.randn(batch, tokens, d, device=device),)
+    if name in _DECODERS:
+        return _decoder(_DECODERS[name], device)
     if name == "seed":
         from ampcore._cli.experiment import SeedNet
 
         return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
-    known = [*_MIXED, "heldout-conv", "heldout-flip", "heldout-tie", *_EMBEDDED, *_KINDS, *_TRANSFORMERS, "seed"]
+    known = [
+        *_MIXED,
+        "heldout-conv",
+        "heldout-flip",
+        "heldout-tie",
+        *_EMBEDDED,
+        *_KINDS,
+        *_TRANSFORMERS,
+        *_DECODERS,
+        "seed",
+    ]
     raise SystemExit(f"unknown model {name!r}; valid: {', '.join(known)}")
 
 

@@ -15,6 +15,10 @@ Models (training steps: forward, MSE loss, backward, SGD):
 * ``transformer``: a 4-layer ``nn.TransformerEncoder`` (d_model 256, 4 heads, feed-forward
   1024, dropout 0.1, batch_first) on batch 16 x 64 tokens;
 * ``heldout-transformer``: 3 layers, d_model 320, 5 heads, feed-forward 1280, batch 16 x 64;
+* ``heldout-mlp5``: 2 x ``Linear(2048)`` on a batch of 256 plus 56 small residual
+  ``Linear(32)`` on a batch of 8 (fifth held-out sweep);
+* ``heldout-decoder``: a 2-layer ``nn.TransformerDecoder`` (d_model 192, 6 heads,
+  feed-forward 768, dropout 0.1) on 8 x 32 target tokens over an 8 x 48 memory;
 * ``gpu-mixed``: for accelerators (``--device cuda``): 4 x ``Linear(4096)`` on a batch of
   4096 plus 64 small residual ``Linear(64)`` on a batch of 16 (small ones lose in low
   precision there: casts and launches);

@@ -25,11 +25,12 @@ from typing import Any, Final
 
 from .._errors import AmpcoreWarning, warn_at
 from ._checks import check_from_mapping
-from ._costs import implausible
-from ._plan import FORMAT, AutoPlan, _key, entry_from_mapping
+from ._costs import by_module, decide, implausible
+from ._plan import FORMAT, AutoPlan, PlanEntry, _key, entry_from_mapping, seal
 
 __all__ = [
     "CACHE_ENV",
+    "MAX_CACHE_BYTES",
     "cache_dir",
     "cache_file",
     "cache_files",
@@ -41,6 +42,8 @@ __all__ = [
 
 #: Environment variable: the directory of the disk cache, or ``off`` / ``0`` to disable it.
 CACHE_ENV: Final = "AMPCORE_AUTO_CACHE"
+#: A cache file larger than this is refused unread (an entry takes about 500 bytes).
+MAX_CACHE_BYTES: Final = 64 << 20
 
 
 def cache_dir() -> Path | None:
@@ -114,55 +117,97 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
     if path is None or not path.is_file():
         return None
     try:
+        size = path.stat().st_size
+        if size > MAX_CACHE_BYTES:  # not read into memory: no plan is that large
+            _warn(path, [f"the file is {size} bytes, more than any plan ({MAX_CACHE_BYTES})"])
+            return None
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         _warn(path, [f"the file is not readable JSON ({type(exc).__name__})"])
         return None
-    if not isinstance(data, Mapping) or data.get("format") != FORMAT or data.get("fingerprint") != fp:
+    if not isinstance(data, Mapping):
+        _warn(path, [f"the file is not an ampcore plan cache (a JSON object expected, not {type(data).__name__})"])
+        return None
+    if data.get("format") != FORMAT or data.get("fingerprint") != fp:
         return None  # another format or setting: measured again, and rewritten
-    entries = data.get("entries")
     plan = AutoPlan(fp)
-    dropped: list[str] = []
+    seals = data.get("seals")
+    seals = seals if isinstance(seals, Mapping) else {}
+    entries = data.get("entries")
+    dropped = [] if isinstance(entries, Mapping) else ["'entries' is not an object"]
+    dropped += [] if isinstance(data.get("seals"), (Mapping, type(None))) else ["'seals' is not an object"]
     for key, raw in entries.items() if isinstance(entries, Mapping) else ():
         try:
-            entry = entry_from_mapping(key, raw, "cache")
+            entry = _entry(fp, key, raw, _section(seals, "entries").get(key), plan.margin)
         except ValueError as exc:
             dropped.append(f"{key!r}: {exc}")
             continue
-        reason = None if entry.costs is None else implausible(entry.costs)  # alone; neighbours below
-        if reason is not None:
-            dropped.append(f"{key!r}: {reason}")
-            continue
         plan.entries[entry.shape_class] = entry
-    dropped += _disagreeing(plan) + _checks(plan, data.get("roots", {}))
-    if dropped or not isinstance(entries, Mapping):
-        _warn(path, dropped or ["'entries' is not an object"])
+    dropped += _disagreeing(plan) + _checks(plan, data.get("roots", {}), _section(seals, "roots"))
+    if dropped:
+        _warn(path, dropped)
         write_cache(plan)
     return plan
+
+
+def _section(seals: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    found = seals.get(name)
+    return found if isinstance(found, Mapping) else {}
+
+
+def _entry(fp: dict[str, Any], key: str, raw: object, sealed: object, margin: float) -> PlanEntry:
+    """A cache entry, checked: its types, measured figures (a cache holds no decision without
+    them), a decision that follows from them, its seal (ampcore wrote it as it is) and the
+    figures' plausibility alone (neighbours: :func:`_disagreeing`).  ValueError: why not."""
+    entry = entry_from_mapping(key, raw, "cache")
+    if entry.costs is None:
+        raise ValueError("no costs: a cached decision is measured")
+    given = decide(entry.costs, margin)
+    if given != entry.decision:
+        raise ValueError(f"decision {entry.decision!r} does not follow from its figures (they give {given!r})")
+    _check_seal(fp, key, raw, sealed)
+    reason = implausible(entry.costs)
+    if reason is not None:
+        raise ValueError(reason)
+    return entry
+
+
+def _check_seal(fp: dict[str, Any], key: str, raw: object, sealed: object) -> None:
+    """ValueError unless ``sealed`` is the :func:`~._plan.seal` of ``raw``: an entry written
+    by hand, by an older ampcore, or changed after ampcore wrote it is measured again."""
+    if sealed is None:
+        raise ValueError("no seal (written by hand or by an older ampcore): its figures are not trusted")
+    if sealed != seal(fp, key, raw):
+        raise ValueError("changed after ampcore wrote it (its seal does not match its figures)")
 
 
 def _disagreeing(plan: AutoPlan) -> list[str]:
     """Drop the entries that disagree with a neighbour (both sides: either may be the
     outlier, and measuring again settles it); their reasons."""
     found = []
-    for key, entry in list(plan.entries.items()):
-        reason = None if entry.costs is None else plan.suspect(key, entry.costs)
-        if reason is not None:
-            found.append((key, reason))
+    for group in by_module(plan.entries).values():
+        for key in group:
+            costs = plan.entries[key].costs
+            reason = None if costs is None else plan.suspect(key, costs, group)
+            if reason is not None:
+                found.append((key, reason))
     for key, _ in found:
         del plan.entries[key]
     return [f"{key!r}: {reason}" for key, reason in found]
 
 
-def _checks(plan: AutoPlan, raw: object) -> list[str]:
-    """Read the whole-call checks into ``plan``; the reasons of those dropped (damaged, or a
-    verdict that does not follow from its figures: checked again at the root's next call)."""
+def _checks(plan: AutoPlan, raw: object, seals: Mapping[str, Any]) -> list[str]:
+    """Read the whole-call checks into ``plan``; the reasons of those dropped (damaged, a
+    verdict that does not follow from its figures, or edited after ampcore wrote it: checked
+    again at the root's next call)."""
     if not isinstance(raw, Mapping):
         return ["'roots' is not an object"]
     dropped = []
     for key, value in raw.items():
         try:
-            plan.roots[str(key)] = check_from_mapping(value, "cache")
+            check = check_from_mapping(value, "cache")
+            _check_seal(plan.fingerprint, str(key), value, seals.get(key))
+            plan.roots[str(key)] = check
         except ValueError as exc:
             dropped.append(f"whole-call check {key!r}: {exc}")
     return dropped
@@ -185,8 +230,21 @@ def write_cache(plan: AutoPlan) -> Path | None:
         return None
     try:
         return plan.save(path)
-    except OSError:
+    except OSError as exc:
+        if path not in _unwritable:  # once per file: every later write fails the same way
+            _unwritable.add(path)
+            warn_at(
+                f"ampcore level='auto' cannot write its plan cache {path} ({type(exc).__name__}: "
+                f"{exc.strerror or exc}); this process keeps its measurements in memory, later ones "
+                f"measure again (set {CACHE_ENV} to a writable directory, or to 'off')",
+                AmpcoreWarning,
+                str(path),
+            )
         return None
+
+
+#: cache files a write failed for (warned once)
+_unwritable: set[Path] = set()
 
 
 def current_plan(fp: dict[str, Any]) -> AutoPlan:

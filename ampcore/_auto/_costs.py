@@ -25,6 +25,7 @@ __all__ = [
     "MARGIN",
     "Costs",
     "band",
+    "by_module",
     "Decision",
     "costs_from_mapping",
     "decide",
@@ -254,6 +255,23 @@ def shape_neighbours(a: str, b: str) -> bool:
                     return False
                 steps += 1
     return steps == 1
+
+
+def by_module(keys: Iterable[str]) -> dict[str, list[str]]:
+    """Shape classes grouped by their module (kind and hyper-parameters): neighbours
+    (:meth:`~._plan.AutoPlan.neighbours`) are always in one group, so checking every entry of a plan
+    compares within groups, not every pair (a cache of thousands of classes reads in
+    linear time, not quadratic).
+
+    Example::
+
+        >>> by_module(["Linear(a) in=[8x4] grad", "Conv2d(b) in=[1x3] grad", "Linear(a) in=[16x4] grad"])
+        {'Linear(a)': ['Linear(a) in=[8x4] grad', 'Linear(a) in=[16x4] grad'], 'Conv2d(b)': ['Conv2d(b) in=[1x3] grad']}
+    """
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key.rpartition(" in=[")[0], []).append(key)
+    return groups
 
 
 def implausible(costs: Costs, neighbours: Iterable[Costs] = ()) -> str | None:

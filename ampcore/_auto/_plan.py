@@ -17,8 +17,9 @@ import hashlib
 import json
 import math
 import os
+import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -33,7 +34,7 @@ from ._checks import RootCheck, check_from_mapping
 from ._costs import MARGIN, Costs, Decision, costs_from_mapping, decide, implausible, module_of, shape_neighbours
 from ._costs import family as family_of
 
-__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint"]
+__all__ = ["FORMAT", "AutoPlan", "PlanEntry", "entry_from_mapping", "fingerprint", "seal"]
 
 #: The format plans are written in (2: costs with spread, runs and checks); plan files of
 #: format 1 load too.
@@ -105,6 +106,25 @@ def _host_isa() -> str:
 
 def _key(fp: Mapping[str, Any]) -> str:
     return hashlib.sha1(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def seal(fp: Mapping[str, Any], key: str, value: object) -> str:
+    """The seal of an entry or whole-call check ``value`` (its JSON form, without the source)
+    of shape class or root ``key`` in a plan of fingerprint ``fp``: the disk cache refuses an
+    entry whose figures no longer give its seal (edited or damaged after ampcore wrote it).
+
+    Example::
+
+        >>> entry = {"decision": "low", "costs": {"fp32_ms": 4.0, "low_ms": 1.0}}
+        >>> seal({}, "k", entry) == seal({}, "k", {**entry, "source": "cache"})
+        True
+        >>> seal({}, "k", entry) == seal({}, "k", {**entry, "decision": "fp32"})
+        False
+    """
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k != "source"}
+    text = json.dumps([_key(fp), key, value], sort_keys=True, default=repr)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 class Stale(list[bool]):
@@ -184,29 +204,39 @@ class AutoPlan:
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 
-    def neighbours(self, shape_class: str) -> Iterator[tuple[str, Costs]]:
+    def neighbours(self, shape_class: str, among: Iterable[str] | None = None) -> Iterator[tuple[str, Costs]]:
         """The measured classes whose costs should agree with this one's: the same module on
         the same shapes with inputs of another dtype (:func:`~._costs.module_of`), or on
-        the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`)."""
+        the next shape bucket of one dimension (:func:`~._costs.shape_neighbours`).
+        ``among``: the keys to look at (default: every entry; :func:`~._costs.by_module` groups them)."""
         mine = module_of(shape_class)
-        for key, entry in list(self.entries.items()):
-            if key == shape_class or entry.costs is None:
+        for key in list(self.entries if among is None else among):
+            entry = self.entries.get(key)
+            if key == shape_class or entry is None or entry.costs is None:
                 continue
             if module_of(key) == mine or shape_neighbours(key, shape_class):
                 yield key, entry.costs
 
-    def suspect(self, shape_class: str, costs: Costs) -> str | None:
+    def suspect(self, shape_class: str, costs: Costs, among: Iterable[str] | None = None) -> str | None:
         """Why ``costs`` for ``shape_class`` should be measured again (``None``: plausible)."""
-        return implausible(costs, [c for _, c in self.neighbours(shape_class)])
+        return implausible(costs, [c for _, c in self.neighbours(shape_class, among)])
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object)."""
+        """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object),
+        with the :func:`seal` of each entry and whole-call check."""
+        entries = {key: entry.as_dict() for key, entry in sorted(self.entries.items())}
+        roots = {key: check.as_dict() for key, check in sorted(self.roots.items())}
+        fp = self.fingerprint
         return {
             "format": FORMAT,
-            "fingerprint": self.fingerprint,
+            "fingerprint": fp,
             "margin": self.margin,
-            "entries": {key: entry.as_dict() for key, entry in sorted(self.entries.items())},
-            "roots": {key: check.as_dict() for key, check in sorted(self.roots.items())},
+            "entries": entries,
+            "roots": roots,
+            "seals": {
+                "entries": {key: seal(fp, key, value) for key, value in entries.items()},
+                "roots": {key: seal(fp, key, value) for key, value in roots.items()},
+            },
         }
 
     @classmethod
@@ -238,9 +268,13 @@ class AutoPlan:
         """Write the plan as JSON to ``path`` (atomically) and return the path."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, target)
+        # one temporary file per process and thread: writers never share one; none is left
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
         return target
 
     def table(self) -> str:

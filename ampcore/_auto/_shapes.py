@@ -166,10 +166,13 @@ def bucket(n: int) -> int:
 
     Example::
 
-        >>> bucket(500), bucket(512), bucket(513), bucket(1)
-        (512, 512, 1024, 1)
+        >>> bucket(500), bucket(512), bucket(513), bucket(1), bucket(0)
+        (512, 512, 1024, 1, 0)
+
+    0 is a bucket of its own: an empty batch does no work but the casts, and timing it must
+    not decide for batch 1.
     """
-    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+    return n if n <= 1 else 1 << (n - 1).bit_length()
 
 
 def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -> str | None:

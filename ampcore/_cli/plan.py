@@ -78,12 +78,18 @@ def _clear(args: argparse.Namespace) -> int:
     if cache_file({}) is None:
         print("disk cache off (AMPCORE_AUTO_CACHE): nothing to clear")
         return 0
+    failed = 0
     for path in paths:
-        path.unlink(missing_ok=True)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:  # a directory in its place, a read-only directory
+            failed += 1
+            print(f"cannot remove {path}: {exc.strerror or exc} (remove it by hand)")
+            continue
         print(f"removed {path}")
     if not paths:
         print("no cache file to remove")
-    return 0
+    return 1 if failed else 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -26,6 +26,7 @@ from ampcore._auto import AutoPlan, Costs, _hooks, decide
 from ampcore._auto._cache import cache_file, forget_plans
 from ampcore._auto._costs import implausible
 from ampcore._auto._measure import Label, device_clock, measure
+from ampcore._auto._plan import seal
 from ampcore._auto._shapes import shape_class
 from ampcore._backends.memory import can_synchronize
 from ampcore._cli.main import main
@@ -266,11 +267,14 @@ def test_on_cuda_the_clock_times_with_events() -> None:  # pragma: no cover - GP
 
 
 def _write_cache(entries: dict[str, Any]) -> Path:
+    """A cache file of ``entries`` as ampcore writes them (sealed: see test_auto_sweep5.py for
+    entries edited after ampcore wrote them)."""
     plan = ampcore.auto_plan("cpu")
     path = cache_file(plan.fingerprint)
     assert path is not None
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**plan.to_dict(), "entries": entries}))
+    seals = {"entries": {key: seal(plan.fingerprint, key, raw) for key, raw in entries.items()}, "roots": {}}
+    path.write_text(json.dumps({**plan.to_dict(), "entries": entries, "seals": seals}))
     forget_plans()
     return path
 
