@@ -32,7 +32,7 @@ from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC041
 from torch import nn
 
 import ampcore
-from ampcore._auto import Costs, _hooks, _plan, _program, _roots
+from ampcore._auto import Costs, _hooks, _plan, _roots, _store
 from ampcore._auto._cache import MAX_CACHE_BYTES, cache_file, forget_plans
 from ampcore._auto._shapes import shape_class
 from ampcore._cli.main import main
@@ -70,7 +70,7 @@ def _process(
     """A new process (plans, programs and roots forgotten, nothing spent) that trains ``n``
     steps; ``fp32``: shape classes given float32 costs where the cache does not hold them."""
     forget_plans()
-    _program.forget()
+    _store.forget()
     _roots.forget()
     plan = ampcore.auto_plan("cpu")
     for key in fp32:
