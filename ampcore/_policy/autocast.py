@@ -40,9 +40,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _CALL = "ampcore.autocast"
 _is_compiling = torch.compiler.is_compiling
-#: ``torch.compiler.is_compiling()`` without its call of ``torch.jit.is_scripting`` (a region
-#: made per step asks): dynamo folds ``is_dynamo_compiling()`` to True where it traces the
-#: construction, an export's tracing sets the flag (a torch without the flag: the call)
+#: ``is_compiling()`` without ``torch.jit.is_scripting`` (per region made): dynamo's own check, then the flag
 _dynamo_compiling = torch.compiler.is_dynamo_compiling
 _FLAG_OF: Final[Any] = torch.compiler if isinstance(getattr(torch.compiler, "_is_compiling_flag", None), bool) else None
 _thread = thread_state()
