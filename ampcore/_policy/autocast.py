@@ -190,8 +190,7 @@ class autocast:
         custom_white_list: Iterable[str] | None,
         custom_black_list: Iterable[str] | None,
     ) -> None:
-        """Validate the arguments (bound to ampcore's names) and set the region's attributes;
-        remember them under ``key`` (see :func:`~ampcore._policy.signature.construction_key`)."""
+        """Validate the arguments, set the region's attributes, remember them under ``key``."""
         checked_level = check_level(level)
         hooks = level_hooks(checked_level)  # level="auto": its module hooks (ampcore._auto)
         if hooks is not None:  # AMPCORE_AUTO_BUDGET checked here, before anything changes
