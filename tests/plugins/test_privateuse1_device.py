@@ -204,7 +204,7 @@ def test_acme_cost_model_chooses_low_precision_only_where_it_pays() -> None:
     from ampcore_acme import plugin
 
     from ampcore._auto._costs import decide
-    from ampcore._auto._hooks import adapter_costs
+    from ampcore._auto._deciding import adapter_costs
 
     class Backend:  # what ampcore's auto planner asks: the plugin's own hook
         plugin_name, distribution = "acme", "ampcore-acme"
