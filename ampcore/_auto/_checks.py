@@ -10,6 +10,13 @@ where it wins beyond the noise.  A :class:`RootCheck` is that measurement and it
 verdict; :func:`choose` is the pure rule, applied again to figures read from a cache or a
 plan file (a verdict that does not follow from its figures is refused).
 
+A *uniform* program (every planned call one way) is exactly one fixed choice, yet its
+figures are per class too: a wrong one (a burst of other work over one side's runs) or the
+work between layers could make the other choice faster as a whole.  It is checked against
+that other choice alone, its own side's figures being its own runs (ratio 1 round by
+round): :func:`choose` then gives ``"fp32"`` only where float32 beats the O1 lists beyond
+the noise, else ``"low"`` (a tie: torch.autocast's choice, also for an all-float32 program).
+
 A check measured on a busy device (the adapter's ``ampcore_auto_load`` over
 :data:`BUSY_LOAD`) or whose ratios spread over :data:`NOISY_SPREAD` is *provisional*
 (:func:`provisional`): other work on the device can shift a whole check's ratios at once

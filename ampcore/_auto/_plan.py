@@ -318,7 +318,9 @@ class AutoPlan:
             rows.append((key, *ms, *ratios, str(c.runs), load, checks, c.verdict, c.source))
         foot = (
             "a mixed program is timed as a whole against the O1 lists alone (low) and float32, "
-            "interleaved; plan/low, plan/fp32: medians of per-round ratios; it runs as planned only "
+            "interleaved (a uniform one, every planned call one way, against the other choice alone: "
+            "its own side is its own runs, ratio 1.000); plan/low, plan/fp32: medians of per-round "
+            "ratios; it runs as planned only "
             "where it wins beyond spread / sqrt(runs) (at least 3%), else as the better fixed choice "
             "(float32 where plan/fp32 over plan/low, low/fp32 round by round, is above 1 beyond that band); load: "
             "other work on the device meanwhile (the adapter's; -: not reported); provisional: "

@@ -149,6 +149,23 @@ class Program(NamedTuple):
         (the program is then not exactly either fixed choice: float32 may win as a whole)."""
         return bool(self.steps) or 0 < len(self.switched) < len(self.planned) or self.low_outside
 
+    def uniform(self) -> str | None:
+        """The fixed choice a program that is not mixed is exactly (``"low"``: every planned
+        call low, torch.autocast's program; ``"fp32"``: every one float32), None for a mixed
+        program or one without planned calls.  Its whole-call check (:mod:`._verify`) times
+        it against the other fixed choice only.
+
+        Example::
+
+            >>> Program(None, 0, False, (), (), False).uniform() is None  # type: ignore[arg-type]
+            True
+        """
+        if not self.planned or self.mixed():
+            return None
+        if self.switched:  # every planned module switched away from the default
+            return "low" if self.default_fp32 else "fp32"
+        return "fp32" if self.default_fp32 else "low"
+
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""

@@ -1,4 +1,4 @@
-"""The whole-call check of a root's mixed program (:mod:`._checks` says why and the rule).
+"""The whole-call check of a root's program (:mod:`._checks` says why and the rule).
 
 Once per root, input signature and program (and per fingerprint: the verdict is cached on
 disk with the plan), before the program first runs: the root's call is timed under the
@@ -17,6 +17,12 @@ were; the autocast weight cache is cleared before each run, as a step's region s
 without it.  Each run gets copies of the call's lists and dicts and of the objects among
 its arguments (a KV cache the forward grows: its tensors cloned, before the run is timed),
 so the real call that follows sees its arguments as they were.
+
+A *uniform* program (every planned call low: torch.autocast's; or every one float32) is
+exactly one fixed choice: it is timed, the same way, against the other one alone (two
+candidates, their two orders in turn), so a wrong per-class figure, or whole-call work no
+class's figures hold (the casts between layers, launches), cannot pin the root to the
+slower choice for good.
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ _CANDIDATES: Final = ("plan", "low", "fp32")
 #: forwards that raise in the whole-call check before the check is given up for the root's
 #: signature (a forward that cannot run again); fewer: checked again at the next call
 CHECK_TRIES: Final = 3
-_ORDERS: Final = tuple(itertools.permutations(_CANDIDATES))
 _LABELS: Final[dict[str, Label]] = {"plan": "root-plan", "low": "root-low", "fp32": "root-fp32"}
 
 
@@ -98,15 +103,19 @@ def settle(
     sig: tuple[Any, ...],
     clock: Clock | None,
 ) -> Program:
-    """What ``root`` runs for ``sig``: ``program`` when it is not mixed or wins its
-    whole-call check, else the better fixed choice (:meth:`Program.fixed`); checked once
+    """What ``root`` runs for ``sig``: ``program`` when it wins its whole-call check, else
+    the better fixed choice (:meth:`Program.fixed`); a uniform program (every planned call
+    one way, :meth:`Program.uniform`) is checked against the other fixed choice alone and
+    runs as recorded unless that choice beats it beyond the noise; checked once
     (``clock`` None: nothing can be measured, the program runs as recorded), cached in
     ``plan`` and stored as the root's program.  A check whose forward raised returns the
     program unchecked (checked again at the next call) until it has failed
     :data:`CHECK_TRIES` times: then the program runs as recorded, unchecked.  A provisional check read from the cache
     (measured busy or noisy by an earlier process) is measured again once in this process
     (:func:`~._checks.recheck`)."""
-    if not program.mixed() or any(r() is root for r in program.planned):  # a planned root: its own hooks
+    own = program.uniform()
+    planned_root = any(r() is root for r in program.planned)  # its own hooks decide
+    if (own is None and not program.mixed()) or planned_root:
         chosen = program.fixed("plan")
     else:
         key = root_key(root, sig, program)
@@ -114,7 +123,7 @@ def settle(
         again = check is not None and check.provisional and check.source == "cache"  # by an earlier process
         if (check is None or again) and clock is not None and not plan.frozen:
             try:
-                found = _check(root, args, kwargs, program, region, clock)
+                found = _check(root, args, kwargs, program, region, clock, own)
             except Exception as exc:  # a forward that raised: the real call follows
                 if program.check_tries + 1 < CHECK_TRIES:  # (its own error, a bad batch: the real call raises too)
                     retry = program._replace(check_tries=program.check_tries + 1)
@@ -128,7 +137,7 @@ def settle(
             from ._cache import write_cache
 
             write_cache(plan)
-        chosen = program.fixed("plan" if check is None else check.verdict)
+        chosen = program.fixed("plan" if check is None or check.verdict == own else check.verdict)
     store(root, sig, chosen)
     return chosen
 
@@ -143,8 +152,17 @@ def _unrepeatable(root: nn.Module, exc: Exception) -> None:
 
 
 def _check(
-    root: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], program: Program, region: Any, clock: Clock
+    root: nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    program: Program,
+    region: Any,
+    clock: Clock,
+    own: str | None = None,
 ) -> RootCheck:
+    """The whole-call check of ``program``: against both fixed choices, or, for a uniform
+    program (``own``: the fixed choice it is), against the other one alone, its own side's
+    figures being the program's runs (:func:`_uniform_times`)."""
     from . import _hooks
 
     device_type: str = region.spec.backend.device_type
@@ -152,7 +170,9 @@ def _check(
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
     buffers = [(b, b.detach().clone()) for b in root.buffers()]
     runs: dict[str, Callable[[], None]] = {
-        name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type) for name in _CANDIDATES
+        name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type)
+        for name in _CANDIDATES
+        if name != own
     }
     loads = [_hooks.load_of(region)]
     start = time.perf_counter()
@@ -161,8 +181,8 @@ def _check(
         with _fork_rng(device_type):
             times = _rounds(clock, runs, min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3))
             left_ms = (_hooks.budget_s() - _hooks._process.spent_s - (time.perf_counter() - start)) * 1e3
-            if left_ms > 0 and _doubtful(RootCheck.of(times), program.saving_ms):  # once more, rounds added
-                again = _rounds(clock, runs, min(PER_ROOT_MS, left_ms))
+            if left_ms > 0 and _doubtful(RootCheck.of(_uniform_times(times, own)), program.saving_ms):
+                again = _rounds(clock, runs, min(PER_ROOT_MS, left_ms))  # once more, rounds added
                 times = {name: times[name] + again[name] for name in times}
         loads.append(_hooks.load_of(region))
     finally:
@@ -173,7 +193,21 @@ def _check(
         with _hooks._process.lock:
             _hooks._process.spent_s += time.perf_counter() - start
     known = [load for load in loads if load is not None]
-    return RootCheck.of(times, max(known) if known else None)
+    return RootCheck.of(_uniform_times(times, own), max(known) if known else None)
+
+
+def _uniform_times(times: dict[str, list[float]], own: str | None) -> dict[str, list[float]]:
+    """``times`` with a uniform program's own fixed choice (``own``) given the program's
+    runs: it is that choice (the same dtypes everywhere), so its ratio to it is 1 round by
+    round and :func:`~._checks.choose` compares the program with the other choice alone (a
+    verdict of ``own`` or, on a tie, ``"low"``: torch.autocast's choice).
+
+    Example::
+
+        >>> _uniform_times({"plan": [2.0], "fp32": [1.0]}, "low")
+        {'plan': [2.0], 'fp32': [1.0], 'low': [2.0]}
+    """
+    return times if own is None else {**times, own: times["plan"]}
 
 
 def _doubtful(check: RootCheck, saving_ms: float) -> bool:
@@ -194,10 +228,11 @@ def _doubtful(check: RootCheck, saving_ms: float) -> bool:
 
 
 def _rounds(clock: Clock, runs: dict[str, Callable[[], None]], budget_ms: float) -> dict[str, list[float]]:
-    """Warm each candidate, then time them in rounds of every order (see the module)."""
+    """Warm each candidate, then time them in rounds of every order (see the module; two
+    candidates, a uniform program's check: the two orders in turn)."""
     spent = sum(clock(_ready(run), _LABELS[name]) for name, run in runs.items())  # warm-up: not timed
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for order in itertools.islice(itertools.cycle(_ORDERS), MAX_RUNS):
+    for order in itertools.islice(itertools.cycle(itertools.permutations(runs)), MAX_RUNS):
         for name in order:
             times[name].append(clock(_ready(runs[name]), _LABELS[name]))
         last = sum(found[-1] for found in times.values())

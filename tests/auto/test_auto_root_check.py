@@ -128,15 +128,26 @@ def test_the_check_warms_each_candidate_and_balances_the_order_of_its_rounds(mon
     assert set(pairs.values()) == {2} and len(pairs) == 6  # each candidate after each other equally often
 
 
-def test_a_program_that_is_not_mixed_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_program_that_is_not_mixed_is_checked_against_the_other_fixed_choice_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A uniform program (every module low: exactly torch.autocast's program) was never
+    checked before issue 27's tenth stop, so a wrong per-class figure pinned the model to
+    the slower fixed choice for good.  It is now timed once against float32 alone (the
+    program *is* the ``low`` candidate: timing it twice would only spend the budget): two
+    candidates, each warmed, then 7 rounds; here the O1 lists win, so it runs as recorded.
+    tests/auto/test_auto_uniform_check.py covers the verdicts that change what it runs."""
     net, x, y = Net(), torch.randn(4, 32), torch.randn(4, 8)
     clock = Clock(10.0, 9.0, 12.0)
     monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
     _decide(net, x, y, small=_WINS)  # every module low: the program is torch.autocast's
     for _ in range(3):
         with ampcore.autocast("cpu", level="auto"):
-            net(x, y)
-    assert clock.labels == [] and ampcore.auto_plan("cpu").roots == {}
+            out = net(x, y)
+    assert [o.dtype for o in out] == [torch.bfloat16] * 2
+    assert len(clock.labels) == 2 * (1 + 7) and set(clock.labels) == {"root-plan", "root-fp32"}
+    (key, check), *_ = ampcore.auto_plan("cpu").roots.items()
+    assert "program=low+0" in key and (check.verdict, check.plan_over_low) == ("low", 1.0)
 
 
 def test_the_check_leaves_parameters_gradients_buffers_and_rng_alone(monkeypatch: pytest.MonkeyPatch) -> None:

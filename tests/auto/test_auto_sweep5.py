@@ -64,7 +64,7 @@ def _process(
     monkeypatch: pytest.MonkeyPatch,
     clock: Clock,
     model: nn.Module | None = None,
-    n: int = 2,
+    n: int = 3,
     fp32: tuple[str, ...] = (),
 ) -> nn.Module:
     """A new process (plans, programs and roots forgotten, nothing spent) that trains ``n``
