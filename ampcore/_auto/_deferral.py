@@ -10,7 +10,7 @@ it to that (:func:`mine`).  The key is the thread's own: two threads applying th
 one model at once each defer its layers under its key, and the end of one's call removes
 only its own (one key for all let the first to finish remove the other's: its layers fell
 back to the global hook for the rest of that call).  A copy of a layer made meanwhile
-(``copy.deepcopy``, pickling) holds a :class:`~._roots_state.Stale` key instead.
+(``copy.deepcopy``, pickling) holds a :class:`~._stale.Stale` key instead.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ._roots_state import Stale
+from ._stale import Stale
 
 __all__ = ["defer", "undefer"]
 

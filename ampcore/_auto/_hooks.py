@@ -50,8 +50,18 @@ from ._measure import Clock, device_clock
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
-from ._roots_state import Stale, _compiler, _dynamo_compiling, _num_threads, drop_strays
-from ._shapes import PENDING, device_type_of, float32_weights, known_kind, planned_ops, shape_class
+from ._roots_state import _compiler, _dynamo_compiling, _num_threads
+from ._shapes import (
+    PENDING,
+    VARIES,
+    device_type_of,
+    float32_weights,
+    known_kind,
+    planned_ops,
+    shape_class,
+    variant_kind,
+)
+from ._stale import Stale, drop_strays
 
 __all__ = [
     "BUDGET_ENV",
@@ -239,7 +249,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
         rec.stack.append((module, ops is not None))
         rec.planned += ops is not None
     if ops is None:
-        if known_kind(type(module)) is PENDING:  # a class met for the first time: a matmul kind?
+        kind = known_kind(type(module))  # a class (or a class's flags: VARIES) met for the first time: a matmul kind?
+        if kind is PENDING or (kind is VARIES and variant_kind(module) is PENDING):
             _deciding.watch(module, top)
         return None
     spec = top.spec  # the innermost region: an enabled level="auto" one (not measuring: checked above)

@@ -325,6 +325,8 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
                 local.sentinel = local.sentinel_key
             else:
                 sentinel_on()
+    else:  # a copy's stray (a root copied in its forward) or a public hook's call without a program
+        drop_strays(module)
 
 
 def _record(

@@ -184,3 +184,193 @@ def test_a_root_applied_call_by_call_plans_layers_after_their_own_hooks(
                 want = torch.relu(out) if why == "unsigned" else out
         _equal(got, want, f"call {i}")
     _clean(root)
+
+
+# --- (4) a copy made while a program runs ----------------------------------------------------
+
+
+def _ours(module: nn.Module) -> list[Any]:
+    """Keys in ``module``'s hook dicts that are not torch's handle ids (ours, or copies of ours)."""
+    dicts = (
+        "_forward_pre_hooks",
+        "_forward_pre_hooks_with_kwargs",
+        "_forward_hooks",
+        "_forward_hooks_with_kwargs",
+        "_forward_hooks_always_called",
+    )
+    return [k for m in module.modules() for d in dicts for k in getattr(m, d) if type(k) is not int]
+
+
+class _Copies(nn.Module):
+    """:func:`_mlp`'s layers (a mixed program: its first layer switched to float32) whose
+    forward copies itself once armed (an EMA copy taken in the forward, while the program runs)."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+        self.how, self.armed, self.copies = how, False, list[nn.Module]()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.body(x)
+        if self.armed:
+            self.armed = False
+            self.copies.append(_duplicate(self, self.how))
+        return out
+
+
+def _duplicate(model: nn.Module, how: str) -> nn.Module:
+    import copy
+    import io
+
+    if how == "deepcopy":
+        return copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_made_while_a_program_runs_keeps_no_key_of_the_run(how: str) -> None:
+    """The model copied inside its own forward while its program runs (its switched layer
+    holds the run's hooks, the root its post-hook): the copy holds no :class:`Running`
+    (before: ``deepcopy`` copied the run, with its program, plan and region, into the
+    copy's dicts, and pickling failed on the program's weak references), its strays go at its
+    first call, and it runs as a root of its own."""
+    from ampcore._auto._program import Running
+
+    model = _Copies(how)
+    _decide(model, lambda m, i, enter: _call(m, X, enter), 1)
+    for _ in range(4):  # recorded, checked, settled
+        _call(model, X, _auto)
+    model.armed = True
+    got = _call(model, X, _auto)
+    (clone,) = model.copies
+    assert not any(isinstance(k, Running) for k in _ours(clone)), "a run copied"
+    with torch.no_grad():
+        clone(X)  # outside a region: the strays go
+    assert _ours(clone) == [], ("a hook of ours left on the copy", _where(clone))
+    _equal(got, _call(clone, X, fixed), "the program's call")
+    for _ in range(3):  # in regions the copy is a root of its own
+        _equal(_call(clone, X, _auto), _call(model, X, fixed), "copy")
+        assert _ours(clone) == []
+    _clean(model, clone)
+
+
+def _where(module: nn.Module) -> list[tuple[str, str, Any]]:
+    dicts = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_always_called")
+    return [
+        (n, d, getattr(m, d)[k])
+        for n, m in module.named_modules()
+        for d in dicts
+        for k in getattr(m, d)
+        if type(k) is not int
+    ]
+
+
+# --- (3) hand-written plan entries -----------------------------------------------------------
+
+
+def _measured_beside_hand_written(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """A hand-written decision (no costs) loaded unfrozen for one Linear, another Linear
+    measured (fake clock) in the same process: the plan is written to the cache.  Returns
+    (the hand-written class, the measured one)."""
+    from test_auto_trust import _steady
+
+    import ampcore
+    from ampcore._auto import _hooks
+    from ampcore._auto._shapes import shape_class
+
+    hand, measured, x = nn.Linear(8, 8), nn.Linear(8, 16), torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=BF16):
+        hand_key, measured_key = shape_class(hand, (x,), "cpu"), shape_class(measured, (x,), "cpu")
+    assert hand_key is not None and measured_key is not None
+    fp = ampcore.auto_plan("cpu").fingerprint
+    ampcore.load_plan({"format": 2, "fingerprint": fp, "entries": {hand_key: {"decision": "fp32"}}}, freeze=False)
+    for name, value in (("spent_s", 0.0), ("clocks", {})):
+        monkeypatch.setattr(_hooks._process, name, value)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: _steady(26.9, 11.4))
+    with ampcore.autocast("cpu", level="auto"):
+        assert hand(x).dtype == torch.float32  # the hand-written decision applies in this process
+        assert measured(x).dtype == BF16  # measured: low
+    plan = ampcore.auto_plan("cpu")
+    assert plan.entries[measured_key].costs is not None and plan.entries[hand_key].costs is None
+    return hand_key, measured_key
+
+
+def test_hand_written_entries_loaded_unfrozen_apply_here_and_stay_out_of_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk cache holds measured figures only: a decision without them (written by hand,
+    loaded with ``load_plan(..., freeze=False)``) applies in the process that loaded it and
+    is not written; the next process reads the cache without refusing anything (before: the
+    entry was written, then refused with a warning by every later read, which rewrote the
+    file) and measures that class itself."""
+    import warnings
+
+    import ampcore
+    from ampcore._auto._cache import cache_files, forget_plans
+
+    hand_key, measured_key = _measured_beside_hand_written(monkeypatch)
+    (path,) = cache_files()
+    assert hand_key not in path.read_text() and measured_key in path.read_text()
+    forget_plans()  # the next process
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ampcore.AmpcoreWarning)
+        plan = ampcore.auto_plan("cpu")
+    assert hand_key not in plan.entries
+    assert plan.entries[measured_key].source == "cache"
+
+
+# --- (5) a class judged per instance where its forward depends on instance flags -------------
+
+
+class _Flagged(nn.Module):
+    """A Conv1D-like layer (``x @ weight``) whose flag adds a second product."""
+
+    def __init__(self, n: int, twice: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) * 0.1)
+        self.twice = twice
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight
+        return out @ self.weight if self.twice else out
+
+
+@pytest.fixture
+def _unjudged() -> Any:
+    from ampcore._auto import _shapes
+
+    _shapes.forget_kind(_Flagged)
+    yield
+    _shapes.forget_kind(_Flagged)
+
+
+@pytest.mark.usefixtures("_unjudged")
+@pytest.mark.parametrize("first", ["once", "twice"])
+def test_a_flag_that_adds_a_second_product_is_judged_per_instance(first: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two instances of one class, one whose flag adds a second product: each is judged by
+    its own first call (before: the class by the first instance met, so a two-product layer
+    met second was planned as a plain product, sharing its shape classes and decisions with
+    the one-product layer of the same weights; met first, it left the one-product layers
+    unplanned), and their shape classes differ."""
+    from ampcore._auto._shapes import MATMUL, planned_ops, shape_class
+
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")  # nothing measured: the judgement only
+    once, twice = _Flagged(16, twice=False), _Flagged(16, twice=True)
+    model = nn.Sequential(once, twice) if first == "once" else nn.Sequential(twice, once)
+    x = torch.randn(4, 16)
+    for _ in range(2):
+        with torch.no_grad(), _auto(BF16):
+            got = model(x)
+        with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+            want = model(x)
+        _equal(got, want, "undecided: the O1 lists")
+    _clean(model)
+    assert planned_ops(once) == MATMUL[1] and planned_ops(twice) is None
+    with torch.autocast("cpu", dtype=BF16):
+        assert shape_class(once, (x,), "cpu") is not None and shape_class(twice, (x,), "cpu") is None
+    twice.twice = False  # a flag changed since: judged again (as the other's variant)
+    assert planned_ops(twice) == MATMUL[1]
