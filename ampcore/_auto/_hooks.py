@@ -221,7 +221,7 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
     if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
     if module._forward_pre_hooks:  # (late: a thread's key, as its own last pre-hook: see defer)
-        mine = _deferral.key
+        mine: Any = _deferral.key  # (torch types the dict as keyed by handle ids)
         if mine in module._forward_pre_hooks:
             if late is not mine:
                 return None  # this thread's key as its own last pre-hook decides (or another's: not here)

@@ -270,7 +270,7 @@ class Running:
 
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         if local.run is not self:  # runs on every switched module call: kept lean
-            if type(self) is Stale:  # a deep copy's stray (bound to the copied key)
+            if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
                 drop_strays(module)
             return None
         stack = _thread.stack  # a region nested inside the root call: its own lists
@@ -301,7 +301,7 @@ class Running:
         next call where the class can be measured, or where its default is float32 (this
         path's ops outside planned modules were not seen)."""
         if local.run is not self or _is_compiling():
-            if type(self) is Stale:  # a deep copy's stray (bound to the copied key)
+            if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
                 drop_strays(module)
             return None
         stack = _thread.stack

@@ -104,11 +104,21 @@ _VARIANTS: dict[tuple[type, tuple[tuple[str, object], ...]], Kind | None] = {}
 
 
 def flags(module: nn.Module) -> tuple[tuple[str, object], ...]:
-    """The instance's own public flags (attributes holding a bool, but ``training``): what may
-    change what its forward runs (a flag that adds a second product), so a class watched by
-    :mod:`._kinds` is judged per set of them (bools only: a name or a size per instance would
-    make every instance a kind of its own, measured alone)."""
-    return tuple((k, v) for k, v in module.__dict__.items() if type(v) is bool and k[0] != "_" and k != "training")
+    """The instance's own public flags (attributes holding a bool, but ``training``), as at
+    its first look: what may change what its forward runs (a flag that adds a second
+    product), so a class watched by :mod:`._kinds` is judged per set of them (bools only: a
+    name or a size per instance would make every instance a kind of its own, measured alone).
+    Kept in the instance (as its description is): read once per module object."""
+    found: tuple[tuple[str, object], ...] | None = module.__dict__.get(_FLAGS)
+    if found is None:
+        items = module.__dict__.items()
+        found = module.__dict__[_FLAGS] = tuple(
+            (k, v) for k, v in items if type(v) is bool and k[0] != "_" and k != "training"
+        )
+    return found
+
+
+_FLAGS: Final = "_ampcore_auto_flags"
 
 
 def variant_kind(module: nn.Module) -> Kind | None:
@@ -231,17 +241,15 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
         kind = _BY_TYPE[type(module)]
     except KeyError:
         kind = _kind(type(module))
-    if kind is VARIES:  # judged per flags: they are in its description (not kept: they may change)
+    varies = kind is VARIES  # judged per flags: they are in its description
+    if varies:
         kind = variant_kind(module)
-        if kind is None or kind[1] is None:
-            return None
-        describe = f"{type(module).__name__}({kind[0](module)}, {', '.join(f'{k}={v}' for k, v in flags(module))})"
-    elif kind is None or kind[1] is None:
+    if kind is None or kind[1] is None:
         return None
-    else:
-        describe = module.__dict__.get(_DESCRIPTION)
-        if describe is None:  # read once per module object (the hot path); not a parameter or buffer
-            describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
+    describe = module.__dict__.get(_DESCRIPTION)
+    if describe is None:  # read once per module object (the hot path); not a parameter or buffer
+        more = "".join(f", {k}={v}" for k, v in flags(module)) if varies else ""
+        describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)}{more})"
     if len(args) == 1 and isinstance(one := args[0], torch.Tensor):  # the common call: no comprehension
         # the device, not its type: torch formats ``device.type`` through a C++ stream (3 us in a step)
         signature: tuple[object, ...] = (describe, _is_grad(), device_type, one.shape, one.dtype, one.device)

@@ -372,5 +372,6 @@ def test_a_flag_that_adds_a_second_product_is_judged_per_instance(first: str, mo
     assert planned_ops(once) == MATMUL[1] and planned_ops(twice) is None
     with torch.autocast("cpu", dtype=BF16):
         assert shape_class(once, (x,), "cpu") is not None and shape_class(twice, (x,), "cpu") is None
-    twice.twice = False  # a flag changed since: judged again (as the other's variant)
-    assert planned_ops(twice) == MATMUL[1]
+    another = _Flagged(16, twice=False)  # the planned flags' kind at once: no watch
+    assert planned_ops(another) == MATMUL[1]
+    assert (shape_class(another, (x,), "cpu") or "").startswith("_Flagged(weight=16x16, twice=False) in=[4x16]")
