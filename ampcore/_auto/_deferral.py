@@ -24,7 +24,7 @@ import torch
 
 from ._stale import Stale
 
-__all__ = ["defer", "undefer"]
+__all__ = ["defer", "defer_children", "undefer"]
 
 
 class _Deferred:
@@ -58,6 +58,20 @@ def defer(root: torch.nn.Module, pre: Callable[..., Any]) -> list[torch.nn.Modul
             hooks[key] = late
             found.append(module)
     return found
+
+
+def defer_children(module: torch.nn.Module, pre: Callable[..., Any], into: list[torch.nn.Module]) -> None:
+    """:func:`defer` for the children of ``module`` (being called in a region that applies
+    the plan call by call for its whole life: no root to walk), which they then are for the
+    region's life: added to ``into``, for :func:`undefer` at its exit."""
+    key = local.key
+    for child in module._modules.values():
+        if child is not None:
+            hooks: Any = child._forward_pre_hooks
+            if hooks and next(reversed(hooks)) is not key:
+                hooks.pop(key, None)
+                hooks[key] = functools.partial(pre, late=key)
+                into.append(child)
 
 
 def undefer(modules: list[torch.nn.Module]) -> None:

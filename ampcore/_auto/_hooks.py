@@ -42,6 +42,7 @@ from .._validate import env_number
 from . import _cache, _deciding
 from ._cache import current_plan
 from ._deferral import defer as _defer
+from ._deferral import defer_children as _defer_children
 from ._deferral import local as _deferral
 from ._deferral import undefer as undefer
 from ._guard import in_checkpoint, in_transform
@@ -51,6 +52,7 @@ from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
 from ._roots_state import _compiler, _dynamo_compiling, _num_threads
+from ._roots_state import _local as _roots_local
 from ._shapes import (
     PENDING,
     VARIES,
@@ -240,6 +242,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
     if rec is None:
         if prog.settled is not None and top is prog.settled:
             return None  # a root of a region with programs: its own hooks decide
+        if module._modules and top.spec.level == "auto":  # a region call by call for its life
+            entered = _roots_local.entered  # (its entry's list, undone at its exit)
+            if entered and entered[-1][0] is top and entered[-1][1] is None:
+                _defer_children(module, _pre, entered[-1][2])  # children with pre-hooks: after them
     elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
         return None  # the root being recorded: entered already
     ops = planned_ops(module)

@@ -127,6 +127,7 @@ def region_exited() -> None:
         return
     region, site, handles = local.entered.pop()
     if site is None:
+        _hooks.undefer(handles)  # the layers its calls deferred (_hooks._pre)
         _hooks.release()
         return
     prog = _prog

@@ -375,3 +375,35 @@ def test_a_flag_that_adds_a_second_product_is_judged_per_instance(first: str, mo
     another = _Flagged(16, twice=False)  # the planned flags' kind at once: no watch
     assert planned_ops(another) == MATMUL[1]
     assert (shape_class(another, (x,), "cpu") or "").startswith("_Flagged(weight=16x16, twice=False) in=[4x16]")
+
+
+@pytest.mark.parametrize("own", ["weights", "input"])
+def test_a_region_applied_call_by_call_for_its_whole_life_plans_layers_after_their_own_hooks(own: str) -> None:
+    """A ``level="auto"`` region nested in another ampcore region has no roots: the global
+    hooks apply the plan to every module call for its whole life.  A layer whose own
+    pre-hook puts bfloat16 weights in place (or casts its input) is planned after that hook:
+    its parent's call defers it (before: planned on its float32 weights, run in float32 on
+    bfloat16 ones, ``mat1 and mat2 must have the same dtype``)."""
+    import ampcore
+
+    model = _model()
+    if own == "input":
+        model[2]._forward_pre_hooks.clear()
+        model[2]._forward_hooks.clear()
+        _casts_input(model[2])
+    _plan_for(model)
+    reference = _wide()
+    reference.load_state_dict(model.state_dict())
+    if own == "weights":
+        reference[2].to(BF16)
+    else:
+        reference = nn.Sequential(*reference[:2], _ToLow(), *reference[2:])
+    for i in range(3):
+        x = torch.randn(8, 16)
+        with torch.no_grad():
+            with ampcore.autocast("cpu", dtype=BF16), _auto(BF16):
+                got = model(x)
+            with fixed(BF16):
+                want = reference(x)
+        _equal(got, want, f"call {i}")
+    _clean(model)
