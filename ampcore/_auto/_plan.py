@@ -177,7 +177,8 @@ class AutoPlan:
         other shapes) decide as it does: only programs that ran it undecided record again."""
         decision = decide(costs, self.margin)
         mine = family_of(shape_class)  # a family that now decides two ways: programs guard its calls
-        theirs = {e.decision for key, e in self.entries.items() if family_of(key) == mine}
+        # (a copy first: another thread's measurement may set an entry while this looks)
+        theirs = {e.decision for key, e in list(self.entries.items()) if family_of(key) == mine}
         if shape_class in self.entries or (len(theirs) == 1 and decision not in theirs):
             self.changes += 1  # every program records again
         else:

@@ -407,3 +407,61 @@ def test_a_region_applied_call_by_call_for_its_whole_life_plans_layers_after_the
                 want = reference(x)
         _equal(got, want, f"call {i}")
     _clean(model)
+
+
+# --- (1, the class) process-wide tables another thread changes meanwhile -------------------
+
+
+def test_a_plan_measured_by_two_threads_at_once_takes_both_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AutoPlan.set`` looked at the plan's entries in a generator (Python code per entry):
+    another thread's measurement setting an entry meanwhile raised ``dictionary changed size
+    during iteration`` in this one (simulated: the other thread's entry goes in at the first
+    switch point)."""
+    from ampcore._auto import _plan
+    from ampcore._auto._costs import Costs
+
+    plan = _plan.AutoPlan({"backend": "test"})
+    plan.set("Linear(a) in=[4x8] grad", Costs(1.0, 2.0, 0.1))
+    real, other = _plan.family_of, [True]
+
+    def family_of(key: str) -> Any:
+        if other and key == "Linear(a) in=[4x8] grad":  # inside the look at the entries
+            other.clear()
+            plan.entries["Linear(c) in=[4x8] grad"] = plan.entries["Linear(a) in=[4x8] grad"]  # the other thread
+        return real(key)
+
+    monkeypatch.setattr(_plan, "family_of", family_of)
+    assert plan.set("Linear(b) in=[4x8] grad", Costs(2.0, 1.0, 0.1)) == "low"
+    assert len(plan.entries) == 3
+
+
+def test_a_root_stored_by_another_thread_meanwhile_does_not_break_the_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_store.program_for(root, None, plan)`` looked through the root's programs in a
+    generator (``Program.valid``: Python code per program): another thread storing a program
+    of the root meanwhile raised ``dictionary changed size during iteration``."""
+    from ampcore._auto import _store
+    from ampcore._auto._program import Program
+
+    root = nn.Linear(2, 2)
+    plan = _plan_stub()
+    first = Program(plan, 0, False, ())  # type: ignore[arg-type]
+    _store._programs[root] = {("a",): first}
+    calls = [0]
+
+    def valid(self: Program, plan: Any) -> bool:
+        calls[0] += 1
+        if calls[0] == 1:
+            _store._programs[root][("b",)] = first  # the other thread's store
+            return False
+        return True
+
+    monkeypatch.setattr(Program, "valid", valid)
+    assert _store.program_for(root, None, plan) == 0  # the programs as they were when it looked: none valid
+    assert _store.program_for(root, None, plan) is first  # the next lookup sees the other thread's
+    _store.forget()
+
+
+def _plan_stub() -> Any:
+    from ampcore._auto._plan import AutoPlan
+
+    return AutoPlan({"backend": "test"})
