@@ -5,11 +5,13 @@ torch runs global pre-hooks before a module's own ones, so the global hook saw a
 arguments and weights before its own hooks put them in place (FSDP2's per-layer unshard,
 which casts them to its ``MixedPrecisionPolicy.param_dtype``; an offload hook; a user's
 hook that casts the input).  While a root's call is recorded or applied call by call, each
-such layer gets the hook as its last own pre-hook (:func:`defer`) and the global one leaves
-it to that (:func:`mine`).  The key is the thread's own: two threads applying the plan to
-one model at once each defer its layers under its key, and the end of one's call removes
-only its own (one key for all let the first to finish remove the other's: its layers fell
-back to the global hook for the rest of that call).  A copy of a layer made meanwhile
+such layer gets the hook as its last own pre-hook (:func:`defer`; in a region applied call
+by call for its whole life, which has no root to walk, a called module's children:
+:func:`defer_children`) and the global one leaves it to that (``_hooks._pre`` finds this
+thread's key among the layer's own pre-hooks).  The key is the thread's own: two threads
+applying the plan to one model at once each defer its layers under its key, and the end of
+one's call removes only its own (one key for all let the first to finish remove the
+other's: its layers fell back to the global hook for the rest of that call).  A copy of a layer made meanwhile
 (``copy.deepcopy``, pickling) holds a :class:`~._stale.Stale` key instead.
 """
 
