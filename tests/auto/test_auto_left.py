@@ -205,10 +205,12 @@ class _Copies(nn.Module):
     """:func:`_mlp`'s layers (a mixed program: its first layer switched to float32) whose
     forward copies itself once armed (an EMA copy taken in the forward, while the program runs)."""
 
-    def __init__(self, how: str) -> None:
+    def __init__(self, how: str, wide: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+        self.body = (
+            _wide() if wide else nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 4))
+        )
         self.how, self.armed, self.copies = how, False, list[nn.Module]()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -231,19 +233,26 @@ def _duplicate(model: nn.Module, how: str) -> nn.Module:
     return torch.load(buf, weights_only=False)  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["low-default", "fp32-default"])
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
-def test_a_copy_made_while_a_program_runs_keeps_no_key_of_the_run(how: str) -> None:
+def test_a_copy_made_while_a_program_runs_keeps_no_key_of_the_run(
+    how: str, wide: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The model copied inside its own forward while its program runs (its switched layer
     holds the run's hooks, the root its post-hook): the copy holds no :class:`Running`
     (before: ``deepcopy`` copied the run, with its program, plan and region, into the
     copy's dicts, and pickling failed on the program's weak references), its strays go at its
     first call, and it runs as a root of its own."""
+    from ampcore._auto import _roots_state
     from ampcore._auto._program import Running
 
-    model = _Copies(how)
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")  # no whole-call check: the mixed program runs
+    model = _Copies(how, wide)
     _decide(model, lambda m, i, enter: _call(m, X, enter), 1)
-    for _ in range(4):  # recorded, checked, settled
+    for _ in range(3):  # recorded, settled
         _call(model, X, _auto)
+    (last,) = _roots_state._local.last.values()
+    assert last.program.switched and last.program.default_fp32 == wide  # its run hooks a switched layer
     model.armed = True
     got = _call(model, X, _auto)
     (clone,) = model.copies
