@@ -46,9 +46,15 @@ class Stale:
 
 
 def drop_strays(module: Any) -> None:
-    """Drop the entries of ``module``'s hook dicts under :class:`Stale` keys."""
-    for name in _HOOK_DICTS:
-        hooks = getattr(module, name, None)
-        if hooks:
-            for key in [k for k in hooks if type(k) is Stale]:
-                del hooks[key]
+    """Drop the entries of ``module``'s hook dicts under :class:`Stale` keys, and those
+    whose hook is bound to one (a run's hooks registered through torch's public API, under
+    handle ids), with the same keys' entries in its other hook dicts."""
+    dicts = [hooks for name in _HOOK_DICTS if (hooks := getattr(module, name, None))]
+    stray = {k for hooks in dicts for k, v in hooks.items() if type(k) is Stale or type(_bound(v)) is Stale}
+    for hooks in dicts:
+        for key in stray & hooks.keys():
+            del hooks[key]
+
+
+def _bound(hook: Any) -> Any:
+    return getattr(hook, "__self__", None)

@@ -474,3 +474,40 @@ def _plan_stub() -> Any:
     from ampcore._auto._plan import AutoPlan
 
     return AutoPlan({"backend": "test"})
+
+
+class _IntKeysOnly(dict):  # type: ignore[type-arg]
+    """A hook dict that takes torch's handle ids only (a torch whose dicts refuse other keys)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if type(key) is not int:
+            raise TypeError("handle ids only")
+        super().__setitem__(key, value)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_a_layer_hooked_through_the_public_registration_drops_the_runs_hooks(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a switched layer's dicts refuse the run's key, the run registers its hooks
+    through torch's public API (handle ids as keys): a copy made while the program runs holds
+    them under those ids, bound to a :class:`~ampcore._auto._stale.Stale`; they go at the
+    copy's next call (before: kept for good, each call running them)."""
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "0")
+    model = _Copies(how)
+    layer = model.body[0]  # switched to float32 in the low-default program
+    for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called"):
+        setattr(layer, name, _IntKeysOnly())
+    _decide(model, lambda m, i, enter: _call(m, X, enter), 1)
+    for _ in range(3):
+        _call(model, X, _auto)
+    model.armed = True
+    _call(model, X, _auto)
+    (clone,) = model.copies
+    copied = clone.body[0]
+    assert any(type(getattr(v, "__self__", None)).__name__ == "Stale" for v in copied._forward_pre_hooks.values())
+    with torch.no_grad():
+        clone(X)
+    for name in ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called"):
+        assert dict(getattr(copied, name)) == {}, name
+    _clean(model)
