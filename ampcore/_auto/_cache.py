@@ -161,7 +161,10 @@ def _entry(fp: dict[str, Any], key: str, raw: object, sealed: object, margin: fl
     figures' plausibility alone (neighbours: :func:`_disagreeing`).  ValueError: why not."""
     entry = entry_from_mapping(key, raw, "cache")
     if entry.costs is None:
-        raise ValueError("no costs: a cached decision is measured")
+        raise ValueError(
+            "no costs: the cache keeps measured decisions only (a decision written by hand applies in "
+            "the process that loads it with ampcore.load_plan, and is not written to the cache)"
+        )
     given = decide(entry.costs, margin)
     if given != entry.decision:
         raise ValueError(f"decision {entry.decision!r} does not follow from its figures (they give {given!r})")
@@ -229,7 +232,7 @@ def write_cache(plan: AutoPlan) -> Path | None:
     if path is None or plan.frozen:
         return None
     try:
-        return plan.save(path)
+        return plan.save(path, measured=True)  # a decision written by hand applies here only
     except OSError as exc:
         if path not in _unwritable:  # once per file: every later write fails the same way
             _unwritable.add(path)

@@ -153,7 +153,7 @@ def watch(module: torch.nn.Module, region: Any) -> None:
     if spec.level != "auto" or not spec.enabled or in_transform():
         return  # watched at a call in an auto region
     if not candidate(module):
-        set_kind(type(module), None)
+        set_kind(type(module), None)  # (per class: no matrix of its own, whatever its flags)
         return
     watch = Watch(module)
     watch.plan = _hooks.plan_of(region)

@@ -30,7 +30,6 @@ lists win: a module whose ops a region's custom list names is left to the lists.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from typing import Any, Final, NamedTuple
@@ -42,14 +41,29 @@ from .._policy.thread_state import thread_state
 from .._validate import env_number
 from . import _cache, _deciding
 from ._cache import current_plan
+from ._deferral import defer as _defer
+from ._deferral import defer_children as _defer_children
+from ._deferral import local as _deferral
+from ._deferral import undefer as undefer
 from ._guard import in_checkpoint, in_transform
 from ._kinds import Watch, watched
 from ._measure import Clock, device_clock
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
-from ._roots_state import Stale, _compiler, _dynamo_compiling, _num_threads, drop_strays
-from ._shapes import PENDING, device_type_of, float32_weights, known_kind, planned_ops, shape_class
+from ._roots_state import _compiler, _dynamo_compiling, _num_threads
+from ._roots_state import _local as _roots_local
+from ._shapes import (
+    PENDING,
+    VARIES,
+    device_type_of,
+    float32_weights,
+    known_kind,
+    planned_ops,
+    shape_class,
+    variant_kind,
+)
+from ._stale import Stale, drop_strays
 
 __all__ = [
     "BUDGET_ENV",
@@ -205,15 +219,18 @@ def _set_by_forward(enabled: bool, device_type: str, dtype: torch.dtype) -> bool
     return not any(frame.off is not None for frame in _local.frames)
 
 
-def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> Any:
+def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> Any:
     if _dynamo_compiling() or _compiler._is_compiling_flag:  # first: dynamo folds it (no flag read)
         return None
-    if module._forward_pre_hooks and _DEFERRED in module._forward_pre_hooks:
-        if not late:
-            return None  # its own last pre-hook decides (see defer)
-    elif late:  # a copy's stray (a module copied while deferred)
-        drop_strays(module)
-        return None
+    if module._forward_pre_hooks:  # (late: a thread's key, as its own last pre-hook: see defer)
+        mine: Any = _deferral.key  # (torch types the dict as keyed by handle ids)
+        if mine in module._forward_pre_hooks:
+            if late is not mine:
+                return None  # this thread's key as its own last pre-hook decides (or another's: not here)
+        elif late is not None:  # another thread's (this thread's global one ran), or a copy's stray
+            if type(late) is Stale:
+                drop_strays(module)
+            return None
     prog, stack = _prog, _thread.stack
     if not stack or prog.measuring:
         return None
@@ -225,6 +242,10 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> 
     if rec is None:
         if prog.settled is not None and top is prog.settled:
             return None  # a root of a region with programs: its own hooks decide
+        if module._modules and top.spec.level == "auto":  # a region call by call for its life
+            entered = _roots_local.entered  # (its entry's list, undone at its exit)
+            if entered and entered[-1][0] is top and entered[-1][1] is None:
+                _defer_children(module, _pre, entered[-1][2])  # children with pre-hooks: after them
     elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
         return None  # the root being recorded: entered already
     ops = planned_ops(module)
@@ -234,7 +255,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> 
         rec.stack.append((module, ops is not None))
         rec.planned += ops is not None
     if ops is None:
-        if known_kind(type(module)) is PENDING:  # a class met for the first time: a matmul kind?
+        kind = known_kind(type(module))  # a class (or a class's flags: VARIES) met for the first time: a matmul kind?
+        if kind is PENDING or (kind is VARIES and variant_kind(module) is PENDING):
             _deciding.watch(module, top)
         return None
     spec = top.spec  # the innermost region: an enabled level="auto" one (not measuring: checked above)
@@ -273,43 +295,11 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: bool = False) -> 
     return None
 
 
-class _Deferred:
-    """The key of :func:`_pre` as the last own pre-hook of a module (see :func:`defer`); a
-    copy of the module made meanwhile holds a :class:`~._roots_state.Stale` key instead."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Stale, ())
-
-
-_DEFERRED: Final[Any] = _Deferred()
-_LATE: Final = functools.partial(_pre, late=True)  # (a C call: no Python frame more)
-
-
 def defer(root: torch.nn.Module) -> list[torch.nn.Module]:
-    """While ``root``'s call is recorded, the modules inside it with forward pre-hooks of
-    their own get :func:`_pre` as their last one, and the global one leaves them to it:
-    torch runs global pre-hooks first, so the global one saw a layer's weights before its
-    own hooks put them in place (FSDP2's per-layer unshard, which casts them to its
-    ``param_dtype``): float32 shards planned a layer that then ran, and was measured, with
-    bfloat16 weights (``mat1 and mat2 must have the same dtype``).  Returns them, for
-    :func:`undefer`."""
-    found = []
-    for module in root.modules():
-        pre: Any = module._forward_pre_hooks
-        if pre and module is not root:
-            pre.pop(_DEFERRED, None)
-            pre[_DEFERRED] = _LATE
-            found.append(module)
-    return found
-
-
-def undefer(modules: list[torch.nn.Module]) -> None:
-    """Undo :func:`defer`."""
-    for module in modules:
-        pre: Any = module._forward_pre_hooks
-        pre.pop(_DEFERRED, None)
+    """While ``root``'s call applies the plan through the global hooks, the modules inside
+    it with forward pre-hooks of their own get :func:`_pre` as their last one, under this
+    thread's key (:mod:`._deferral`).  Returns them, for :func:`undefer`."""
+    return _defer(root, _pre)
 
 
 def _fp32(module: torch.nn.Module, args: tuple[Any, ...], device_type: str, rec: Any) -> tuple[Any, ...]:

@@ -10,7 +10,10 @@ notes the ATen ops its forward runs.  A forward that runs exactly one matrix pro
 (autocast's) and the addition of its own parameters (a bias), makes the class planned as
 ``Linear`` is (:data:`~._shapes.MATMUL`: its shape class names its parameters' shapes);
 anything else leaves it to the O1 lists, as before.  The decision holds for the class (the
-planner asks one dictionary lookup per call, by type).
+planner asks one dictionary lookup per call, by type), or, where the watched instance has
+flags (:func:`~._shapes.flags`: public attributes holding a bool, which may
+change what its forward runs), for its class and those flags: an instance with other
+flags is watched at its own first call (:data:`~._shapes.VARIES`).
 
 The watched call itself runs with the O1 lists; the plan's programs record again (a
 planned kind is new to them) and the class's calls are measured from the next one on, as
@@ -96,5 +99,5 @@ def watched(watch: Watch, ok: bool) -> bool:
     if not ok:
         return False
     planned = watch.matmul()
-    set_kind(type(watch.module), MATMUL if planned else None)
+    set_kind(type(watch.module), MATMUL if planned else None, watch.module)
     return planned

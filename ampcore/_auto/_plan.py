@@ -177,7 +177,8 @@ class AutoPlan:
         other shapes) decide as it does: only programs that ran it undecided record again."""
         decision = decide(costs, self.margin)
         mine = family_of(shape_class)  # a family that now decides two ways: programs guard its calls
-        theirs = {e.decision for key, e in self.entries.items() if family_of(key) == mine}
+        # (a copy first: another thread's measurement may set an entry while this looks)
+        theirs = {e.decision for key, e in list(self.entries.items()) if family_of(key) == mine}
         if shape_class in self.entries or (len(theirs) == 1 and decision not in theirs):
             self.changes += 1  # every program records again
         else:
@@ -221,10 +222,12 @@ class AutoPlan:
         """Why ``costs`` for ``shape_class`` should be measured again (``None``: plausible)."""
         return implausible(costs, [c for _, c in self.neighbours(shape_class, among)])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, measured: bool = False) -> dict[str, Any]:
         """The JSON form (what :meth:`save` writes; broadcast it to DDP ranks as an object),
-        with the :func:`seal` of each entry and whole-call check."""
-        entries = {key: entry.as_dict() for key, entry in sorted(self.entries.items())}
+        with the :func:`seal` of each entry and whole-call check; ``measured``: only the
+        entries with figures (the disk cache's: a decision written by hand is not one)."""
+        kept = sorted(self.entries.items())
+        entries = {key: entry.as_dict() for key, entry in kept if not measured or entry.costs is not None}
         roots = {key: check.as_dict() for key, check in sorted(self.roots.items())}
         fp = self.fingerprint
         return {
@@ -264,14 +267,15 @@ class AutoPlan:
                 raise AmpcoreError(f"ampcore.load_plan: {where}: whole-call check {key!r}: {exc}") from None
         return plan
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the plan as JSON to ``path`` (atomically) and return the path."""
+    def save(self, path: str | os.PathLike[str], measured: bool = False) -> Path:
+        """Write the plan as JSON to ``path`` (atomically) and return the path (``measured``:
+        see :meth:`to_dict`)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         # one temporary file per process and thread: writers never share one; none is left
         tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n")
+            tmp.write_text(json.dumps(self.to_dict(measured), indent=1, sort_keys=True) + "\n")
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)

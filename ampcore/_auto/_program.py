@@ -59,6 +59,7 @@ from .._policy.thread_state import thread_state
 from ._guard import Weight, in_checkpoint, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import device_type_of, float32_weights, shape_class
+from ._stale import Stale, drop_strays
 
 if TYPE_CHECKING:
     from ._recording import Recording
@@ -262,8 +263,15 @@ class Running:
             self.handles.append(module.register_forward_pre_hook(pre))
             self.handles.append(module.register_forward_hook(post, always_call=True))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A copy of a module made while the run's hooks are on it (``copy.deepcopy``,
+        pickling in the forward) holds a :class:`~._stale.Stale` key: its entries are strays."""
+        return (Stale, ())
+
     def _pre(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         if local.run is not self:  # runs on every switched module call: kept lean
+            if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
+                drop_strays(module)
             return None
         stack = _thread.stack  # a region nested inside the root call: its own lists
         if not stack or stack[-1] is not self.region:
@@ -293,6 +301,8 @@ class Running:
         next call where the class can be measured, or where its default is float32 (this
         path's ops outside planned modules were not seen)."""
         if local.run is not self or _is_compiling():
+            if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
+                drop_strays(module)
             return None
         stack = _thread.stack
         if not stack or stack[-1] is not self.region or in_checkpoint():  # a checkpoint: its autocast state

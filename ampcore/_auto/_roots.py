@@ -127,6 +127,7 @@ def region_exited() -> None:
         return
     region, site, handles = local.entered.pop()
     if site is None:
+        _hooks.undefer(handles)  # the layers its calls deferred (_hooks._pre)
         _hooks.release()
         return
     prog = _prog
@@ -249,10 +250,9 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
     plan = _hooks.plan_of(region)
     if sig is None:  # an argument the guard cannot see, or a pre-hook of its own after the
-        own = bool(module._forward_pre_hooks)  # sentinel: the plan applies call by call, unrecorded
-        if own:
+        if module._forward_pre_hooks:  # sentinel: the plan applies call by call, unrecorded
             after_own(module)
-        new = _record(module, args, region, plan, unsigned=True, once=own)
+        new = _record(module, args, region, plan, unsigned=True)
         return None if new is None else (new, kwargs)
     local = _local
     found = program_for(module, sig, plan)
@@ -326,6 +326,8 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
                 local.sentinel = local.sentinel_key
             else:
                 sentinel_on()
+    else:  # a copy's stray (a root copied in its forward) or a public hook's call without a program
+        drop_strays(module)
 
 
 def _record(
@@ -335,14 +337,13 @@ def _record(
     plan: AutoPlan,
     sig: tuple[Any, ...] | None = None,
     unsigned: bool = False,
-    once: bool = True,
 ) -> Any:
     """Run this root call with the global hooks, recording it when it may have programs
     (``sig``: the call's signature, taken before the forward may change its arguments;
-    ``unsigned``: it has none, an argument the guard cannot see: no program, no recording;
-    ``once``: an unsigned call that later calls of the root will not repeat, whose layers
-    with pre-hooks of their own are planned after them as in a recording: ``_hooks.defer``
-    walks the root's modules, which a root applied call by call for good skips)."""
+    ``unsigned``: it has none, an argument the guard cannot see: no program, no recording).
+    Its layers with pre-hooks of their own are planned after them (``_hooks.defer``), also
+    in a root applied call by call for good (unsigned, churning: a walk of its modules per
+    call, beside the global hooks' two calls per module call)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = None  # no program (signatures beyond its table, or none): call by call
@@ -354,8 +355,7 @@ def _record(
     _hooks.acquire()
     rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
     rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
-    if found is not None or (unsigned and once):  # layers with pre-hooks of their own: planned after them
-        _local.deferred = _hooks.defer(module)
+    _local.deferred = _hooks.defer(module)  # layers with pre-hooks of their own: planned after them
     return _hooks._pre(module, args)  # the root's own pre-hook call (the global ones ran before)
 
 

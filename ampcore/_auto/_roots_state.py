@@ -19,6 +19,8 @@ from .._errors import AmpcoreWarning, warn_user
 from .._policy.thread_state import thread_state
 from . import _hooks
 from ._program import Program, Running
+from ._stale import Stale as Stale
+from ._stale import drop_strays as drop_strays
 
 __all__: list[str] = []
 
@@ -88,28 +90,6 @@ class _Key:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Stale, ())
-
-
-class Stale:
-    """A copy of a key of ours: the copy's entry under it is a stray, dropped by
-    :func:`drop_strays` (at the copy's next call outside a region, or as it becomes a root)."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Stale, ())
-
-
-_HOOK_DICTS: Final = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
-
-
-def drop_strays(module: Any) -> None:
-    """Drop the entries of ``module``'s pre-hook dicts under :class:`Stale` keys."""
-    for name in _HOOK_DICTS:
-        hooks = getattr(module, name, None)
-        if hooks:
-            for key in [k for k in hooks if type(k) is Stale]:
-                del hooks[key]
 
 
 class _Last:

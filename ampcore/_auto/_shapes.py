@@ -20,13 +20,17 @@ __all__ = [
     "MATMUL",
     "PENDING",
     "PLANNED_OPS",
+    "VARIES",
     "bucket",
     "device_type_of",
+    "flags",
     "float32_weights",
+    "forget_kind",
     "known_kind",
     "planned_ops",
     "set_kind",
     "shape_class",
+    "variant_kind",
 ]
 
 
@@ -89,9 +93,45 @@ def _own(module: nn.Module) -> str:
 MATMUL: Final[Kind] = (_own, frozenset({"linear", "addmm", "mm", "matmul", "bmm", "baddbmm"}))
 #: the kind of a class not planned by its type whose first call is still to be watched (:mod:`._kinds`)
 PENDING: Final[Kind] = (_own, None)
+#: the kind of a class judged per instance flags (:func:`flags`): each variant by its own first call
+VARIES: Final[Kind] = (_own, None)
 _BY_TYPE: dict[type, Kind | None] = {}
-#: class -> its kind (None: not planned; :data:`PENDING`: to be watched), None if not met yet
+#: class -> its kind (None: not planned; :data:`PENDING`: to be watched; :data:`VARIES`: see
+#: :func:`variant_kind`), None if not met yet
 known_kind: Final = _BY_TYPE.get
+#: (class, its instance's flags) -> the kind its first call of those flags gave
+_VARIANTS: dict[tuple[type, tuple[tuple[str, object], ...]], Kind | None] = {}
+
+
+def flags(module: nn.Module) -> tuple[tuple[str, object], ...]:
+    """The instance's own public flags (attributes holding a bool, but ``training``), as at
+    its first look: what may change what its forward runs (a flag that adds a second
+    product), so a class watched by :mod:`._kinds` is judged per set of them (bools only: a
+    name or a size per instance would make every instance a kind of its own, measured alone).
+    Kept in the instance (as its description is): read once per module object."""
+    found: tuple[tuple[str, object], ...] | None = module.__dict__.get(_FLAGS)
+    if found is None:
+        items = module.__dict__.items()
+        found = module.__dict__[_FLAGS] = tuple(
+            (k, v) for k, v in items if type(v) is bool and k[0] != "_" and k != "training"
+        )
+    return found
+
+
+_FLAGS: Final = "_ampcore_auto_flags"
+
+
+def variant_kind(module: nn.Module) -> Kind | None:
+    """The kind of ``module``, of a class judged per instance flags (:data:`PENDING`: its
+    flags were not met yet)."""
+    return _VARIANTS.get((type(module), flags(module)), PENDING)
+
+
+def forget_kind(cls: type) -> None:
+    """Forget what was found for ``cls`` (tests: a class met anew)."""
+    _BY_TYPE.pop(cls, None)
+    for key in [k for k in _VARIANTS if k[0] is cls]:
+        del _VARIANTS[key]
 
 
 def _kind(cls: type) -> Kind | None:
@@ -103,9 +143,15 @@ def _kind(cls: type) -> Kind | None:
         return found
 
 
-def set_kind(cls: type, kind: Kind | None) -> None:
-    """What :mod:`._kinds` found for ``cls`` (:data:`MATMUL`, or None: not planned)."""
-    _BY_TYPE[cls] = kind
+def set_kind(cls: type, kind: Kind | None, module: nn.Module | None = None) -> None:
+    """What :mod:`._kinds` found for ``cls`` (:data:`MATMUL`, or None: not planned) by a call
+    of ``module``: an instance with flags (:func:`flags`) decides for its flags only."""
+    found = () if module is None else flags(module)
+    if not found and _BY_TYPE.get(cls) is not VARIES:
+        _BY_TYPE[cls] = kind
+        return
+    _BY_TYPE[cls] = VARIES
+    _VARIANTS[(cls, found)] = kind
 
 
 def planned_ops(module: nn.Module) -> frozenset[str] | None:
@@ -115,7 +161,13 @@ def planned_ops(module: nn.Module) -> frozenset[str] | None:
         kind = _BY_TYPE[type(module)]
     except KeyError:
         kind = _kind(type(module))
-    return None if kind is None else kind[1]
+    if kind is None:
+        return None
+    ops = kind[1]
+    if ops is None and kind is VARIES:
+        found = variant_kind(module)
+        return None if found is None else found[1]
+    return ops
 
 
 def float32_weights(module: nn.Module) -> bool:
@@ -189,11 +241,15 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
         kind = _BY_TYPE[type(module)]
     except KeyError:
         kind = _kind(type(module))
+    varies = kind is VARIES  # judged per flags: they are in its description
+    if varies:
+        kind = variant_kind(module)
     if kind is None or kind[1] is None:
         return None
     describe = module.__dict__.get(_DESCRIPTION)
     if describe is None:  # read once per module object (the hot path); not a parameter or buffer
-        describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)})"
+        more = "".join(f", {k}={v}" for k, v in flags(module)) if varies else ""
+        describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)}{more})"
     if len(args) == 1 and isinstance(one := args[0], torch.Tensor):  # the common call: no comprehension
         # the device, not its type: torch formats ``device.type`` through a C++ stream (3 us in a step)
         signature: tuple[object, ...] = (describe, _is_grad(), device_type, one.shape, one.dtype, one.device)

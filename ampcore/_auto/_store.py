@@ -48,7 +48,8 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     except TypeError:
         return None
     if sig is None:
-        return next((p for p in programs.values() if isinstance(p, Program) and p.valid(plan)), 0)
+        # (a copy first: another thread may store a program of the root while this looks)
+        return next((p for p in list(programs.values()) if isinstance(p, Program) and p.valid(plan)), 0)
     found = programs.get(sig, 0)
     if isinstance(found, Program) and found.plan is not plan or found == 0:
         found = _other_plan(root, sig, plan, programs, found)
