@@ -352,4 +352,4 @@ def test_a_win_far_beyond_what_the_modules_save_is_measured_again(monkeypatch: p
     clock.figures["root-plan"] = itertools.chain([4.0] * 8, clock.figures["root-plan"])  # ...but a burst says 0.44
     _steps(monkeypatch, clock, Net())  # the two float32 layers save 2 x (2.0 - 1.0) ms by their own figures
     (check,) = ampcore.auto_plan("cpu").roots.values()
-    assert check.runs == 14 and check.verdict == "low"  # timed again: no clear win, torch.autocast's program
+    assert check.runs >= 14 and check.verdict == "low"  # timed again: no clear win, torch.autocast's program
