@@ -19,7 +19,9 @@ clearly slower (every run of it over twice every run of the other).  Rounds hit 
 work (a spike on either side, :mod:`._spikes`) are left out of the figures, and where the
 two sides still differ by more than the margin but not by more than the noise, rounds go on
 past :data:`MAX_RUNS` (up to :data:`MAX_ROUNDS`, within the same share): a busy machine's
-noise is narrowed, not turned into a tie.  Figures from fewer than :data:`MIN_RUNS` rounds
+noise is narrowed, not turned into a tie; the verdict is looked at after each block of
+:data:`MAX_RUNS` rounds only, not after every round (each look is a chance for noise to pass
+the band).  Figures from fewer than :data:`MIN_RUNS` rounds
 are marked estimated.
 
 The clock is the adapter's: :func:`device_clock` times on the device with events where the
@@ -241,7 +243,7 @@ def _rounds(
         over = spent + a[-1] + b[-1] > budget_ms  # the next round would pass the class's share
         if (len(a) >= 2 and (clear or over)) or (over and spent > budget_ms):
             break
-        if len(a) >= MAX_RUNS and not _unsettled(a, b):
+        if len(a) % MAX_RUNS == 0 and not _unsettled(a, b):  # looks after 7, 14 rounds (few looks)
             break
     return a, b
 

@@ -246,8 +246,8 @@ def _rounds(
 ) -> dict[str, list[float]]:
     """Warm each candidate, then time them in rounds of every order (see the module; two
     candidates, a uniform program's check: the two orders in turn): :data:`MAX_RUNS`
-    rounds, more (up to :data:`MAX_ROUNDS`, within ``budget_ms``) while ``more(times)``
-    says the verdict is still within the noise though beyond the margin."""
+    rounds, another block of as many (up to :data:`MAX_ROUNDS`, within ``budget_ms``) while
+    ``more(times)`` says the verdict is still within the noise though beyond the margin."""
     spent = sum(clock(_ready(run), _LABELS[name]) for name, run in runs.items())  # warm-up: not timed
     times: dict[str, list[float]] = {name: [] for name in runs}
     for order in itertools.islice(itertools.cycle(itertools.permutations(runs)), MAX_ROUNDS):
@@ -256,7 +256,9 @@ def _rounds(
         last = sum(found[-1] for found in times.values())
         spent += last
         done = len(times["plan"])
-        if (done >= MIN_RUNS and spent + last > budget_ms) or (done >= MAX_RUNS and not more(times)):
+        if done >= MIN_RUNS and spent + last > budget_ms:
+            break
+        if done % MAX_RUNS == 0 and not more(times):  # looks after 7, 14 rounds (few looks)
             break
     return times
 

@@ -93,7 +93,7 @@ def test_an_ambiguous_class_gets_more_rounds_within_its_share() -> None:
     # rounds (within the class's 400 ms) resolve it
     costs, clock = _class(itertools.repeat(1.0), itertools.cycle([1.06 * f for f in NOISE]))
     assert MAX_RUNS < costs.runs <= MAX_ROUNDS and decide(costs) == "fp32"
-    assert clock.labels.count("fp32") == 1 + costs.runs
+    assert clock.labels.count("fp32") - 1 in (2 * MAX_RUNS, 3 * MAX_RUNS)  # looked at after blocks of 7
 
 
 def test_more_rounds_stay_within_the_class_share() -> None:
@@ -151,10 +151,11 @@ def test_a_true_tie_of_the_whole_call_stays_a_tie_and_takes_no_more_rounds(monke
 
 
 def test_an_ambiguous_check_gets_more_rounds_within_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = UniformClock(4.24, None, 4.0)  # float32 6% faster, the program's runs spread +-20%
-    clock.figures["root-plan"] = itertools.cycle([4.24 * f for f in NOISE])
+    clock = UniformClock(4.28, None, 4.0)  # float32 7% faster, the program's runs spread +-20%
+    clock.figures["root-plan"] = itertools.cycle([4.28 * f for f in NOISE])
     check, later = _all_low(monkeypatch, clock)
     assert MAX_RUNS < check.runs <= MAX_ROUNDS and check.verdict == "fp32"
+    assert clock.labels.count("root-fp32") - 1 in (2 * MAX_RUNS, 3 * MAX_RUNS)  # looked at after blocks of 7
 
 
 def test_root_check_figures_leave_out_hit_rounds() -> None:
