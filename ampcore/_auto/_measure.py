@@ -21,8 +21,7 @@ two sides still differ by more than the margin but not by more than the noise, r
 past :data:`MAX_RUNS` (up to :data:`MAX_ROUNDS`, within the same share): a busy machine's
 noise is narrowed, not turned into a tie; the verdict is looked at after each block of
 :data:`MAX_RUNS` rounds only, not after every round (each look is a chance for noise to pass
-the band).  Figures from fewer than :data:`MIN_RUNS` rounds
-are marked estimated.
+the band).  Figures from fewer than :data:`MIN_RUNS` rounds are marked estimated.
 
 The clock is the adapter's: :func:`device_clock` times on the device with events where the
 device supports timing events, else on the host after the adapter's synchronisation, by the
