@@ -42,7 +42,7 @@ Example plugin module::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Final
 
 import pluggy
@@ -380,4 +380,26 @@ def ampcore_auto_load(device_index: int) -> float | None:
     Use in plugins: cheap, no synchronisation; exclude this process's own work where you
     can (the CPU adapter: the load average minus this process's threads, over the usable
     cores).
+    """
+
+
+@hookspec
+def ampcore_auto_timer(device_index: int) -> Callable[[], float] | None:
+    """A clock (a function returning seconds, as ``time.perf_counter``) for
+    ``level="auto"`` to time its runs on device ``device_index`` with, instead of the wall
+    clock around :func:`ampcore_synchronize`; ``None``: the wall clock.  Not used where the
+    device has timing events (``torch.Event(enable_timing=True)``).
+
+    Offer one only where it measures what the user waits for on a quiet device but not the
+    time other work holds the device: on a busy machine the wall clock of a short run
+    catches the scheduler's time slices of other processes, and the paired rounds of a
+    measurement then tie where one side is clearly faster (docs/auto.md, "How it
+    decides").  Asked at each timed run: the answer may change with the thread count.
+
+    Core default: ``None`` (the wall clock).
+
+    Use in plugins: the CPU adapter gives the calling thread's CPU time
+    (``time.thread_time``) while torch computes on one thread (all of a call's work then
+    runs on the calling thread), ``None`` with more threads (work spread over threads that
+    clock does not see).
     """

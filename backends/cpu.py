@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import os
 import platform
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import torch
@@ -214,6 +215,16 @@ def ampcore_auto_load() -> float | None:
     have put into it, over the cores this process may use (None where the OS has no load
     average)."""
     return host_load(torch.get_num_threads())
+
+
+@hookimpl
+def ampcore_auto_timer() -> Callable[[], float] | None:
+    """The calling thread's CPU time while torch computes on one thread: all of a timed
+    call's work then runs on the calling thread, so its CPU time is what a quiet machine's
+    wall clock shows, without the time slices other processes hold the core for (on a busy
+    machine: spikes of several milliseconds).  None with more threads: work spread over
+    threads that clock does not see (the wall clock)."""
+    return time.thread_time if torch.get_num_threads() == 1 else None
 
 
 def host_load(own_threads: int) -> float | None:

@@ -31,7 +31,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final, Literal
 
-from ._costs import band, finite
+from ._costs import MARGIN, band, finite
+from ._spikes import ambiguous, kept
 
 __all__ = [
     "BUSY_LOAD",
@@ -44,6 +45,7 @@ __all__ = [
     "choose",
     "provisional",
     "recheck",
+    "unsettled",
 ]
 
 Verdict = Literal["plan", "low", "fp32"]
@@ -109,6 +111,23 @@ def choose(
     return "plan" if ratio < 1.0 - tie else fixed
 
 
+def unsettled(check: RootCheck) -> bool:
+    """Whether more rounds would decide ``check``: float32 looks faster than the O1 lists,
+    or the program than the fixed choice, beyond the margin but within the noise
+    (:func:`~._spikes.ambiguous`; a true tie stays a tie).
+
+    Example::
+
+        >>> busy = {"plan": [9.0, 10.2, 8.4], "low": [10.0, 10.0, 10.0], "fp32": [20.0, 20.0, 20.0]}
+        >>> unsettled(RootCheck.of(busy)), unsettled(RootCheck.of({**busy, "plan": [10.0] * 3}))
+        (True, False)
+    """
+    noise = band(check.spread, check.runs)
+    fp32_gain = check.plan_over_fp32 / check.plan_over_low - 1.0
+    fixed = check.plan_over_fp32 if check.verdict == "fp32" else check.plan_over_low
+    return ambiguous(fp32_gain, noise, MARGIN) or (check.verdict != "plan" and ambiguous(1.0 - fixed, noise, MARGIN))
+
+
 @dataclass(frozen=True)
 class RootCheck:
     """A mixed program timed as a whole against the fixed choices (ms: medians of the timed
@@ -144,6 +163,7 @@ class RootCheck:
         """
         from ._measure import summary
 
+        times = kept(times)  # the rounds no spike hit
         med = {name: summary(runs)[0] for name, runs in times.items()}
         over_low, low_spread = summary([p / q for p, q in zip(times["plan"], times["low"], strict=True)])
         over_fp32, fp32_spread = summary([p / q for p, q in zip(times["plan"], times["fp32"], strict=True)])

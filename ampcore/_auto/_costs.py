@@ -58,7 +58,8 @@ class Costs:
     timed runs), and how much to trust them.
 
     ``fp32_spread`` / ``low_spread``: the spread of the timed runs relative to their median
-    (0: unknown or given); ``runs``: timed runs per side (0: not measured here);
+    (0: unknown or given); ``runs``: timed rounds the medians come from, those hit by a
+    spike left out (:mod:`._spikes`; 0: not measured here);
     ``estimated``: fewer runs, stopped early because one side was clearly slower;
     ``checked``: measured again after a plausibility check flagged the first figures.
     """

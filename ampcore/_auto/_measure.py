@@ -15,13 +15,21 @@ without the highest and lowest, over the median).  Rounds go on while the class'
 the budget lasts, at most :data:`MAX_RUNS`; no round starts past the share once two rounds
 are timed (one, when the warm-up and the first round already used it up: a slow class
 stays within about its share plus one round), and two rounds suffice when one side is
-clearly slower (every run of it over twice every run of the other).  Figures from fewer
-than :data:`MIN_RUNS` rounds are marked estimated.
+clearly slower (every run of it over twice every run of the other).  Rounds hit by other
+work (a spike on either side, :mod:`._spikes`) are left out of the figures, and where the
+two sides still differ by more than the margin but not by more than the noise, rounds go on
+past :data:`MAX_RUNS` (up to :data:`MAX_ROUNDS`, within the same share): a busy machine's
+noise is narrowed, not turned into a tie; the verdict is looked at after each block of
+:data:`MAX_RUNS` rounds only, not after every round (each look is a chance for noise to pass
+the band).  Figures from fewer than :data:`MIN_RUNS` rounds are marked estimated.
 
 The clock is the adapter's: :func:`device_clock` times on the device with events where the
-device supports timing events, else on the host after the adapter's synchronisation; a
-device that can be neither timed nor synchronised gives ``None`` (nothing is measured:
-``level="auto"`` runs as torch.autocast there).  Tests inject a clock.
+device supports timing events, else on the host after the adapter's synchronisation, by the
+adapter's ``ampcore_auto_timer`` where it offers one (the CPU adapter: the calling thread's
+CPU time while torch computes on one thread, which the time other processes hold the core
+does not reach) and the wall clock otherwise; a device that can be neither timed nor
+synchronised gives ``None`` (nothing is measured: ``level="auto"`` runs as torch.autocast
+there).  Tests inject a clock.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from typing import Any, Final, Literal
 import torch
 from torch import nn
 
-from ._costs import Costs
+from ._costs import MARGIN, Costs, band
+from ._spikes import ambiguous, kept
 
 __all__ = ["Clock", "device_clock", "measure"]
 
@@ -45,16 +54,25 @@ Clock = Callable[[Callable[[], None], Label], float]
 
 MIN_RUNS: Final = 3
 MAX_RUNS: Final = 7
+#: rounds at most where the sides are still ambiguous after :data:`MAX_RUNS` (:mod:`._spikes`)
+MAX_ROUNDS: Final = 3 * MAX_RUNS
 _CLEARLY_SLOWER: Final = 2.0
 
 
-def _host_clock(sync: Callable[[], None]) -> Clock:
+Timer = Callable[[], float]
+
+
+def _host_clock(sync: Callable[[], None], timer: Callable[[], Timer | None] = lambda: None) -> Clock:
+    """The host's clock around ``sync``: ``timer()``'s (asked at each run: it may depend on
+    the thread count) or, where it gives None, the wall clock."""
+
     def clock(run: Callable[[], None], label: Label) -> float:
+        now = timer() or time.perf_counter
         sync()
-        start = time.perf_counter()
+        start = now()
         run()
         sync()
-        return (time.perf_counter() - start) * 1e3
+        return (now() - start) * 1e3
 
     return clock
 
@@ -88,7 +106,8 @@ def device_clock(backend: Any, device_index: int = 0) -> Clock | None:
 
     Events where the device type supports timing events; else the host's clock around the
     adapter's synchronisation (:func:`ampcore._backends.memory.synchronize`), for host
-    backends and devices that can be synchronised."""
+    backends and devices that can be synchronised: the adapter's ``ampcore_auto_timer``
+    where it gives one, else the wall clock."""
     from .._backends.memory import can_synchronize, synchronize
 
     if not can_synchronize(backend):
@@ -97,7 +116,12 @@ def device_clock(backend: Any, device_index: int = 0) -> Clock | None:
     def sync() -> None:
         synchronize(backend, device_index)
 
-    return _event_clock(backend.device_type, sync) or _host_clock(sync)
+    hook = backend.hook("ampcore_auto_timer")
+
+    def timer() -> Timer | None:
+        return None if hook is None else hook(device_index=device_index)
+
+    return _event_clock(backend.device_type, sync) or _host_clock(sync, timer)
 
 
 def _leaf(value: Any, grad: bool, seen: dict[int, torch.Tensor]) -> Any:
@@ -210,7 +234,7 @@ def _rounds(
     spent = clock(fp32, "fp32") + clock(low, "low")  # warm-up: one-time set-up, not timed
     a: list[float] = []
     b: list[float] = []
-    while len(a) < MAX_RUNS:
+    while len(a) < MAX_ROUNDS:
         a.append(clock(fp32, "fp32"))
         b.append(clock(low, "low"))
         spent += a[-1] + b[-1]
@@ -218,7 +242,31 @@ def _rounds(
         over = spent + a[-1] + b[-1] > budget_ms  # the next round would pass the class's share
         if (len(a) >= 2 and (clear or over)) or (over and spent > budget_ms):
             break
+        if len(a) % MAX_RUNS == 0 and not _unsettled(a, b):  # looks after 7, 14 rounds (few looks)
+            break
     return a, b
+
+
+def figures(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, float, int]:
+    """``(fp32, fp32 spread, low, low spread, rounds)`` of paired runs ``a`` (float32) and
+    ``b`` (low precision), of the rounds no spike hit (:func:`~._spikes.kept`).
+
+    Example::
+
+        >>> figures([10.0, 10.0, 16.0, 10.0], [8.0, 8.0, 8.0, 8.0])  # a spike in the third round
+        (10.0, 0.0, 8.0, 0.0, 3)
+    """
+    rounds = kept({"fp32": a, "low": b})
+    fp32, fp32_spread = summary(rounds["fp32"])
+    low, low_spread = summary(rounds["low"])
+    return fp32, fp32_spread, low, low_spread, len(rounds["fp32"])
+
+
+def _unsettled(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether float32 looks faster beyond the margin but within the noise (more rounds
+    would say, :func:`~._spikes.ambiguous`)."""
+    fp32, fp32_spread, low, low_spread, runs = figures(a, b)
+    return fp32 > 0 and ambiguous(low / fp32 - 1.0, band(max(fp32_spread, low_spread), runs), MARGIN)
 
 
 def measure(
@@ -244,6 +292,5 @@ def measure(
         casts = _cast_work(args, params, dtype)
         clock(casts, "casts")
         cast = statistics.median(clock(casts, "casts") for _ in range(MIN_RUNS))
-    fp32, fp32_spread = summary(a)
-    low, low_spread = summary(b)
-    return Costs(fp32, low, min(cast, low), len(a) < MIN_RUNS, fp32_spread, low_spread, len(a))
+    fp32, fp32_spread, low, low_spread, runs = figures(a, b)
+    return Costs(fp32, low, min(cast, low), len(a) < MIN_RUNS, fp32_spread, low_spread, runs)

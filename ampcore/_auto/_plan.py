@@ -303,9 +303,10 @@ class AutoPlan:
         )
         foot = (
             "low ms includes the casts (cast ms); ms are medians of the timed runs; spread: fp32/low "
-            "range of the runs over the median; runs: timed runs per side (+: measured again after "
-            "a plausibility check); ~: stopped early, one side clearly slower; a difference within "
-            f"spread / sqrt(runs) (at least {self.margin:.0%}) is a tie and goes to low, as torch.autocast"
+            "range of the runs over the median; runs: timed rounds, those hit by a spike left out "
+            "(+: measured again after a plausibility check); ~: stopped early, one side clearly slower; "
+            f"a difference within spread / sqrt(runs) (at least {self.margin:.0%}) is a tie and goes to low, "
+            "as torch.autocast"
         )
         return "\n".join([head, *lines, foot, *self._roots_table()])
 

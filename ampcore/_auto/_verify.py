@@ -38,9 +38,9 @@ import torch
 from torch import nn
 
 from .._errors import AmpcoreWarning, warn_user
-from ._checks import RootCheck, recheck
+from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
-from ._measure import MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
+from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
 from ._plan import AutoPlan
 from ._program import Program, Running
 from ._program import local as _prog
@@ -179,10 +179,11 @@ def _check(
     _prog.measuring = True
     try:
         with _fork_rng(device_type):
-            times = _rounds(clock, runs, min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3))
+            budget_ms = min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3)
+            times = _rounds(clock, runs, budget_ms, _more(own, {}))
             left_ms = (_hooks.budget_s() - _hooks._process.spent_s - (time.perf_counter() - start)) * 1e3
             if left_ms > 0 and _doubtful(RootCheck.of(_uniform_times(times, own)), program.saving_ms):
-                again = _rounds(clock, runs, min(PER_ROOT_MS, left_ms))  # once more, rounds added
+                again = _rounds(clock, runs, min(PER_ROOT_MS, left_ms), _more(own, times))  # once more, rounds added
                 times = {name: times[name] + again[name] for name in times}
         loads.append(_hooks.load_of(region))
     finally:
@@ -194,6 +195,16 @@ def _check(
             _hooks._process.spent_s += time.perf_counter() - start
     known = [load for load in loads if load is not None]
     return RootCheck.of(_uniform_times(times, own), max(known) if known else None)
+
+
+def _more(own: str | None, before: dict[str, list[float]]) -> Callable[[dict[str, list[float]]], bool]:
+    """Whether rounds timed so far (``before`` and those given) leave the verdict within the
+    noise though beyond the margin (:func:`~._checks.unsettled`: more rounds would say)."""
+
+    def more(found: dict[str, list[float]]) -> bool:
+        return unsettled(RootCheck.of(_uniform_times({k: before.get(k, []) + v for k, v in found.items()}, own)))
+
+    return more
 
 
 def _uniform_times(times: dict[str, list[float]], own: str | None) -> dict[str, list[float]]:
@@ -227,17 +238,27 @@ def _doubtful(check: RootCheck, saving_ms: float) -> bool:
     return check.spread > SPREAD_BOUND or (saving_ms > 0 and win_ms > 2 * saving_ms + MARGIN * check.low_ms)
 
 
-def _rounds(clock: Clock, runs: dict[str, Callable[[], None]], budget_ms: float) -> dict[str, list[float]]:
+def _rounds(
+    clock: Clock,
+    runs: dict[str, Callable[[], None]],
+    budget_ms: float,
+    more: Callable[[dict[str, list[float]]], bool] = lambda times: False,
+) -> dict[str, list[float]]:
     """Warm each candidate, then time them in rounds of every order (see the module; two
-    candidates, a uniform program's check: the two orders in turn)."""
+    candidates, a uniform program's check: the two orders in turn): :data:`MAX_RUNS`
+    rounds, another block of as many (up to :data:`MAX_ROUNDS`, within ``budget_ms``) while
+    ``more(times)`` says the verdict is still within the noise though beyond the margin."""
     spent = sum(clock(_ready(run), _LABELS[name]) for name, run in runs.items())  # warm-up: not timed
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for order in itertools.islice(itertools.cycle(itertools.permutations(runs)), MAX_RUNS):
+    for order in itertools.islice(itertools.cycle(itertools.permutations(runs)), MAX_ROUNDS):
         for name in order:
             times[name].append(clock(_ready(runs[name]), _LABELS[name]))
         last = sum(found[-1] for found in times.values())
         spent += last
-        if len(times["plan"]) >= MIN_RUNS and spent + last > budget_ms:
+        done = len(times["plan"])
+        if done >= MIN_RUNS and spent + last > budget_ms:
+            break
+        if done % MAX_RUNS == 0 and not more(times):  # looks after 7, 14 rounds (few looks)
             break
     return times
 

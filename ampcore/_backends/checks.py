@@ -139,6 +139,7 @@ _RESULTS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
     "ampcore_prepare_o2": (lambda v: v is None or _prepared(v), "None or a (model, optimizer) tuple"),
     "ampcore_backend_info": (lambda v: isinstance(v, Mapping), "a dict of name -> one line of text"),
     "ampcore_auto_load": (lambda v: v is None or _is_load(v), "None or a finite number >= 0 (float)"),
+    "ampcore_auto_timer": (lambda v: v is None or callable(v), "None or a function returning seconds (float)"),
 }
 
 

@@ -324,14 +324,27 @@ def test_an_exported_plan_carries_its_verdicts_to_every_process_that_loads_it(mo
     assert silent.labels == []
 
 
-def test_a_check_too_noisy_to_decide_is_measured_once_more(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_check_too_noisy_to_decide_gets_more_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock(8.0, 9.0, 12.0)
-    first_low = [9.0, 27.0, 27.0, 9.0, 9.0, 9.0, 9.0, 9.0]  # two slow low runs: spread 0.67, beyond 0.5
+    first_low = [9.0, 27.0, 27.0, 27.0, 9.0, 27.0, 9.0, 9.0]  # four slow low runs of 7: no spikes, spread 2.0
     clock.figures["root-low"] = itertools.chain(first_low, clock.figures["root-low"])
     _steps(monkeypatch, clock, Net())
     (check,) = ampcore.auto_plan("cpu").roots.values()
-    assert check.runs == 14 and len(clock.labels) == 3 * (1 + 7) * 2  # warmed and timed again
-    assert check.verdict == "plan" and check.spread < 0.05  # 14 rounds: the two outliers are trimmed
+    timed = clock.labels.count("root-low") - 1  # (a warm-up)
+    assert timed > 7 and check.runs == timed - 4  # more rounds, until the four slow ones are a minority: spikes
+    assert check.verdict == "plan" and check.spread < 0.05
+
+
+def test_two_spikes_in_a_check_are_left_out_without_timing_it_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 27, eleventh stop: two rounds hit by other work (a time slice each) are left out,
+    # not averaged into a spread that made the check time everything again (or tie)
+    clock = Clock(8.0, 9.0, 12.0)
+    first_low = [9.0, 27.0, 27.0, 9.0, 9.0, 9.0, 9.0, 9.0]
+    clock.figures["root-low"] = itertools.chain(first_low, clock.figures["root-low"])
+    _steps(monkeypatch, clock, Net())
+    (check,) = ampcore.auto_plan("cpu").roots.values()
+    assert check.runs == 5 and len(clock.labels) == 3 * (1 + 7)  # timed once; the two hit rounds left out
+    assert check.verdict == "plan" and check.spread < 0.05
 
 
 def test_a_win_far_beyond_what_the_modules_save_is_measured_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -339,4 +352,4 @@ def test_a_win_far_beyond_what_the_modules_save_is_measured_again(monkeypatch: p
     clock.figures["root-plan"] = itertools.chain([4.0] * 8, clock.figures["root-plan"])  # ...but a burst says 0.44
     _steps(monkeypatch, clock, Net())  # the two float32 layers save 2 x (2.0 - 1.0) ms by their own figures
     (check,) = ampcore.auto_plan("cpu").roots.values()
-    assert check.runs == 14 and check.verdict == "low"  # timed again: no clear win, torch.autocast's program
+    assert check.runs >= 14 and check.verdict == "low"  # timed again: no clear win, torch.autocast's program

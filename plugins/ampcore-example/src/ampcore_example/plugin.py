@@ -219,3 +219,10 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 #     @hookimpl
 #     def ampcore_auto_load(device_index) -> float | None:
 #         return torch_myvendor.utilization_by_others(device_index)  # cheap, no synchronisation
+#
+# A clock for level="auto" where your device has no timing events and the wall clock
+# around ampcore_synchronize would catch other work's time slices (None: the wall clock):
+#
+#     @hookimpl
+#     def ampcore_auto_timer(device_index) -> Callable[[], float] | None:
+#         return torch_myvendor.busy_seconds  # seconds of this process's work on the device
