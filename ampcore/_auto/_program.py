@@ -57,7 +57,6 @@ import torch
 from torch import nn
 
 from .._policy.thread_state import thread_state
-from ._bulk import ALWAYS, BULK, FORWARD, OWN_PRE, drop, live, put
 from ._guard import Weight, in_checkpoint, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import device_type_of, float32_weights, shape_class
@@ -79,6 +78,8 @@ def _nesting() -> int:
     return int(torch.autocast_decrement_nesting())
 
 
+#: the hook dicts :meth:`Running._hook` puts a program's hooks in
+_HOOK_DICTS: Final = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
 #: the ``stale`` cell of programs made without weak reference callbacks (never set)
 _FRESH: Final[list[bool]] = [False]
 _NO_VALUES: Final[list[tuple[Any, ...]]] = []
@@ -227,13 +228,11 @@ class Running:
         self.was: list[bool] = []  # per pushed module: whether autocast was on before it
         self.nesting = 0  # torch's autocast nesting when a float32 default with hooks started
         self.handles: list[Any] = []  # modules with our key in their dicts, or public handles
-        self.marked: list[nn.Module] = []  # the modules hooked in C steps (:meth:`_hook_all`)
         #: id of a module with steps -> [whether to switch it, per call; calls so far]
         self.steps: dict[int, list[Any]] | None = None
         #: whether the program hooks any module (else start and stop only set autocast)
         self.hooks = bool(program.switched or program.unseen)
         self.simple = not self.hooks and not program.steps
-        self.bulk = len(program.switched) + len(program.unseen) >= BULK  # hooked in C steps
         self.default_fp32 = program.default_fp32
         self.start(root, region)
 
@@ -248,29 +247,12 @@ class Running:
             torch.set_autocast_enabled(self.device_type, False)
             if self.hooks:  # a torch.autocast(enabled=False) the forward enters: not the default's state
                 self.nesting = _nesting()
-        if self.hooks and not (self.bulk and self._hook_all(program)):  # few, or a module without torch's dicts
+        if self.hooks:
             for refs, pre in ((program.switched, self._pre), (program.unseen, self._guard)):
                 for ref in refs:
                     module: Any = ref()
                     if module is not None:
                         self._hook(module, pre)
-
-    def _hook_all(self, program: Program) -> bool:
-        """Hook the switched and guarded modules in C steps (:mod:`._bulk`), kept in
-        ``marked``; False: one refused (every entry made here is taken back)."""
-        switched, unseen = live(program.switched), live(program.unseen)
-        both = switched + unseen
-        try:
-            put(switched, OWN_PRE, self, self._pre)
-            put(unseen, OWN_PRE, self, self._guard)
-            put(both, FORWARD, self, self._post)
-            put(both, ALWAYS, self, True)
-        except (AttributeError, TypeError):
-            for module in both:
-                _unset(module, self)
-            return False
-        self.marked = both
-        return True
 
     def _hook(self, module: Any, pre: Any) -> None:
         post = self._post
@@ -279,8 +261,10 @@ class Running:
             module._forward_hooks[self] = post
             module._forward_hooks_always_called[self] = True
             self.handles.append(module)
-        except (AttributeError, TypeError):  # (taking back what went in: no entry left behind)
-            _unset(module, self)
+        except (AttributeError, TypeError):  # (what went in is taken back: no entry left behind)
+            for name in _HOOK_DICTS:
+                with contextlib.suppress(AttributeError, TypeError):
+                    getattr(module, name).pop(self, None)
             self.handles.append(module.register_forward_pre_hook(pre))
             self.handles.append(module.register_forward_hook(post, always_call=True))
 
@@ -361,11 +345,6 @@ class Running:
         torch.set_autocast_enabled(self.device_type, self.was.pop())
 
     def stop(self) -> None:
-        marked = self.marked
-        if marked:
-            self.marked = []
-            for which in (OWN_PRE, FORWARD, ALWAYS):
-                drop(marked, which, self)
         handles = self.handles
         if handles:
             for handle in handles:
@@ -382,13 +361,6 @@ class Running:
             self.pushed.clear()
             self.was.clear()
         self.root = self.region = None
-
-
-def _unset(module: Any, key: Any) -> None:
-    """Take ``key``'s entries out of ``module``'s hook dicts, where it has them."""
-    for which in (OWN_PRE, FORWARD, ALWAYS):
-        with contextlib.suppress(AttributeError, TypeError):
-            which(module).pop(key, None)
 
 
 def __getattr__(name: str) -> Any:

@@ -12,14 +12,12 @@ torch's dicts cannot take our keys, the root hooks go through torch's public reg
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from . import _roots
-from ._bulk import OWN_PRE, WITH_KWARGS, drop, live, put
 from ._roots_state import _Key, _local
 
 __all__ = [
@@ -29,50 +27,9 @@ __all__ = [
     "hook_public",
     "hook_root",
     "last_pre",
-    "mark",
     "sentinel_off",
     "sentinel_on",
-    "unmark",
 ]
-
-
-def mark(roots: list[weakref.ref[torch.nn.Module]], handles: list[Any], marked: list[Any]) -> None:
-    """Mark a site's live ``roots`` for the region being entered: our key in each one's
-    with-kwargs pre-hook dict (the sentinel is its pre-hook, given its kwargs), in C steps,
-    the roots kept in ``marked``; where one has pre-hooks of its own (the sentinel goes after
-    them: :func:`last_pre`) or no torch dicts (:func:`hook_public`), root by root, the roots
-    kept in ``handles``.  Before, every root took about 25 bytecodes at each region entered
-    and as many at its exit: 1,000 of a settled region's 1,950 at a site of 20 roots."""
-    local = _local
-    marked += live(roots)
-    try:
-        if not any(map(OWN_PRE, marked)):
-            put(marked, WITH_KWARGS, local.sentinel_key, True)
-            return
-    except (AttributeError, TypeError):  # (a root without torch's dicts: root by root below)
-        pass
-    slow = [*marked]
-    marked.clear()
-    for root in slow:
-        try:  # (torch types these dicts as keyed by handle ids; any hashable key works)
-            if root._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
-                last_pre(root, local.late_key)
-            else:
-                root._forward_pre_hooks_with_kwargs[local.sentinel_key] = True
-        except (AttributeError, TypeError):  # no torch dicts: the public registration
-            hook_public(root, handles)
-        else:
-            handles.append(root)
-
-
-def unmark(marked: list[Any], handles: list[Any]) -> list[Any]:
-    """Undo :func:`mark`'s C steps; the handles :func:`._roots.region_exited` still undoes one
-    by one: ``handles``, and ``marked`` too where one of them got pre-hooks of its own in the
-    region (the sentinel may be its last pre-hook: :func:`after_own`)."""
-    if any(map(OWN_PRE, marked)):
-        return [*marked, *handles]
-    drop(marked, WITH_KWARGS, _local.sentinel_key)
-    return handles
 
 
 def hook_root(module: torch.nn.Module) -> bool:

@@ -29,8 +29,8 @@ from typing import Any, Final
 
 import torch
 
-from . import _hooks, _root_hooks
-from ._bulk import BULK
+from .._policy.lists import compute_oplists
+from . import _hooks
 from ._cache import plans as _plans
 from ._guard import holds_objects, unchanged
 from ._plan import AutoPlan
@@ -45,7 +45,6 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _alone,
     _AskCompiling,
     _autocast_enabled,
-    _compiled,
     _compiler,
     _dynamo_compiling,
     _is_compiling,
@@ -57,7 +56,6 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _set_autocast,
     _site_at,
     _thread,
-    _white,
     drop_strays,
     turn,
 )
@@ -93,12 +91,11 @@ def region_entered() -> None:
             site = None
     if site is None:
         _hooks.acquire()
-        local.entered.append((region, None, [], []))
+        local.entered.append((region, None, []))
         return
     _prog.settled = region
     handles: list[Any] = []
-    marked: list[Any] = []
-    local.entered.append((region, site, handles, marked))
+    local.entered.append((region, site, handles))
     _hooks.region_threads[local.ident] = True
     skey = local.sentinel_key
     if _GLOBAL_PRE is None:  # a torch without the global dict: public registrations only
@@ -107,13 +104,10 @@ def region_entered() -> None:
                 hook_public(root, handles)
         sentinel_on()
         return
-    roots = site.roots
-    if len(roots) >= BULK:  # many roots (an ensemble's): marked in C steps, the same way
-        _root_hooks.mark(roots, handles, marked)
-        roots = []
-    for ref in roots:  # (a site of few roots marks each: few lines per root)
+    for ref in site.roots:  # (a site of many roots marks each: few lines per root)
         if (root := ref()) is not None:
             try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
+                # (torch types these dicts as keyed by handle ids; any hashable key works)
                 if root._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
                     last_pre(root, local.late_key)
                 else:
@@ -131,7 +125,7 @@ def region_exited() -> None:
     local = _local
     if not local.entered:
         return
-    region, site, handles, marked = local.entered.pop()
+    region, site, handles = local.entered.pop()
     if site is None:
         _hooks.release()
         return
@@ -150,8 +144,6 @@ def region_exited() -> None:
         local.sentinel = None
     else:
         sentinel_off()
-    if marked:  # the roots' marks made in C steps (those given pre-hooks since: below)
-        handles = _root_hooks.unmark(marked, handles)
     for handle in handles:
         if isinstance(handle, _Module):
             handle._forward_pre_hooks_with_kwargs.pop(skey, None)  # type: ignore[call-overload]
@@ -200,8 +192,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     stack, spec = _thread.stack, region.spec
     if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
-    glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare;
-    # alone, the sentinel is the last one, or it runs as the root's own last pre-hook)
+    glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare; alone: last)
     if glob is not None and len(glob) > 1 and type(next(reversed(glob))) is not _Key and global_after(module):
         sig = None
     else:
@@ -388,6 +379,17 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
             store(rec.root, sig, program if program is not None else tries + 1)
     if _prog.settled is rec.region:
         sentinel_on()
+
+
+def _white(region: Any) -> frozenset[str]:
+    spec = region.spec
+    return compute_oplists(spec.backend, spec.dtype, "O1", frozenset(), frozenset()).white
+
+
+def _compiled(module: torch.nn.Module) -> bool:
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return optimized is not None and isinstance(module, optimized)
 
 
 def forget() -> None:

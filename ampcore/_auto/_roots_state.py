@@ -16,7 +16,6 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreWarning, warn_user
-from .._policy.lists import compute_oplists
 from .._policy.thread_state import thread_state
 from . import _hooks
 from ._program import Program, Running
@@ -74,10 +73,9 @@ class _Site:
 
 
 #: What :func:`region_entered` did for a region (undone by :func:`region_exited`): the
-#: region, its site (None: not eligible, the global hooks were acquired), the roots given
-#: the instance hooks one by one (or the hooks' handles) and the roots marked at once
-#: (:func:`._root_hooks.mark`).  A plain tuple: made on every region entry.
-_Entered = tuple[Any, "_Site | None", list[Any], list[Any]]
+#: region, its site (None: not eligible, the global hooks were acquired) and the roots given
+#: the instance hooks (or the hooks' handles).  A plain tuple: made on every region entry.
+_Entered = tuple[Any, "_Site | None", list[Any]]
 
 
 class _Key:
@@ -273,14 +271,3 @@ def _site_at(local: _Local, code: Any, at: int) -> _Site:
         site = local.sites[where] = _Site()
     local.site_code, local.site_at, local.site = code, at, site
     return site
-
-
-def _white(region: Any) -> frozenset[str]:
-    spec = region.spec
-    return compute_oplists(spec.backend, spec.dtype, "O1", frozenset(), frozenset()).white
-
-
-def _compiled(module: torch.nn.Module) -> bool:
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
-    optimized = getattr(eval_frame, "OptimizedModule", None)
-    return optimized is not None and isinstance(module, optimized)

@@ -4,9 +4,8 @@ carried from one test to the next; a tiny Hugging Face encoder for the sweeps.""
 from __future__ import annotations
 
 import contextlib
-import sys
 import warnings
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,27 +110,3 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def bytecodes(run: Callable[[], Any], names: Collection[str] | None = None) -> int:
-    """Python bytecodes ``run()`` executes in ampcore's own functions (``names``: only in
-    functions of those names), counted with ``sys.settrace`` opcode events (never timed)."""
-    count = 0
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        nonlocal count
-        code = frame.f_code
-        if "/ampcore/" not in code.co_filename or (names is not None and code.co_name not in names):
-            return None
-        if event == "call":
-            frame.f_trace_opcodes = True
-        elif event == "opcode":
-            count += 1
-        return trace
-
-    sys.settrace(trace)
-    try:
-        run()
-    finally:
-        sys.settrace(None)
-    return count
