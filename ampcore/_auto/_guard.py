@@ -46,6 +46,8 @@ __all__ = [
 _F32: Final = torch.float32
 #: torch.func's interpreter stack (vmap, grad, jacrev, functionalize): None where no transform runs
 _interpreters: Final = torch._C._functorch.peek_interpreter_stack
+_grad_enabled: Final = torch.is_grad_enabled
+_Tensor: Final = torch.Tensor
 #: the signature's mark of a call inside a torch.func transform (an entry of a scalar's form)
 _IN_TRANSFORM: Final = ("=", str, "torch.func")
 
@@ -80,17 +82,17 @@ def signature(
         >>> signature((Cache(9),), None) == signature((Cache(16),), None) != signature((Cache(17),), None)
         True
     """
-    sig: list[Any] = [torch.is_grad_enabled()]
+    sig: list[Any] = [_grad_enabled()]
     if _interpreters() is not None:  # inside vmap / grad: programs of their own (see in_transform)
         sig.append(_IN_TRANSFORM)
     for a in args:
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, _Tensor):
             sig.append((a.shape, a.dtype, a.device))
         elif not _describe(a, sig):
             return None
     if kwargs:
         for k, v in kwargs.items():
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, _Tensor):
                 sig.append((k, v.shape, v.dtype, v.device))
             else:
                 sig.append(("kw", k))

@@ -48,6 +48,7 @@ among the arguments that change every call but give the same program are held by
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -78,6 +79,8 @@ def _nesting() -> int:
     return int(torch.autocast_decrement_nesting())
 
 
+#: the hook dicts :meth:`Running._hook` puts a program's hooks in
+_HOOK_DICTS: Final = ("_forward_pre_hooks", "_forward_hooks", "_forward_hooks_always_called")
 #: the ``stale`` cell of programs made without weak reference callbacks (never set)
 _FRESH: Final[list[bool]] = [False]
 _NO_VALUES: Final[list[tuple[Any, ...]]] = []
@@ -259,7 +262,10 @@ class Running:
             module._forward_hooks[self] = post
             module._forward_hooks_always_called[self] = True
             self.handles.append(module)
-        except (AttributeError, TypeError):
+        except (AttributeError, TypeError):  # (what went in is taken back: no entry left behind)
+            for name in _HOOK_DICTS:
+                with contextlib.suppress(AttributeError, TypeError):
+                    getattr(module, name).pop(self, None)
             self.handles.append(module.register_forward_pre_hook(pre))
             self.handles.append(module.register_forward_hook(post, always_call=True))
 

@@ -193,8 +193,8 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     stack, spec = _thread.stack, region.spec
     if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
-    glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare)
-    if glob and type(next(reversed(glob))) is not _Key and global_after(module):
+    glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare; alone: last)
+    if glob is not None and len(glob) > 1 and type(next(reversed(glob))) is not _Key and global_after(module):
         sig = None
     else:
         sig = signature(args, kwargs, module)

@@ -218,12 +218,15 @@ def turn(last: _Last, sig: Any, spec: Any, threads: int, region: Any, module: to
     entries = last.alts.get(sig)
     if not entries:
         return None
-    found = next((e for e in entries if e.spec is spec and e.threads == threads), None)
-    if found is None:  # a region made another way (another spec object): its plan decides
-        found = next((e for e in entries if e.threads == threads and _same_plan(e, region)), None)
-    if found is not None:
-        _local.last[id(module)] = found
-    return found
+    for found in entries:  # (a loop, not a generator: this runs on every call of a root whose
+        if found.spec is spec and found.threads == threads:  # micro-batches take turns)
+            _local.last[id(module)] = found
+            return found
+    for found in entries:  # a region made another way (another spec object): its plan decides
+        if found.threads == threads and _same_plan(found, region):
+            _local.last[id(module)] = found
+            return found
+    return None
 
 
 def _same_plan(last: _Last, region: Any) -> bool:
