@@ -19,6 +19,7 @@ numerics, never the wall clock.  Separate processes are in ``test_auto_sweep6_pr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from test_auto_sweep5 import Clock, _process
 from torch import nn
 
 import ampcore
-from ampcore._auto._cache import forget_plans
+from ampcore._auto._cache import cache_file, forget_plans
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
@@ -102,6 +103,33 @@ def test_two_roots_of_one_class_with_other_layers_get_their_own_whole_call_check
         assert any(label.endswith(":large") for label in clock.labels) != fresh  # checked once, then cached
     roots = ampcore.auto_plan("cpu").roots
     assert sorted(check.verdict for check in roots.values()) == ["fp32", "low"], roots
+
+
+# --- (2) one cache directory, two processes deciding different models at once ---------------
+
+
+def test_two_processes_deciding_different_models_keep_each_others_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Process B read the cache before process A wrote it (both start cold), A writes its
+    model's classes, then B writes its own: A's entries must stay in the file."""
+    _process(monkeypatch, Clock(), _small())  # "B" so far: measured, written
+    path = cache_file(ampcore.auto_plan("cpu").fingerprint)
+    assert path is not None
+    b_plan = ampcore.auto_plan("cpu")  # B's plan in memory, without A's classes
+    b_wrote = json.loads(path.read_text())
+    path.unlink()  # A starts from the same cold cache: its write comes first
+    forget_plans()
+    _process(monkeypatch, Clock(), _large())
+    a_keys = set(json.loads(path.read_text())["entries"])
+    assert a_keys - set(b_wrote["entries"])
+    from ampcore._auto._cache import install_plan, write_cache
+
+    install_plan(b_plan)  # back in B: its next measurement writes the cache
+    write_cache(b_plan)
+    on_disk = set(json.loads(path.read_text())["entries"])
+    assert a_keys <= on_disk and set(b_wrote["entries"]) <= on_disk, "a write lost the other process's entries"
+    clock = Clock()  # a third process running A's model measures nothing
+    _process(monkeypatch, clock, _large())
+    assert [label for label in clock.labels if label in ("fp32", "low")] == []
 
 
 # --- (3) held-out model kinds and uses, measured in their first steps ------------------------
