@@ -246,7 +246,9 @@ def write_cache(plan: AutoPlan) -> Path | None:
         return None
     try:
         with _locked(path):
-            return _merged(plan, path).save(path)
+            written = _merged(plan, path).save(path)
+            _seen[path] = _stamp(path)
+            return written
     except OSError as exc:
         if path not in _unwritable:  # once per file: every later write fails the same way
             _unwritable.add(path)
@@ -271,7 +273,10 @@ def _locked(path: Path) -> Iterator[None]:
         return
     fd = os.open(path.parent, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some NFS): merged, not locked
+            pass
         yield
     finally:
         os.close(fd)  # (releases the lock)
@@ -284,6 +289,8 @@ def _merged(plan: AutoPlan, path: Path) -> AutoPlan:
     dropped (measured again: :meth:`~._plan.AutoPlan.drop`), a damaged or edited one
     (:func:`_read`'s checks) and one that disagrees with a neighbour of ``plan`` are not
     taken.  ``plan`` itself is left as it is (its programs stay valid)."""
+    if _seen.get(path) == _stamp(path):  # the file as this process last wrote it: nothing to take
+        return plan
     found, _ = _read(plan.fingerprint, path)
     if found is None:
         return plan
@@ -300,6 +307,17 @@ def _merged(plan: AutoPlan, path: Path) -> AutoPlan:
     return merged
 
 
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of the file at ``path`` from another (``None``: no file)."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+#: cache file -> its :func:`_stamp` after this process's last write (the file a write replaced)
+_seen: dict[Path, tuple[int, int, int] | None] = {}
 #: cache files a write failed for (warned once)
 _unwritable: set[Path] = set()
 
