@@ -176,7 +176,10 @@ class Program(NamedTuple):
                 return fixed._replace(default_fp32=False, switched=())
             if self.fp32_ok or (self.low_outside and self.fp32_root):  # that work in float32 too
                 return fixed._replace(default_fp32=True, switched=())
-            return fixed._replace(default_fp32=False, switched=self.planned)
+            # every planned module in float32: also those guarded per call (shapes that do not
+            # follow the arguments: a strided convolution), no longer guarded
+            inner = tuple(r for r in self.unseen[len(kept) :] if id(r()) in self.inner_ids)
+            return fixed._replace(default_fp32=False, switched=self.planned + inner)
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:

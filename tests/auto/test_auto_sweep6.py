@@ -19,6 +19,7 @@ numerics, never the wall clock.  Separate processes are in ``test_auto_sweep6_pr
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,15 @@ def _large() -> nn.Sequential:
     return nn.Sequential(_Tag("large"), nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 8))
 
 
+IMAGE = torch.randn(2, 3, 16, 16)
+
+
+def _strided(stride: int) -> nn.Sequential:
+    """The same parameters (shapes) at another stride: 4 times the work at stride 1."""
+    name = "large" if stride == 1 else "small"
+    return nn.Sequential(_Tag(name), nn.Conv2d(3, 8, 3, stride=stride), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=stride))
+
+
 class _RootClock(Clock):
     """Every class: low wins 4 to 1 (all-low programs, checked against float32).  Whole
     calls: float32 wins on the small model (0.5 against 1), loses on the large one (3 against 1)."""
@@ -77,33 +87,60 @@ class _RootClock(Clock):
         return self.ms.get(label, 1.0)
 
 
-def _dtypes(model: nn.Module, steps: int) -> list[torch.dtype]:
+def _dtypes(model: nn.Module, steps: int, x: torch.Tensor = X) -> list[torch.dtype]:
     """Train ``steps`` steps in this process; the output dtype of each."""
     found = []
     for _ in range(steps):
         with ampcore.autocast("cpu", level="auto"):
-            out = model(X)
+            out = model(x)
         out.float().sum().backward()
         found.append(out.dtype)
     return found
 
 
+@pytest.mark.parametrize("layers", ["linear-sizes", "conv-strides"])
 def test_two_roots_of_one_class_with_other_layers_get_their_own_whole_call_check(
-    monkeypatch: pytest.MonkeyPatch,
+    layers: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    small, large, x = (
+        (_small, _large, X) if layers == "linear-sizes" else (lambda: _strided(2), lambda: _strided(1), IMAGE)
+    )
     clock = _RootClock()
-    _process(monkeypatch, clock, _small())
-    assert _dtypes(_small(), 3)[-1] == torch.float32  # its verdict, settled (a new model, the same layers)
+    _process(monkeypatch, clock, nn.Identity(), n=0)  # a new process
+    _dtypes(small(), 3, x)
+    assert _dtypes(small(), 3, x)[-1] == torch.float32  # its verdict, settled (a new model, the same layers)
     small_checks = [label for label in clock.labels if label.startswith("root")]
     assert small_checks and all(label.endswith(":small") for label in small_checks)
     for fresh in (False, True):  # in the same process, then in the next (its cache)
         if fresh:
-            forget_plans()
+            _process(monkeypatch, clock, nn.Identity(), n=0)
         clock.labels.clear()
-        assert _dtypes(_large(), 5) == [BF16] * 5, "the large model ran the small one's float32 verdict"
+        assert _dtypes(large(), 5, x) == [BF16] * 5, "the large model ran the small one's float32 verdict"
         assert any(label.endswith(":large") for label in clock.labels) != fresh  # checked once, then cached
     roots = ampcore.auto_plan("cpu").roots
     assert sorted(check.verdict for check in roots.values()) == ["fp32", "low"], roots
+
+
+def test_a_float32_verdict_runs_every_planned_call_in_float32_also_those_guarded_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Strided convolutions without padding: their inner shapes (7 x 7, 3 x 3 from 16 x 16)
+    do not follow the root's arguments, so the recording guards them per call.  The
+    whole-call check's ``fp32`` choice left those guards out of its switched modules: they
+    ran with the O1 lists (bfloat16) under a float32 verdict, in the check's float32 runs
+    too (so the check never timed float32)."""
+    _process(monkeypatch, _RootClock(), nn.Identity(), n=0)
+    model = _strided(2)
+    reference = copy.deepcopy(model)
+    for step in range(5):
+        with ampcore.autocast("cpu", level="auto"):
+            out = model(IMAGE)
+        out.float().sum().backward()
+        if step >= 2:  # settled: the whole-call check said float32
+            want = reference(IMAGE)
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert [c.verdict for c in ampcore.auto_plan("cpu").roots.values()] == ["fp32"]
 
 
 # --- (2) one cache directory, two processes deciding different models at once ---------------
