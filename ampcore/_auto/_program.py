@@ -137,6 +137,8 @@ class Program(NamedTuple):
     #: whole-call checks that failed because the forward raised (checked again at the next
     #: call up to :data:`._verify.CHECK_TRIES` times: a bad batch the real call raises on too)
     check_tries: int = 0
+    #: planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
+    checkpointed: bool = False
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
@@ -174,7 +176,10 @@ class Program(NamedTuple):
             fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=())
             if verdict == "low":
                 return fixed._replace(default_fp32=False, switched=())
-            if self.fp32_ok or (self.low_outside and self.fp32_root):  # that work in float32 too
+            # autocast off for the whole root where ops outside planned modules ran in low
+            # precision, or planned calls inside a checkpoint (they follow its autocast state,
+            # its recompute too): that work in float32 as well, as the float32 step
+            if self.fp32_ok or ((self.low_outside or self.checkpointed) and self.fp32_root):
                 return fixed._replace(default_fp32=True, switched=())
             # every planned module in float32: also those guarded per call (shapes that do not
             # follow the arguments: a strided convolution), no longer guarded

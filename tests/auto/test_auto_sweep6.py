@@ -31,6 +31,7 @@ from test_auto_sweep3 import BF16, Enter, _train, run
 from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC0414 (fixture)
 from test_auto_sweep5 import Clock, _process
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 import ampcore
 from ampcore._auto import _cache
@@ -140,6 +141,48 @@ def test_a_float32_verdict_runs_every_planned_call_in_float32_also_those_guarded
             want = reference(IMAGE)
             assert out.dtype == torch.float32
             torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert [c.verdict for c in ampcore.auto_plan("cpu").roots.values()] == ["fp32"]
+
+
+class _Checkpointed(nn.Module):
+    """Two Linears inside ``torch.utils.checkpoint``, a head outside."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.tag, self.a, self.b, self.c = _Tag("small"), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 8)
+        self.reentrant = reentrant
+
+    def inner(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(torch.relu(self.a(t))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(checkpoint(self.inner, self.tag(x), use_reentrant=self.reentrant))
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_a_float32_verdict_runs_the_calls_inside_a_checkpoint_in_float32(
+    reentrant: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned calls inside ``torch.utils.checkpoint`` follow the autocast state of its
+    entry (its recompute does): under a float32 verdict of a low-default program they ran
+    in bfloat16 (forward and recompute).  The float32 choice now switches autocast off for
+    the whole root (float32 inputs and weights): exactly the float32 step."""
+    _process(monkeypatch, _RootClock(), nn.Identity(), n=0)
+    model = _Checkpointed(reentrant)
+    reference = copy.deepcopy(model)
+    x = torch.randn(8, 32, requires_grad=True)
+    for step in range(5):
+        model.zero_grad()
+        with ampcore.autocast("cpu", level="auto"):
+            out = model(x)
+        out.float().sum().backward()
+        if step >= 2:  # settled: the whole-call check said float32
+            reference.zero_grad()
+            want = reference(x)
+            want.sum().backward()
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+            for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+                torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
     assert [c.verdict for c in ampcore.auto_plan("cpu").roots.values()] == ["fp32"]
 
 
