@@ -139,6 +139,9 @@ class Program(NamedTuple):
     check_tries: int = 0
     #: planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
     checkpointed: bool = False
+    #: the fixed choice this program is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"``:
+    #: a guard applies it, not the class's decision, to a module on another path
+    verdict: str = "plan"
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
@@ -173,7 +176,7 @@ class Program(NamedTuple):
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
         if verdict in ("low", "fp32"):
             kept = self.unseen[: len(self.unseen) - self.inner]
-            fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=())
+            fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=(), verdict=verdict)
             if verdict == "low":
                 return fixed._replace(default_fp32=False, switched=())
             # autocast off for the whole root where ops outside planned modules ran in low
@@ -310,6 +313,8 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
+        if decision is not None and program.verdict != "plan":  # a fixed choice: every planned call one way
+            decision = "fp32" if program.verdict == "fp32" and float32_weights(module) else "low"
         enabled = _autocast_enabled(self.device_type)
         if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
             return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above

@@ -186,6 +186,36 @@ def test_a_float32_verdict_runs_the_calls_inside_a_checkpoint_in_float32(
     assert [c.verdict for c in ampcore.auto_plan("cpu").roots.values()] == ["fp32"]
 
 
+class _Branch(nn.Module):
+    """A layer on a path the first steps do not take (an attribute picks it: not in the signature)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tag, self.a, self.b, self.extra = _Tag("small"), nn.Linear(32, 32), nn.Linear(32, 8), nn.Linear(32, 32)
+        self.use_extra = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(self.tag(x)))
+        return self.b(self.extra(h) if self.use_extra else h)
+
+
+def test_a_float32_verdict_runs_a_layer_on_another_path_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program's guard on a planned module the recording did not see applied the
+    module's class decision (low) under a float32 verdict, on every later step of that path
+    (the program did not record again): a fixed choice now applies to it too."""
+    _process(monkeypatch, _RootClock(), nn.Identity(), n=0)
+    model = _Branch()
+    reference = copy.deepcopy(model)
+    for step in range(6):
+        model.use_extra = reference.use_extra = step >= 4  # the other path, after the check
+        with ampcore.autocast("cpu", level="auto"):
+            out = model(X)
+        out.float().sum().backward()
+        if step >= 2:
+            torch.testing.assert_close(out, reference(X), rtol=0, atol=0, msg=f"step {step}")
+    assert [c.verdict for c in ampcore.auto_plan("cpu").roots.values()] == ["fp32"]
+
+
 # --- (2) one cache directory, two processes deciding different models at once ---------------
 
 
