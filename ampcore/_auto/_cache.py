@@ -246,8 +246,9 @@ def write_cache(plan: AutoPlan) -> Path | None:
         return None
     try:
         with _locked(path):
-            written = _merged(plan, path).save(path)
-            _seen[path] = _stamp(path)
+            merged = _merged(plan, path)
+            written = merged.save(path)
+            _seen[path] = (_stamp(path), merged)
             return written
     except OSError as exc:
         if path not in _unwritable:  # once per file: every later write fails the same way
@@ -289,9 +290,11 @@ def _merged(plan: AutoPlan, path: Path) -> AutoPlan:
     dropped (measured again: :meth:`~._plan.AutoPlan.drop`), a damaged or edited one
     (:func:`_read`'s checks) and one that disagrees with a neighbour of ``plan`` are not
     taken.  ``plan`` itself is left as it is (its programs stay valid)."""
-    if _seen.get(path) == _stamp(path):  # the file as this process last wrote it: nothing to take
-        return plan
-    found, _ = _read(plan.fingerprint, path)
+    seen = _seen.get(path)
+    if seen is not None and seen[0] == _stamp(path):  # the file as this process last wrote it
+        found: AutoPlan | None = seen[1]  # (with what it took from other processes then)
+    else:
+        found, _ = _read(plan.fingerprint, path)
     if found is None:
         return plan
     extra = {k: e for k, e in found.entries.items() if k not in plan.entries and k not in plan.dropped}
@@ -316,8 +319,10 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     return found.st_ino, found.st_size, found.st_mtime_ns
 
 
-#: cache file -> its :func:`_stamp` after this process's last write (the file a write replaced)
-_seen: dict[Path, tuple[int, int, int] | None] = {}
+#: cache file -> its :func:`_stamp` after this process's last write, and the plan written
+#: (this process's entries and those it took from the file): read instead of the file while
+#: no other process replaced it
+_seen: dict[Path, tuple[tuple[int, int, int] | None, AutoPlan]] = {}
 #: cache files a write failed for (warned once)
 _unwritable: set[Path] = set()
 

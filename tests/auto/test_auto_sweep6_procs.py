@@ -3,7 +3,8 @@ different models at once, with the real clock.  Both read the cold cache before 
 writes (a barrier); each writes its measurements later.  Before, the last writer replaced
 the file with its own plan: the next process running the other model measured it all
 again.  The children's decisions are whatever this machine measures: the tests check
-where they came from, never a time.
+where they came from, never a time (a later process may still measure a class again
+where the cold one's figures were cut short by the load: the file is what is checked).
 """
 
 from __future__ import annotations
@@ -79,11 +80,15 @@ def test_two_processes_deciding_different_models_at_once_keep_both(tmp_path: Pat
     cache, barrier = tmp_path / "cache", tmp_path / "barrier"
     barrier.mkdir()
     first, second = _start(cache, "a", barrier), _start(cache, "b", barrier)
+    decided = set()
     for proc in (first, second):
         cold = _result(proc)
         assert cold["measured"] and cold["warnings"] == [] and cold["mine"]
+        decided |= set(cold["mine"])
+    (path,) = cache.glob("auto-*.json")
+    kept = set(json.loads(path.read_text())["entries"])
+    assert decided <= kept, f"a write lost the other process's classes: {sorted(decided - kept)}"
     for which in ("a", "b"):  # the next process of each model reads its classes from the file
         warm = _result(_start(cache, which, None))
-        assert not warm["measured"] and warm["warnings"] == [], (which, warm)
-        assert warm["sources"] == ["cache"]
+        assert warm["warnings"] == [] and "cache" in warm["sources"], (which, warm)
     assert not list(cache.glob(".*.tmp"))
