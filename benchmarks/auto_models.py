@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from auto_models6 import SWEEP6
+
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {
     "mixed": (1024, 512, 4, 64, 16, 48),
@@ -352,6 +354,8 @@ def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         return _flip(device)
     if name in _KINDS:
         return _KINDS[name](device)
+    if name in SWEEP6:
+        return SWEEP6[name](device)
     if name == "heldout-tie":  # 6 x Linear(224) on a batch of 64: low/fp32 near 1 with AMX
         return _mixed((224, 64, 6, 1, 1, 0), device)
     if name in _EMBEDDED:
@@ -378,6 +382,7 @@ def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         "heldout-tie",
         *_EMBEDDED,
         *_KINDS,
+        *SWEEP6,
         *_TRANSFORMERS,
         *_DECODERS,
         "seed",

@@ -52,6 +52,11 @@ Held-out kinds (issue 27, helper autoshapes; :mod:`auto_models` has each one's s
   casting the weights costs more than bf16 saves) next to small ones whose best is low
   precision (2 x ``Linear(192)`` on a batch of 2048), a wide-and-shallow MLP at batch 2.
 
+Held-out kinds of the sixth sweep (:mod:`auto_models6`): ``heldout-unet`` (a U-Net with
+skip concatenations), ``heldout-lstm-lm`` (an LSTM language model with a tied head),
+``heldout-bags`` (DLRM-like: ``EmbeddingBag`` and an MLP at batch 2048), ``heldout-bert``
+(``transformers.BertModel`` from a config), ``heldout-strided`` (unpadded strided convolutions).
+
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot
 products, no AMX; ``@AVX2`` also caps ATen's kernels and MKL's, :func:`isa_env`); without it

@@ -16,14 +16,21 @@ without them.  ``ampcore plan clear`` deletes the files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from .._errors import AmpcoreWarning, warn_at
+
+try:
+    import fcntl
+except ImportError:  # (Windows: writes are atomic, not merged under a lock)
+    fcntl = None  # type: ignore[assignment]
+
 from ._checks import check_from_mapping
 from ._costs import by_module, decide, implausible
 from ._plan import FORMAT, AutoPlan, PlanEntry, _key, entry_from_mapping, seal
@@ -116,20 +123,30 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
     path = cache_file(fp)
     if path is None or not path.is_file():
         return None
+    plan, dropped = _read(fp, path)
+    if dropped:
+        _warn(path, dropped)
+        if plan is not None:
+            write_cache(plan)
+    return plan
+
+
+def _read(fp: dict[str, Any], path: Path) -> tuple[AutoPlan | None, list[str]]:
+    """The plan the file at ``path`` holds for ``fp``, its entries and whole-call checks
+    checked (``None``: no usable file), and the reasons of what was dropped."""
     try:
         size = path.stat().st_size
         if size > MAX_CACHE_BYTES:  # not read into memory: no plan is that large
-            _warn(path, [f"the file is {size} bytes, more than any plan ({MAX_CACHE_BYTES})"])
-            return None
+            return None, [f"the file is {size} bytes, more than any plan ({MAX_CACHE_BYTES})"]
         data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, []
     except (OSError, ValueError) as exc:
-        _warn(path, [f"the file is not readable JSON ({type(exc).__name__})"])
-        return None
+        return None, [f"the file is not readable JSON ({type(exc).__name__})"]
     if not isinstance(data, Mapping):
-        _warn(path, [f"the file is not an ampcore plan cache (a JSON object expected, not {type(data).__name__})"])
-        return None
+        return None, [f"the file is not an ampcore plan cache (a JSON object expected, not {type(data).__name__})"]
     if data.get("format") != FORMAT or data.get("fingerprint") != fp:
-        return None  # another format or setting: measured again, and rewritten
+        return None, []  # another format or setting: measured again, and rewritten
     plan = AutoPlan(fp)
     seals = data.get("seals")
     seals = seals if isinstance(seals, Mapping) else {}
@@ -144,10 +161,7 @@ def _from_cache(fp: dict[str, Any]) -> AutoPlan | None:
             continue
         plan.entries[entry.shape_class] = entry
     dropped += _disagreeing(plan) + _checks(plan, data.get("roots", {}), _section(seals, "roots"))
-    if dropped:
-        _warn(path, dropped)
-        write_cache(plan)
-    return plan
+    return plan, dropped
 
 
 def _section(seals: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -195,7 +209,7 @@ def _disagreeing(plan: AutoPlan) -> list[str]:
             if reason is not None:
                 found.append((key, reason))
     for key, _ in found:
-        del plan.entries[key]
+        plan.drop(key)  # (and not merged back from the file by a later write: see _merged)
     return [f"{key!r}: {reason}" for key, reason in found]
 
 
@@ -227,12 +241,18 @@ def _warn(path: Path, reasons: list[str]) -> None:
 
 
 def write_cache(plan: AutoPlan) -> Path | None:
-    """Store ``plan`` in the disk cache (errors are ignored: the cache is an optimisation)."""
+    """Store ``plan`` in the disk cache, with the entries and whole-call checks another
+    process wrote there meanwhile (:func:`_merged`; errors are ignored: the cache is an
+    optimisation)."""
     path = cache_file(plan.fingerprint)
     if path is None or plan.frozen:
         return None
     try:
-        return plan.save(path, measured=True)  # a decision written by hand applies here only
+        with _locked(path):
+            merged = _merged(plan, path)
+            written = merged.save(path, measured=True)  # a decision written by hand applies here only
+            _seen[path] = (_stamp(path), merged)
+            return written
     except OSError as exc:
         if path not in _unwritable:  # once per file: every later write fails the same way
             _unwritable.add(path)
@@ -246,6 +266,66 @@ def write_cache(plan: AutoPlan) -> Path | None:
         return None
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``'s directory (where the OS has ``fcntl``; no file
+    of its own is left there): a process's read of the file and its write of the merged
+    plan are not interleaved with another's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some NFS): merged, not locked
+            pass
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+def _merged(plan: AutoPlan, path: Path) -> AutoPlan:
+    """``plan`` with what the file at ``path`` holds beside it: another process sharing the
+    cache directory that measured other models (other shape classes, other roots) since
+    this one read the file.  ``plan``'s own entries and checks win; an entry ``plan``
+    dropped (measured again: :meth:`~._plan.AutoPlan.drop`), a damaged or edited one
+    (:func:`_read`'s checks) and one that disagrees with a neighbour of ``plan`` are not
+    taken.  ``plan`` itself is left as it is (its programs stay valid)."""
+    seen = _seen.get(path)
+    if seen is not None and seen[0] == _stamp(path):  # the file as this process last wrote it
+        found: AutoPlan | None = seen[1]  # (with what it took from other processes then)
+    else:
+        found, _ = _read(plan.fingerprint, path)
+    if found is None:
+        return plan
+    extra = {k: e for k, e in found.entries.items() if k not in plan.entries and k not in plan.dropped}
+    roots = {k: c for k, c in found.roots.items() if k not in plan.roots}
+    if not extra and not roots:
+        return plan
+    merged = AutoPlan(plan.fingerprint, dict(plan.entries), plan.margin, roots={**roots, **plan.roots})
+    groups = by_module([*plan.entries, *extra])
+    for key, entry in extra.items():
+        mine = [k for k in groups[key.rpartition(" in=[")[0]] if k in plan.entries]
+        if entry.costs is not None and plan.suspect(key, entry.costs, mine) is None:
+            merged.entries[key] = entry
+    return merged
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells one version of the file at ``path`` from another (``None``: no file)."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+#: cache file -> its :func:`_stamp` after this process's last write, and the plan written
+#: (this process's entries and those it took from the file): read instead of the file while
+#: no other process replaced it
+_seen: dict[Path, tuple[tuple[int, int, int] | None, AutoPlan]] = {}
 #: cache files a write failed for (warned once)
 _unwritable: set[Path] = set()
 

@@ -165,6 +165,8 @@ class AutoPlan:
     #: whole-call checks of mixed programs (:mod:`._checks`), by :func:`root_key`; setting
     #: one does not count as a change (the programs it chose between stay valid)
     roots: dict[str, RootCheck] = field(default_factory=dict)
+    #: classes this process dropped (measured again): a write does not take them back from the file
+    dropped: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""
@@ -187,6 +189,7 @@ class AutoPlan:
             for cell in list(waiting.values()):
                 cell[0] = True
         self.entries[shape_class] = PlanEntry(shape_class, decision, costs, source)
+        self.dropped.discard(shape_class)
         return decision
 
     def wait(self, stale: Stale, added: int) -> None:
@@ -202,6 +205,7 @@ class AutoPlan:
 
     def drop(self, shape_class: str) -> None:
         """Forget the entry of ``shape_class`` (measured again at its next call)."""
+        self.dropped.add(shape_class)
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 

@@ -141,6 +141,11 @@ class Program(NamedTuple):
     #: whole-call checks that failed because the forward raised (checked again at the next
     #: call up to :data:`._verify.CHECK_TRIES` times: a bad batch the real call raises on too)
     check_tries: int = 0
+    #: planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
+    checkpointed: bool = False
+    #: the fixed choice this program is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"``:
+    #: a guard applies it, not the class's decision, to a module on another path
+    verdict: str = "plan"
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are
@@ -175,12 +180,18 @@ class Program(NamedTuple):
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
         if verdict in ("low", "fp32"):
             kept = self.unseen[: len(self.unseen) - self.inner]
-            fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=())
+            fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=(), verdict=verdict)
             if verdict == "low":
                 return fixed._replace(default_fp32=False, switched=())
-            if self.fp32_ok or (self.low_outside and self.fp32_root):  # that work in float32 too
+            # autocast off for the whole root where ops outside planned modules ran in low
+            # precision, or planned calls inside a checkpoint (they follow its autocast state,
+            # its recompute too): that work in float32 as well, as the float32 step
+            if self.fp32_ok or ((self.low_outside or self.checkpointed) and self.fp32_root):
                 return fixed._replace(default_fp32=True, switched=())
-            return fixed._replace(default_fp32=False, switched=self.planned)
+            # every planned module in float32: also those guarded per call (shapes that do not
+            # follow the arguments: a strided convolution), no longer guarded
+            inner = tuple(r for r in self.unseen[len(kept) :] if id(r()) in self.inner_ids)
+            return fixed._replace(default_fp32=False, switched=self.planned + inner)
         return self._replace(checked=True)
 
     def valid(self, plan: AutoPlan) -> bool:
@@ -318,6 +329,8 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
+        if decision is not None and program.verdict != "plan":  # a fixed choice: every planned call one way
+            decision = "fp32" if program.verdict == "fp32" and float32_weights(module) else "low"
         enabled = _autocast_enabled(self.device_type)
         if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
             return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above

@@ -237,4 +237,5 @@ class Recording:
             plain,
             len(guarded),
             frozenset(map(id, self.inner.values())),
+            checkpointed=bool(self.ambient),
         )

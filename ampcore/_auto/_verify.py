@@ -59,8 +59,11 @@ _LABELS: Final[dict[str, Label]] = {"plan": "root-plan", "low": "root-low", "fp3
 
 
 def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
-    """The key of a whole-call check: the root's class, its input signature and the
-    program (its default and which modules, by name, are switched).
+    """The key of a whole-call check: the root's class, its input signature, the program
+    (its default and which modules, by name, are switched) and the root's layers (each
+    module's name, class, ``extra_repr`` and parameter shapes: two ``nn.Sequential`` of
+    other layers on the same inputs, or of convolutions with other strides, are two
+    checks, not one).
 
     Example::
 
@@ -68,7 +71,7 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
         >>> p = Program(None, 0, False, (), (), False)  # type: ignore[arg-type]
         >>> root_key(net, (True, (torch.Size([4, 2]), torch.float32, torch.device("cpu"))), p)
-        'Sequential in=[4x2] grad program=low+0 #9f7e0383'
+        'Sequential in=[4x2] grad program=low+0 #42f87aef'
     """
     shapes = []
     for entry in sig[1:]:
@@ -87,10 +90,17 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
             f"|{names.get(id(m), '?')}:{''.join(map(str, map(int, calls)))}" for r, calls in program.steps if (m := r())
         )
     )
-    digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}{steps}".encode()).hexdigest()[:8]
+    layers = ";".join(f"{name}:{_layer(m)}" for name, m in root.named_modules())
+    digest = hashlib.sha1(f"{program.default_fp32}|{','.join(switched)}{steps}|{layers}".encode()).hexdigest()[:8]
     default = "fp32" if program.default_fp32 else "low"
     grad = ("grad" if sig[0] else "no-grad") + (" eval" if sig[-1] == "eval" else "")
     return f"{type(root).__name__} in=[{', '.join(shapes)}] {grad} program={default}+{len(switched)} #{digest}"
+
+
+def _layer(module: nn.Module) -> str:
+    """A module as the whole-call check's key sees it: class, ``extra_repr``, parameter shapes."""
+    shapes = [tuple(p.shape) for p in module._parameters.values() if p is not None]
+    return f"{type(module).__name__}({module.extra_repr()}){shapes}"
 
 
 def settle(
