@@ -33,8 +33,10 @@ __all__: list[str] = []
 _MAX_ROOTS: Final = 64
 #: roots a place in the code has (without pre-hooks of their own) from which its regions
 #: mark only the roots they call (:func:`._root_hooks.mark_called`, one more hook call per
-#: root call) instead of all of them at entry and exit (two dict operations per root)
-_MARK_CALLED: Final = 4
+#: root call) instead of all of them at entry and exit (two dict operations per root):
+#: in a step the marker's call costs about what 3-4 marks do (docs/performance.md, issue
+#: 27, twelfth stop: benchmarks/bench_auto_site_marks.py)
+_MARK_CALLED: Final = 6
 _MAX_SITES: Final = 256
 #: signatures a root keeps settled in a thread (:attr:`_Last.alts`): the sizes of a loop's
 #: micro-batches, its short last batch, a few sequence lengths (beyond: the oldest go)
