@@ -7,18 +7,23 @@ sentinel the root's kwargs (:func:`hook_root`).  A root with forward pre-hooks o
 (FSDP2's, ZeRO-3's, an offload hook's, a user's) gets the sentinel as its *last* pre-hook
 instead (:func:`last_pre`): it then sees the arguments and weights those hooks give.  Where
 torch's dicts cannot take our keys, the root hooks go through torch's public registration
-(:func:`hook_public`).  The hooks themselves are :mod:`._roots`' (read through the module).
+(:func:`hook_public`).  At a place in the code of many roots the roots without pre-hooks
+of their own are marked as they are called, by the *marker* (:func:`mark_called`), a
+global pre-hook that goes in and out just before the sentinel.  The hooks themselves are
+:mod:`._roots`' (read through the module).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from . import _roots
-from ._roots_state import _Key, _local
+from . import _hooks, _roots
+from ._roots_state import _compiled, _idle_region, _Key, _local, drop_strays
+from ._store import program_for
 
 __all__ = [
     "after_own",
@@ -27,6 +32,8 @@ __all__ = [
     "hook_public",
     "hook_root",
     "last_pre",
+    "mark_called",
+    "new_root",
     "sentinel_off",
     "sentinel_on",
 ]
@@ -51,6 +58,25 @@ def hook_root(module: torch.nn.Module) -> bool:
     except (AttributeError, TypeError):
         hook_public(module, handles)  # (its pre-hook goes after the module's own)
     return own
+
+
+def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
+    """The sentinel's call for a module called directly in an eligible region that is not
+    one of its roots (not marked): it becomes one, and this call is recorded."""
+    local = _local
+    if id(module) in local.public or local.late_key in module._forward_pre_hooks:
+        return None  # a root with public hooks, or the sentinel as its last pre-hook: that decides
+    region = _idle_region()
+    if region is None or _compiled(module):
+        return None
+    if module._forward_pre_hooks:
+        drop_strays(module)  # a copy of a root made while hooked
+    plan = _hooks.plan_of(region)
+    if hook_root(module):  # its later calls in this region run its program
+        if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
+            local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
+        return _roots._record(module, args, region, plan, unsigned=True)
+    return _roots._record(module, args, region, plan)
 
 
 def last_pre(module: Any, key: _Key) -> None:
@@ -92,10 +118,37 @@ def drop_post(module: torch.nn.Module) -> None:
         dicts._forward_hooks_always_called.pop(_local.key, None)
 
 
+def mark_called(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    """The *marker*: a global pre-hook just before the sentinel while a region at a site of
+    many roots lasts (and with it off during a root call that runs a program).  A root of
+    the site called gets its mark (our key in its with-kwargs dict: torch checks that dict
+    at each global hook's turn, so the sentinel after it gets the kwargs), kept until the
+    region exits.  Another thread's call, a module that is not one of the site's roots or a
+    dict that refuses our key (the sentinel then meets it as a new root): nothing."""
+    local = _local
+    roots = local.marking
+    if roots is None:
+        return
+    ref = roots.get(id(module))
+    if ref is None or ref() is not module:
+        return
+    dicts: Any = module._forward_pre_hooks_with_kwargs
+    key = local.sentinel_key
+    if key in dicts:  # (called before in this region)
+        return
+    try:
+        dicts[key] = True
+    except (AttributeError, TypeError):
+        return
+    local.marked.append(module)
+
+
 def sentinel_on() -> None:
     local = _local
     if local.sentinel is None:
         if _roots._GLOBAL_PRE is not None:
+            if local.marking is not None:  # the marker goes just before it
+                _roots._GLOBAL_PRE[local.marker_key] = mark_called
             _roots._GLOBAL_PRE[local.sentinel_key] = _roots._sentinel
             local.sentinel = local.sentinel_key
         else:
@@ -110,6 +163,7 @@ def sentinel_off() -> None:
         if sentinel is local.sentinel_key:
             if _roots._GLOBAL_PRE is not None:
                 _roots._GLOBAL_PRE.pop(sentinel, None)
+                _roots._GLOBAL_PRE.pop(local.marker_key, None)
         else:
             sentinel.remove()
 
@@ -123,6 +177,10 @@ def global_after(module: torch.nn.Module) -> bool:
     if local.late_key in module._forward_pre_hooks:
         return False
     key: Any = local.sentinel_key
-    if _roots._GLOBAL_PRE is not None and key in _roots._GLOBAL_PRE:
-        _roots._GLOBAL_PRE[key] = _roots._GLOBAL_PRE.pop(key)
+    glob = _roots._GLOBAL_PRE
+    if glob is not None and key in glob:
+        marker: Any = local.marker_key
+        if marker in glob:  # the marker stays just before it
+            glob[marker] = glob.pop(marker)
+        glob[key] = glob.pop(key)
     return True

@@ -6,7 +6,9 @@ modules it calls directly (its *roots*, normally the model) run the programs of
 :mod:`._program`.  When it is entered, one global pre-hook (the *sentinel*) goes in, and
 the roots that regions entered at the same place in the code called before are *marked*
 (:mod:`._root_hooks`: torch calls the sentinel with a marked root's kwargs, after the
-root's own pre-hooks).  Both are removed when it exits.
+root's own pre-hooks).  Both are removed when it exits.  At a place of many roots (an
+ensemble, a region each) a second global pre-hook just before the sentinel, the *marker*,
+marks a root as it is called instead, so a region touches only the roots it calls.
 
 * A marked root with a program for its input signature runs it (the sentinel adds the
   root's post-hook for that call): the sentinel is off for the call, so the modules inside
@@ -29,7 +31,6 @@ from typing import Any, Final
 
 import torch
 
-from .._policy.lists import compute_oplists
 from . import _hooks
 from ._cache import plans as _plans
 from ._guard import holds_objects, unchanged
@@ -37,7 +38,17 @@ from ._plan import AutoPlan
 from ._program import Program, Running, signature
 from ._program import local as _prog
 from ._recording import Recording
-from ._root_hooks import after_own, drop_post, global_after, hook_public, hook_root, last_pre, sentinel_off, sentinel_on
+from ._root_hooks import (
+    after_own,
+    drop_post,
+    global_after,
+    hook_public,
+    last_pre,
+    mark_called,
+    new_root,
+    sentinel_off,
+    sentinel_on,
+)
 from ._roots_state import _GLOBAL_PRE as _GLOBAL_PRE  # (_root_hooks reads it here: tests replace it)
 from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _MAX_SITES,
@@ -45,9 +56,9 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _alone,
     _AskCompiling,
     _autocast_enabled,
+    _compiled,
     _compiler,
     _dynamo_compiling,
-    _is_compiling,
     _Key,
     _Last,
     _local,
@@ -56,6 +67,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _set_autocast,
     _site_at,
     _thread,
+    _white,
     drop_strays,
     turn,
 )
@@ -104,7 +116,11 @@ def region_entered() -> None:
                 hook_public(root, handles)
         sentinel_on()
         return
-    for ref in site.roots:  # (a site of many roots marks each: few lines per root)
+    roots = site.roots
+    if site.marking:  # many roots: the marker marks those the region calls
+        roots, local.marking, local.marked = site.early, site.called, handles
+        _GLOBAL_PRE[local.marker_key] = mark_called
+    for ref in roots:  # (a few roots: few lines each)
         if (root := ref()) is not None:
             try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
                 # (torch types these dicts as keyed by handle ids; any hashable key works)
@@ -145,6 +161,11 @@ def region_exited() -> None:
         local.sentinel = None
     else:
         sentinel_off()
+    marking = local.marking
+    if marking is not None:
+        _GLOBAL_PRE.pop(local.marker_key, None)  # type: ignore[union-attr]
+        local.marking, local.marked = None, []
+    early = None
     for handle in handles:
         if isinstance(handle, _Module):
             handle._forward_pre_hooks_with_kwargs.pop(skey, None)  # type: ignore[call-overload]
@@ -152,25 +173,19 @@ def region_exited() -> None:
                 lkey: Any = local.late_key
                 handle._forward_pre_hooks.pop(lkey, None)
                 handle._forward_pre_hooks_with_kwargs.pop(lkey, None)
+                if marking is not None and id(handle) in marking:  # marked at entry from now on
+                    early = [*(early or ()), id(handle)]
         else:
             handle.remove()
     _hooks.region_threads.pop(local.ident, None)
     prog.settled = None
     if local.public:
+        if marking is not None or local.called:  # their dicts refuse our key: marked at entry
+            early = [*(early or ()), *(local.public - site.early_ids)]
         local.public.clear()
-    if local.called:
-        site.update(list(local.called.values()))
+    if local.called or early:
+        site.update(list(local.called.values()), early or ())
         local.called.clear()
-
-
-def _idle_region() -> Any:
-    """The eligible region when it is innermost and no root call of it is in progress."""
-    if _prog.run is not None or _prog.rec is not None or _prog.measuring or _is_compiling():
-        return None
-    region, stack = _prog.settled, _thread.stack
-    if region is None or not stack or stack[-1] is not region:
-        return None
-    return region if torch.is_autocast_enabled(region.spec.backend.device_type) else None  # off: nothing planned
 
 
 def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
@@ -180,7 +195,7 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     calls inline: the root's :class:`_Last` holds while what :func:`_hooks.plan_of` keys on,
     the signature and the program's guard are unchanged."""
     if kwargs is None:
-        return _new_root(module, args)
+        return new_root(module, args)
     prog = _prog
     region = prog.settled
     if region is None:  # no region of ours in this thread: a copy's stray, or another thread's root
@@ -216,10 +231,12 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         last = _find(module, args, kwargs, region, sig)
         if type(last) is not _Last:
             return last  # recorded: the new arguments, or None
-    sentinel = local.sentinel  # off while the program runs
+    sentinel = local.sentinel  # off while the program runs (with the marker, if any)
     if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:
         _GLOBAL_PRE.pop(sentinel, None)
         local.sentinel = None
+        if local.marking is not None:
+            _GLOBAL_PRE.pop(local.marker_key, None)
     else:
         sentinel_off()
     if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
@@ -284,24 +301,6 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     return _sentinel(module, args, kwargs)
 
 
-def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
-    """A module called directly in an eligible region that is not one of its roots."""
-    local = _local
-    if id(module) in local.public or local.late_key in module._forward_pre_hooks:
-        return None  # a root with public hooks, or the sentinel as its last pre-hook: that decides
-    region = _idle_region()
-    if region is None or _compiled(module):
-        return None
-    if module._forward_pre_hooks:
-        drop_strays(module)  # a copy of a root made while hooked
-    plan = _hooks.plan_of(region)
-    if hook_root(module):  # its later calls in this region run its program
-        if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
-            local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
-        return _record(module, args, region, plan, unsigned=True)
-    return _record(module, args, region, plan)
-
-
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
     prog = _prog
     run = prog.run
@@ -322,6 +321,8 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
             run.stop()
         if prog.settled is region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
+                if local.marking is not None:  # the marker just before it
+                    _GLOBAL_PRE[local.marker_key] = mark_called
                 _GLOBAL_PRE[local.sentinel_key] = _sentinel
                 local.sentinel = local.sentinel_key
             else:
@@ -379,17 +380,6 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
             store(rec.root, sig, program if program is not None else tries + 1)
     if _prog.settled is rec.region:
         sentinel_on()
-
-
-def _white(region: Any) -> frozenset[str]:
-    spec = region.spec
-    return compute_oplists(spec.backend, spec.dtype, "O1", frozenset(), frozenset()).white
-
-
-def _compiled(module: torch.nn.Module) -> bool:
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
-    optimized = getattr(eval_frame, "OptimizedModule", None)
-    return optimized is not None and isinstance(module, optimized)
 
 
 def forget() -> None:

@@ -11,14 +11,17 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Iterable
 from typing import Any, Final
 
 import torch
 
 from .._errors import AmpcoreWarning, warn_user
+from .._policy.lists import compute_oplists
 from .._policy.thread_state import thread_state
 from . import _hooks
 from ._program import Program, Running
+from ._program import local as _prog
 from ._stale import Stale as Stale
 from ._stale import drop_strays as drop_strays
 
@@ -28,6 +31,12 @@ __all__: list[str] = []
 #: region there marks every one: 64 marks cost less than the global hooks on one small model;
 #: 16 sent an ensemble of 20 models, a region each, call by call for ever)
 _MAX_ROOTS: Final = 64
+#: roots a place in the code has (without pre-hooks of their own) from which its regions
+#: mark only the roots they call (:func:`._root_hooks.mark_called`, one more hook call per
+#: root call) instead of all of them at entry and exit (two dict operations per root):
+#: in a step the marker's call costs about what 3-4 marks do (docs/performance.md, issue
+#: 27, twelfth stop: benchmarks/bench_auto_site_marks.py)
+_MARK_CALLED: Final = 6
 _MAX_SITES: Final = 256
 #: signatures a root keeps settled in a thread (:attr:`_Last.alts`): the sizes of a loop's
 #: micro-batches, its short last batch, a few sequence lengths (beyond: the oldest go)
@@ -61,17 +70,34 @@ _set_autocast: Final = torch.set_autocast_enabled
 
 
 class _Site:
-    """The roots the eligible regions entered at one place in the code called (weak)."""
+    """The roots the eligible regions entered at one place in the code called (weak).  At a
+    site of :data:`_MARK_CALLED` or more plain roots (``marking``) a region marks at entry
+    only the ``early`` ones (pre-hooks of their own, a dict that refused our key: they need
+    their mark before torch's call starts), and the others (``called``, by id) as it calls
+    them (:func:`._root_hooks.mark_called`)."""
 
     def __init__(self) -> None:
         self.roots: list[weakref.ref[torch.nn.Module]] = []
         self.overflow = False  # more than _MAX_ROOTS roots: its regions use the global hooks
+        self.marking = False
+        self.called: dict[int, weakref.ref[torch.nn.Module]] = {}
+        self.early: list[weakref.ref[torch.nn.Module]] = []
+        self.early_ids: set[int] = set()
 
-    def update(self, called: list[weakref.ref[torch.nn.Module]]) -> None:
-        """Add the roots ``called`` (those met through the sentinel); drop the collected ones."""
+    def update(self, called: list[weakref.ref[torch.nn.Module]], early: Iterable[int] = ()) -> None:
+        """Add the roots ``called`` (those met through the sentinel), and the ids of roots
+        to mark at entry from now on (``early``); drop the collected ones."""
         known = {id(m): r for r in [*self.roots, *called] if (m := r()) is not None}
         self.overflow = len(known) > _MAX_ROOTS
         self.roots = list(known.values())
+        ids = self.early_ids = (self.early_ids | set(early)) & known.keys()
+        self.called = {i: r for i, r in known.items() if i not in ids and not _own_pre(r())}
+        self.early = [r for i, r in known.items() if i not in self.called]
+        self.marking = len(self.called) >= _MARK_CALLED
+
+
+def _own_pre(module: Any) -> bool:
+    return bool(getattr(module, "_forward_pre_hooks", None))
 
 
 #: What :func:`region_entered` did for a region (undone by :func:`region_exited`): the
@@ -168,6 +194,12 @@ class _Local(threading.local):
         self.key = _Key()  # this thread's key in its roots' forward hooks (the post-hook) in a region
         self.ident = threading.get_ident()  # the thread's (its key in _hooks.region_threads)
         self.sentinel_key = _Key()  # its sentinel's, also in each root's with-kwargs pre-hook dict
+        #: at a site that marks the roots its regions call (:attr:`_Site.marking`): the
+        #: site's roots by id while a region lasts (None: none), the region's list of marked
+        #: roots, and the key of the marker (a global pre-hook just before the sentinel)
+        self.marking: dict[int, weakref.ref[torch.nn.Module]] | None = None
+        self.marked: list[Any] = []
+        self.marker_key = _Key()
         #: its key in the pre-hook dict of a root with pre-hooks of its own (the user's:
         #: FSDP2's, ZeRO-3's, an offload hook's): the sentinel as that root's last pre-hook
         self.late_key: Any = _Key()  # (Any: torch types the dicts as keyed by handle ids)
@@ -251,3 +283,26 @@ def _site_at(local: _Local, code: Any, at: int) -> _Site:
         site = local.sites[where] = _Site()
     local.site_code, local.site_at, local.site = code, at, site
     return site
+
+
+def _idle_region() -> Any:
+    """The eligible region when it is innermost and no root call of it is in progress."""
+    if _prog.run is not None or _prog.rec is not None or _prog.measuring or _is_compiling():
+        return None
+    region, stack = _prog.settled, _thread.stack
+    if region is None or not stack or stack[-1] is not region:
+        return None
+    return region if torch.is_autocast_enabled(region.spec.backend.device_type) else None  # off: nothing planned
+
+
+def _white(region: Any) -> frozenset[str]:
+    """The O1 lists' low-precision ops of ``region``'s spec (what a recording may switch)."""
+    spec = region.spec
+    return compute_oplists(spec.backend, spec.dtype, "O1", frozenset(), frozenset()).white
+
+
+def _compiled(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is ``torch.compile``'s wrapper (its hooks do nothing)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return optimized is not None and isinstance(module, optimized)

@@ -53,6 +53,15 @@ def _same_as_fixed(models: list[nn.Module], x: torch.Tensor) -> None:
             torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+class _Refusing(dict[Any, Any]):
+    """A with-kwargs pre-hook dict that takes torch's handle ids only."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not isinstance(key, int):
+            raise TypeError("hook ids only")
+        super().__setitem__(key, value)
+
+
 def test_roots_with_pre_hooks_of_their_own_at_a_site_of_many_roots() -> None:
     """One member has a pre-hook before the regions (marked root by root, the sentinel after
     its hook), another gets one inside a region (unmarked root by root): each still equals the
@@ -88,17 +97,11 @@ def test_a_root_without_torchs_hook_dicts_at_a_site_of_many_roots() -> None:
     """A root whose with-kwargs dict refuses our key (TypeError) is marked through torch's
     public registration, the others root by root; nothing is left behind."""
 
-    class Refusing(dict[Any, Any]):
-        def __setitem__(self, key: Any, value: Any) -> None:
-            if not isinstance(key, int):
-                raise TypeError("hook ids only")
-            super().__setitem__(key, value)
-
     x = torch.randn(8, 16)
     models = _ensemble(4)
     for _ in range(2):
         _same_as_fixed(models, x)
-    models[2]._forward_pre_hooks_with_kwargs = Refusing()  # type: ignore[assignment]
+    models[2]._forward_pre_hooks_with_kwargs = _Refusing()  # type: ignore[assignment]
     for _ in range(2):
         _same_as_fixed(models, x)
     seen: list[Any] = []
