@@ -11,7 +11,8 @@ keeps its plain cell and pays nothing).  It counts the settled calls down; every
 :data:`CALLS` calls it looks at the clock, and once :data:`AFTER_S` seconds have passed
 since the check the next root call measures it again (:func:`again`), between root calls
 (the root's pre-hook, before its forward), with the first check's machinery and its
-protections (parameters, ``.grad``, buffers, RNG state; the process's budget), where the
+protections (parameters, ``.grad``, buffers, RNG state; the process's budget, of which it
+starts only in the first :data:`SPARE`: the rest stays for first checks), where the
 first check could run (budget left, a clock, not frozen, one process, no transform; under
 ``torch.compile`` the sentinel never reads the cell).
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from ._plan import AutoPlan
     from ._program import Program
 
-__all__ = ["AFTER_S", "CALLS", "MAX_AGAIN", "Recheck", "again", "pending", "merged"]
+__all__ = ["AFTER_S", "CALLS", "MAX_AGAIN", "SPARE", "Recheck", "again", "merged", "pending"]
 
 #: settled root calls between two looks at the clock (a look: one clock read)
 CALLS: Final = 8
@@ -46,6 +47,9 @@ CALLS: Final = 8
 AFTER_S: Final = 1.0
 #: re-checks of one whole call in one process (each within the process's budget)
 MAX_AGAIN: Final = 2
+#: the share of the process's budget re-checks may start in: the rest stays for first
+#: measurements (a new signature's check, a new class), which decide more
+SPARE: Final = 0.5
 _now = time.perf_counter  # (tests replace it)
 
 
@@ -108,7 +112,7 @@ def again(program: Program, plan: AutoPlan, measure: Callable[[Program], RootChe
     key, recorded = pending_.key, pending_.program
     check = plan.roots.get(key)
     measured = False
-    if check is not None and check.provisional and measure is not None and not plan.frozen:
+    if check is not None and check.provisional and measure is not None and not plan.frozen and _spare():
         plan.again[key] = plan.again.get(key, 0) + 1
         try:
             found = measure(recorded)
@@ -123,3 +127,10 @@ def again(program: Program, plan: AutoPlan, measure: Callable[[Program], RootChe
     own = recorded.uniform()
     chosen = recorded.fixed("plan" if check is None or check.verdict == own else check.verdict)
     return pending(chosen, recorded, key, check, plan) if measured else chosen
+
+
+def _spare() -> bool:
+    """Whether the process has spent less than :data:`SPARE` of its measuring budget."""
+    from . import _hooks
+
+    return _hooks._process.spent_s < SPARE * _hooks.budget_s()

@@ -158,6 +158,15 @@ def test_a_re_check_stays_within_the_processs_budget(monkeypatch: pytest.MonkeyP
     assert len(busy.labels) == _ROUNDS
 
 
+def test_a_re_check_leaves_the_rest_of_the_budget_to_first_measurements(monkeypatch: pytest.MonkeyPatch) -> None:
+    busy = Clock(8.0, 9.0, 12.0)
+    proc = Process(monkeypatch, busy, 2.0, Net())
+    proc.steps(3)
+    monkeypatch.setattr(_hooks._process, "spent_s", _again.SPARE * _hooks.budget_s())  # budget left, not spare
+    proc.steps(_again.CALLS + 1, later_s=_again.AFTER_S)
+    assert len(busy.labels) == _ROUNDS and not isinstance(_settled_cell(proc.net), _again.Recheck)
+
+
 def test_a_re_check_counts_in_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     proc = Process(monkeypatch, Clock(8.0, 9.0, 12.0), 2.0, Net())
     proc.steps(3)
