@@ -12,7 +12,9 @@ keeps its plain cell and pays nothing).  It counts the settled calls down; every
 since the check the next root call measures it again (:func:`again`), between root calls
 (the root's pre-hook, before its forward), with the first check's machinery and its
 protections (parameters, ``.grad``, buffers, RNG state; the process's budget, of which it
-starts only in the first :data:`SPARE`: the rest stays for first checks), where the
+starts only in the first :data:`SPARE`: the rest stays for first checks), not while the
+adapter reports the device busy (a check measured busy is provisional whatever its
+figures: it waits for a quieter moment, :data:`MAX_LOOKS` looks at most), where the
 first check could run (budget left, a clock, not frozen, one process, no transform; under
 ``torch.compile`` the sentinel never reads the cell).
 
@@ -31,13 +33,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from ._checks import MAX_CHECKS, RootCheck, provisional, recheck
+from ._checks import BUSY_LOAD, MAX_CHECKS, RootCheck, provisional, recheck
 
 if TYPE_CHECKING:
     from ._plan import AutoPlan
     from ._program import Program
 
-__all__ = ["AFTER_S", "CALLS", "MAX_AGAIN", "SPARE", "Recheck", "again", "merged", "pending"]
+__all__ = ["AFTER_S", "CALLS", "MAX_AGAIN", "MAX_LOOKS", "SPARE", "Recheck", "again", "merged", "pending"]
 
 #: settled root calls between two looks at the clock (a look: one clock read)
 CALLS: Final = 8
@@ -47,6 +49,9 @@ CALLS: Final = 8
 AFTER_S: Final = 1.0
 #: re-checks of one whole call in one process (each within the process's budget)
 MAX_AGAIN: Final = 2
+#: looks at a device still busy (the adapter's load over :data:`~._checks.BUSY_LOAD`: a
+#: re-check would be provisional again) before the re-check is dropped: at least a minute
+MAX_LOOKS: Final = 60
 #: the share of the process's budget re-checks may start in: the rest stays for first
 #: measurements (a new signature's check, a new class), which decide more
 SPARE: Final = 0.5
@@ -58,11 +63,15 @@ class Recheck:
     call): true while the program's own ``cell`` is, or once the re-check is due; holds
     the recorded ``program`` the check compared and its ``key`` (:func:`._verify.root_key`)."""
 
-    __slots__ = ("at", "cell", "due", "key", "left", "program")
+    __slots__ = ("at", "cell", "due", "key", "left", "looks", "program")
 
     def __init__(self, program: Program, key: str) -> None:
         self.program, self.key, self.cell = program, key, program.stale
-        self.left, self.at, self.due = CALLS, _now(), False
+        self.left, self.at, self.due, self.looks = CALLS, _now(), False, 0
+
+    def later(self) -> None:
+        """Look again after :data:`CALLS` more calls and :data:`AFTER_S` more seconds."""
+        self.left, self.at, self.due, self.looks = CALLS, _now(), False, self.looks + 1
 
     def __getitem__(self, index: int) -> bool:
         if self.due or self.cell[0]:
@@ -101,14 +110,23 @@ def merged(old: RootCheck, new: RootCheck) -> RootCheck:
     return kept
 
 
-def again(program: Program, plan: AutoPlan, measure: Callable[[Program], RootCheck] | None) -> Program:
+def again(
+    program: Program, plan: AutoPlan, measure: Callable[[Program], RootCheck] | None, load: float | None = None
+) -> Program:
     """What a root runs once ``program``'s re-check is due (before: ``program`` itself): the
     verdict of its whole-call check measured again by ``measure`` (the first check's
     :func:`._verify._check` on the recorded program; None, or a frozen plan: not measured,
-    the verdict as it is and no re-check left)."""
+    the verdict as it is and no re-check left).  While the device's ``load`` (the
+    adapter's, now) is busy, a re-check would be provisional again: it waits, looking
+    again later, up to :data:`MAX_LOOKS` times, then is dropped."""
     pending_: Recheck = program.recheck
     if not pending_.due:
         return program
+    if measure is not None and load is not None and load > BUSY_LOAD:
+        if pending_.looks < MAX_LOOKS:
+            pending_.later()
+            return program
+        measure = None  # busy for good: dropped (its countdown leaves the settled path)
     key, recorded = pending_.key, pending_.program
     check = plan.roots.get(key)
     measured = False

@@ -127,8 +127,11 @@ def settle(
     (:func:`~._checks.recheck`); a provisional verdict is measured again later in the process
     too, when its program has run settled for a while (:mod:`._again`)."""
     if program.recheck is not None:  # a provisional verdict's program: measured again when due (._again)
+        from . import _hooks
+
         measure = None if clock is None else lambda rec: _check(root, args, kwargs, rec, region, clock, rec.uniform())
-        chosen = _measure_again(program, plan, measure)
+        load = _hooks.load_of(region) if measure is not None and program.recheck.due else None
+        chosen = _measure_again(program, plan, measure, load)
         if chosen is not program:
             store(root, sig, chosen)
         return chosen

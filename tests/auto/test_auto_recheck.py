@@ -9,6 +9,7 @@ no wall-clock threshold.
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -37,6 +38,7 @@ class Process:
     ) -> None:
         self.monkeypatch, self.net = monkeypatch, net
         self.now = [0.0]
+        monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "1000")  # real time spent on a loaded machine decides nothing
         monkeypatch.setattr(_again, "_now", lambda: self.now[0])
         self.use(clock, load)
         self.x, self.y = torch.randn(4, 32), torch.randn(4, 8)
@@ -123,12 +125,13 @@ def test_a_verdict_still_within_the_noise_stays_on_torch_autocasts_choice(monkey
 def test_re_checks_in_one_process_are_bounded_and_leave_the_verdict_to_a_later_process(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    busy = Clock(8.0, 9.0, 12.0)
-    proc = Process(monkeypatch, busy, 2.0, Net())  # busy throughout: every measurement provisional
+    noisy = Clock(9.0, 9.0, 12.0)  # noisy throughout (the adapter does not say its load): provisional
+    noisy.figures["root-low"] = itertools.cycle(_NOISY_LOW)
+    proc = Process(monkeypatch, noisy, None, Net())
     proc.steps(3)
     for _ in range(6):
         proc.steps(_again.CALLS, later_s=_again.AFTER_S)
-    assert len(busy.labels) == _ROUNDS * (1 + _again.MAX_AGAIN)
+    assert len(noisy.labels) == _ROUNDS * (1 + _again.MAX_AGAIN)
     check = _check()
     assert check.provisional and check.checks == MAX_CHECKS - 1  # not made final by count here
     assert not isinstance(_settled_cell(proc.net), _again.Recheck)  # no countdown left: the settled path as before
@@ -138,6 +141,7 @@ def test_not_before_the_program_ran_settled_for_a_while(monkeypatch: pytest.Monk
     busy = Clock(8.0, 9.0, 12.0)
     proc = Process(monkeypatch, busy, 2.0, Net())
     proc.steps(3)
+    proc.use(proc.clock, 0.1)  # the device is quiet by the time it is due
     proc.steps(3 * _again.CALLS)  # many calls, no time: not yet
     proc.steps(_again.CALLS - 2, later_s=_again.AFTER_S)  # time, too few calls since the last look: not yet
     assert len(busy.labels) == _ROUNDS
@@ -149,6 +153,7 @@ def test_a_re_check_stays_within_the_processs_budget(monkeypatch: pytest.MonkeyP
     busy = Clock(8.0, 9.0, 12.0)
     proc = Process(monkeypatch, busy, 2.0, Net())
     proc.steps(3)
+    proc.use(proc.clock, 0.1)  # the device is quiet by the time it is due
     monkeypatch.setattr(_hooks._process, "spent_s", _hooks.budget_s())  # the budget is spent
     assert proc.steps(_again.CALLS + 1, later_s=_again.AFTER_S)[-1] == _PLAN  # the verdict as it was
     assert len(busy.labels) == _ROUNDS and _check().checks == 1
@@ -162,6 +167,7 @@ def test_a_re_check_leaves_the_rest_of_the_budget_to_first_measurements(monkeypa
     busy = Clock(8.0, 9.0, 12.0)
     proc = Process(monkeypatch, busy, 2.0, Net())
     proc.steps(3)
+    proc.use(proc.clock, 0.1)  # the device is quiet by the time it is due
     monkeypatch.setattr(_hooks._process, "spent_s", _again.SPARE * _hooks.budget_s())  # budget left, not spare
     proc.steps(_again.CALLS + 1, later_s=_again.AFTER_S)
     assert len(busy.labels) == _ROUNDS and not isinstance(_settled_cell(proc.net), _again.Recheck)
@@ -170,6 +176,7 @@ def test_a_re_check_leaves_the_rest_of_the_budget_to_first_measurements(monkeypa
 def test_a_re_check_counts_in_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     proc = Process(monkeypatch, Clock(8.0, 9.0, 12.0), 2.0, Net())
     proc.steps(3)
+    proc.use(proc.clock, 0.1)  # the device is quiet by the time it is due
     spent = _hooks._process.spent_s
     proc.steps(_again.CALLS + 1, later_s=_again.AFTER_S)
     assert _hooks._process.spent_s > spent and _check().checks == 2
@@ -228,6 +235,7 @@ def test_a_re_check_leaves_parameters_gradients_buffers_rng_and_optimizer_alone(
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     proc = Process(monkeypatch, Clock(8.0, 9.0, 12.0), 2.0, net)
     proc.steps(3)
+    proc.use(proc.clock, 0.1)  # the device is quiet by the time it is due
     opt.step()  # momentum buffers; the gradients of the next steps accumulate (no zero_grad)
     proc.steps(_again.CALLS + 1, later_s=_again.AFTER_S, zero=False)
     assert len(seen) == 2 and seen[1] == [True] * 6  # the first check, then the re-check
@@ -239,6 +247,7 @@ def test_a_re_check_whose_forward_raises_keeps_the_verdict_and_is_not_tried_agai
     busy = Clock(8.0, 9.0, 12.0)
     proc = Process(monkeypatch, busy, 2.0, Net())
     proc.steps(3)
+    proc.use(proc.clock, 0.1)  # the device is quiet by the time it is due
 
     def fails(*args: Any) -> Any:
         raise RuntimeError("a bad batch")
@@ -262,3 +271,29 @@ def test_a_uniform_programs_provisional_tie_flips_to_float32_when_float32_is_cle
     assert set(clear.labels) == {"root-plan", "root-fp32"} and len(clear.labels) == 2 * (1 + 7)
     assert later[-1] == (torch.float32, torch.float32)
     assert (_check().verdict, _check().provisional, _cached()["verdict"]) == ("fp32", False, "fp32")
+
+
+def test_a_re_check_waits_while_the_device_is_still_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measured busy, a check is provisional whatever its figures: re-checking on a device
+    still busy would only spend the budget (at load 8-11 a re-check took seconds of wall
+    time).  It waits for a quieter moment, then flips."""
+    busy = Clock(8.0, 9.0, 12.0)
+    proc = Process(monkeypatch, busy, 2.0, Net())
+    proc.steps(3)
+    for _ in range(3):  # due three times, busy each time: looked at, not measured
+        proc.steps(_again.CALLS, later_s=_again.AFTER_S)
+    assert len(busy.labels) == _ROUNDS and isinstance(_settled_cell(proc.net), _again.Recheck)
+    quiet = Clock(9.0, 9.0, 12.0)
+    proc.use(quiet, 0.1)
+    assert proc.steps(_again.CALLS + 1, later_s=_again.AFTER_S)[-1] == _LOW
+    assert len(quiet.labels) == _ROUNDS and (_check().verdict, _check().provisional) == ("low", False)
+
+
+def test_a_device_busy_for_good_drops_the_re_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    busy = Clock(8.0, 9.0, 12.0)
+    proc = Process(monkeypatch, busy, 2.0, Net())
+    proc.steps(3)
+    for _ in range(_again.MAX_LOOKS + 1):
+        proc.steps(_again.CALLS, later_s=_again.AFTER_S)
+    assert len(busy.labels) == _ROUNDS  # never measured busy
+    assert not isinstance(_settled_cell(proc.net), _again.Recheck)  # no countdown left on the settled path
