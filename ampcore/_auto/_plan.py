@@ -167,6 +167,8 @@ class AutoPlan:
     roots: dict[str, RootCheck] = field(default_factory=dict)
     #: classes this process dropped (measured again): a write does not take them back from the file
     dropped: set[str] = field(default_factory=set, compare=False, repr=False)
+    #: whole-call checks (by key) this process measured again in the process (:mod:`._again`)
+    again: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""

@@ -146,6 +146,8 @@ class Program(NamedTuple):
     #: the fixed choice this program is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"``:
     #: a guard applies it, not the class's decision, to a module on another path
     verdict: str = "plan"
+    #: a provisional verdict's re-check in this process (:class:`._again.Recheck`), else None
+    recheck: Any = None
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are

@@ -277,7 +277,7 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         new = _record(module, args, region, plan, sig)
         return None if new is None else (new, kwargs)
     program = found
-    if not program.checked:  # a mixed program is timed as a whole once (see _verify)
+    if not program.checked or program.recheck is not None:  # timed as a whole (_verify, _again)
         sentinel_off()
         try:
             measure = _hooks.can_measure(region, plan) and _alone()

@@ -165,7 +165,9 @@ class _Last:
         self.alts[sig] = [*_others(self.alts.get(sig, []), program.plan, spec, threads), self]
         self.sig, self.program, self.spec = sig, program, spec
         self.generation, self.threads = generation, threads
-        self.plan, self.changes, self.stale = program.plan, program.changes, program.stale
+        self.plan, self.changes = program.plan, program.changes
+        #: read per settled call: a provisional verdict's countdown to its re-check (:mod:`._again`)
+        self.stale = program.stale if program.recheck is None else program.recheck
         self.tree, self.values, self.weights = program.tree, program.tree_values, program.weights
         self.plain = program.plain  # the plain containers of layers (:func:`._guard.unchanged`)
         self.run: Running | None = None

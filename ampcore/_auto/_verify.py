@@ -38,6 +38,8 @@ import torch
 from torch import nn
 
 from .._errors import AmpcoreWarning, warn_user
+from ._again import again as _measure_again
+from ._again import pending
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
 from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
@@ -122,7 +124,17 @@ def settle(
     program unchecked (checked again at the next call) until it has failed
     :data:`CHECK_TRIES` times: then the program runs as recorded, unchecked.  A provisional check read from the cache
     (measured busy or noisy by an earlier process) is measured again once in this process
-    (:func:`~._checks.recheck`)."""
+    (:func:`~._checks.recheck`); a provisional verdict is measured again later in the process
+    too, when its program has run settled for a while (:mod:`._again`)."""
+    if program.recheck is not None:  # a provisional verdict's program: measured again when due (._again)
+        from . import _hooks
+
+        measure = None if clock is None else lambda rec: _check(root, args, kwargs, rec, region, clock, rec.uniform())
+        load = _hooks.load_of(region) if measure is not None and program.recheck.due else None
+        chosen = _measure_again(program, plan, measure, load)
+        if chosen is not program:
+            store(root, sig, chosen)
+        return chosen
     own = program.uniform()
     planned_root = any(r() is root for r in program.planned)  # its own hooks decide
     if (own is None and not program.mixed()) or planned_root:
@@ -148,6 +160,8 @@ def settle(
 
             write_cache(plan)
         chosen = program.fixed("plan" if check is None or check.verdict == own else check.verdict)
+        if clock is not None:  # a provisional verdict: measured again later in this process too
+            chosen = pending(chosen, program, key, check, plan)
     store(root, sig, chosen)
     return chosen
 
