@@ -1,8 +1,8 @@
 """The one-off cost of a whole-call check's key (``ampcore._auto._verify.root_key``) on
 BERT-base (``transformers.BertModel``, 12 layers, random weights: nothing downloaded), and,
-where the code has them (issue 27, twelfth stop), what a root's watched settings cost:
-taken at a recording's start (``_settings.before``) and compared on every root call
-(``Settings.same``).
+where the code has them (issue 27, twelfth stop), what a root's watched flags cost (the
+flags of planned layers of classes judged per flags: none on BERT-base): taken at a
+recording's start (``_settings.before``) and compared on every root call (``Settings.same``).
 
 Run it against two versions in separate processes (``PYTHONPATH=<worktree>``) to compare:
 

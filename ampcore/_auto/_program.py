@@ -146,8 +146,6 @@ class Program(NamedTuple):
     #: the fixed choice this program is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"``:
     #: a guard applies it, not the class's decision, to a module on another path
     verdict: str = "plan"
-    #: the program as recorded, before its whole-call check chose (a setting changed: see :mod:`._settings`)
-    recorded: Program | None = None
 
     def same_tree(self) -> bool:
         """Whether the root's modules are those it had when recorded and their weights are

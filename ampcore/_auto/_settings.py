@@ -9,20 +9,19 @@ which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
-* :func:`watch` makes them part of a program's guard (:func:`._guard.unchanged`), for
-  modules of classes not defined by torch (a torch layer's settings are its
-  hyper-parameters, fixed once built): one C ``map`` over the watched attributes per root
-  call, nothing where the root has no such module.  A setting changed since the root's
-  whole-call check makes its next call check the program as recorded again, for the new
-  value (:func:`._store.program_for`: the check's key is that of the new value; a value
-  checked before is not measured again), with no recording in between: the layers on a
-  path the recording did not take are guarded, and follow the new verdict.
+* :func:`watch` makes the flags of planned layers of a class judged per flags
+  (:data:`._shapes.VARIES`: a flag that adds a second product) part of a program's guard
+  (:func:`._guard.unchanged`): a flag flipped since the recording records the root again,
+  and the layer is judged again for its new flags (one C ``map`` over the watched
+  attributes per root call; nothing where the root has no such layer).
 
-Not settings: an attribute the forward itself changes (a counter: it differs after the
-recorded call from before it, :func:`before`), or one that took :data:`HELD_AFTER`
-values (a step number the training loop sets before every call): such a name is *held*,
-neither watched nor keyed, for that module, as a number argument that changes every call
-is held by type.
+Other settings are not watched: an attribute changed on the same instance after its
+root's whole-call check (``model.depth = 6``) keeps the verdict of the program then settled
+(watching them made a counter a pre-hook moves, or a flag the forward reads to raise on
+some steps, record or check the root again: not built, see docs/auto.md).  A flag the
+forward itself changes (it differs after the recorded call from before it,
+:func:`before`), or one that took :data:`HELD_AFTER` values, is *held*: neither watched nor
+keyed, for that module.
 """
 
 from __future__ import annotations
@@ -32,6 +31,8 @@ import weakref
 from typing import Any, Final
 
 from torch import nn
+
+from ._shapes import VARIES, flags, known_kind, planned_ops
 
 __all__ = ["HELD_AFTER", "Settings", "before", "text", "watch"]
 
@@ -46,8 +47,6 @@ HELD_AFTER: Final = 3
 _held: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
 #: module -> name -> the (type, value) pairs a watched setting took
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
-#: class -> whether torch defines it (its settings are not watched)
-_TORCH: dict[type, bool] = {}
 _MISSING: Final = object()
 
 
@@ -90,18 +89,15 @@ def text(module: nn.Module) -> str:
     return "" if not found else "{" + ",".join(f"{k}={v!r}" for k, v in found) + "}"
 
 
-def _watched(cls: type) -> bool:
-    try:
-        return not _TORCH[cls]
-    except KeyError:
-        own = _TORCH[cls] = cls.__module__.split(".")[0] == "torch"
-        return not own
+def _watched(module: nn.Module) -> bool:
+    """Whether ``module`` is a planned layer of a class judged per flags (:data:`VARIES`)."""
+    return known_kind(type(module)) is VARIES and planned_ops(module) is not None
 
 
 def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
-    """The watched settings of ``modules`` at the start of a recorded call (what the forward
+    """The watched flags of ``modules`` at the start of a recorded call (what the forward
     changes is state, not a setting)."""
-    return {(id(m), k): v for m in modules if _watched(type(m)) for k, v in settings(m)}
+    return {(id(m), k): v for m in modules if _watched(m) for k, v in flags(m)}
 
 
 class Settings:
@@ -119,23 +115,6 @@ class Settings:
         """Whether every watched attribute still holds its recorded value (one C map)."""
         return tuple(map(dict.get, self.dicts, self.names)) == values
 
-    def now(self) -> tuple[Settings, tuple[Any, ...]] | None:
-        """These settings with their values now (a name that took :data:`HELD_AFTER`
-        values is held: left out), None when none is left (or a module was collected)."""
-        modules: list[nn.Module] = []
-        names: list[str] = []
-        values: list[Any] = []
-        for ref, owner, name in zip(self.refs, self.dicts, self.names, strict=True):
-            module = ref()
-            if module is None:
-                return None
-            value = owner.get(name, _MISSING)
-            if value is not _MISSING and _simple(value) and _keep(module, name, value):
-                modules.append(module)
-                names.append(name)
-                values.append(value)
-        return (Settings(modules, names), tuple(values)) if names else None
-
 
 def _keep(module: nn.Module, name: str, value: Any) -> bool:
     """Whether ``name`` of ``module`` stays watched at ``value``: else (its
@@ -152,18 +131,19 @@ def _keep(module: nn.Module, name: str, value: Any) -> bool:
 
 
 def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> tuple[Settings, tuple[Any, ...]] | None:
-    """The settings of ``modules`` a program's guard watches, with their values now (None:
-    none); ``was``: :func:`before` at the recorded call's start (None: not taken, nothing
-    watched).  A setting the call changed (or made) is state: held."""
+    """The flags of ``modules`` a program's guard watches (those of planned layers of classes
+    judged per flags), with their values now (None: none); ``was``: :func:`before` at the
+    recorded call's start (None: not taken, nothing watched).  A flag the call changed (or
+    made) is state: held."""
     if was is None:
         return None
     found: list[nn.Module] = []
     names: list[str] = []
     values: list[Any] = []
     for module in modules:
-        if not _watched(type(module)):
+        if not _watched(module):
             continue
-        for name, value in settings(module):
+        for name, value in flags(module):
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changes
                 with contextlib.suppress(TypeError):

@@ -13,14 +13,11 @@ from typing import Any, Final
 
 from torch import nn
 
-from ._guard import unchanged
 from ._loose import loosen
 from ._plan import AutoPlan
 from ._program import Program
-from ._settings import Settings
-from ._shapes import planned_ops
 
-__all__ = ["churning", "forget", "program_for", "refreshed", "same_program", "store"]
+__all__ = ["churning", "forget", "program_for", "same_program", "store"]
 
 
 #: root module -> {input signature: its Program, or the number of recordings that failed}
@@ -38,10 +35,6 @@ _others: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, Any], Program]] = 
 _MAX_OTHERS: Final = 64
 #: programs dropped unrun before a root stops recording (:func:`churning`; one-offs do not)
 _SETTLE_AFTER: Final = 4
-#: root -> {(signature, its watched settings' values): the checked program for them}
-_by_value: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, Any], Program]] = weakref.WeakKeyDictionary()
-#: root -> (signature, settings' values) recorded again once for a float32-default program
-_tried: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, Any]]] = weakref.WeakKeyDictionary()
 #: root -> the signatures of its programs that have not run since they were recorded
 _unrun: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
@@ -61,8 +54,8 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     if isinstance(found, Program) and found.plan is not plan or found == 0:
         found = _other_plan(root, sig, plan, programs, found)
     if isinstance(found, Program):
-        if not found.valid(plan):  # a setting changed: its value's program, else checked again as recorded
-            return _by_settings(root, sig, found, plan, programs) or refreshed(root, sig, found, plan) or 0
+        if not found.valid(plan):
+            return 0
         unrun = _unrun.get(root)
         if unrun:
             unrun.discard(sig)  # it runs
@@ -121,8 +114,6 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
     known = programs.get(sig)
     if isinstance(known, Program) and (not isinstance(found, Program) or found.plan is not known.plan):
         _keep_other(root, sig, known)  # another plan's: kept for when it applies again
-    elif isinstance(known, Program) and known.checked and _settings_of(known) is not None:
-        _keep_setting(root, sig, known)  # its settings' values': kept for when they come back
     dropped = programs.get(_DROPPED, 0)
     if sig not in programs and len(programs) - (_DROPPED in programs) >= _MAX_SIGNATURES:  # dynamic shapes
         oldest = next(k for k in programs if k is not _DROPPED)
@@ -154,75 +145,8 @@ def same_program(a: Program, b: Program) -> bool:
     )
 
 
-def _settings_of(program: Program) -> tuple[Settings, tuple[Any, ...]] | None:
-    """The watched settings of ``program`` (:mod:`._settings`) and their recorded values."""
-    entry = program.plain[-1] if program.plain else None
-    return (entry[2], entry[3]) if entry is not None and type(entry[2]) is Settings else None
-
-
-def _keep_setting(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
-    kept = _by_value.setdefault(root, {})
-    if len(kept) >= _MAX_OTHERS:
-        del kept[next(iter(kept))]  # the oldest
-    found = _settings_of(program)
-    if found is not None:
-        kept[(sig, found[1])] = program
-
-
-def _by_settings(
-    root: nn.Module, sig: tuple[Any, ...], found: Program, plan: AutoPlan, programs: dict[Any, Program | int]
-) -> Program | None:
-    """The checked program ``root`` kept for ``sig`` and its settings' values now (a flag
-    switched back and forth: each value's program, no recording, no check), swapped in."""
-    kept = _by_value.get(root)
-    settings = _settings_of(found)
-    if not kept or settings is None:
-        return None
-    now = tuple(map(dict.get, settings[0].dicts, settings[0].names))
-    program = kept.pop((sig, now), None)
-    if program is None or not program.valid(plan):
-        return None
-    _keep_setting(root, sig, found)
-    programs[sig] = program
-    return program
-
-
-def refreshed(root: nn.Module, sig: tuple[Any, ...], program: Program, plan: AutoPlan) -> Program | None:
-    """The recorded program of ``program`` (a whole-call check's choice) with its watched
-    settings (:mod:`._settings`) as they are now, where they alone changed since (its
-    planned modules all still planned: a flag that made one another kind records again):
-    checked again, for the new values.  None: record again (a program recorded with a
-    float32 default: the new path's ops outside planned modules were not seen, and would not
-    follow the O1 lists; where that recording gave no program, the forward raising for these
-    values, ``program`` itself for them, as before the twelfth stop)."""
-    plain = program.plain
-    recorded = program.recorded
-    if recorded is None or not plain or type(plain[-1][2]) is not Settings:
-        return None
-    if plan is not program.plan or plan.changes != program.changes or program.stale[0]:
-        return None
-    if not unchanged(program.tree, program.tree_values, program.weights, plain[:-1]):
-        return None
-    if any(planned_ops(m) is None for r in program.planned if (m := r()) is not None):
-        return None
-    now = plain[-1][2].now()
-    fresh = plain[:-1] if now is None else (*plain[:-1], (None, "", *now))
-    if not recorded.default_fp32:
-        return recorded._replace(plain=fresh)
-    tried = _tried.setdefault(root, set())
-    key = (sig, None if now is None else now[1])
-    if key not in tried:
-        if len(tried) >= _MAX_OTHERS:
-            tried.clear()
-        tried.add(key)
-        return None
-    return program._replace(plain=fresh)
-
-
 def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()
     _others.clear()
-    _by_value.clear()
-    _tried.clear()
     _unrun.clear()

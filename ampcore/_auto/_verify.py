@@ -154,7 +154,6 @@ def settle(
             write_cache(plan)
         verdict = "plan" if check is None or check.verdict == own else check.verdict
         chosen = program.fixed("low" if verdict == "fp32" and not _fp32_exact(program) else verdict)
-        chosen = chosen._replace(recorded=program)  # (a setting changed: checked again, ._settings)
     store(root, sig, chosen)
     return chosen
 

@@ -457,33 +457,28 @@ def test_a_settled_root_called_inside_a_region_of_its_own(
 
 
 class Sometimes(nn.Module):
-    """Runs its layers inside ``INNER[inner]`` where its flag ``name`` is set (state the call
-    does not show; ``"_off"``: not a setting the guard watches either, ``_auto._settings``)."""
+    """Runs its layers inside ``INNER[inner]`` where ``self.off`` (state the call does not show)."""
 
-    def __init__(self, inner: str, wide: bool, name: str = "off") -> None:
+    def __init__(self, inner: str, wide: bool) -> None:
         super().__init__()
-        self.inner, self.name = inner, name
-        setattr(self, name, False)
+        self.inner, self.off = inner, False
         self.layers = _wide() if wide else _mlp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not getattr(self, self.name):
+        if not self.off:
             return self.layers(x)
         with INNER[self.inner]():
             return self.layers(x.float())
 
 
-@pytest.mark.parametrize("name", ["off", "_off"], ids=["setting", "private"])
 @pytest.mark.parametrize("wide", [False, True], ids=["low-default", "fp32-default"])
 @pytest.mark.parametrize("inner", ["torch-off", "torch-fp16", "O0", "O1"])
 @pytest.mark.parametrize("first", [False, True], ids=["recorded-outside", "recorded-inside"])
 def test_a_region_the_forward_enters_on_some_steps_only(
-    inner: str, wide: bool, first: bool, name: str, recordings: list[Any], request: pytest.FixtureRequest
+    inner: str, wide: bool, first: bool, recordings: list[Any], request: pytest.FixtureRequest
 ) -> None:
-    """The program was recorded with the other state: the flag is not part of the signature
-    (a public bool attribute is a setting the guard watches since the twelfth stop: the
-    known limit below holds for a private one)."""
-    if inner == "torch-fp16" and wide and not first and name == "_off":
+    """The program was recorded with the other state: the flag is not part of the signature."""
+    if inner == "torch-fp16" and wide and not first:
         reason = (
             "known limit: a float32-default program recorded without the forward's torch.autocast(dtype=float16)"
             " has no hook on its float32 layers, which then run in float16 (the global hooks run them in float32)"
@@ -493,10 +488,10 @@ def test_a_region_the_forward_enters_on_some_steps_only(
     offs = [first, not first, not first, first, not first, first]
 
     def step(m: nn.Module, i: int, enter: Enter) -> Any:
-        setattr(m, name, offs[i])
+        m.off = offs[i]
         return _train(m, x, enter)
 
-    run(lambda: Sometimes(inner, wide, name), step, len(offs), recordings)
+    run(lambda: Sometimes(inner, wide), step, len(offs), recordings)
 
 
 @pytest.mark.parametrize("inner", ["torch-off", "O1"])
