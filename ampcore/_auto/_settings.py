@@ -95,9 +95,9 @@ def _watched(module: nn.Module) -> bool:
 
 
 def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
-    """The watched flags of ``modules`` at the start of a recorded call (what the forward
-    changes is state, not a setting)."""
-    return {(id(m), k): v for m in modules if _watched(m) for k, v in flags(m)}
+    """The settings of ``modules`` at the start of a recorded call (what the forward changes
+    is state, not a setting: :func:`watch` holds it)."""
+    return {(id(m), k): v for m in modules for k, v in settings(m)}
 
 
 class Settings:
@@ -137,6 +137,12 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     made) is state: held."""
     if was is None:
         return None
+    for module in modules:  # state the forward changed (a counter): neither keyed nor watched
+        for name, value in settings(module):
+            start = was.get((id(module), name), _MISSING)
+            if start is _MISSING or not _same(start, value):
+                with contextlib.suppress(TypeError):
+                    _held.setdefault(module, set()).add(name)
     found: list[nn.Module] = []
     names: list[str] = []
     values: list[Any] = []

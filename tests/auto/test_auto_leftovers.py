@@ -276,6 +276,25 @@ def test_an_attribute_that_changes_every_call_does_not_keep_the_root_recording(
     torch.testing.assert_close(out, _fixed(model, "fp32"), rtol=0, atol=0)
 
 
+def test_a_counter_the_forward_moves_is_not_part_of_the_check_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attribute the forward changes is state, not a setting: left out of the whole-call
+    check's key, so the next process (its model's counter elsewhere) finds the cached check."""
+    clock = _Clock()
+    _process(monkeypatch, clock, nn.Identity(), n=0)
+    model = _Counting(1)
+    for _ in range(4):
+        _step(model)
+    assert clock.checks() == {"small"}
+    _process(monkeypatch, clock, nn.Identity(), n=0)  # the next process: the cache
+    clock.labels.clear()
+    other = _Counting(1)
+    other.calls = 100
+    for _ in range(4):
+        out = _step(other)
+    assert clock.checks() == set(), "the counter's value made another key: checked again"
+    torch.testing.assert_close(out, _fixed(other, "fp32"), rtol=0, atol=0)
+
+
 # --- (2) a per-instance flag flipped after its first look -----------------------------------
 
 
