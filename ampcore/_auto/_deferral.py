@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .._policy.thread_state import thread_state
 from ._stale import Stale
 
 __all__ = ["defer", "defer_children", "undefer"]
@@ -41,6 +42,26 @@ class _Deferred:
 class _Local(threading.local):
     def __init__(self) -> None:
         self.key = _Deferred()
+
+    def direct(self, module: torch.nn.Module, pre: Callable[..., Any], entered: list[Any], prog: Any) -> bool:
+        """Whether ``module``, with pre-hooks of its own but not deferred, is called directly
+        by the innermost region, one that applies the plan call by call for its whole life
+        (no root, no parent call before it to defer it: its entry's site is None): then it
+        is deferred from now on (:func:`defer_children`'s list, undone at the region's
+        exit).  torch took this call's hooks before the global one ran, so this call is
+        left to the O1 lists (as torch.autocast); before the twelfth stop it was planned on
+        the weights and inputs its own hooks had not put in place yet."""
+        top = thread_state().stack
+        if not entered or not top or prog.rec is not None or prog.run is not None or prog.measuring:
+            return False
+        region, site, into = entered[-1]
+        if region is not top[-1] or site is not None or region.spec.level != "auto":
+            return False
+        hooks: Any = module._forward_pre_hooks
+        hooks.pop(self.key, None)
+        hooks[self.key] = functools.partial(pre, late=self.key)
+        into.append(module)
+        return True
 
 
 local = _Local()

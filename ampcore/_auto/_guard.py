@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ._loose import _LOOSE, _loosened
+from ._settings import Settings
 from ._shapes import bucket, float32_weights, planned_ops
 
 __all__ = [
@@ -388,5 +389,7 @@ def _float32_values(params: dict[str, Any], name: str) -> bool:
 def _same_container(owner: dict[str, Any] | None, name: str, container: Any, values: tuple[Any, ...]) -> bool:
     if owner is not None and owner.get(name) is not container:
         return False
+    if type(container) is Settings:  # the modules' watched settings (._settings), by value
+        return container.same(values)
     now = _values(container)
     return len(now) == len(values) and all(map(operator.is_, now, values))

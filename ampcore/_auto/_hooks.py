@@ -231,6 +231,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
             if type(late) is Stale:
                 drop_strays(module)
             return None
+        elif _deferral.direct(module, _pre, _roots_local.entered, _prog):  # called by a region call by call
+            return None  # for its life: planned after its own pre-hooks from its next call (this one: O1)
     prog, stack = _prog, _thread.stack
     if not stack or prog.measuring:
         return None

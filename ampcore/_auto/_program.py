@@ -157,8 +157,10 @@ class Program(NamedTuple):
     def mixed(self) -> bool:
         """Whether the whole-call check applies: some planned calls run in float32 and others
         in low precision, or ops of the O1 low-precision list ran outside planned modules
-        (the program is then not exactly either fixed choice: float32 may win as a whole)."""
-        return bool(self.steps) or 0 < len(self.switched) < len(self.planned) or self.low_outside
+        (the program is then not exactly either fixed choice: float32 may win as a whole), or
+        planned calls inside a checkpoint ran low beside switched float32 ones."""
+        mixed = 0 < len(self.switched) < len(self.planned) or (self.checkpointed and bool(self.switched))
+        return bool(self.steps) or mixed or self.low_outside
 
     def uniform(self) -> str | None:
         """The fixed choice a program that is not mixed is exactly (``"low"``: every planned
@@ -331,13 +333,14 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
-        if decision is not None and program.verdict != "plan":  # a fixed choice: every planned call one way
+        if program.verdict != "plan":  # a fixed choice: every planned call one way (also undecided classes)
             decision = "fp32" if program.verdict == "fp32" and float32_weights(module) else "low"
         enabled = _autocast_enabled(self.device_type)
         if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
             return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above
-        if (decision is None and program.measurable) or (
-            program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)
+        if not local.measuring and (  # (a whole-call check's candidate: not the program run)
+            (decision is None and program.measurable)
+            or (program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids))
         ):
             # the next call records again: to measure the class, or (a float32 default) to
             # see this path's ops outside planned modules (the default may not suit them)

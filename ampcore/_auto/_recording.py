@@ -25,6 +25,7 @@ from ._guard import low_held, snapshot, unseen_modules
 from ._loose import explained, follows
 from ._plan import AutoPlan, Stale
 from ._program import _LOW, Program, local
+from ._settings import before, watch
 from ._shapes import float32_weights
 
 __all__ = ["Recording"]
@@ -125,6 +126,8 @@ class Recording:
         self.sig: tuple[Any, ...] | None = None
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
+        #: the root's watched settings at the call's start (:mod:`._settings`)
+        self.settings = None if self.mode is None else before(list(root.modules()))
         if self.mode is not None:
             self.mode.__enter__()  # type: ignore[no-untyped-call]
 
@@ -202,6 +205,9 @@ class Recording:
         guarded = list(self.inner.values()) + [m for i, m in self.watch.items() if i not in self.inner]
         unseen = unseen_modules(self.root, {**self.calls, **self.ambient}) + guarded
         tree, values, weights, plain = snapshot(self.root, fp32 + low + varying + unseen)
+        watched = watch(list(self.root.modules()), self.settings)
+        if watched is not None:  # a setting changed since records again (._guard.unchanged)
+            plain = (*plain, (None, "", *watched))
         stale = Stale([False])
         if undecided:  # they ran as the O1 lists: record again once the plan gains a class
             self.plan.wait(stale, self.added)

@@ -104,16 +104,24 @@ _VARIANTS: dict[tuple[type, tuple[tuple[str, object], ...]], Kind | None] = {}
 
 
 def flags(module: nn.Module) -> tuple[tuple[str, object], ...]:
-    """The instance's own public flags (attributes holding a bool, but ``training``), as at
-    its first look: what may change what its forward runs (a flag that adds a second
-    product), so a class watched by :mod:`._kinds` is judged per set of them (bools only: a
-    name or a size per instance would make every instance a kind of its own, measured alone).
-    Kept in the instance (as its description is): read once per module object."""
-    found: tuple[tuple[str, object], ...] | None = module.__dict__.get(_FLAGS)
+    """The instance's own public flags (attributes holding a bool, but ``training``): what
+    may change what its forward runs (a flag that adds a second product), so a class
+    watched by :mod:`._kinds` is judged per set of them (bools only: a name or a size per
+    instance would make every instance a kind of its own, measured alone).  Kept in the
+    instance, checked at each look (modules of classes judged per flags only): a flag
+    flipped since is read again, its description dropped, so the next call judges the new
+    set (before the twelfth stop, read once per module object)."""
+    state = module.__dict__
+    found: tuple[tuple[str, object], ...] | None = state.get(_FLAGS)
+    if found is not None:
+        for name, value in found:  # bools are singletons
+            if state.get(name) is not value:
+                found = None
+                state.pop(_DESCRIPTION, None)
+                break
     if found is None:
-        items = module.__dict__.items()
-        found = module.__dict__[_FLAGS] = tuple(
-            (k, v) for k, v in items if type(v) is bool and k[0] != "_" and k != "training"
+        found = state[_FLAGS] = tuple(
+            (k, v) for k, v in state.items() if type(v) is bool and k[0] != "_" and k != "training"
         )
     return found
 

@@ -46,6 +46,7 @@ from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
 from ._plan import AutoPlan
 from ._program import Program, Running
 from ._program import local as _prog
+from ._settings import text
 from ._store import store
 
 __all__ = ["PER_ROOT_MS", "root_key", "settle"]
@@ -63,9 +64,10 @@ _LABELS: Final[dict[str, Label]] = {"plan": "root-plan", "low": "root-low", "fp3
 def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     """The key of a whole-call check: the root's class, its input signature, the program
     (its default and which modules, by name, are switched) and the root's layers (each
-    module's name, class, ``extra_repr`` and parameter shapes: two ``nn.Sequential`` of
-    other layers on the same inputs, or of convolutions with other strides, are two
-    checks, not one).
+    module's name, class, ``extra_repr``, parameter shapes and settings: two
+    ``nn.Sequential`` of other layers on the same inputs, or of convolutions with other
+    strides, are two checks, not one; so are two instances of a class whose forward picks
+    its work from an attribute, ``self.depth``, that differs: :mod:`._settings`).
 
     Example::
 
@@ -73,7 +75,7 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2))
         >>> p = Program(None, 0, False, (), (), False)  # type: ignore[arg-type]
         >>> root_key(net, (True, (torch.Size([4, 2]), torch.float32, torch.device("cpu"))), p)
-        'Sequential in=[4x2] grad program=low+0 #42f87aef'
+        'Sequential in=[4x2] grad program=low+0 #6ee5f23e'
     """
     shapes = []
     for entry in sig[1:]:
@@ -100,9 +102,11 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
 
 
 def _layer(module: nn.Module) -> str:
-    """A module as the whole-call check's key sees it: class, ``extra_repr``, parameter shapes."""
+    """A module as the whole-call check's key sees it: class, ``extra_repr``, parameter
+    shapes, settings (:mod:`._settings`: ``depth=3``, a flag, a scale its forward may pick
+    its work from)."""
     shapes = [tuple(p.shape) for p in module._parameters.values() if p is not None]
-    return f"{type(module).__name__}({module.extra_repr()}){shapes}"
+    return f"{type(module).__name__}({module.extra_repr()}){shapes}{text(module)}"
 
 
 def settle(
@@ -137,7 +141,8 @@ def settle(
         return chosen
     own = program.uniform()
     planned_root = any(r() is root for r in program.planned)  # its own hooks decide
-    if (own is None and not program.mixed()) or planned_root:
+    alone = own == "low" and not fp32_exact(program)  # float32 is no choice: nothing to compare
+    if (own is None and not program.mixed()) or planned_root or alone:
         chosen = program.fixed("plan")
     else:
         key = root_key(root, sig, program)
@@ -159,11 +164,21 @@ def settle(
             from ._cache import write_cache
 
             write_cache(plan)
-        chosen = program.fixed("plan" if check is None or check.verdict == own else check.verdict)
+        verdict = "plan" if check is None or check.verdict == own else check.verdict
+        chosen = program.fixed("low" if verdict == "fp32" and not fp32_exact(program) else verdict)
         if clock is not None:  # a provisional verdict: measured again later in this process too
             chosen = pending(chosen, program, key, check, plan)
     store(root, sig, chosen)
     return chosen
+
+
+def fp32_exact(program: Program) -> bool:
+    """Whether the ``fp32`` choice of ``program`` is the float32 step: not where planned
+    calls ran inside ``torch.utils.checkpoint`` (they follow the autocast state of its
+    entry, in the recompute too: no hook of ours runs there) unless autocast can be off for
+    the whole root (its inputs and weights float32, :meth:`Program.fixed`); bfloat16
+    inputs or a layer of bfloat16 weights leave them low.  Float32 is then no candidate."""
+    return not program.checkpointed or program.fp32_root
 
 
 def _unrepeatable(root: nn.Module, exc: Exception) -> None:
@@ -196,7 +211,7 @@ def _check(
     runs: dict[str, Callable[[], None]] = {
         name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type)
         for name in _CANDIDATES
-        if name != own
+        if name != own and (name != "fp32" or fp32_exact(program))
     }
     loads = [_hooks.load_of(region)]
     start = time.perf_counter()
@@ -242,7 +257,9 @@ def _uniform_times(times: dict[str, list[float]], own: str | None) -> dict[str, 
         >>> _uniform_times({"plan": [2.0], "fp32": [1.0]}, "low")
         {'plan': [2.0], 'fp32': [1.0], 'low': [2.0]}
     """
-    return times if own is None else {**times, own: times["plan"]}
+    found = times if own is None else {**times, own: times["plan"]}
+    # float32 no choice (:func:`fp32_exact`): the O1 lists stand in for it (a tie: never chosen)
+    return found if "fp32" in found else {**found, "fp32": found["low"]}
 
 
 def _doubtful(check: RootCheck, saving_ms: float) -> bool:

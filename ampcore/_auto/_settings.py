@@ -1,0 +1,171 @@
+"""Settings: the plain attributes a forward may pick its work from.
+
+A forward can choose what it runs from an attribute the call's signature does not show
+(``for _ in range(self.depth)``, ``if self.use_gate:``, a scale ``self.alpha`` that skips a
+branch at 0, an inner block's ``self.repeat``).  Its *settings* are a module's public
+attributes of simple types (``bool``, ``int``, ``float``, ``str`` up to :data:`_MAX_STR`
+characters, ``None``, tuples of those up to :data:`_MAX_ITEMS` items; not ``training``,
+which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
+
+* :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
+  instances of one class whose settings differ are two checks;
+* :func:`watch` makes the flags of planned layers of a class judged per flags
+  (:data:`._shapes.VARIES`: a flag that adds a second product) part of a program's guard
+  (:func:`._guard.unchanged`): a flag flipped since the recording records the root again,
+  and the layer is judged again for its new flags (one C ``map`` over the watched
+  attributes per root call; nothing where the root has no such layer).
+
+Other settings are not watched: an attribute changed on the same instance after its
+root's whole-call check (``model.depth = 6``) keeps the verdict of the program then settled
+(watching them made a counter a pre-hook moves, or a flag the forward reads to raise on
+some steps, record or check the root again: not built, see docs/auto.md).  A flag the
+forward itself changes (it differs after the recorded call from before it,
+:func:`before`), or one that took :data:`HELD_AFTER` values, is *held*: neither watched nor
+keyed, for that module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Final
+
+from torch import nn
+
+from ._shapes import VARIES, flags, known_kind, planned_ops
+
+__all__ = ["HELD_AFTER", "Settings", "before", "text", "watch"]
+
+_SCALARS: Final = frozenset({bool, int, float, str, type(None)})
+_MAX_STR: Final = 256
+_MAX_ITEMS: Final = 16
+_MAX_NAMES: Final = 64
+#: the values a watched setting may take before it is held (see the module): a setting
+#: toggled between two values is watched for good, a step number is held at its third
+HELD_AFTER: Final = 3
+#: module -> the names of its held settings
+_held: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+#: module -> name -> the (type, value) pairs a watched setting took
+_seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
+_MISSING: Final = object()
+
+
+def _simple(value: Any) -> bool:
+    kind = type(value)
+    if kind in _SCALARS:
+        return kind is not str or len(value) <= _MAX_STR
+    if kind is tuple:
+        return len(value) <= _MAX_ITEMS and all(type(v) in _SCALARS and type(v) is not str for v in value)
+    return False
+
+
+def settings(module: nn.Module) -> list[tuple[str, Any]]:
+    """``module``'s settings now (see the module), held ones left out.
+
+    Example::
+
+        >>> import torch
+        >>> net = torch.nn.Dropout(0.25)
+        >>> net.depth, net.name, net._private = 3, "x", 1
+        >>> settings(net)
+        [('p', 0.25), ('inplace', False), ('depth', 3), ('name', 'x')]
+    """
+    try:
+        held: Any = _held.get(module, ())
+    except TypeError:  # a module class that is not hashable
+        held = ()
+    found = []
+    for name, value in module.__dict__.items():
+        if name[0] != "_" and name != "training" and name not in held and _simple(value):
+            found.append((name, value))
+            if len(found) >= _MAX_NAMES:
+                break
+    return found
+
+
+def text(module: nn.Module) -> str:
+    """The settings of ``module`` as a whole-call check's key holds them ('' for none)."""
+    found = settings(module)
+    return "" if not found else "{" + ",".join(f"{k}={v!r}" for k, v in found) + "}"
+
+
+def _watched(module: nn.Module) -> bool:
+    """Whether ``module`` is a planned layer of a class judged per flags (:data:`VARIES`)."""
+    return known_kind(type(module)) is VARIES and planned_ops(module) is not None
+
+
+def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
+    """The settings of ``modules`` at the start of a recorded call (what the forward changes
+    is state, not a setting: :func:`watch` holds it)."""
+    return {(id(m), k): v for m in modules for k, v in settings(m)}
+
+
+class Settings:
+    """The watched settings of a program's modules: their ``__dict__``s, names and (weakly)
+    the modules (the guard compares the values, :meth:`same`)."""
+
+    __slots__ = ("dicts", "names", "refs")
+
+    def __init__(self, modules: list[nn.Module], names: list[str]) -> None:
+        self.dicts = tuple(m.__dict__ for m in modules)
+        self.names = tuple(names)
+        self.refs = tuple(weakref.ref(m) for m in modules)
+
+    def same(self, values: tuple[Any, ...]) -> bool:
+        """Whether every watched attribute still holds its recorded value (one C map)."""
+        return tuple(map(dict.get, self.dicts, self.names)) == values
+
+
+def _keep(module: nn.Module, name: str, value: Any) -> bool:
+    """Whether ``name`` of ``module`` stays watched at ``value``: else (its
+    :data:`HELD_AFTER`-th value) it is held from now on."""
+    try:
+        seen = _seen.setdefault(module, {}).setdefault(name, set())
+    except TypeError:  # a module class that is not hashable: not watched
+        return False
+    seen.add((type(value), value))
+    if len(seen) < HELD_AFTER:
+        return True
+    _held.setdefault(module, set()).add(name)
+    return False
+
+
+def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> tuple[Settings, tuple[Any, ...]] | None:
+    """The flags of ``modules`` a program's guard watches (those of planned layers of classes
+    judged per flags), with their values now (None: none); ``was``: :func:`before` at the
+    recorded call's start (None: not taken, nothing watched).  A flag the call changed (or
+    made) is state: held."""
+    if was is None:
+        return None
+    for module in modules:  # state the forward changed (a counter): neither keyed nor watched
+        for name, value in settings(module):
+            start = was.get((id(module), name), _MISSING)
+            if start is _MISSING or not _same(start, value):
+                with contextlib.suppress(TypeError):
+                    _held.setdefault(module, set()).add(name)
+    found: list[nn.Module] = []
+    names: list[str] = []
+    values: list[Any] = []
+    for module in modules:
+        if not _watched(module):
+            continue
+        for name, value in flags(module):
+            start = was.get((id(module), name), _MISSING)
+            if start is _MISSING or not _same(start, value):  # state the forward changes
+                with contextlib.suppress(TypeError):
+                    _held.setdefault(module, set()).add(name)
+            elif _keep(module, name, value):
+                found.append(module)
+                names.append(name)
+                values.append(value)
+    return None if not names else (Settings(found, names), tuple(values))
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and (a is b or a == b)
+
+
+def forget() -> None:
+    """Forget held and seen settings (tests)."""
+    _held.clear()
+    _seen.clear()
