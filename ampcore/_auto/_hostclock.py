@@ -19,8 +19,9 @@ timed interval (a read of ``/proc`` costs microseconds) and nothing here synchro
 than the clock did before (device clocks with events never use it).
 
 The time of the tries left out is what the clock *lost* (:attr:`HostClock.lost_ms`): the
-rounds count it against a measurement's share (:func:`lost`), so a busy machine cannot
-stretch a measurement past its share by retries.
+rounds count it against a measurement's share (:func:`lost`; a class's once its first
+three rounds are timed), so a busy machine stretches a measurement past its share by the
+retries of those rounds at most.
 """
 
 from __future__ import annotations
