@@ -403,3 +403,28 @@ def ampcore_auto_timer(device_index: int) -> Callable[[], float] | None:
     runs on the calling thread), ``None`` with more threads (work spread over threads that
     clock does not see).
     """
+
+
+@hookspec
+def ampcore_auto_waited(device_index: int) -> Callable[[], float] | None:
+    """A count of the time this process's threads have waited for device ``device_index``
+    while other work held it (a function returning seconds so far, never decreasing), for
+    ``level="auto"`` to tell a timed run that other work pre-empted; ``None``: no count.
+    Used with the host's clock only (not where the device has timing events).
+
+    A run while which the count grew by more than 5% of the run's time (and more than
+    50 us) is timed again, up to four tries, the fastest counting where every try was
+    pre-empted (docs/auto.md, "How it decides"): where a run's work spreads over threads,
+    neither one thread's clock nor the wall clock leaves other work's time slices out.
+    The count is read before and after each try, outside the timed interval; a reading
+    that is no finite number of seconds >= 0 is a :class:`~ampcore.PluginError`.  Asked at
+    each timed run: the answer may change with the thread count.
+
+    Core default: ``None`` (runs are timed once).
+
+    Use in plugins: cheap to read (microseconds); the CPU adapter gives, while torch
+    computes on more than one thread, the sum of its threads' run delay (Linux
+    ``/proc/self/task/*/schedstat``: time runnable but waiting for a core), ``None`` with
+    one thread (its ``ampcore_auto_timer`` leaves the waits out) or where the kernel does not
+    give the run delay.
+    """

@@ -24,6 +24,7 @@ import torch
 from ampcore import BackendSpec, CapabilityIssue, hookimpl
 
 from ._ipex import ipex_prepare_o2, ipex_state
+from ._schedstat import run_delay_reader
 
 #: The adapter contract this plugin targets (ampcore.hookspec).
 AMPCORE_CONTRACT = 2
@@ -225,6 +226,17 @@ def ampcore_auto_timer() -> Callable[[], float] | None:
     machine: spikes of several milliseconds).  None with more threads: work spread over
     threads that clock does not see (the wall clock)."""
     return time.thread_time if torch.get_num_threads() == 1 else None
+
+
+@hookimpl
+def ampcore_auto_waited() -> Callable[[], float] | None:
+    """With more than one thread, the run delay of this process's threads (Linux schedstat:
+    time runnable but waiting for a core, ``ampcore_backends._schedstat``): a timed run's
+    work spreads over torch's threads, the wall clock times it, and a run while which they
+    waited was pre-empted by other work (timed again).  None with one thread (the thread's
+    CPU time already leaves waits out) and where the kernel gives no run delay (each run
+    timed once, on the wall clock)."""
+    return None if torch.get_num_threads() == 1 else run_delay_reader()
 
 
 def host_load(own_threads: int) -> float | None:

@@ -37,7 +37,8 @@ After ``--warmup`` steps of every mode (auto measures and records), ``--rounds``
 each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
 the figure is the median over rounds of auto's time over the better fixed mode's time in
 that round, with the recordings auto made during the timed rounds (``recorded``: must be 0
-for a settled pattern).  One thread, process CPU time.
+for a settled pattern).  One thread, process CPU time (``--threads N``: torch's intra-op
+threads, timed by the wall clock: the process's CPU time would count the workers' spinning).
 
     python benchmarks/bench_auto_patterns.py --patterns seqlen gan --rounds 7
 """
@@ -207,7 +208,7 @@ def run(name: str, args: argparse.Namespace) -> None:
     from ampcore._auto import _roots
 
     warnings.filterwarnings("ignore", category=ampcore.AmpcoreWarning)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
     make, step = patterns(torch)[name]
@@ -238,15 +239,17 @@ def run(name: str, args: argparse.Namespace) -> None:
     _roots.Recording = counted  # type: ignore[misc]  # a benchmark's counter
     counters = dict.fromkeys(MODES, 0)
 
+    clock = time.process_time if args.threads == 1 else time.perf_counter  # (idle workers spin)
+
     def steps(mode: str, n: int) -> float:
-        start = time.process_time()
+        start = clock()
         for _ in range(n):
             step(copies[mode], regions[mode], counters[mode])
             counters[mode] += 1
             for m in copies[mode]:
                 for p in m.__dict__.get("full", m.parameters()):
                     p.grad = None
-        return time.process_time() - start
+        return clock() - start
 
     for mode in MODES:
         steps(mode, args.warmup)
@@ -263,6 +266,7 @@ def run(name: str, args: argparse.Namespace) -> None:
         f"{name:<11} auto/min {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})  "
         + "  ".join(f"{mode} {ms:.3f} ms" for mode, ms in per.items())
         + f"  recorded {recorded[0]}, call by call {recorded[1]} in {args.rounds * args.steps} auto steps"
+        + (f", {args.threads} threads" if args.threads != 1 else "")
     )
     if args.tables:
         print(ampcore.debugging.auto_plan_table("cpu"))
@@ -276,6 +280,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300, help="steps of each mode before timing")
     parser.add_argument("--tables", action="store_true", help="print auto's plan table after each pattern")
     parser.add_argument("--reuse", action="store_true", help="one auto region object for every step (as bench_auto.py)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (default 1; more: timed by the wall clock)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -287,7 +294,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "AMPCORE_AUTO_CACHE": cache}
             argv = [sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)]
-            argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+            argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
             argv += ["--tables"] * args.tables + ["--reuse"] * args.reuse
             subprocess.run(argv, env=env, check=True)
 

@@ -27,15 +27,18 @@ The clock is the adapter's: :func:`device_clock` times on the device with events
 device supports timing events, else on the host after the adapter's synchronisation, by the
 adapter's ``ampcore_auto_timer`` where it offers one (the CPU adapter: the calling thread's
 CPU time while torch computes on one thread, which the time other processes hold the core
-does not reach) and the wall clock otherwise; a device that can be neither timed nor
+does not reach) and the wall clock otherwise, a run pre-empted by other work timed again
+where the adapter's ``ampcore_auto_waited`` counts the time its threads waited for the
+device (the CPU adapter with more than one thread: the threads' run delay, :mod:`._hostclock`;
+the time of the tries left out counts against the share); a device that can be neither timed nor
 synchronised gives ``None`` (nothing is measured: ``level="auto"`` runs as torch.autocast
 there).  Tests inject a clock.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -43,6 +46,7 @@ import torch
 from torch import nn
 
 from ._costs import MARGIN, Costs, band
+from ._hostclock import HostClock, Timer, lost
 from ._spikes import ambiguous, kept
 
 __all__ = ["Clock", "device_clock", "measure"]
@@ -59,22 +63,15 @@ MAX_ROUNDS: Final = 3 * MAX_RUNS
 _CLEARLY_SLOWER: Final = 2.0
 
 
-Timer = Callable[[], float]
-
-
-def _host_clock(sync: Callable[[], None], timer: Callable[[], Timer | None] = lambda: None) -> Clock:
-    """The host's clock around ``sync``: ``timer()``'s (asked at each run: it may depend on
-    the thread count) or, where it gives None, the wall clock."""
-
-    def clock(run: Callable[[], None], label: Label) -> float:
-        now = timer() or time.perf_counter
-        sync()
-        start = now()
-        run()
-        sync()
-        return (now() - start) * 1e3
-
-    return clock
+def _host_clock(
+    sync: Callable[[], None],
+    timer: Callable[[], Timer | None] = lambda: None,
+    waited: Callable[[], Timer | None] = lambda: None,
+) -> Clock:
+    """The host's clock around ``sync`` (:class:`~._hostclock.HostClock`): ``timer()``'s
+    (asked at each run: it may depend on the thread count) or, where it gives None, the
+    wall clock; runs pre-empted by other work (``waited()``'s count grew) timed again."""
+    return HostClock(sync, timer, waited)
 
 
 def _event_clock(device_type: str, sync: Callable[[], None]) -> Clock | None:
@@ -107,7 +104,10 @@ def device_clock(backend: Any, device_index: int = 0) -> Clock | None:
     Events where the device type supports timing events; else the host's clock around the
     adapter's synchronisation (:func:`ampcore._backends.memory.synchronize`), for host
     backends and devices that can be synchronised: the adapter's ``ampcore_auto_timer``
-    where it gives one, else the wall clock."""
+    where it gives one, else the wall clock, and runs pre-empted by other work timed again
+    where the adapter's ``ampcore_auto_waited`` gives a count of the time waited
+    (:mod:`._hostclock`; its readings are checked: no count of seconds is a
+    :class:`~ampcore.PluginError`)."""
     from .._backends.memory import can_synchronize, synchronize
 
     if not can_synchronize(backend):
@@ -117,11 +117,26 @@ def device_clock(backend: Any, device_index: int = 0) -> Clock | None:
         synchronize(backend, device_index)
 
     hook = backend.hook("ampcore_auto_timer")
+    waits = backend.hook("ampcore_auto_waited")
 
     def timer() -> Timer | None:
         return None if hook is None else hook(device_index=device_index)
 
-    return _event_clock(backend.device_type, sync) or _host_clock(sync, timer)
+    def waited() -> Timer | None:
+        return None if waits is None else waits(device_index=device_index)
+
+    def read(reader: Timer) -> float:  # the adapter's count of seconds waited, checked
+        try:
+            value: object = reader()
+        except Exception as exc:
+            raise backend.broken(f"ampcore_auto_waited()'s function raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf:
+            return float(value)
+        raise backend.broken(
+            f"ampcore_auto_waited()'s function returned {value!r}; expected the seconds waited so far (a float >= 0)"
+        )
+
+    return _event_clock(backend.device_type, sync) or HostClock(sync, timer, waited, read)
 
 
 def _leaf(value: Any, grad: bool, seen: dict[int, torch.Tensor]) -> Any:
@@ -230,7 +245,11 @@ def summary(times: Sequence[float]) -> tuple[float, float]:
 def _rounds(
     clock: Clock, fp32: Callable[[], None], low: Callable[[], None], budget_ms: float
 ) -> tuple[list[float], list[float]]:
-    """Warm both candidates, then time them in alternation (see the module docstring)."""
+    """Warm both candidates, then time them in alternation (see the module docstring); the
+    tries a host clock timed again (:func:`~._hostclock.lost`) count against the share once
+    :data:`MIN_RUNS` rounds are timed (before, the rounds' own time only: a busy machine
+    cannot leave a class with fewer rounds than a figure needs)."""
+    lost_from = lost(clock)
     spent = clock(fp32, "fp32") + clock(low, "low")  # warm-up: one-time set-up, not timed
     a: list[float] = []
     b: list[float] = []
@@ -240,7 +259,8 @@ def _rounds(
         spent += a[-1] + b[-1]
         clear = min(b) > _CLEARLY_SLOWER * max(a) or min(a) > _CLEARLY_SLOWER * max(b)
         over = spent + a[-1] + b[-1] > budget_ms  # the next round would pass the class's share
-        if (len(a) >= 2 and (clear or over)) or (over and spent > budget_ms):
+        retried = spent + lost(clock) - lost_from + a[-1] + b[-1] > budget_ms  # ... with the tries timed again
+        if (len(a) >= 2 and (clear or over)) or (over and spent > budget_ms) or (len(a) >= MIN_RUNS and retried):
             break
         if len(a) % MAX_RUNS == 0 and not _unsettled(a, b):  # looks after 7, 14 rounds (few looks)
             break

@@ -42,6 +42,7 @@ from ._again import again as _measure_again
 from ._again import pending
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
+from ._hostclock import lost
 from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
 from ._plan import AutoPlan
 from ._program import Program, Running
@@ -288,14 +289,17 @@ def _rounds(
     """Warm each candidate, then time them in rounds of every order (see the module; two
     candidates, a uniform program's check: the two orders in turn): :data:`MAX_RUNS`
     rounds, another block of as many (up to :data:`MAX_ROUNDS`, within ``budget_ms``) while
-    ``more(times)`` says the verdict is still within the noise though beyond the margin."""
+    ``more(times)`` says the verdict is still within the noise though beyond the margin.
+    The tries a host clock timed again count against ``budget_ms`` (:func:`~._hostclock.lost`)."""
+    lost_before = lost(clock)
     spent = sum(clock(_ready(run), _LABELS[name]) for name, run in runs.items())  # warm-up: not timed
     times: dict[str, list[float]] = {name: [] for name in runs}
     for order in itertools.islice(itertools.cycle(itertools.permutations(runs)), MAX_ROUNDS):
         for name in order:
             times[name].append(clock(_ready(runs[name]), _LABELS[name]))
         last = sum(found[-1] for found in times.values())
-        spent += last
+        spent += last + lost(clock) - lost_before
+        lost_before = lost(clock)
         done = len(times["plan"])
         if done >= MIN_RUNS and spent + last > budget_ms:
             break

@@ -140,6 +140,7 @@ _RESULTS: Final[dict[str, tuple[Callable[[Any], bool], str]]] = {
     "ampcore_backend_info": (lambda v: isinstance(v, Mapping), "a dict of name -> one line of text"),
     "ampcore_auto_load": (lambda v: v is None or _is_load(v), "None or a finite number >= 0 (float)"),
     "ampcore_auto_timer": (lambda v: v is None or callable(v), "None or a function returning seconds (float)"),
+    "ampcore_auto_waited": (lambda v: v is None or callable(v), "None or a function returning seconds waited (float)"),
 }
 
 

@@ -36,6 +36,7 @@ CONTRACT_2_HOOKS = (
     "ampcore_auto_costs",
     "ampcore_auto_load",
     "ampcore_auto_timer",
+    "ampcore_auto_waited",
 )
 
 #: Modules of the first-party backends and the plugin templates.
@@ -70,7 +71,7 @@ def _adapter(contract: object = hookspec.CONTRACT_VERSION, **hooks: object) -> o
 
 def test_contract_2_has_sixteen_hooks_one_required() -> None:
     assert tuple(_hooks()) == CONTRACT_2_HOOKS
-    assert len(CONTRACT_2_HOOKS) == 16 and hookspec.REQUIRED_HOOKS == ("ampcore_backend",)
+    assert len(CONTRACT_2_HOOKS) == 17 and hookspec.REQUIRED_HOOKS == ("ampcore_backend",)
     assert hookspec.CONTRACT_VERSION == 2 and hookspec.SUPPORTED_CONTRACTS == (1, 2)
     assert hookspec.DEPRECATED_CONTRACTS == (1,)
 

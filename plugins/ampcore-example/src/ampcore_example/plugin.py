@@ -226,3 +226,11 @@ def ampcore_op_list_adjustments(dtype: torch.dtype) -> Mapping[str, Sequence[str
 #     @hookimpl
 #     def ampcore_auto_timer(device_index) -> Callable[[], float] | None:
 #         return torch_myvendor.busy_seconds  # seconds of this process's work on the device
+#
+# Where the clock above (or the wall clock) still includes time other work held the device,
+# a count of that waiting (seconds so far, never decreasing): level="auto" times a run again
+# when it grew during the run (None: each run timed once):
+#
+#     @hookimpl
+#     def ampcore_auto_waited(device_index) -> Callable[[], float] | None:
+#         return torch_myvendor.seconds_preempted  # cheap: read before and after each run
