@@ -29,7 +29,6 @@ from typing import Any, Final
 
 import torch
 
-from .._policy.lists import compute_oplists
 from . import _hooks
 from ._cache import plans as _plans
 from ._guard import holds_objects, unchanged
@@ -45,6 +44,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _alone,
     _AskCompiling,
     _autocast_enabled,
+    _compiled,
     _compiler,
     _dynamo_compiling,
     _is_compiling,
@@ -56,11 +56,13 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _set_autocast,
     _site_at,
     _thread,
+    _white,
     drop_strays,
     turn,
 )
 from ._store import churning, program_for, store
 from ._store import forget as forget_programs
+from ._twins import adopt, call_kwargs
 from ._verify import settle
 
 __all__ = ["check", "forget", "region_entered", "region_exited"]
@@ -256,6 +258,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         return None if new is None else (new, kwargs)
     local = _local
     found = program_for(module, sig, plan)
+    if found == 0 and (found := adopt(module, sig, plan)) is not None:  # a copy of a root with one (_twins)
+        store(module, sig, found)
     if not isinstance(found, Program):
         new = _record(module, args, region, plan, sig)
         return None if new is None else (new, kwargs)
@@ -299,6 +303,11 @@ def _new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
             local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
         return _record(module, args, region, plan, unsigned=True)
+    kwargs = call_kwargs(module, args, plan)
+    if kwargs is not None:  # a copy of a root with a program for this call: it runs one (_twins)
+        local.called[id(module)] = weakref.ref(module)
+        new = _sentinel(module, args, kwargs)
+        return None if new is None else new[0]
     return _record(module, args, region, plan)
 
 
@@ -379,17 +388,6 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
             store(rec.root, sig, program if program is not None else tries + 1)
     if _prog.settled is rec.region:
         sentinel_on()
-
-
-def _white(region: Any) -> frozenset[str]:
-    spec = region.spec
-    return compute_oplists(spec.backend, spec.dtype, "O1", frozenset(), frozenset()).white
-
-
-def _compiled(module: torch.nn.Module) -> bool:
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
-    optimized = getattr(eval_frame, "OptimizedModule", None)
-    return optimized is not None and isinstance(module, optimized)
 
 
 def forget() -> None:

@@ -16,6 +16,7 @@ from typing import Any, Final
 import torch
 
 from .._errors import AmpcoreWarning, warn_user
+from .._policy.lists import compute_oplists
 from .._policy.thread_state import thread_state
 from . import _hooks
 from ._program import Program, Running
@@ -251,3 +252,14 @@ def _site_at(local: _Local, code: Any, at: int) -> _Site:
         site = local.sites[where] = _Site()
     local.site_code, local.site_at, local.site = code, at, site
     return site
+
+
+def _white(region: Any) -> frozenset[str]:
+    spec = region.spec
+    return compute_oplists(spec.backend, spec.dtype, "O1", frozenset(), frozenset()).white
+
+
+def _compiled(module: torch.nn.Module) -> bool:
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # imported once torch.compile was used
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    return optimized is not None and isinstance(module, optimized)
