@@ -63,8 +63,8 @@ def layers(root: nn.Module) -> str:
 def keep(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
     """Keep ``program``, ``root``'s for calls of ``sig``, for copies of ``root`` (replacing
     the one kept for its layers and ``sig``: a program checked since it was recorded)."""
-    if program.stale[0]:
-        return
+    if program.stale[0] or any(program.stale is k.stale and program.checked <= k.checked for k, _ in _kept.values()):
+        return  # (a copy's adopted program, as kept: a check since is kept)
     names = {id(m): name for name, m in root.named_modules()}
     named: dict[str, Any] = {}
     for field in ("switched", "planned", "unseen"):
