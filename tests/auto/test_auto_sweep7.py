@@ -14,8 +14,11 @@ earlier sweeps (``test_auto_sweep*.py``) did not try.
   by a string argument) and uses (``generate()`` with changing prompt lengths and beam
   search, ``torch.func.functional_call``, ``model.bfloat16()`` and back,
   ``zero_grad(set_to_none=False)``, ``torch.amp.GradScaler``, user hooks added after the
-  plan settled, ``torch.compile`` of a submodule, the profiler, anomaly detection), each
-  compared step by step with the fixed precision its plan gives (``test_auto_sweep3.run``).
+  plan settled, ``torch.compile`` of a submodule, the profiler, anomaly detection, a
+  ``torch.jit.script``-ed submodule), each compared step by step with the fixed precision
+  its plan gives (``test_auto_sweep3.run``).  All but the copies passed as they were; the
+  mixture of experts is a strict xfail (``_LEFT``: a class met first by a guard on a
+  data-dependent path is never measured when the data order repeats).
 
 Timings are injected (fake clocks): the tests count recordings and check decisions and
 numerics, never the wall clock.
