@@ -313,11 +313,11 @@ class Running:
 
     def _guard(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         """A planned module the recording did not see called (another path): the plan's
-        decision for this call, as the global hooks would apply it (an undecided class or
-        weights that are not float32: the O1 lists).  The program records again at the
-        next call where the class can be measured, or where its default is float32 (this
-        path's ops outside planned modules were not seen)."""
-        if local.run is not self or _is_compiling():
+        decision for this call, as the global hooks would apply it (an undecided class,
+        measured now, or weights that are not float32: the O1 lists).  The program records
+        again at the next call where the class could not be measured, or where its default
+        is float32 (this path's ops outside planned modules were not seen)."""
+        if local.run is not self or _is_compiling() or local.measuring:
             if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
                 drop_strays(module)
             return None
@@ -329,14 +329,17 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
+        undecided = decision is None and program.measurable  # measured now: the next call may not meet it
+        if undecided:  # (this call runs with the O1 lists, as a class's first call does)
+            from ._deciding import measure_now  # (it imports this module)
+
+            undecided = measure_now(module, args, key, program.plan, self.region) is None
         if decision is not None and program.verdict != "plan":  # a fixed choice: every planned call one way
             decision = "fp32" if program.verdict == "fp32" and float32_weights(module) else "low"
         enabled = _autocast_enabled(self.device_type)
         if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
             return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above
-        if (decision is None and program.measurable) or (
-            program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)
-        ):
+        if undecided or (program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)):
             # the next call records again: to measure the class, or (a float32 default) to
             # see this path's ops outside planned modules (the default may not suit them)
             program.stale[0] = True
