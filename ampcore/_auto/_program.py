@@ -329,16 +329,16 @@ class Running:
             return None
         program = self.program
         decision = program.plan.decision(key) if float32_weights(module) else "low"  # else: the O1 lists
-        undecided = decision is None and program.measurable  # measured now: the next call may not meet it
-        if undecided:  # (this call runs with the O1 lists, as a class's first call does)
-            from ._deciding import measure_now  # (it imports this module)
-
-            undecided = measure_now(module, args, key, program.plan, self.region) is None
         if decision is not None and program.verdict != "plan":  # a fixed choice: every planned call one way
             decision = "fp32" if program.verdict == "fp32" and float32_weights(module) else "low"
         enabled = _autocast_enabled(self.device_type)
         if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
             return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above
+        undecided = decision is None and program.measurable  # measured now: the next call may not meet it
+        if undecided:  # (this call runs with the O1 lists, as a class's first call does)
+            from ._deciding import measure_now  # (it imports this module)
+
+            undecided = measure_now(module, args, key, program.plan, self.region) is None
         if undecided or (program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)):
             # the next call records again: to measure the class, or (a float32 default) to
             # see this path's ops outside planned modules (the default may not suit them)
