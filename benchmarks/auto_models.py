@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any, Final
 
 from auto_models6 import SWEEP6
+from auto_models7 import SWEEP7
+
+#: the held-out models of the sixth and seventh sweeps
+_LATER: Final = {**SWEEP6, **SWEEP7}
 
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {
@@ -354,8 +358,8 @@ def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         return _flip(device)
     if name in _KINDS:
         return _KINDS[name](device)
-    if name in SWEEP6:
-        return SWEEP6[name](device)
+    if name in _LATER:
+        return _LATER[name](device)
     if name == "heldout-tie":  # 6 x Linear(224) on a batch of 64: low/fp32 near 1 with AMX
         return _mixed((224, 64, 6, 1, 1, 0), device)
     if name in _EMBEDDED:
@@ -375,18 +379,8 @@ def build(name: str, device: str) -> tuple[Any, tuple[Any, ...]]:
         from ampcore._cli.experiment import SeedNet
 
         return SeedNet(2048).to(device), (torch.rand(512, 2048, device=device),)
-    known = [
-        *_MIXED,
-        "heldout-conv",
-        "heldout-flip",
-        "heldout-tie",
-        *_EMBEDDED,
-        *_KINDS,
-        *SWEEP6,
-        *_TRANSFORMERS,
-        *_DECODERS,
-        "seed",
-    ]
+    known = [*_MIXED, "heldout-conv", "heldout-flip", "heldout-tie", *_EMBEDDED, *_KINDS, *_LATER, *_TRANSFORMERS]
+    known += [*_DECODERS, "seed"]
     raise SystemExit(f"unknown model {name!r}; valid: {', '.join(known)}")
 
 

@@ -56,6 +56,9 @@ Held-out kinds of the sixth sweep (:mod:`auto_models6`): ``heldout-unet`` (a U-N
 skip concatenations), ``heldout-lstm-lm`` (an LSTM language model with a tied head),
 ``heldout-bags`` (DLRM-like: ``EmbeddingBag`` and an MLP at batch 2048), ``heldout-bert``
 (``transformers.BertModel`` from a config), ``heldout-strided`` (unpadded strided convolutions).
+Of the seventh (:mod:`auto_models7`): ``heldout-replica`` (a transformer encoder replicated
+every step as ``nn.DataParallel`` does), ``heldout-moe`` (a mixture of experts, top-2 of 8),
+``heldout-llama`` (``transformers.LlamaModel`` from a config: RMSNorm, rotary, SwiGLU, GQA).
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot
@@ -105,37 +108,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Final
 
 from auto_micro import pairs, region_cost
 from auto_models import build
 from auto_models import loss as loss_of
+from auto_procs import ISA_VARIABLES, STEADY_MALLOC, corrupt, isa_env, orders
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
 #: ``--noise``: torch.autocast again on its own copy of the model (what 1.00 looks like here)
 AGAIN: Final = "torch.autocast again"
 #: ``--forced``: auto on its own copies with the whole-call verdict forced (not measured)
 FORCED: Final = {"auto as low": "low", "auto as plan": "plan"}
-
-
-def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """Orders of ``modes`` for successive rounds in which each mode follows each other mode
-    equally often (a Williams design: n orders for an even n, 2n for an odd one).
-
-    Example::
-
-        >>> orders(("a", "b", "c"))[:2], len(orders(("a", "b", "c", "d")))
-        ([('a', 'b', 'c'), ('b', 'c', 'a')], 4)
-    """
-    n = len(modes)
-    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
-    rows = [tuple(modes[(i + j) % n] for j in first) for i in range(n)]
-    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
-
-
-#: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)
-STEADY_MALLOC: Final = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
 
 
 def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -310,49 +294,6 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
-
-
-def corrupt(cache: str) -> str:
-    """Poison the cache files in ``cache`` as issue 27 saw it: every other entry's low-precision
-    figure times 8.6 (a first call that paid kernel creation), one entry's costs not numbers,
-    and every whole-call verdict swapped for another; what was done."""
-    done = []
-    for path in sorted(Path(cache).glob("auto-*.json")):
-        data = json.loads(path.read_text())
-        for i, (key, entry) in enumerate(sorted(data["entries"].items())):
-            if i == 0:
-                entry["costs"]["fp32_ms"] = "fast"
-                done.append(f"{key}: fp32_ms='fast'")
-            elif i % 2 == 1:
-                entry["costs"]["low_ms"] *= 8.6
-                done.append(f"{key}: low_ms x 8.6")
-        for key, check in data.get("roots", {}).items():
-            check["verdict"] = {"plan": "low", "low": "fp32", "fp32": "plan"}[check["verdict"]]
-            done.append(f"{key}: verdict -> {check['verdict']}")
-        path.write_text(json.dumps(data))
-    return "; ".join(done) or "nothing (no cache file)"
-
-
-#: what ``model@ISA`` sets (:func:`isa_env`); unset for the CPU's own ISA
-ISA_VARIABLES: Final = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
-
-
-def isa_env(isa: str) -> dict[str, str]:
-    """The variables that cap the CPU's instruction sets at ``isa`` (oneDNN's name): oneDNN's
-    own cap, and for ``AVX2`` also ATen's vectorised kernels and MKL's (its float32 GEMMs),
-    which otherwise keep using AVX512.
-
-    Example::
-
-        >>> isa_env("AVX2")["ATEN_CPU_CAPABILITY"], isa_env("AVX512_CORE"), isa_env("")
-        ('avx2', {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}, {})
-    """
-    if not isa:
-        return {}
-    env = {"ONEDNN_MAX_CPU_ISA": isa}
-    if isa.upper() == "AVX2":
-        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
-    return env
 
 
 def _run(name: str, isa: str, phase: str, cache: str, args: argparse.Namespace) -> dict[str, Any]:

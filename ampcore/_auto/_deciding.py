@@ -13,6 +13,7 @@ the module, so tests that replace its clock or budget reach this path too).
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Final
 
@@ -30,7 +31,7 @@ from ._plan import AutoPlan
 from ._program import local as _prog
 from ._shapes import set_kind
 
-__all__ = ["adapter_costs", "decide", "undecided", "warn_once", "warn_untimed", "watch"]
+__all__ = ["adapter_costs", "decide", "measure_now", "undecided", "warn_once", "warn_untimed", "watch"]
 
 #: the most one class's measurement may take (ms; less when the budget is nearly spent)
 _PER_CLASS_MS: Final = 400.0
@@ -44,6 +45,23 @@ def undecided(module: torch.nn.Module, key: str, plan: AutoPlan, region: Any) ->
             warn_untimed(region.spec)
         else:
             _hooks._local.frames.append(_hooks._Frame(module, None, key, plan, region))
+
+
+def measure_now(module: torch.nn.Module, args: tuple[Any, ...], key: str, plan: AutoPlan, region: Any) -> Any:
+    """A program's guard met ``key``, a class the plan lacks (a data-dependent path or row
+    count): measure it before the call, within the budget, and return its decision (None:
+    not measured).  Before, the guard only made the root's next call record, and that call,
+    routed otherwise (the next batch of a mixture of experts), did not meet the class: it
+    was never measured, a recording each time it came back.  The call's keyword arguments
+    come from torch's call frame (the guard is given the positional ones only)."""
+    if plan.frozen or _hooks._process.spent_s >= _hooks.budget_s() or in_transform() or _hooks._clock(region) is None:
+        return None
+    frame = sys._getframe(2)  # torch's closure calling the pre-hooks <- the guard <- here
+    kwargs = frame.f_locals.get("kwargs") if frame.f_code.co_name == "inner" else None
+    if not isinstance(kwargs, dict):
+        return None
+    decide(module, args, kwargs, key, plan, region)
+    return plan.decision(key)
 
 
 def decide(

@@ -18,9 +18,8 @@ the tensors among its arguments, grad mode):
   float32; a low one in a float32 default: autocast on for its forward);
 * the *steps* of a module called more than once with decisions that differ (the same layer
   on two batch sizes, one float32 and one low): it is switched, and its hooks follow the
-  recorded decisions call by call (the ``n``-th call of the root call as the ``n``-th
-  recorded one).  Without them such a root recorded every call (the global hooks and the
-  dispatch mode on every step: 1.2 x torch.autocast, issue 27's sixth stop).
+  recorded decisions call by call (the ``n``-th call of the root call as the ``n``-th recorded
+  one); without them it recorded every call (1.2 x torch.autocast, issue 27's sixth stop).
 
 A program the whole-call check applies to (:meth:`Program.mixed`) is one whose planned
 modules do not all agree, or one whose recording saw an op of the O1 low-precision list run
@@ -316,12 +315,11 @@ class Running:
         return bool(calls[min(n, len(calls) - 1)])
 
     def _guard(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        """A planned module the recording did not see called (another path): the plan's
-        decision for this call, as the global hooks would apply it (an undecided class or
-        weights that are not float32: the O1 lists).  The program records again at the
-        next call where the class can be measured, or where its default is float32 (this
-        path's ops outside planned modules were not seen)."""
-        if local.run is not self or _is_compiling():
+        """A planned module the recording did not see called (another path): the plan's decision
+        as the global hooks would apply it (a class undecided, measured now, or weights not float32:
+        the O1 lists); the next call records where it could not be measured or the default is
+        float32 (this path's ops outside planned modules were not seen)."""
+        if local.run is not self or _is_compiling() or local.measuring:  # (a check's or class's measurement)
             if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
                 drop_strays(module)
             return None
@@ -338,10 +336,12 @@ class Running:
         enabled = _autocast_enabled(self.device_type)
         if enabled == program.default_fp32 or (program.default_fp32 and _nesting() != self.nesting):
             return self.switch(module, args, off=True) if decision == "fp32" and enabled else None  # as above
-        if not local.measuring and (  # (a whole-call check's candidate: not the program run)
-            (decision is None and program.measurable)
-            or (program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids))
-        ):
+        undecided = decision is None and program.measurable  # measured now: the next call may not meet it
+        if undecided:  # (this call runs with the O1 lists, as a class's first call does)
+            from ._deciding import measure_now  # (it imports this module)
+
+            undecided = measure_now(module, args, key, program.plan, self.region) is None
+        if undecided or (program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)):
             # the next call records again: to measure the class, or (a float32 default) to
             # see this path's ops outside planned modules (the default may not suit them)
             program.stale[0] = True

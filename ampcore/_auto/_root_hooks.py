@@ -24,6 +24,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 from . import _hooks, _roots
 from ._roots_state import _compiled, _idle_region, _Key, _local, drop_strays
 from ._store import program_for
+from ._twins import call_kwargs
 
 __all__ = [
     "after_own",
@@ -76,6 +77,11 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
             local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
         return _roots._record(module, args, region, plan, unsigned=True)
+    kwargs = call_kwargs(module, args, plan)
+    if kwargs is not None:  # a copy of a root with a program for this call: it runs one (_twins)
+        local.called[id(module)] = weakref.ref(module)
+        new = _roots._sentinel(module, args, kwargs)
+        return None if new is None else new[0]
     return _roots._record(module, args, region, plan)
 
 

@@ -73,6 +73,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
 )
 from ._store import churning, program_for, store
 from ._store import forget as forget_programs
+from ._twins import adopt
 from ._verify import settle
 
 __all__ = ["check", "forget", "region_entered", "region_exited"]
@@ -273,6 +274,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         return None if new is None else (new, kwargs)
     local = _local
     found = program_for(module, sig, plan)
+    if found == 0 and (found := adopt(module, sig, plan)) is not None:  # a copy of a root with one (_twins)
+        store(module, sig, found)
     if not isinstance(found, Program):
         new = _record(module, args, region, plan, sig)
         return None if new is None else (new, kwargs)

@@ -16,6 +16,8 @@ from torch import nn
 from ._loose import loosen
 from ._plan import AutoPlan
 from ._program import Program
+from ._twins import forget as forget_twins
+from ._twins import keep
 
 __all__ = ["churning", "forget", "program_for", "same_program", "store"]
 
@@ -124,6 +126,7 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
         unrun.add(sig)  # (a program checked or recorded again keeps whether it ran)
     programs[sig] = found
     if isinstance(found, Program):  # a number that changed and gave the same program: held by type
+        keep(root, sig, found)  # for copies of the root (_twins)
         loose = loosen(root, sig, programs, lambda other: isinstance(other, Program) and same_program(found, other))
         if loose is not None:
             programs[loose] = found
@@ -150,3 +153,4 @@ def forget() -> None:
     _programs.clear()
     _others.clear()
     _unrun.clear()
+    forget_twins()

@@ -47,8 +47,8 @@ from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
 from ._plan import AutoPlan
 from ._program import Program, Running
 from ._program import local as _prog
-from ._settings import text
 from ._store import store
+from ._twins import layer as _layer
 
 __all__ = ["PER_ROOT_MS", "root_key", "settle"]
 
@@ -100,14 +100,6 @@ def root_key(root: nn.Module, sig: tuple[Any, ...], program: Program) -> str:
     default = "fp32" if program.default_fp32 else "low"
     grad = ("grad" if sig[0] else "no-grad") + (" eval" if sig[-1] == "eval" else "")
     return f"{type(root).__name__} in=[{', '.join(shapes)}] {grad} program={default}+{len(switched)} #{digest}"
-
-
-def _layer(module: nn.Module) -> str:
-    """A module as the whole-call check's key sees it: class, ``extra_repr``, parameter
-    shapes, settings (:mod:`._settings`: ``depth=3``, a flag, a scale its forward may pick
-    its work from)."""
-    shapes = [tuple(p.shape) for p in module._parameters.values() if p is not None]
-    return f"{type(module).__name__}({module.extra_repr()}){shapes}{text(module)}"
 
 
 def settle(

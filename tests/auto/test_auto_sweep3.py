@@ -143,16 +143,17 @@ def run(
     decide: bool = True,
     default: str | None = None,
     measured: bool = False,
+    clone: Callable[[nn.Module], nn.Module] = copy.deepcopy,
 ) -> nn.Module:
     """``step`` under auto equals it under :func:`fixed`, step by step (outputs, gradients,
     parameters); then the same steps again (``settled``, default ``steps``) record nothing.
     ``decide``: load the plans first (:func:`_decide`; else the test did; ``measured``: the
     classes decided low are measured in the first step, see :func:`measuring`); ``default``: the
     default (``"fp32"`` or ``"low"``) the model's programs must have (the case is what it
-    says it is)."""
+    says it is); ``clone``: how the reference is made from the model."""
     torch.manual_seed(0)
     model = make()
-    reference = copy.deepcopy(model)
+    reference = clone(model)
     if decide:
         _decide(model, step, steps, dtypes, measured)
     for i in range(steps):

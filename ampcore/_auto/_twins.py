@@ -1,0 +1,150 @@
+"""Programs for copies of a root: a model copied per step (``copy.deepcopy``, replicas as
+``nn.DataParallel`` makes them, an EMA or teacher copy) runs the program of the root it was
+copied from instead of being recorded again.
+
+A program is kept by the root's *layers* (:func:`layers`: every module's name, class,
+``extra_repr``, parameter shapes and dtypes), its input signature and plan, with its modules
+named by their paths in the root (:func:`keep`, as recorded, then as its whole-call check
+settled it).  A root
+without a program for a call, whose layers and signature match a kept one, gets that program
+with its own modules in those places (:func:`adopt`): the decisions, the steps and the
+whole-call verdict are the kept one's, the guards (its tree, its weights) its own.  The
+copies of one kept program share its stale flag: a guard of one that meets a class to
+measure (or a class added that one ran undecided) makes the next copy record (and measure)
+again; a root whose own program went stale records again too.  (No weak reference
+callback marks a copy's program stale: a replaced layer changes the tree it guards, and a
+collected copy runs nothing.)  Before,
+each copy was a new root: a recording per step, 1.4-1.5 x the better fixed choice on a
+2-layer encoder copied each step.  The first call of a module not yet a root gets its
+keyword arguments from torch's call frame (:func:`call_kwargs`: its global pre-hooks are
+given the positional ones only); where that frame is not torch's, the call is recorded as
+before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import weakref
+from collections import OrderedDict
+from typing import Any, Final
+
+from torch import nn
+
+from ._guard import signature, snapshot
+from ._plan import AutoPlan, Stale
+from ._program import Program
+from ._settings import text as settings
+
+__all__ = ["adopt", "call_kwargs", "keep", "layer", "layers"]
+
+#: (layers, signature, id of the plan) -> the program with module paths for its modules
+_kept: OrderedDict[tuple[str, Any, int], tuple[Program, int | None]] = OrderedDict()
+#: programs kept (the oldest goes first)
+_MAX_KEPT: Final = 64
+#: the code of torch's module call, whose closure calls the global pre-hooks
+_CALL: Final = nn.Module._call_impl.__code__
+
+
+def layer(module: nn.Module) -> str:
+    """A module as the whole-call check's key sees it: class, ``extra_repr``, parameter
+    shapes, settings (:mod:`._settings`: ``depth=3``, a flag, a scale its forward may pick
+    its work from)."""
+    shapes = [tuple(p.shape) for p in module._parameters.values() if p is not None]
+    return f"{type(module).__name__}({module.extra_repr()}){shapes}{settings(module)}"
+
+
+def layers(root: nn.Module) -> str:
+    """A digest of ``root``'s layers: each module's path, :func:`layer` and parameter dtypes."""
+    text = ";".join(
+        f"{name}:{layer(m)}{[p.dtype for p in m._parameters.values() if p is not None]}"
+        for name, m in root.named_modules()
+    )
+    return f"{type(root).__qualname__}#" + hashlib.sha1(text.encode()).hexdigest()
+
+
+def keep(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
+    """Keep ``program``, ``root``'s for calls of ``sig``, for copies of ``root`` (replacing
+    the one kept for its layers and ``sig``: a program checked since it was recorded)."""
+    if program.stale[0] or any(program.stale is k.stale and program.checked <= k.checked for k, _ in _kept.values()):
+        return  # (a copy's adopted program, as kept: a check since is kept)
+    names = {id(m): name for name, m in root.named_modules()}
+    named: dict[str, Any] = {}
+    for field in ("switched", "planned", "unseen"):
+        paths = tuple(names.get(id(m)) for r in getattr(program, field) if (m := r()) is not None)
+        if len(paths) != len(getattr(program, field)) or None in paths:
+            return  # a module gone, or not the root's own (a layer held elsewhere): not portable
+        named[field] = paths
+    steps: Any = tuple((names.get(id(m)), calls) for r, calls in program.steps if (m := r()) is not None)
+    if len(steps) != len(program.steps) or any(name is None for name, _ in steps):
+        return
+    inner = frozenset(names[i] for i in program.inner_ids if i in names)
+    waiting = program.plan.added if id(program.stale) in program.plan.waiting else None
+    portable = program._replace(
+        **named, steps=steps, inner_ids=inner, tree=(), tree_values=[], weights=(), plain=(), stale=Stale([False])
+    )
+    key = (layers(root), sig, id(program.plan))
+    _kept[key] = (portable, waiting)
+    _kept.move_to_end(key)
+    while len(_kept) > _MAX_KEPT:
+        _kept.popitem(last=False)
+
+
+def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | None:
+    """The program kept for a root with ``root``'s layers and calls of ``sig`` under
+    ``plan``, made for ``root``'s own modules; None where none is kept."""
+    from ._store import _programs
+
+    if not _kept or sig in _programs.get(root, ()):  # its own, gone stale: it records again
+        return None
+    key = (layers(root), sig, id(plan))
+    found = _kept.get(key)
+    if found is None:
+        return None
+    portable, waiting = found
+    if waiting is not None and isinstance(portable.stale, Stale):  # it ran undecided calls: records
+        plan.wait(portable.stale, waiting)  # again once the plan gains a class
+    if portable.stale[0] or portable.plan is not plan or portable.changes != plan.changes:
+        del _kept[key]  # a guard of a copy met a class to measure, or the plan changed: a copy records
+        return None
+    modules = dict(root.named_modules())
+
+    def refs(paths: tuple[Any, ...]) -> tuple[weakref.ref[nn.Module], ...]:
+        return tuple(weakref.ref(modules[p]) for p in paths)
+
+    planned, unseen = refs(portable.planned), refs(portable.unseen)
+    tree, values, weights, plain = snapshot(root, [*(r() for r in planned), *(r() for r in unseen)])  # type: ignore[list-item]
+    return portable._replace(
+        switched=refs(portable.switched),
+        planned=planned,
+        unseen=unseen,
+        steps=tuple((weakref.ref(modules[p]), calls) for p, calls in portable.steps),
+        inner_ids=frozenset(id(modules[p]) for p in portable.inner_ids),
+        tree=tree,
+        tree_values=values,
+        weights=weights,
+        plain=plain,
+    )
+
+
+def call_kwargs(module: nn.Module, args: tuple[Any, ...], plan: AutoPlan) -> dict[str, Any] | None:
+    """The keyword arguments of ``module``'s call whose global pre-hook is running (two
+    frames up: the pre-hook's caller), where a program is kept for its layers and the call's
+    signature: the call can then run it (None: record it)."""
+    if not _kept:
+        return None
+    frame = sys._getframe(3)  # torch's closure in Module._call_impl <- the sentinel <- _new_root <- here
+    if frame.f_code.co_name != "inner" or frame.f_back is None or frame.f_back.f_code is not _CALL:
+        return None
+    kwargs = frame.f_locals.get("kwargs")
+    if not isinstance(kwargs, dict):
+        return None
+    sig = signature(args, kwargs, module)
+    if sig is None or (layers(module), sig, id(plan)) not in _kept:
+        return None
+    return kwargs
+
+
+def forget() -> None:
+    """Drop every kept program (``ampcore plan clear``, tests)."""
+    _kept.clear()

@@ -1,0 +1,71 @@
+"""The process-level helpers of ``bench_auto.py``: the orders of the modes in rounds, the
+glibc setting of ``--malloc steady``, the ISA caps of ``model@ISA`` and the poisoning of
+``--cache corrupt``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Final
+
+
+def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Orders of ``modes`` for successive rounds in which each mode follows each other mode
+    equally often (a Williams design: n orders for an even n, 2n for an odd one).
+
+    Example::
+
+        >>> orders(("a", "b", "c"))[:2], len(orders(("a", "b", "c", "d")))
+        ([('a', 'b', 'c'), ('b', 'c', 'a')], 4)
+    """
+    n = len(modes)
+    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    rows = [tuple(modes[(i + j) % n] for j in first) for i in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
+#: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)
+STEADY_MALLOC: Final = "glibc.malloc.mmap_threshold=268435456:glibc.malloc.trim_threshold=1073741824"
+
+
+def corrupt(cache: str) -> str:
+    """Poison the cache files in ``cache`` as issue 27 saw it: every other entry's low-precision
+    figure times 8.6 (a first call that paid kernel creation), one entry's costs not numbers,
+    and every whole-call verdict swapped for another; what was done."""
+    done = []
+    for path in sorted(Path(cache).glob("auto-*.json")):
+        data = json.loads(path.read_text())
+        for i, (key, entry) in enumerate(sorted(data["entries"].items())):
+            if i == 0:
+                entry["costs"]["fp32_ms"] = "fast"
+                done.append(f"{key}: fp32_ms='fast'")
+            elif i % 2 == 1:
+                entry["costs"]["low_ms"] *= 8.6
+                done.append(f"{key}: low_ms x 8.6")
+        for key, check in data.get("roots", {}).items():
+            check["verdict"] = {"plan": "low", "low": "fp32", "fp32": "plan"}[check["verdict"]]
+            done.append(f"{key}: verdict -> {check['verdict']}")
+        path.write_text(json.dumps(data))
+    return "; ".join(done) or "nothing (no cache file)"
+
+
+#: what ``model@ISA`` sets (:func:`isa_env`); unset for the CPU's own ISA
+ISA_VARIABLES: Final = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def isa_env(isa: str) -> dict[str, str]:
+    """The variables that cap the CPU's instruction sets at ``isa`` (oneDNN's name): oneDNN's
+    own cap, and for ``AVX2`` also ATen's vectorised kernels and MKL's (its float32 GEMMs),
+    which otherwise keep using AVX512.
+
+    Example::
+
+        >>> isa_env("AVX2")["ATEN_CPU_CAPABILITY"], isa_env("AVX512_CORE"), isa_env("")
+        ('avx2', {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}, {})
+    """
+    if not isa:
+        return {}
+    env = {"ONEDNN_MAX_CPU_ISA": isa}
+    if isa.upper() == "AVX2":
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
+    return env
