@@ -133,8 +133,12 @@ def call_kwargs(module: nn.Module, args: tuple[Any, ...], plan: AutoPlan) -> dic
     signature: the call can then run it (None: record it)."""
     if not _kept:
         return None
-    frame = sys._getframe(3)  # torch's closure in Module._call_impl <- the sentinel <- _new_root <- here
-    if frame.f_code.co_name != "inner" or frame.f_back is None or frame.f_back.f_code is not _CALL:
+    frame: Any = sys._getframe(3)  # torch's closure in Module._call_impl <- the sentinel <- new_root <- here
+    for _ in range(3):  # (a frame or two more where a wrapper of ours sits between them)
+        if frame is None or (frame.f_code.co_name == "inner" and frame.f_back is not None):
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "inner" or frame.f_back is None or frame.f_back.f_code is not _CALL:
         return None
     kwargs = frame.f_locals.get("kwargs")
     if not isinstance(kwargs, dict):
