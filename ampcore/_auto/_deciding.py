@@ -30,6 +30,7 @@ from ._measure import Clock, measure
 from ._plan import AutoPlan
 from ._program import local as _prog
 from ._shapes import set_kind
+from ._twins import torch_kwargs
 
 __all__ = ["adapter_costs", "decide", "measure_now", "undecided", "warn_once", "warn_untimed", "watch"]
 
@@ -56,9 +57,8 @@ def measure_now(module: torch.nn.Module, args: tuple[Any, ...], key: str, plan: 
     come from torch's call frame (the guard is given the positional ones only)."""
     if plan.frozen or _hooks._process.spent_s >= _hooks.budget_s() or in_transform() or _hooks._clock(region) is None:
         return None
-    frame = sys._getframe(2)  # torch's closure calling the pre-hooks <- the guard <- here
-    kwargs = frame.f_locals.get("kwargs") if frame.f_code.co_name == "inner" else None
-    if not isinstance(kwargs, dict):
+    kwargs = torch_kwargs(sys._getframe(2))  # torch's closure calling the pre-hooks <- the guard <- here
+    if kwargs is None:
         return None
     decide(module, args, kwargs, key, plan, region)
     return plan.decision(key)

@@ -36,7 +36,7 @@ from ._plan import AutoPlan, Stale
 from ._program import Program
 from ._settings import text as settings
 
-__all__ = ["adopt", "call_kwargs", "keep", "layer", "layers"]
+__all__ = ["adopt", "call_kwargs", "keep", "layer", "layers", "torch_kwargs"]
 
 #: (layers, signature, id of the plan) -> the program with module paths for its modules
 _kept: OrderedDict[tuple[str, Any, int], tuple[Program, int | None]] = OrderedDict()
@@ -128,25 +128,33 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
 
 
 def call_kwargs(module: nn.Module, args: tuple[Any, ...], plan: AutoPlan) -> dict[str, Any] | None:
-    """The keyword arguments of ``module``'s call whose global pre-hook is running (two
-    frames up: the pre-hook's caller), where a program is kept for its layers and the call's
-    signature: the call can then run it (None: record it)."""
+    """The keyword arguments of ``module``'s call whose global pre-hook is running, where a
+    program is kept for its layers and the call's signature: the call can then run it
+    (None: record it)."""
     if not _kept:
         return None
-    frame: Any = sys._getframe(3)  # torch's closure in Module._call_impl <- the sentinel <- new_root <- here
-    for _ in range(3):  # (a frame or two more where a wrapper of ours sits between them)
-        if frame is None or (frame.f_code.co_name == "inner" and frame.f_back is not None):
-            break
-        frame = frame.f_back
-    if frame is None or frame.f_code.co_name != "inner" or frame.f_back is None or frame.f_back.f_code is not _CALL:
-        return None
-    kwargs = frame.f_locals.get("kwargs")
-    if not isinstance(kwargs, dict):
+    kwargs = torch_kwargs(sys._getframe(3))  # torch's closure <- the sentinel <- new_root <- here
+    if kwargs is None:
         return None
     sig = signature(args, kwargs, module)
     if sig is None or (layers(module), sig, id(plan)) not in _kept:
         return None
     return kwargs
+
+
+def torch_kwargs(frame: Any) -> dict[str, Any] | None:
+    """The keyword arguments of the module call whose pre-hooks run, read from torch's
+    ``Module._call_impl`` closure (``inner``) at ``frame`` or up to three frames above it
+    (a wrapper of ours between them); None where that frame is not torch's (another torch
+    version's module call: the caller falls back to what it did before)."""
+    for _ in range(4):
+        if frame is None or frame.f_code.co_name == "inner":
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "inner" or frame.f_back is None or frame.f_back.f_code is not _CALL:
+        return None
+    kwargs = frame.f_locals.get("kwargs")
+    return kwargs if isinstance(kwargs, dict) else None
 
 
 def forget() -> None:
