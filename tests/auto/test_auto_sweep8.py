@@ -188,9 +188,9 @@ def _parametrized(kind: str) -> Callable[[], nn.Module]:
             nn.utils.parametrizations.spectral_norm(m[2])
         elif kind == "orthogonal":
             nn.utils.parametrizations.orthogonal(m[2])
-        elif kind == "old-weight-norm":
+        elif kind in ("old-weight-norm", "old-spectral-norm"):
             with _quiet():
-                nn.utils.weight_norm(m[2])
+                (nn.utils.weight_norm if kind == "old-weight-norm" else nn.utils.spectral_norm)(m[2])
             del m[2].weight  # a non-leaf, set again by its pre-hook: (a copy cannot be made with it)
         return m
 
@@ -452,6 +452,10 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
         _backward([first, plain, second])
         return first, plain, second
 
+    def cached(m: nn.Module, i: int, enter: Enter) -> Any:
+        with nn.utils.parametrize.cached():  # the weight computed once for the step
+            return _train(m, x, enter)
+
     def state_dict(m: nn.Module, i: int, enter: Enter) -> Any:
         buf = io.BytesIO()
         torch.save(m.state_dict(), buf)
@@ -476,6 +480,8 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
         "spectral-norm": (_parametrized("spectral-norm"), lambda m, i, enter: _train(m, x, enter)),
         "orthogonal": (_parametrized("orthogonal"), lambda m, i, enter: _train(m, x, enter)),
         "old-weight-norm": (_parametrized("old-weight-norm"), old_weight_norm),
+        "old-spectral-norm": (_parametrized("old-spectral-norm"), old_weight_norm),
+        "parametrize-cached": (_parametrized("orthogonal"), cached),
         "ema-buffer-bn": (EMA, ema),
         "quant-stubs": (Stubbed, lambda m, i, enter: _train(m, x, enter)),
         "bilinear": (Bilinear, lambda m, i, enter: _train(m, x, enter)),
