@@ -229,14 +229,23 @@ def _fork_rng(device_type: str) -> Any:
 @contextlib.contextmanager
 def kept_buffers(module: nn.Module) -> Iterator[None]:
     """The buffers of ``module`` (and of its submodules and parametrizations) as they were,
-    after the measurement's extra calls: a forward may update them (BatchNorm's running
-    statistics, spectral norm's power iteration, an EMA the model keeps)."""
-    saved = [(b, b.detach().clone()) for b in module.buffers()]
+    after the measurement's extra calls: a forward may update them in place (BatchNorm's
+    running statistics, spectral norm's power iteration) or put a new tensor in their place
+    (``self.center = 0.9 * self.center + ...``): the same tensors, with their values, are put
+    back."""
+    saved = [
+        (owner, name, b, b.detach().clone())
+        for owner in module.modules()
+        for name, b in owner._buffers.items()
+        if b is not None
+    ]
     try:
         yield
     finally:
         with torch.no_grad():
-            for buffer, value in saved:
+            for owner, name, buffer, value in saved:
+                if owner._buffers.get(name) is not buffer:
+                    owner._buffers[name] = buffer
                 buffer.copy_(value)
 
 

@@ -224,6 +224,34 @@ class EMA(nn.Module):
         return self.c(torch.relu(h - self.mean))
 
 
+class Centered(nn.Module):
+    """DINO-like: a registered buffer *reassigned* in forward (a new tensor each step), and a
+    Linear subclass doing the same with its own buffer (measured as a Linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = Drifting(32, 32)
+        self.c = nn.Linear(32, 4)
+        self.register_buffer("center", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.c(torch.relu(self.b(torch.relu(self.a(x))))) - self.center
+        if self.training:
+            self.center = 0.9 * self.center + 0.1 * out.detach().float().mean(0)
+        return out
+
+
+class Drifting(nn.Linear):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen = self.seen + 1.0
+        return super().forward(x) * (1.0 + 0.01 * self.seen)
+
+
 class Stubbed(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -483,6 +511,7 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
         "old-spectral-norm": (_parametrized("old-spectral-norm"), old_weight_norm),
         "parametrize-cached": (_parametrized("orthogonal"), cached),
         "ema-buffer-bn": (EMA, ema),
+        "buffer-reassigned": (Centered, lambda m, i, enter: (_train(m, x, enter), m.center, m.b.seen)),
         "quant-stubs": (Stubbed, lambda m, i, enter: _train(m, x, enter)),
         "bilinear": (Bilinear, lambda m, i, enter: _train(m, x, enter)),
         "pixel-shuffle": (Upsampler, lambda m, i, enter: _train(m, small, enter)),
