@@ -31,6 +31,7 @@ from collections import OrderedDict
 from typing import Any, Final
 
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from ._guard import signature, snapshot
 from ._plan import AutoPlan, Stale
@@ -54,8 +55,14 @@ def layer(module: nn.Module) -> str:
     """A module as the whole-call check's key sees it: class, ``extra_repr``, parameter
     shapes, settings (:mod:`._settings`: ``depth=3``, a flag, a scale its forward may pick
     its work from)."""
-    shapes = [tuple(p.shape) for p in module._parameters.values() if p is not None]
+    shapes = [_shape(p) for p in module._parameters.values() if p is not None]
     return f"{type(module).__name__}({module.extra_repr()}){shapes}{settings(module)}"
+
+
+def _shape(p: Any) -> tuple[Any, ...]:
+    """A parameter's shape; ``("lazy",)`` for one a lazy module has not made yet
+    (``nn.LazyLinear`` before its first call, whose shape cannot be read)."""
+    return ("lazy",) if is_lazy(p) else tuple(p.shape)
 
 
 def layers(root: nn.Module) -> str:

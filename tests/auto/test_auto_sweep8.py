@@ -633,3 +633,21 @@ def test_ops_between_roots_that_all_run_float32_run_float32() -> None:
             similarity = y @ z.t()
     assert (y.dtype, z.dtype) == (torch.float32, torch.float32)
     assert similarity.dtype == torch.float32  # as the float32 step (every decided layer float32)
+
+
+def _lazy() -> nn.Module:
+    return nn.Sequential(nn.LazyConv2d(8, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(4))
+
+
+@pytest.mark.parametrize("measured", [True, False], ids=["measured", "given"])
+def test_a_lazy_module_first_called_in_a_region(measured: bool, measuring: Any, recordings: list[Any]) -> None:
+    """``nn.LazyLinear`` / ``nn.LazyConv2d`` make their parameters at their first call (their
+    own pre-hook): a root of them met in a region where a program was kept for copies
+    (``_twins``) raised reading the shapes of parameters not made yet (torch.autocast does
+    not raise)."""
+    x, image = torch.randn(8, 16), torch.randn(2, 3, 8, 8)
+    other = _mlp()
+    for _ in range(3):  # another root's program, kept for its copies
+        with ampcore.autocast("cpu", level="auto", dtype=BF16):
+            other(x).float().sum().backward()
+    run(_lazy, lambda m, i, enter: _train(m, image, enter), 6, recordings, measured=measured)
