@@ -232,9 +232,10 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
     after the measurement's extra calls: a forward may update them in place (BatchNorm's
     running statistics, spectral norm's power iteration) or put a new tensor in their place
     (``self.center = 0.9 * self.center + ...``): the same tensors, with their values, are put
-    back."""
+    back.  A buffer no call changed is not written (its version stays: the real call's graph
+    may hold it, as pruning's mask does, and autograd refuses a tensor changed in place)."""
     saved = [
-        (owner, name, b, b.detach().clone())
+        (owner, name, b, b._version, b.detach().clone())
         for owner in module.modules()
         for name, b in owner._buffers.items()
         if b is not None
@@ -243,10 +244,11 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
         yield
     finally:
         with torch.no_grad():
-            for owner, name, buffer, value in saved:
+            for owner, name, buffer, version, value in saved:
                 if owner._buffers.get(name) is not buffer:
                     owner._buffers[name] = buffer
-                buffer.copy_(value)
+                if buffer._version != version or not torch.equal(buffer, value):  # (kernels' own writes:
+                    buffer.copy_(value)  # BatchNorm's statistics move no version)
 
 
 @contextlib.contextmanager

@@ -36,6 +36,7 @@ from typing import Any, Final
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.prune
 from _auto_testing import auto_state  # noqa: F401 (fixture)
 from test_auto_sweep3 import BF16, Enter, _backward, _clean, _train, run
 from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC0414 (fixture)
@@ -189,9 +190,12 @@ def _parametrized(kind: str) -> Callable[[], nn.Module]:
             nn.utils.parametrizations.spectral_norm(m[2])
         elif kind == "orthogonal":
             nn.utils.parametrizations.orthogonal(m[2])
-        elif kind in ("old-weight-norm", "old-spectral-norm"):
+        elif kind in ("old-weight-norm", "old-spectral-norm", "pruned"):
             with _quiet():
-                (nn.utils.weight_norm if kind == "old-weight-norm" else nn.utils.spectral_norm)(m[2])
+                if kind == "pruned":  # weight = weight_orig * weight_mask (a buffer the step's graph holds)
+                    nn.utils.prune.l1_unstructured(m[2], "weight", amount=0.5)
+                else:
+                    (nn.utils.weight_norm if kind == "old-weight-norm" else nn.utils.spectral_norm)(m[2])
             del m[2].weight  # a non-leaf, set again by its pre-hook: (a copy cannot be made with it)
         return m
 
@@ -510,6 +514,7 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
         "orthogonal": (_parametrized("orthogonal"), lambda m, i, enter: _train(m, x, enter)),
         "old-weight-norm": (_parametrized("old-weight-norm"), old_weight_norm),
         "old-spectral-norm": (_parametrized("old-spectral-norm"), old_weight_norm),
+        "pruned": (_parametrized("pruned"), old_weight_norm),
         "parametrize-cached": (_parametrized("orthogonal"), cached),
         "ema-buffer-bn": (EMA, ema),
         "buffer-reassigned": (Centered, lambda m, i, enter: (_train(m, x, enter), m.center, m.b.seen)),
