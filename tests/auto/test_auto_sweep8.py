@@ -372,6 +372,14 @@ def _bn() -> nn.Module:
     )  # fmt: skip
 
 
+def _hooked() -> nn.Module:
+    """A user's full backward hook and backward pre-hook on planned layers (gradients scaled)."""
+    m = _mlp()
+    m[2].register_full_backward_hook(lambda mod, gin, gout: (gin[0] * 0.5,))
+    m[4].register_full_backward_pre_hook(lambda mod, gout: (gout[0] * 2.0,))
+    return m
+
+
 def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, int, Enter], Any]]]:
     x = torch.randn(8, 16)
     image = torch.randn(2, 3, 16, 16)
@@ -489,6 +497,16 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
         with nn.utils.parametrize.cached():  # the weight computed once for the step
             return _train(m, x, enter)
 
+    def per_sample(m: nn.Module, i: int, enter: Enter) -> Any:  # Opacus-like per-sample gradients
+        params = {k: v.detach() for k, v in m.named_parameters()}
+
+        def loss(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+            return torch.func.functional_call(m, p, (xi[None],)).float().pow(2).sum()
+
+        with enter(BF16):
+            grads = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+        return list(grads.values())
+
     def state_dict(m: nn.Module, i: int, enter: Enter) -> Any:
         buf = io.BytesIO()
         torch.save(m.state_dict(), buf)
@@ -535,6 +553,9 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
         "in-generator": (_mlp, in_generator),
         "suspended-generator": (_mlp, suspended),
         "three-calls": (_mlp, three_calls),
+        "channels-last-weights": (lambda: _bn().to(memory_format=torch.channels_last), channels_last),
+        "full-backward-hook": (_hooked, lambda m, i, enter: _train(m, x, enter)),
+        "per-sample-grads": (Backbone, per_sample),
         "state-dict-round-trip": (_mlp, state_dict),
         "pickle-round-trip": (_mlp, pickled),
     }
