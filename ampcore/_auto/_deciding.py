@@ -86,6 +86,8 @@ def decide(
         costs = _measure(module, args, kwargs, spec, clock)
         if plan.suspect(key, costs) is not None and _hooks.budget_s() > _hooks._process.spent_s:
             costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
+    except AmpcoreError:  # ours or a plugin's (a bad adapter clock): said as it is
+        raise
     except Exception as exc:  # a side that cannot run here: the O1 lists run it, as torch.autocast
         _unmeasurable(key, plan, exc)
         return

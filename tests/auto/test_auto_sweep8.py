@@ -677,3 +677,23 @@ def test_a_lazy_module_first_called_in_a_region(measured: bool, measuring: Any, 
         with ampcore.autocast("cpu", level="auto", dtype=BF16):
             other(x).float().sum().backward()
     run(_lazy, lambda m, i, enter: _train(m, image, enter), 6, recordings, measured=measured)
+
+
+def test_a_plugin_error_while_measuring_is_raised_not_taken_for_an_unmeasurable_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A class whose measurement raises runs with the O1 lists (``parametrize-cached``), but
+    an error of ampcore's or of a plugin's (a bad adapter clock) is raised as it is."""
+    from ampcore._auto import _hooks
+
+    def bad(run: Any, label: str) -> float:
+        raise ampcore.PluginError("badclock", "ampcore_auto_timer() returned 'x'")
+
+    monkeypatch.setenv("AMPCORE_AUTO_BUDGET", "60")
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: bad)
+    for name, value in (("spent_s", 0.0), ("warned", False), ("clocks", {})):
+        monkeypatch.setattr(_hooks._process, name, value)
+    m = _mlp()
+    with pytest.raises(ampcore.PluginError, match="ampcore_auto_timer"), ampcore.autocast("cpu", level="auto"):
+        m(torch.randn(8, 16))
+    assert not ampcore.auto_plan("cpu", BF16).unmeasurable
