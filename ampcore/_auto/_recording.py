@@ -66,9 +66,12 @@ def _autocast_inside(device_type: str) -> Any:
     mode's handler runs an op with every key above it excluded, so an op of
     :data:`_INNER_PRODUCTS` would run its inner products in float32 there, where the
     region (autocast on outside planned modules) runs them in low precision."""
-    key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type), None)
-    include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
-    if key is None or not exclude.has(key):
+    try:  # (private torch API: a torch without it records as before)
+        key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type), None)
+        include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+    except (AttributeError, RuntimeError):
+        return contextlib.nullcontext()
+    if key is None or not exclude.has(key) or not hasattr(torch._C, "_ForceDispatchKeyGuard"):
         return contextlib.nullcontext()
     return torch._C._ForceDispatchKeyGuard(include, exclude.remove(key))
 
