@@ -645,7 +645,7 @@ def test_a_copy_per_step_walks_its_layers_once(monkeypatch: pytest.MonkeyPatch) 
     reason="found by the eighth sweep, left: ops between roots in a region (a CLIP-like similarity "
     "a @ b.t() of two towers, a loss computed in the region) run with the O1 lists even where every "
     "root of the region runs float32; without bf16 instructions that product costs 3x float32's "
-    "(heldout-clip@AVX512_CORE: auto 1.11-1.22 x float32). Missing: a decision for the region's "
+    "(heldout-clip@AVX512_CORE: auto 1.29-1.30 x float32 quiet). Missing: a decision for the region's "
     "work outside its roots (e.g. autocast off between roots once every root settled float32)",
 )
 def test_ops_between_roots_that_all_run_float32_run_float32() -> None:
