@@ -59,6 +59,9 @@ skip concatenations), ``heldout-lstm-lm`` (an LSTM language model with a tied he
 Of the seventh (:mod:`auto_models7`): ``heldout-replica`` (a transformer encoder replicated
 every step as ``nn.DataParallel`` does), ``heldout-moe`` (a mixture of experts, top-2 of 8),
 ``heldout-llama`` (``transformers.LlamaModel`` from a config: RMSNorm, rotary, SwiGLU, GQA).
+Of the eighth (:mod:`auto_models8`): ``heldout-scan`` (a Mamba/S4-like scan, a Python loop
+over 64 steps), ``heldout-convnext`` (ConvNeXt blocks and shifted-window attention),
+``heldout-clip`` (two towers called as two roots in one region).
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot

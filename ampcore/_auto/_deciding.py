@@ -68,7 +68,7 @@ def decide(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any
 ) -> None:
     spec = region.spec
-    if plan.decision(key) is not None:
+    if plan.decision(key) is not None or key in plan.unmeasurable:
         return
     given = adapter_costs(spec.backend, key, spec.dtype)
     if given is not None:
@@ -82,9 +82,15 @@ def decide(
     short = (
         _hooks.budget_s() - _hooks._process.spent_s
     ) * 1e3 < _PER_CLASS_MS  # the process's budget bounds this class
-    costs = _measure(module, args, kwargs, spec, clock)
-    if plan.suspect(key, costs) is not None and _hooks.budget_s() > _hooks._process.spent_s:
-        costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
+    try:
+        costs = _measure(module, args, kwargs, spec, clock)
+        if plan.suspect(key, costs) is not None and _hooks.budget_s() > _hooks._process.spent_s:
+            costs = merge(costs, _measure(module, args, kwargs, spec, clock))  # the lower median per side
+    except AmpcoreError:  # ours or a plugin's (a bad adapter clock): said as it is
+        raise
+    except Exception as exc:  # a side that cannot run here: the O1 lists run it, as torch.autocast
+        _unmeasurable(key, plan, exc)
+        return
     if costs.runs >= 2 or not short:  # one round because the budget ran out: no decision (O1 lists), measured later
         plan.set(key, costs)
         for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
@@ -98,6 +104,19 @@ def decide(
             f"({_hooks.BUDGET_ENV}) is spent; shape classes not measured yet run with the O1 lists",
             AmpcoreWarning,
         )
+
+
+def _unmeasurable(key: str, plan: AutoPlan, exc: Exception) -> None:
+    """A class whose measurement raised (a side the call cannot run in: a weight computed in
+    low precision under the region, as ``nn.utils.parametrize.cached()`` keeps it, given a
+    float32 input): not measured again in this process, it runs with the O1 lists (the
+    call the user made ran so, and did not raise); warned once per class."""
+    plan.unmeasurable.add(key)
+    warn_user(
+        f"ampcore.autocast(level='auto'): the shape class {key} could not be measured "
+        f"({type(exc).__name__}: {exc}); it runs with the O1 lists, as torch.autocast",
+        AmpcoreWarning,
+    )
 
 
 def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, clock: Clock) -> Costs:

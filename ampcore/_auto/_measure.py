@@ -37,9 +37,10 @@ there).  Tests inject a clock.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal
 
 import torch
@@ -177,7 +178,9 @@ def _one_call(
             else:  # low-precision inputs are cast to float32 inside the timed call, as the hook does
                 out = _first_tensor(module.forward(*_to_float32(inputs), **_to_float32(kw)))
             if grad and out is not None and out.requires_grad and leaves:
-                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True)
+                # the graph kept: a weight computed before the forward (a pre-hook's, as
+                # torch.nn.utils.weight_norm's) is a non-leaf whose graph the real step's backward needs
+                torch.autograd.grad(out, leaves, torch.ones_like(out), allow_unused=True, retain_graph=True)
 
     return run
 
@@ -221,6 +224,49 @@ def _fork_rng(device_type: str) -> Any:
     except (RuntimeError, AttributeError):
         keeps = False
     return torch.random.fork_rng(devices=None if keeps else [], device_type=device_type)
+
+
+@contextlib.contextmanager
+def kept_buffers(module: nn.Module) -> Iterator[None]:
+    """The buffers of ``module`` (and of its submodules and parametrizations) as they were,
+    after the measurement's extra calls: a forward may update them in place (BatchNorm's
+    running statistics, spectral norm's power iteration) or put a new tensor in their place
+    (``self.center = 0.9 * self.center + ...``): the same tensors, with their values, are put
+    back.  A buffer no call changed is not written (its version stays: the real call's graph
+    may hold it, as pruning's mask does, and autograd refuses a tensor changed in place)."""
+    saved = [
+        (owner, name, b, b._version, b.detach().clone())
+        for owner in module.modules()
+        for name, b in owner._buffers.items()
+        if b is not None
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for owner, name, buffer, version, value in saved:
+                if owner._buffers.get(name) is not buffer:
+                    owner._buffers[name] = buffer
+                if buffer._version != version or not torch.equal(buffer, value):  # (kernels' own writes:
+                    buffer.copy_(value)  # BatchNorm's statistics move no version)
+
+
+@contextlib.contextmanager
+def kept_cache(grad: bool) -> Iterator[None]:
+    """With ``grad``: the region's autocast weight cache left as it was (its cast weights
+    neither cleared nor added to: autocast's cache off during the check).  A root called
+    again in one region (gradient accumulation, a generator's steps, calls at two batch
+    sizes) casts each weight once there, its calls' gradients summed in low precision
+    before the cast's backward: a check between two calls that cleared the cache made the
+    later calls cast again, their gradients summed in float32 (not torch.autocast's)."""
+    if not grad or not torch.is_autocast_cache_enabled():
+        yield
+        return
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(True)
 
 
 def summary(times: Sequence[float]) -> tuple[float, float]:
@@ -300,12 +346,12 @@ def measure(
 ) -> Costs:
     """Measure one call of ``module`` (``module.forward(*args, **kwargs)``) in float32 and in
     ``dtype`` with ``clock``; the module's parameters, gradients and hooks are left
-    untouched (gradients are taken with :func:`torch.autograd.grad`) and the RNG state is
-    restored.
+    untouched (gradients are taken with :func:`torch.autograd.grad`), the RNG state and the
+    buffers are restored.
     """
     grad = torch.is_grad_enabled()
     params = [p for p in module.parameters() if p.requires_grad] if grad else []
-    with _fork_rng(device_type), torch.enable_grad() if grad else torch.no_grad():
+    with _fork_rng(device_type), kept_buffers(module), torch.enable_grad() if grad else torch.no_grad():
         fp32_run = _one_call(module, args, kwargs, params, grad, device_type, None)
         low_run = _one_call(module, args, kwargs, params, grad, device_type, dtype)
         a, b = _rounds(clock, fp32_run, low_run, budget_ms)

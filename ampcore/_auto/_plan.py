@@ -169,6 +169,8 @@ class AutoPlan:
     dropped: set[str] = field(default_factory=set, compare=False, repr=False)
     #: whole-call checks (by key) this process measured again in the process (:mod:`._again`)
     again: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    #: classes whose measurement raised in this process (:func:`._deciding.decide`): the O1 lists
+    unmeasurable: set[str] = field(default_factory=set, compare=False, repr=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""

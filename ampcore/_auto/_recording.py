@@ -13,6 +13,7 @@ calls inside ``torch.utils.checkpoint``, which follow the autocast state there.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any, Final
 
@@ -52,6 +53,29 @@ def _dynamic(func: Any, args: Any) -> bool:
     return True
 
 
+#: ops outside autocast's lists whose kernels run products of the lists inside, through
+#: the dispatcher, where autocast casts them (``nn.Bilinear``'s ``_trilinear`` runs ``bmm``
+#: in low precision under autocast): what a float32 default changes, as a listed op.  Of
+#: about 40 products, distances, recurrent cells, attention and convolution ops run under
+#: autocast with and without a dispatch mode (torch 2.13, CPU), only ``_trilinear`` differed
+_INNER_PRODUCTS: Final = frozenset({"_trilinear"})
+
+
+def _autocast_inside(device_type: str) -> Any:
+    """The dispatcher's state with ``device_type``'s autocast key not excluded: a dispatch
+    mode's handler runs an op with every key above it excluded, so an op of
+    :data:`_INNER_PRODUCTS` would run its inner products in float32 there, where the
+    region (autocast on outside planned modules) runs them in low precision."""
+    try:  # (private torch API: a torch without it records as before)
+        key = getattr(torch._C.DispatchKey, "Autocast" + torch._C._dispatch_key_for_device(device_type), None)
+        include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+    except (AttributeError, RuntimeError):
+        return contextlib.nullcontext()
+    if key is None or not exclude.has(key) or not hasattr(torch._C, "_ForceDispatchKeyGuard"):
+        return contextlib.nullcontext()
+    return torch._C._ForceDispatchKeyGuard(include, exclude.remove(key))
+
+
 _INDEX: Final = torch.ops.aten.index.Tensor
 _SCALAR: Final = torch.ops.aten._local_scalar_dense.default
 
@@ -81,10 +105,13 @@ class _Outside(TorchDispatchMode):
         if not rec.planned and not rec.low_outside and not local.measuring:
             packet = getattr(func, "overloadpacket", None)  # higher-order ops have none
             name = getattr(packet, "__name__", None)
-            if name in self.white or (name == "_to_copy" and _to_low(args, kwargs)):
+            if name in self.white or name in _INNER_PRODUCTS or (name == "_to_copy" and _to_low(args, kwargs)):
                 rec.outside = rec.low_outside = True
             elif not rec.outside and self._low_input(args, kwargs):
                 rec.outside = True
+        if not rec.planned and not local.measuring and getattr(func, "_opname", None) in _INNER_PRODUCTS:
+            with _autocast_inside(self.device_type):  # as without this mode: the region's autocast
+                return func(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
 
     def _low_input(self, args: Any, kwargs: Any) -> bool:

@@ -14,9 +14,11 @@ what the program's float32 modules save by their own figures) is measured once m
 rounds added to the first ones.  The root's
 parameters, gradients, buffers (running statistics) and the RNG state are left as they
 were; the autocast weight cache is cleared before each run, as a step's region starts
-without it.  Each run gets copies of the call's lists and dicts and of the objects among
-its arguments (a KV cache the forward grows: its tensors cloned, before the run is timed),
-so the real call that follows sees its arguments as they were.
+without it, except with gradients, where the region's cache is kept as it was and the
+check's runs cast without it (:func:`~._measure.kept_cache`).  Each run gets copies of
+the call's lists and dicts and of the objects among its arguments (a KV cache the forward
+grows: its tensors cloned, before the run is timed), so the real call that follows sees
+its arguments as they were.
 
 A *uniform* program (every planned call low: torch.autocast's; or every one float32) is
 exactly one fixed choice: it is timed, the same way, against the other one alone (two
@@ -43,7 +45,7 @@ from ._again import pending
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
 from ._hostclock import lost
-from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng
+from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers, kept_cache
 from ._plan import AutoPlan
 from ._program import Program, Running
 from ._program import local as _prog
@@ -200,7 +202,6 @@ def _check(
     device_type: str = region.spec.backend.device_type
     grad = torch.is_grad_enabled()
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
-    buffers = [(b, b.detach().clone()) for b in root.buffers()]
     runs: dict[str, Callable[[], None]] = {
         name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type)
         for name in _CANDIDATES
@@ -210,7 +211,7 @@ def _check(
     start = time.perf_counter()
     _prog.measuring = True
     try:
-        with _fork_rng(device_type):
+        with _fork_rng(device_type), kept_buffers(root), kept_cache(grad):
             budget_ms = min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3)
             times = _rounds(clock, runs, budget_ms, _more(own, {}))
             left_ms = (_hooks.budget_s() - _hooks._process.spent_s - (time.perf_counter() - start)) * 1e3
@@ -220,9 +221,6 @@ def _check(
         loads.append(_hooks.load_of(region))
     finally:
         _prog.measuring = False
-        with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
         with _hooks._process.lock:
             _hooks._process.spent_s += time.perf_counter() - start
     known = [load for load in loads if load is not None]
@@ -328,7 +326,8 @@ class _Run:
             self.prepare()
         args, kwargs = self.next or ((), {})
         self.next = None
-        torch.clear_autocast_cache()  # a step's region starts without cast weights
+        if torch.is_autocast_cache_enabled():  # (off where the region's cache is kept: kept_cache)
+            torch.clear_autocast_cache()  # a step's region starts without cast weights
         running = _prog.run = Running(self.program, self.root, self.region)
         try:
             out = self.root.forward(*args, **kwargs)
@@ -338,7 +337,8 @@ class _Run:
         outs = [t for t in _tensors(out) if t.requires_grad]
         if outs and self.params:
             with torch.autocast(self.device_type, enabled=False):
-                torch.autograd.grad(outs, self.params, [torch.ones_like(t) for t in outs], allow_unused=True)
+                ones = [torch.ones_like(t) for t in outs]  # (graph kept: as _measure's, for a weight made before)
+                torch.autograd.grad(outs, self.params, ones, allow_unused=True, retain_graph=True)
 
 
 def _ready(run: Callable[[], None]) -> Callable[[], None]:
