@@ -22,6 +22,7 @@ numerics, never the wall clock.
 from __future__ import annotations
 
 import copy
+import hashlib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -185,3 +186,103 @@ def test_a_model_holding_a_scripted_module_copied_every_step(measuring: Any, rec
 
     make = _script_cases()["scripted-submodule"]
     run(make, copied, 4, recordings, measured=True, clone=_rebuilt(make))
+
+
+# --- (2) a copy's layers digest costs the comparisons, not the text -------------------------
+
+
+def _fresh_digest(root: nn.Module) -> str:
+    """:func:`_twins.layers` made from nothing kept (as it was before the thirteenth stop)."""
+    from ampcore._auto._twins import layer
+
+    text = ";".join(
+        f"{name}:{layer(m)}{[p.dtype for p in m._parameters.values() if p is not None]}"
+        for name, m in root.named_modules()
+    )
+    return f"{type(root).__qualname__}#" + hashlib.sha1(text.encode()).hexdigest()
+
+
+def _encoder() -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+
+class Shown(nn.Module):
+    """A module whose ``extra_repr`` shows a private attribute (not a setting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._k = 1
+
+    def extra_repr(self) -> str:
+        return f"k={self._k}"
+
+
+def _changes() -> dict[str, Callable[[nn.Module], None]]:
+    def held(m: nn.Module) -> None:
+        from ampcore._auto import _settings
+
+        _settings._held.setdefault(m.layers[0], set()).add("norm_first")
+
+    def param(m: nn.Module) -> None:
+        m.layers[1].linear1.weight = nn.Parameter(torch.zeros(48, 32))
+
+    return {
+        "none": lambda m: None,
+        "an int setting": lambda m: setattr(m.layers[0].self_attn, "num_heads", 2),
+        "a bool setting": lambda m: setattr(m.layers[1], "norm_first", True),
+        "a new setting": lambda m: setattr(m.layers[0].linear2, "depth", 3),
+        "a setting gone": lambda m: delattr(m, "mask_check"),
+        "a list becomes an int": lambda m: setattr(m.layers[0], "cache", 1),
+        "a private name added": lambda m: setattr(m.layers[0], "_extra", 1),
+        "a float setting": lambda m: setattr(m.layers[0].dropout, "p", 0.5),
+        "a parameter's dtype": lambda m: m.layers[0].norm1.bfloat16(),
+        "a parameter's shape": param,
+        "a layer replaced": lambda m: setattr(m.layers[0], "linear1", nn.Linear(32, 64, bias=False)),
+        "a held setting": held,
+        "what its extra_repr shows": lambda m: setattr(m.shown, "_k", 2),
+    }
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "replica"])
+@pytest.mark.parametrize("change", list(_changes()))
+def test_a_copys_layers_digest_is_the_one_made_from_nothing(how: str, change: str) -> None:
+    """The digest a copy reuses its source's texts for (``_twins._piece``: kept by class and
+    attribute names, reused where the public attributes are the same objects) equals the
+    digest made from nothing, after any change to the copy: a kept text is reused only for
+    what it was made from."""
+    from test_auto_sweep7 import _replicate
+
+    from ampcore._auto import _twins
+
+    source = _encoder()
+    source.layers[0].cache = [1, 2]  # a public list: not a setting
+    source.shown = Shown()
+    _twins.layers(source)  # the texts of the source's modules kept
+    twin = copy.deepcopy(source) if how == "deepcopy" else _replicate(source)
+    assert _twins.layers(twin) == _fresh_digest(twin) == _twins.layers(source)
+    _changes()[change](twin)
+    assert _twins.layers(twin) == _fresh_digest(twin)
+    assert _twins.layers(source) == _fresh_digest(source)  # (a replica shares the parameters)
+    if how == "deepcopy":
+        same = change in ("none", "a private name added")
+        assert (_twins.layers(twin) == _twins.layers(source)) == same
+
+
+def test_a_digest_leaves_nothing_in_the_modules() -> None:
+    """The texts reused for copies are kept beside the modules (by class and attribute
+    names), not in them: ``torch.save`` and ``copy.deepcopy`` see the model as it was."""
+    import io
+
+    from ampcore._auto import _twins
+
+    model = _encoder()
+    before = {name: dict(vars(m)) for name, m in model.named_modules()}
+    digest = _twins.layers(model)
+    assert {name: dict(vars(m)) for name, m in model.named_modules()} == before
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    assert b"ampcore" not in buffer.getvalue()
+    buffer.seek(0)
+    assert _twins.layers(torch.load(buffer, weights_only=False)) == digest
