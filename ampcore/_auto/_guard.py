@@ -346,7 +346,8 @@ def snapshot(
     tree = tuple(d for m in modules if (d := m._modules))
     firsts = (_first_weight(m) for m in planned if float32_weights(m))
     weights = tuple(w for w in firsts if w is not None)  # one a module: a conversion converts them all
-    return tree, list(map(tuple, map(dict.values, tree))), weights, tuple(containers)
+    # (each its own ``values``: a ``torch.jit.script``-ed module's is torch's ``OrderedModuleDict``)
+    return tree, [tuple(d.values()) for d in tree], weights, tuple(containers)
 
 
 def unchanged(

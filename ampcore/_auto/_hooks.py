@@ -51,7 +51,7 @@ from ._measure import Clock, device_clock
 from ._plan import AutoPlan, fingerprint
 from ._program import cast_floating
 from ._program import local as _prog
-from ._roots_state import _compiler, _dynamo_compiling, _num_threads
+from ._roots_state import _compiler, _dynamo_compiling, _num_threads, _tracing
 from ._roots_state import _local as _roots_local
 from ._shapes import (
     PENDING,
@@ -251,14 +251,14 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
     elif rec.stack and rec.stack[0][0] is module and len(rec.stack) == 1:
         return None  # the root being recorded: entered already
     ops = planned_ops(module)
-    if ops is not None and not float32_weights(module):
-        ops = None  # weights of another dtype: the O1 lists run it (it cannot run in float32)
+    if ops is not None and (not float32_weights(module) or _tracing()):
+        ops = None  # weights of another dtype (it cannot run in float32), torch.jit.trace: the O1 lists
     if rec is not None:  # the recording's stack of calls entered, and how many are planned
         rec.stack.append((module, ops is not None))
         rec.planned += ops is not None
     if ops is None:
         kind = known_kind(type(module))  # a class (or a class's flags: VARIES) met for the first time: a matmul kind?
-        if kind is PENDING or (kind is VARIES and variant_kind(module) is PENDING):
+        if (kind is PENDING or (kind is VARIES and variant_kind(module) is PENDING)) and not _tracing():
             _deciding.watch(module, top)
         return None
     spec = top.spec  # the innermost region: an enabled level="auto" one (not measuring: checked above)

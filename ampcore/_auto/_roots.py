@@ -67,6 +67,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     _set_autocast,
     _site_at,
     _thread,
+    _tracing,
     _white,
     drop_strays,
     turn,
@@ -265,6 +266,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """The root call of :func:`_sentinel` without a settled program: the program for its
     signature (checked as a whole first where it is mixed) as a new :class:`_Last`, else
     the call is recorded (its new arguments for torch, or None)."""
+    if _tracing():  # torch.jit.trace: as torch.autocast (_roots_state._tracing)
+        return None
     generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
     plan = _hooks.plan_of(region)
     if sig is None:  # an argument the guard cannot see, or a pre-hook of its own after the

@@ -47,6 +47,10 @@ _PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
 
 _thread = thread_state()
 _is_compiling = torch.compiler.is_compiling
+#: whether ``torch.jit.trace`` is tracing this thread's calls: ``level="auto"`` then runs as
+#: torch.autocast (the O1 lists: no recording, no measuring, no program; a traced shape's
+#: sizes are tensors, and the trace would bake one call's decisions in)
+_tracing: Final = torch._C._is_tracing
 #: ``torch.compiler.is_compiling()`` is this flag outside TorchScript (dynamo compiling,
 #: an export tracing): read without its two calls where no dynamo trace can read it (a
 #: region's entry: ``autocast.__enter__``'s frame, which dynamo skips; the sentinel after
@@ -289,7 +293,7 @@ def _site_at(local: _Local, code: Any, at: int) -> _Site:
 
 def _idle_region() -> Any:
     """The eligible region when it is innermost and no root call of it is in progress."""
-    if _prog.run is not None or _prog.rec is not None or _prog.measuring or _is_compiling():
+    if _prog.run is not None or _prog.rec is not None or _prog.measuring or _is_compiling() or _tracing():
         return None
     region, stack = _prog.settled, _thread.stack
     if region is None or not stack or stack[-1] is not region:

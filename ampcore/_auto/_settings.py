@@ -34,7 +34,7 @@ from torch import nn
 
 from ._shapes import VARIES, flags, known_kind, planned_ops
 
-__all__ = ["HELD_AFTER", "Settings", "before", "text", "watch"]
+__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "text", "watch"]
 
 _SCALARS: Final = frozenset({bool, int, float, str, type(None)})
 _MAX_STR: Final = 256
@@ -81,6 +81,20 @@ def settings(module: nn.Module) -> list[tuple[str, Any]]:
             if len(found) >= _MAX_NAMES:
                 break
     return found
+
+
+def any_held() -> bool:
+    """Whether any module has a held setting."""
+    return bool(_held)
+
+
+def held_of(module: nn.Module) -> frozenset[str]:
+    """The names of ``module``'s held settings (an empty set for none)."""
+    try:
+        held = _held.get(module)
+    except TypeError:  # a module class that is not hashable
+        return frozenset()
+    return frozenset(held) if held else frozenset()
 
 
 def text(module: nn.Module) -> str:

@@ -13,7 +13,9 @@ copies of one kept program share its stale flag: a guard of one that meets a cla
 measure (or a class added that one ran undecided) makes the next copy record (and measure)
 again; a root whose own program went stale records again too.  (No weak reference
 callback marks a copy's program stale: a replaced layer changes the tree it guards, and a
-collected copy runs nothing.)  Before,
+collected copy runs nothing.)  A copy's digest reuses the texts made for its source's modules
+(:func:`_piece`: the same class, attribute names and attribute objects; about a third of
+the cost of making them, the thirteenth stop).  Before,
 each copy was a new root: a recording per step, 1.4-1.5 x the better fixed choice on a
 2-layer encoder copied each step.  The first call of a module not yet a root gets its
 keyword arguments from torch's call frame (:func:`call_kwargs`: its global pre-hooks are
@@ -28,6 +30,8 @@ import sys
 import threading
 import weakref
 from collections import OrderedDict
+from functools import partial
+from operator import attrgetter, is_, is_not, itemgetter
 from typing import Any, Final
 
 from torch import nn
@@ -36,6 +40,8 @@ from torch.nn.parameter import is_lazy
 from ._guard import signature, snapshot
 from ._plan import AutoPlan, Stale
 from ._program import Program
+from ._settings import any_held as _settings_held
+from ._settings import held_of
 from ._settings import text as settings
 
 __all__ = ["adopt", "call_kwargs", "keep", "layer", "layers", "torch_kwargs"]
@@ -66,12 +72,95 @@ def _shape(p: Any) -> tuple[Any, ...]:
 
 
 def layers(root: nn.Module) -> str:
-    """A digest of ``root``'s layers: each module's path, :func:`layer` and parameter dtypes."""
-    text = ";".join(
-        f"{name}:{layer(m)}{[p.dtype for p in m._parameters.values() if p is not None]}"
-        for name, m in root.named_modules()
-    )
+    """A digest of ``root``'s layers: each module's path, :func:`layer` and parameter dtypes
+    (each module's text kept in its ``__dict__``, :func:`_piece`)."""
+    text = ";".join(f"{name}:{_piece(m)}" for name, m in root.named_modules())
     return f"{type(root).__qualname__}#" + hashlib.sha1(text.encode()).hexdigest()
+
+
+class _Text:
+    """A module's text in :func:`layers` and what it was made from: the values of its public
+    attributes (the objects themselves), its held settings, its parameters' shapes and
+    dtypes and, for a class whose ``extra_repr`` may read more (:func:`_plain_repr`), that
+    (its class and attribute names are its key in :data:`_texts`)."""
+
+    __slots__ = ("extra", "held", "params", "public", "take", "text")
+
+    def __init__(
+        self, module: nn.Module, names: tuple[str, ...], held: frozenset[str], params: Any, extra: str | None
+    ) -> None:
+        places = [i for i, k in enumerate(names) if k[0] != "_"]
+        # (a tuple also for one place: it twice)
+        self.take: Any = itemgetter(*places, places[0]) if places else _nothing
+        self.held, self.params, self.extra = held, params, extra
+        self.public = self.take(tuple(module.__dict__.values()))
+        self.text = f"{layer(module)}{[p.dtype for p in module._parameters.values() if p is not None]}"
+
+
+def _nothing(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return ()
+
+
+#: (a module's class, the names in its ``__dict__``) -> the :class:`_Text` of the last
+#: modules of that class and those names whose texts were made, the latest first (a copy's
+#: modules find their source's: a replica's share its values, a deep copy keeps ints,
+#: floats, strings and their tuples as they are)
+_texts: dict[tuple[type, tuple[str, ...]], list[_Text]] = {}
+#: module layouts kept (all dropped beyond: a stream of new classes), texts per layout
+_MAX_TEXTS: Final = 1024
+_PER_LAYOUT: Final = 16
+_SHAPE_DTYPE: Final = attrgetter("shape", "dtype")
+_PRESENT: Final = partial(is_not, None)
+_NONE: Final[frozenset[str]] = frozenset()
+
+
+def _piece(module: nn.Module) -> str:
+    """``module``'s part of :func:`layers` (:func:`layer` and its parameters' dtypes): the
+    text made for a module of its class and attribute names is reused while this one's
+    public attributes are the same objects, its held settings, its parameters' shapes and
+    dtypes and (where its class's ``extra_repr`` may read more than those,
+    :func:`_plain_repr`) its ``extra_repr`` the same: a copy's digest costs C-level
+    compares, about half of making its text (a list or an object among its public
+    attributes, copied, makes it again)."""
+    state = module.__dict__
+    kind = type(module)
+    key = (kind, tuple(state))
+    held = held_of(module) if _settings_held() else _NONE
+    params = tuple(map(_SHAPE_DTYPE, filter(_PRESENT, module._parameters.values())))
+    plain = _plain.get(kind)
+    if plain is None:
+        plain = _plain[kind] = _plain_repr(kind)
+    extra = None if plain else module.extra_repr()
+    values = None
+    for found in _texts.get(key, ()):  # (a layout's few variants: Linear(128, 512), Linear(512, 128))
+        if found.held == held and found.params == params and found.extra == extra:
+            if values is None:
+                values = tuple(state.values())
+            if all(map(is_, found.take(values), found.public)):
+                return found.text
+    if len(_texts) >= _MAX_TEXTS:
+        _texts.clear()
+    made = _Text(module, key[1], held, params, extra)
+    texts = _texts.setdefault(key, [])
+    texts.insert(0, made)
+    del texts[_PER_LAYOUT:]
+    return made.text
+
+
+def _plain_repr(kind: type) -> bool:
+    """Whether ``kind``'s ``extra_repr`` says only what its public attributes and its
+    parameters' shapes say: ``nn.Module``'s own (nothing), or one of ``torch.nn``'s layers
+    (not its containers of parameters, which print their devices; not a TorchScript module,
+    which prints its compiled type's name)."""
+    own = getattr(kind, "extra_repr", None)
+    if own is nn.Module.extra_repr:
+        return True
+    where = getattr(own, "__module__", "") or ""
+    return where.startswith("torch.nn.modules.") and where != "torch.nn.modules.container"
+
+
+#: class -> :func:`_plain_repr`
+_plain: dict[type, bool] = {}
 
 
 def keep(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
@@ -177,3 +266,5 @@ def torch_kwargs(frame: Any) -> dict[str, Any] | None:
 def forget() -> None:
     """Drop every kept program (``ampcore plan clear``, tests)."""
     _kept.clear()
+    _texts.clear()
+    _plain.clear()

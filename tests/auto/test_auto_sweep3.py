@@ -58,11 +58,19 @@ def _moved(args: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
 
 
 def _decide(
-    model: nn.Module, step: Step, steps: int, dtypes: tuple[torch.dtype, ...] = (BF16,), measured: bool = False
+    model: nn.Module,
+    step: Step,
+    steps: int,
+    dtypes: tuple[torch.dtype, ...] = (BF16,),
+    measured: bool = False,
+    clone: Callable[[nn.Module], nn.Module] = copy.deepcopy,
 ) -> None:
     """Load, for each of ``dtypes``, a plan deciding every shape class ``step`` meets by
-    :func:`_rule` (inputs as given, in float32 and in that dtype); ``measured``: give the
-    classes :func:`_rule` decides float32 their costs, the others are measured."""
+    :func:`_rule` (inputs as given, in float32 and in that dtype), the steps run on copies
+    made by ``clone`` (a ``copy.deepcopy`` of a model holding a ``torch.jit.script``-ed
+    module runs the original's scripted parameters: their gradients would pile up in it);
+    ``measured``: give the classes :func:`_rule` decides float32 their costs, the others
+    are measured."""
     keys: dict[torch.dtype, dict[str, str]] = {d: {} for d in dtypes}
 
     def pre(module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -74,10 +82,11 @@ def _decide(
                 if key is not None:
                     found[key] = _rule(module)
 
+    copies = [clone(model) for _ in range(steps)]  # (before the hook: a clone may trace a module)
     handle = nn.modules.module.register_module_forward_pre_hook(pre)
     try:
-        for i in range(steps):
-            step(copy.deepcopy(model), i, lambda dtype: torch.autocast("cpu", dtype=dtype))
+        for i, twin in enumerate(copies):
+            step(twin, i, lambda dtype: torch.autocast("cpu", dtype=dtype))
     finally:
         handle.remove()
     for low, found in keys.items():
@@ -155,7 +164,7 @@ def run(
     model = make()
     reference = clone(model)
     if decide:
-        _decide(model, step, steps, dtypes, measured)
+        _decide(model, step, steps, dtypes, measured, clone)
     for i in range(steps):
         torch.manual_seed(i)
         want = step(reference, i, fixed)
