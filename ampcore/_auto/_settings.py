@@ -13,7 +13,8 @@ which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
   ``map`` over the watched attributes per root call; nothing where the root has none):
   the settings of modules of the user's own classes (not ``torch.nn``'s: their
   attributes are in ``extra_repr``), and the flags of planned layers of a class judged per
-  flags (:data:`._shapes.VARIES`: a flag that adds a second product).  A setting changed
+  flags (:data:`._shapes.VARIES`: a flag that adds a second product) with the size of
+  their ``__dict__`` (a flag added later).  A setting changed
   on the same instance after its root's whole-call check (``model.depth = 6``) records the
   root again, and its new value gets its own check; each value's program is kept
   (:mod:`._store`): changed back, the first value's program runs again, unrecorded.
@@ -119,15 +120,20 @@ class Settings:
     """The watched settings of a program's modules: their ``__dict__``s, names and (weakly)
     the modules (the guard compares the values, :meth:`same`)."""
 
-    __slots__ = ("dicts", "names", "refs")
+    __slots__ = ("dicts", "names", "refs", "sized", "sizes")
 
-    def __init__(self, modules: list[nn.Module], names: list[str]) -> None:
+    def __init__(self, modules: list[nn.Module], names: list[str], sized: tuple[dict[str, Any], ...] = ()) -> None:
         self.dicts = tuple(m.__dict__ for m in modules)
         self.names = tuple(names)
         self.refs = tuple(weakref.ref(m) for m in modules)
+        #: the ``__dict__``s of planned layers judged per flags, and their sizes: a flag
+        #: added since (``layer.extra = True``) records the root again
+        self.sized, self.sizes = sized, tuple(map(len, sized))
 
     def same(self, values: tuple[Any, ...]) -> bool:
         """Whether every watched attribute still holds its recorded value (one C map)."""
+        if self.sized and tuple(map(len, self.sized)) != self.sizes:
+            return False
         return tuple(map(dict.get, self.dicts, self.names)) == values
 
     def now(self) -> tuple[Any, ...]:
@@ -159,6 +165,7 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     found: list[nn.Module] = []
     names: list[str] = []
     values: list[Any] = []
+    sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
         own = _own(type(module))
         for name, value in settings(module):
@@ -181,7 +188,7 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
                 found.append(module)
                 names.append(name)
                 values.append(value)
-    return None if not names else (Settings(found, names), tuple(values))
+    return None if not names and not sized else (Settings(found, names, sized), tuple(values))
 
 
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
@@ -209,7 +216,11 @@ def unheld(watched: Settings, values: tuple[Any, ...]) -> tuple[Settings, tuple[
         modules.append(module)
         names.append(name)
         kept.append(value)
-    return None if not names else (Settings(modules, names), tuple(kept))
+    if not names and not watched.sized:
+        return None
+    found = Settings(modules, names, watched.sized)
+    found.sizes = watched.sizes  # as recorded
+    return found, tuple(kept)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -273,3 +273,48 @@ def test_a_copy_made_while_its_root_is_recorded_keeps_no_key_of_ours(how: str, m
         clone(torch.randn(4, 16))  # outside a region
     assert _ours(clone) == [], ("a key of ours left on the copy", _where(clone))
     _clean(model, clone)
+
+
+class _Extra(nn.Module):
+    """A Conv1D-like layer (``x @ weight``) judged per flags (``twice``), whose flag ``extra``,
+    added to the instance later, adds a second product."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n) * 0.1)
+        self.twice = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight
+        return out @ self.weight if self.twice or getattr(self, "extra", False) else out
+
+
+def test_a_flag_added_to_a_layer_judged_per_flags_after_its_first_look_is_judged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planned one-product layer of a class judged per flags, its root settled on float32;
+    then a bool attribute it did not have is added (``layer.extra = True``: a second
+    product): the next calls judge the layer again (two products: not planned, the O1
+    lists, as torch.autocast) and the root's new check says low.  Before, the flags were
+    those of the first look (an added one was not seen) and the settled program ran on."""
+    from ampcore._auto import _shapes
+    from ampcore._auto._shapes import MATMUL, planned_ops
+
+    _shapes.forget_kind(_Extra)
+    clock = _Clock()
+    _process(monkeypatch, clock, nn.Identity(), n=0)
+    _RUNNING[0] = "small"  # (the whole-call check: float32 wins)
+    torch.manual_seed(0)
+    layer = _Extra(32)
+    model = nn.Sequential(layer, nn.Linear(32, 8))
+    for _ in range(5):
+        out = _step(model)
+    assert planned_ops(layer) == MATMUL[1]
+    assert out.dtype == torch.float32
+    layer.extra = True
+    _RUNNING[0] = "large"  # (a whole-call check now: low wins)
+    outs = [_step(model) for _ in range(4)]
+    assert planned_ops(layer) is None, "the added flag was not seen"
+    assert outs[-1].dtype == BF16, "the settled program ran on for the added flag"
+    torch.testing.assert_close(outs[-1], _fixed(model, "low"), rtol=0, atol=0)
+    _shapes.forget_kind(_Extra)
