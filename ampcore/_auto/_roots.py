@@ -72,7 +72,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     drop_strays,
     turn,
 )
-from ._store import churning, program_for, store
+from ._store import churning, program_for, raised, store
 from ._store import forget as forget_programs
 from ._twins import adopt
 from ._verify import settle
@@ -362,6 +362,8 @@ def _record(
     _hooks.acquire()
     rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
     rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
+    if id(module) not in _local.public:  # a copy made in its forward drops its strays (the mark)
+        module._forward_hooks[_local.key] = _root_post  # type: ignore[index]
     _local.deferred = _hooks.defer(module)  # layers with pre-hooks of their own: planned after them
     return _hooks._pre(module, args)  # the root's own pre-hook call (the global ones ran before)
 
@@ -369,6 +371,7 @@ def _record(
 def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None, ok: bool) -> None:
     """The root call of ``rec`` returned (``ok``) or failed: keep the program it gives."""
     _prog.rec = None
+    rec.root._forward_hooks.pop(_local.key, None)  # type: ignore[call-overload]
     rec.close()
     _hooks.release()
     deferred = _local.deferred
@@ -384,6 +387,8 @@ def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None
             tries = found if isinstance(found, int) else 0
             program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
             store(rec.root, sig, program if program is not None else tries + 1)
+    elif not ok and rec.mode is not None:
+        raised(rec.root, rec.sig)  # a setting's value the forward raises on (_store._by_settings)
     if _prog.settled is rec.region:
         sentinel_on()
 

@@ -9,19 +9,21 @@ which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
-* :func:`watch` makes the flags of planned layers of a class judged per flags
-  (:data:`._shapes.VARIES`: a flag that adds a second product) part of a program's guard
-  (:func:`._guard.unchanged`): a flag flipped since the recording records the root again,
-  and the layer is judged again for its new flags (one C ``map`` over the watched
-  attributes per root call; nothing where the root has no such layer).
+* :func:`watch` makes them part of a program's guard (:func:`._guard.unchanged`, one C
+  ``map`` over the watched attributes per root call; nothing where the root has none):
+  the settings of modules of the user's own classes (not ``torch.nn``'s: their
+  attributes are in ``extra_repr``), and the flags of planned layers of a class judged per
+  flags (:data:`._shapes.VARIES`: a flag that adds a second product) with the size of
+  their ``__dict__`` (a flag added later).  A setting changed
+  on the same instance after its root's whole-call check (``model.depth = 6``) records the
+  root again, and its new value gets its own check; each value's program is kept
+  (:mod:`._store`): changed back, the first value's program runs again, unrecorded.
 
-Other settings are not watched: an attribute changed on the same instance after its
-root's whole-call check (``model.depth = 6``) keeps the verdict of the program then settled
-(watching them made a counter a pre-hook moves, or a flag the forward reads to raise on
-some steps, record or check the root again: not built, see docs/auto.md).  A flag the
-forward itself changes (it differs after the recorded call from before it,
-:func:`before`), or one that took :data:`HELD_AFTER` values, is *held*: neither watched nor
-keyed, for that module.
+A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
+setting: the forward changed it (it differs after the recorded call from before it,
+:func:`before`: a counter), it changed before the program recorded for its value was first
+looked up (:func:`hold`: a step number the loop or a pre-hook sets every call), or it took
+:data:`HELD_AFTER` values.
 """
 
 from __future__ import annotations
@@ -34,15 +36,15 @@ from torch import nn
 
 from ._shapes import VARIES, flags, known_kind, planned_ops
 
-__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "text", "watch"]
+__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "hold", "text", "unheld", "watch"]
 
 _SCALARS: Final = frozenset({bool, int, float, str, type(None)})
 _MAX_STR: Final = 256
 _MAX_ITEMS: Final = 16
 _MAX_NAMES: Final = 64
 #: the values a watched setting may take before it is held (see the module): a setting
-#: toggled between two values is watched for good, a step number is held at its third
-HELD_AFTER: Final = 3
+#: toggled between a few values is watched for good, an epoch number is held at its eighth
+HELD_AFTER: Final = 8
 #: module -> the names of its held settings
 _held: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
 #: module -> name -> the (type, value) pairs a watched setting took
@@ -108,6 +110,20 @@ def _watched(module: nn.Module) -> bool:
     return known_kind(type(module)) is VARIES and planned_ops(module) is not None
 
 
+def _own(cls: type) -> bool:
+    """Whether ``cls`` is a class of the user's (not one of ``torch``'s: their settings are
+    hyper-parameters ``extra_repr`` shows, and a change of them rebuilds nothing a forward
+    picks its work from)."""
+    found = _OWN.get(cls)
+    if found is None:
+        found = _OWN[cls] = not (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
+    return found
+
+
+#: class -> whether it is the user's (:func:`_own`)
+_OWN: dict[type, bool] = {}
+
+
 def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
     """The settings of ``modules`` at the start of a recorded call (what the forward changes
     is state, not a setting: :func:`watch` holds it)."""
@@ -118,16 +134,25 @@ class Settings:
     """The watched settings of a program's modules: their ``__dict__``s, names and (weakly)
     the modules (the guard compares the values, :meth:`same`)."""
 
-    __slots__ = ("dicts", "names", "refs")
+    __slots__ = ("dicts", "names", "refs", "sized", "sizes")
 
-    def __init__(self, modules: list[nn.Module], names: list[str]) -> None:
+    def __init__(self, modules: list[nn.Module], names: list[str], sized: tuple[dict[str, Any], ...] = ()) -> None:
         self.dicts = tuple(m.__dict__ for m in modules)
         self.names = tuple(names)
         self.refs = tuple(weakref.ref(m) for m in modules)
+        #: the ``__dict__``s of planned layers judged per flags, and their sizes: a flag
+        #: added since (``layer.extra = True``) records the root again
+        self.sized, self.sizes = sized, tuple(map(len, sized))
 
     def same(self, values: tuple[Any, ...]) -> bool:
         """Whether every watched attribute still holds its recorded value (one C map)."""
+        if self.sized and tuple(map(len, self.sized)) != self.sizes:
+            return False
         return tuple(map(dict.get, self.dicts, self.names)) == values
+
+    def now(self) -> tuple[Any, ...]:
+        """The watched attributes' values now."""
+        return tuple(map(dict.get, self.dicts, self.names))
 
 
 def _keep(module: nn.Module, name: str, value: Any) -> bool:
@@ -145,23 +170,28 @@ def _keep(module: nn.Module, name: str, value: Any) -> bool:
 
 
 def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> tuple[Settings, tuple[Any, ...]] | None:
-    """The flags of ``modules`` a program's guard watches (those of planned layers of classes
-    judged per flags), with their values now (None: none); ``was``: :func:`before` at the
-    recorded call's start (None: not taken, nothing watched).  A flag the call changed (or
-    made) is state: held."""
+    """The settings of ``modules`` a program's guard watches (those of the user's own module
+    classes, and the flags of planned layers of classes judged per flags), with their values
+    now (None: none); ``was``: :func:`before` at the recorded call's start (None: not taken,
+    nothing watched).  A setting the call changed (or made) is state: held."""
     if was is None:
         return None
-    for module in modules:  # state the forward changed (a counter): neither keyed nor watched
-        for name, value in settings(module):
-            start = was.get((id(module), name), _MISSING)
-            if start is _MISSING or not _same(start, value):
-                with contextlib.suppress(TypeError):
-                    _held.setdefault(module, set()).add(name)
     found: list[nn.Module] = []
     names: list[str] = []
     values: list[Any] = []
+    sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
-        if not _watched(module):
+        own = _own(type(module))
+        for name, value in settings(module):
+            start = was.get((id(module), name), _MISSING)
+            if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
+                with contextlib.suppress(TypeError):
+                    _held.setdefault(module, set()).add(name)
+            elif own and _keep(module, name, value):
+                found.append(module)
+                names.append(name)
+                values.append(value)
+        if own or not _watched(module):
             continue
         for name, value in flags(module):
             start = was.get((id(module), name), _MISSING)
@@ -172,7 +202,39 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
                 found.append(module)
                 names.append(name)
                 values.append(value)
-    return None if not names else (Settings(found, names), tuple(values))
+    return None if not names and not sized else (Settings(found, names, sized), tuple(values))
+
+
+def hold(watched: Settings, values: tuple[Any, ...]) -> None:
+    """Hold the watched settings whose values now differ from ``values`` (those of a program
+    not yet looked up since its recording: a setting that changes every call is state)."""
+    for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
+        module = ref()
+        if module is not None and not _same(module.__dict__.get(name, _MISSING), value):
+            with contextlib.suppress(TypeError):
+                _held.setdefault(module, set()).add(name)
+
+
+def unheld(watched: Settings, values: tuple[Any, ...]) -> tuple[Settings, tuple[Any, ...]] | None:
+    """``watched`` and ``values`` without the settings held since (None: none left)."""
+    modules: list[nn.Module] = []
+    names: list[str] = []
+    kept: list[Any] = []
+    for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
+        module = ref()
+        try:
+            if module is None or name in _held.get(module, ()):
+                continue
+        except TypeError:  # a module class that is not hashable
+            continue
+        modules.append(module)
+        names.append(name)
+        kept.append(value)
+    if not names and not watched.sized:
+        return None
+    found = Settings(modules, names, watched.sized)
+    found.sizes = watched.sizes  # as recorded
+    return found, tuple(kept)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -110,19 +110,26 @@ def flags(module: nn.Module) -> tuple[tuple[str, object], ...]:
     instance would make every instance a kind of its own, measured alone).  Kept in the
     instance, checked at each look (modules of classes judged per flags only): a flag
     flipped since is read again, its description dropped, so the next call judges the new
-    set (before the twelfth stop, read once per module object)."""
+    set (before the twelfth stop, read once per module object); an attribute added since
+    (the instance's ``__dict__`` grew) reads them again too (before the thirteenth stop, a
+    flag added after the first look was not seen)."""
     state = module.__dict__
-    found: tuple[tuple[str, object], ...] | None = state.get(_FLAGS)
-    if found is not None:
-        for name, value in found:  # bools are singletons
-            if state.get(name) is not value:
-                found = None
-                state.pop(_DESCRIPTION, None)
-                break
+    cached: tuple[tuple[tuple[str, object], ...], int] | None = state.get(_FLAGS)
+    found = None
+    if cached is not None:
+        found = cached[0]
+        if cached[1] != len(state):  # an attribute added (or removed) since
+            found = None
+        else:
+            for name, value in cached[0]:  # bools are singletons
+                if state.get(name) is not value:
+                    found = None
+                    break
     if found is None:
-        found = state[_FLAGS] = tuple(
-            (k, v) for k, v in state.items() if type(v) is bool and k[0] != "_" and k != "training"
-        )
+        found = tuple((k, v) for k, v in state.items() if type(v) is bool and k[0] != "_" and k != "training")
+        if cached is not None and cached[0] != found and _DESCRIPTION in state:
+            state[_DESCRIPTION] = None  # read again (kept: the dict's size is watched, _settings)
+        state[_FLAGS] = (found, len(state) + (cached is None))
     return found
 
 

@@ -4,6 +4,8 @@ A root keeps up to :data:`_MAX_SIGNATURES` signatures, a new one replacing the o
 the programs of other plans (a region's dtype or torch's thread count taking turns) for a
 signature in :data:`_others`.  A root fed a stream of signatures its table cannot hold stops
 recording (:func:`churning`).  Entries are weak in the root: a collected model drops them.
+A program whose watched settings (:mod:`._settings`) changed is kept for their values in
+:data:`_by_value` (:func:`_by_settings`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from typing import Any, Final
 
 from torch import nn
 
+from ._guard import unchanged
 from ._loose import loosen
 from ._plan import AutoPlan
 from ._program import Program
+from ._settings import Settings, hold, unheld
 from ._twins import forget as forget_twins
 from ._twins import keep
 
-__all__ = ["churning", "forget", "program_for", "same_program", "store"]
+__all__ = ["churning", "forget", "program_for", "raised", "same_program", "store"]
 
 
 #: root module -> {input signature: its Program, or the number of recordings that failed}
@@ -37,6 +41,11 @@ _others: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, Any], Program]] = 
 _MAX_OTHERS: Final = 64
 #: programs dropped unrun before a root stops recording (:func:`churning`; one-offs do not)
 _SETTLE_AFTER: Final = 4
+#: root -> {(signature, its watched settings' values): the program for them, or
+#: :data:`_RAISED`} (:func:`_by_settings`)
+_by_value: weakref.WeakKeyDictionary[nn.Module, dict[tuple[Any, Any], Any]] = weakref.WeakKeyDictionary()
+#: a value of settings whose recording raised (the forward checks a flag and raises)
+_RAISED: Final = "raised"
 #: root -> the signatures of its programs that have not run since they were recorded
 _unrun: weakref.WeakKeyDictionary[nn.Module, set[tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
@@ -56,8 +65,8 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     if isinstance(found, Program) and found.plan is not plan or found == 0:
         found = _other_plan(root, sig, plan, programs, found)
     if isinstance(found, Program):
-        if not found.valid(plan):
-            return 0
+        if not found.valid(plan):  # a setting changed: the program of its new value, if any
+            return _by_settings(root, sig, found, plan, programs) or 0
         unrun = _unrun.get(root)
         if unrun:
             unrun.discard(sig)  # it runs
@@ -114,7 +123,10 @@ def store(root: nn.Module, sig: tuple[Any, ...], found: Program | int) -> None:
     except TypeError:  # a module class that is not hashable or weak-referenceable: no program
         return
     known = programs.get(sig)
-    if isinstance(known, Program) and (not isinstance(found, Program) or found.plan is not known.plan):
+    watched = _settings_of(known) if isinstance(known, Program) else None
+    if isinstance(known, Program) and watched is not None and not watched[0].same(watched[1]):
+        _keep_value(root, sig, known, found)  # its settings' values': kept for when they come back
+    elif isinstance(known, Program) and (not isinstance(found, Program) or found.plan is not known.plan):
         _keep_other(root, sig, known)  # another plan's: kept for when it applies again
     dropped = programs.get(_DROPPED, 0)
     if sig not in programs and len(programs) - (_DROPPED in programs) >= _MAX_SIGNATURES:  # dynamic shapes
@@ -148,9 +160,83 @@ def same_program(a: Program, b: Program) -> bool:
     )
 
 
+def _settings_of(program: Program) -> tuple[Settings, tuple[Any, ...]] | None:
+    """The watched settings of ``program`` (:mod:`._settings`) and their recorded values."""
+    entry = program.plain[-1] if program.plain else None
+    return (entry[2], entry[3]) if entry is not None and type(entry[2]) is Settings else None
+
+
+def _keep_value(root: nn.Module, sig: tuple[Any, ...], known: Program, found: Program | int) -> None:
+    """Keep ``known``, the program ``found`` (a program, or a count of failed recordings)
+    replaces for ``sig``, for its settings' values (where they differ from ``found``'s:
+    not the same values recorded or checked again)."""
+    was = _settings_of(known)
+    now = _settings_of(found) if isinstance(found, Program) else None
+    if was is None or (now is not None and now[0].names == was[0].names and now[1] == was[1]):
+        return
+    kept = _by_value.setdefault(root, {})
+    if len(kept) >= _MAX_OTHERS:
+        del kept[next(iter(kept))]  # the oldest
+    kept[(sig, was[1])] = known
+    if now is not None:
+        kept.pop((sig, now[1]), None)  # (a value that raised once and now records)
+
+
+def _by_settings(
+    root: nn.Module, sig: tuple[Any, ...], found: Program, plan: AutoPlan, programs: dict[Any, Any]
+) -> Program | None:
+    """For ``found``, invalid for ``sig``, where its watched settings alone changed: the
+    program kept for their values now (swapped in: a flag switched back and forth runs each
+    value's program, unrecorded), or ``found`` where those values raised when recorded (a
+    flag the forward raises on: recorded once) or the changed settings are held (without
+    them); None: record again.  A program not yet looked up since its recording holds the
+    settings that changed (:func:`._settings.hold`: a step number set every call)."""
+    watched = _settings_of(found)
+    if watched is None or plan is not found.plan or plan.changes != found.changes or found.stale[0]:
+        return None
+    if not unchanged(found.tree, found.tree_values, found.weights, found.plain[:-1]):
+        return None
+    if not found.checked:  # changed before its first look: state, not a setting (held, runs)
+        hold(*watched)
+    kept = _by_value.get(root)
+    now = (sig, watched[0].now())
+    other = None if kept is None else kept.get(now)
+    if other is _RAISED:
+        return found
+    if kept is not None and isinstance(other, Program) and other.valid(plan):
+        del kept[now]
+        _keep_value(root, sig, found, other)
+        programs[sig] = other
+        return other
+    rest = unheld(*watched)  # settings held since (another program's recording)
+    if rest is None or rest[0].same(rest[1]):  # the settings that changed are held
+        program = found._replace(plain=found.plain[:-1] if rest is None else (*found.plain[:-1], (None, "", *rest)))
+        programs[sig] = program
+        return program
+    return None
+
+
+def raised(root: nn.Module, sig: tuple[Any, ...] | None) -> None:
+    """A recording of ``root`` for ``sig`` raised: where its program's settings changed
+    since (the forward raises on a flag's value), their values are kept as raising
+    (:func:`_by_settings` runs the program for them, unrecorded)."""
+    try:
+        found = None if sig is None else _programs.get(root, {}).get(sig)
+    except TypeError:
+        return
+    watched = None if not isinstance(found, Program) else _settings_of(found)
+    if watched is None or watched[0].same(watched[1]):
+        return
+    kept = _by_value.setdefault(root, {})
+    if len(kept) >= _MAX_OTHERS:
+        del kept[next(iter(kept))]
+    kept[(sig, watched[0].now())] = _RAISED
+
+
 def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()
     _others.clear()
+    _by_value.clear()
     _unrun.clear()
     forget_twins()

@@ -221,6 +221,14 @@ class _Copies(nn.Module):
         return out
 
 
+def _arm_once(model: _Copies) -> None:
+    """Arm ``model`` once: ``armed`` is a setting of the model until the forward resets it
+    (that call records the root again: a setting changed), state from then on (the next
+    armed call runs the program)."""
+    model.armed = True
+    _call(model, X, _auto)
+
+
 def _duplicate(model: nn.Module, how: str) -> nn.Module:
     import copy
     import io
@@ -253,9 +261,10 @@ def test_a_copy_made_while_a_program_runs_keeps_no_key_of_the_run(
         _call(model, X, _auto)
     (last,) = _roots_state._local.last.values()
     assert last.program.switched and last.program.default_fp32 == wide  # its run hooks a switched layer
+    _arm_once(model)
     model.armed = True
     got = _call(model, X, _auto)
-    (clone,) = model.copies
+    clone = model.copies[-1]
     assert not any(isinstance(k, Running) for k in _ours(clone)), "a run copied"
     with torch.no_grad():
         clone(X)  # outside a region: the strays go
@@ -501,9 +510,10 @@ def test_a_copy_of_a_layer_hooked_through_the_public_registration_drops_the_runs
     _decide(model, lambda m, i, enter: _call(m, X, enter), 1)
     for _ in range(3):
         _call(model, X, _auto)
+    _arm_once(model)
     model.armed = True
     _call(model, X, _auto)
-    (clone,) = model.copies
+    clone = model.copies[-1]
     copied = clone.body[0]
     assert any(type(getattr(v, "__self__", None)).__name__ == "Stale" for v in copied._forward_pre_hooks.values())
     with torch.no_grad():

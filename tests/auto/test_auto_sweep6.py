@@ -187,16 +187,17 @@ def test_a_float32_verdict_runs_the_calls_inside_a_checkpoint_in_float32(
 
 
 class _Branch(nn.Module):
-    """A layer on a path the first steps do not take (an attribute picks it: not in the signature)."""
+    """A layer on a path the first steps do not take (a private attribute picks it: neither
+    in the signature nor a setting the program's guard watches)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.tag, self.a, self.b, self.extra = _Tag("small"), nn.Linear(32, 32), nn.Linear(32, 8), nn.Linear(32, 32)
-        self.use_extra = False
+        self._use_extra = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.a(self.tag(x)))
-        return self.b(self.extra(h) if self.use_extra else h)
+        return self.b(self.extra(h) if self._use_extra else h)
 
 
 def test_a_float32_verdict_runs_a_layer_on_another_path_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +208,7 @@ def test_a_float32_verdict_runs_a_layer_on_another_path_in_float32(monkeypatch: 
     model = _Branch()
     reference = copy.deepcopy(model)
     for step in range(6):
-        model.use_extra = reference.use_extra = step >= 4  # the other path, after the check
+        model._use_extra = reference._use_extra = step >= 4  # the other path, after the check
         with ampcore.autocast("cpu", level="auto"):
             out = model(X)
         out.float().sum().backward()
