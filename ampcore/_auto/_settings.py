@@ -21,7 +21,8 @@ which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
 
 A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
 setting: the forward changed it (it differs after the recorded call from before it,
-:func:`before`: a counter), it changed before the program recorded for its value was first
+:func:`before`: a counter; held for every module of its class, whose forward it is: copies
+made from a source never called), it changed before the program recorded for its value was first
 looked up (:func:`hold`: a step number the loop or a pre-hook sets every call), or it took
 :data:`HELD_AFTER` values.
 """
@@ -47,6 +48,9 @@ _MAX_NAMES: Final = 64
 HELD_AFTER: Final = 8
 #: module -> the names of its held settings
 _held: weakref.WeakKeyDictionary[nn.Module, set[str]] = weakref.WeakKeyDictionary()
+#: class -> the names the forward of one of its instances changed: state for every instance
+#: (the forward is the class's; a copy made from a source never called holds them too)
+_held_by_class: dict[type, set[str]] = {}
 #: module -> name -> the (type, value) pairs a watched setting took
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
@@ -76,6 +80,9 @@ def settings(module: nn.Module) -> list[tuple[str, Any]]:
         held: Any = _held.get(module, ())
     except TypeError:  # a module class that is not hashable
         held = ()
+    by_class = _held_by_class.get(type(module))
+    if by_class:
+        held = by_class.union(held)
     found = []
     for name, value in module.__dict__.items():
         if name[0] != "_" and name != "training" and name not in held and _simple(value):
@@ -87,16 +94,17 @@ def settings(module: nn.Module) -> list[tuple[str, Any]]:
 
 def any_held() -> bool:
     """Whether any module has a held setting."""
-    return bool(_held)
+    return bool(_held) or bool(_held_by_class)
 
 
 def held_of(module: nn.Module) -> frozenset[str]:
     """The names of ``module``'s held settings (an empty set for none)."""
+    by_class = _held_by_class.get(type(module), ())
     try:
         held = _held.get(module)
     except TypeError:  # a module class that is not hashable
-        return frozenset()
-    return frozenset(held) if held else frozenset()
+        return frozenset(by_class)
+    return frozenset(held).union(by_class) if held else frozenset(by_class)
 
 
 def text(module: nn.Module) -> str:
@@ -185,8 +193,7 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
         for name, value in settings(module):
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
-                with contextlib.suppress(TypeError):
-                    _held.setdefault(module, set()).add(name)
+                _state(module, name)
             elif own and _keep(module, name, value):
                 found.append(module)
                 names.append(name)
@@ -196,13 +203,19 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
         for name, value in flags(module):
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changes
-                with contextlib.suppress(TypeError):
-                    _held.setdefault(module, set()).add(name)
+                _state(module, name)
             elif _keep(module, name, value):
                 found.append(module)
                 names.append(name)
                 values.append(value)
     return None if not names and not sized else (Settings(found, names, sized), tuple(values))
+
+
+def _state(module: nn.Module, name: str) -> None:
+    """Hold ``name``, which the forward of ``module`` changed, for it and its class."""
+    _held_by_class.setdefault(type(module), set()).add(name)
+    with contextlib.suppress(TypeError):
+        _held.setdefault(module, set()).add(name)
 
 
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
@@ -223,7 +236,7 @@ def unheld(watched: Settings, values: tuple[Any, ...]) -> tuple[Settings, tuple[
     for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
         module = ref()
         try:
-            if module is None or name in _held.get(module, ()):
+            if module is None or name in _held.get(module, ()) or name in _held_by_class.get(type(module), ()):
                 continue
         except TypeError:  # a module class that is not hashable
             continue
@@ -244,4 +257,5 @@ def _same(a: Any, b: Any) -> bool:
 def forget() -> None:
     """Forget held and seen settings (tests)."""
     _held.clear()
+    _held_by_class.clear()
     _seen.clear()

@@ -296,13 +296,6 @@ class Counting(nn.Sequential):
         return super().forward(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the thirteenth stop (left2), left: a held setting is held per module object "
-    "(_settings._held), so a copy of the model, made from a source never called, keys the counter "
-    "its first copy held: every copy records (a class-level or carried held set would touch "
-    "_settings' design: docs/auto.md)",
-)
 def test_a_model_whose_forward_counts_copied_every_step_settles(recordings: list[Any]) -> None:
     torch.manual_seed(0)
     master = Counting(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
