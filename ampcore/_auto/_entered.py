@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import torch
 from torch import nn
@@ -42,13 +42,10 @@ from torch.amp.autocast_mode import autocast as _torch_autocast
 
 from .._policy.custom_fwd import _decorated_fwd
 from .._policy.thread_state import thread_state
-from . import _program
 from ._guard import in_checkpoint
+from ._program import Running, local
 from ._shapes import float32_weights, shape_class
 from ._stale import drop_strays
-
-if TYPE_CHECKING:
-    from ._program import Running
 
 __all__ = ["casts_inputs", "install", "installed", "watch"]
 
@@ -71,7 +68,7 @@ _CASTING: dict[type, bool] = {}
 
 def _enter(self: Any) -> Any:
     found = _torch_enter(self)
-    run = _program.local.run
+    run = local.run
     if run is not None and run.default_fp32 and not run.watching:
         watch(run)
     return found
@@ -99,7 +96,7 @@ def watch(run: Running) -> None:
     stack = _thread.stack
     if (
         run.root is None
-        or _program.local.measuring
+        or local.measuring
         or not stack
         or stack[-1] is not run.region
         or not _autocast_enabled(run.device_type)
@@ -120,9 +117,8 @@ def _inside(run: Running, module: nn.Module, args: tuple[Any, ...]) -> Any:
     """A planned module following a float32 default, called after the forward entered a
     ``torch.autocast``: where autocast is on, the plan's decision as the global hooks apply
     it (a fixed choice's verdict: every planned call that way)."""
-    local = _program.local
     if local.run is not run or _is_compiling() or local.measuring:
-        if type(run) is not _program.Running:  # a deep copy's stray (bound to the copied key)
+        if type(run) is not Running:  # a deep copy's stray (bound to the copied key)
             drop_strays(module)
         return None
     stack = _thread.stack

@@ -56,7 +56,6 @@ import torch
 from torch import nn
 
 from .._policy.thread_state import thread_state
-from . import _entered
 from ._guard import Weight, in_checkpoint, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import cast_floating, float32_weights, shape_class
@@ -238,8 +237,10 @@ class Running:
         self.simple = not self.hooks and not program.steps
         self.default_fp32 = program.default_fp32
         self.watching = False  # a torch.autocast the forward entered hooked the default's modules
-        if program.default_fp32:
-            _entered.install()  # (torch.autocast.__enter__ watched from now on)
+        if program.default_fp32:  # torch.autocast.__enter__ watched from now on
+            from ._entered import install  # (it imports this module)
+
+            install()
         self.start(root, region)
 
     def start(self, root: nn.Module, region: Any) -> None:
