@@ -24,10 +24,17 @@ from test_auto_sweep3 import BF16, FP16, _mlp, _train, _wide, run
 from torch import nn
 
 import ampcore
-from ampcore._auto import _program
+from ampcore._auto import _hooks, _program
 from ampcore._auto._entered import casts_inputs
 
-pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
+pytestmark = pytest.mark.usefixtures("auto_state", "budget_kept")  # tests/auto/_auto_testing.py
+
+
+@pytest.fixture
+def budget_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's measuring budget as it was before the test (the whole-call checks of
+    these cases' mixed programs must not leave later test files without one)."""
+    monkeypatch.setattr(_hooks._process, "spent_s", _hooks._process.spent_s)
 
 
 @contextlib.contextmanager
