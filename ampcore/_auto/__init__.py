@@ -12,7 +12,8 @@ Modules:
 * :mod:`._hooks`: the global module hooks that apply a plan, registered while a
   ``level="auto"`` region is active;
 * :mod:`._roots`, :mod:`._program`, :mod:`._guard`: a root call's program, and the guard
-  that decides when a later call may run it.
+  that decides when a later call may run it;
+* :mod:`._entered`: a ``torch.autocast`` a forward enters inside a float32-default program.
 
 See docs/auto.md.
 """

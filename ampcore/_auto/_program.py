@@ -18,8 +18,7 @@ the tensors among its arguments, grad mode):
   float32; a low one in a float32 default: autocast on for its forward);
 * the *steps* of a module called more than once with decisions that differ (the same layer
   on two batch sizes, one float32 and one low): it is switched, and its hooks follow the
-  recorded decisions call by call (the ``n``-th call of the root call as the ``n``-th recorded
-  one); without them it recorded every call (1.2 x torch.autocast, issue 27's sixth stop).
+  recorded decisions call by call (the ``n``-th call of the root call as the ``n``-th recorded one).
 
 A program the whole-call check applies to (:meth:`Program.mixed`) is one whose planned
 modules do not all agree, or one whose recording saw an op of the O1 low-precision list run
@@ -42,7 +41,8 @@ path, they apply the plan.  So are the planned calls whose shapes may change whi
 root's signature does not (:mod:`._recording`), and planned calls inside
 ``torch.utils.checkpoint`` follow the autocast state there (its recompute does).  Numbers
 among the arguments that change every call but give the same program are held by type
-(:func:`._loose.loosen`, applied when a program is stored).
+(:func:`._loose.loosen`, applied when a program is stored).  A ``torch.autocast`` the forward
+enters inside a float32 default: :mod:`._entered`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from torch import nn
 from .._policy.thread_state import thread_state
 from ._guard import Weight, in_checkpoint, signature, unchanged
 from ._plan import AutoPlan
-from ._shapes import device_type_of, float32_weights, shape_class
+from ._shapes import cast_floating, float32_weights, shape_class
 from ._stale import Stale, drop_strays
 
 if TYPE_CHECKING:
@@ -212,19 +212,6 @@ class _Local(threading.local):
 local = _Local()
 
 
-def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
-    """``value`` with its low-precision (``low``) or float32 tensors of ``device_type`` cast
-    to ``dtype`` (through tuples and lists)."""
-    if isinstance(value, torch.Tensor):
-        match = value.dtype in _LOW if low else value.dtype == torch.float32
-        return value.to(dtype) if match and device_type_of(value.device) == device_type else value
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(cast_floating(v, dtype, device_type, low) for v in value)
-    if isinstance(value, list):
-        return [cast_floating(v, dtype, device_type, low) for v in value]
-    return value
-
-
 class Running:
     """A program applied to one root call: its default set, instance hooks on the switched
     modules (removed by :meth:`stop`).  The hooks go into the modules' hook dicts under this
@@ -249,6 +236,11 @@ class Running:
         self.hooks = bool(program.switched or program.unseen)
         self.simple = not self.hooks and not program.steps
         self.default_fp32 = program.default_fp32
+        self.watching = False  # a torch.autocast the forward entered hooked the default's modules
+        if program.default_fp32:  # torch.autocast.__enter__ watched from now on
+            from ._entered import install  # (it imports this module)
+
+            install()
         self.start(root, region)
 
     def start(self, root: nn.Module, region: Any) -> None:
@@ -384,6 +376,8 @@ class Running:
                 else:
                     handle.remove()
             handles.clear()
+        if self.watching:  # (_entered.watch)
+            self.watching, self.simple = False, not self.hooks and not self.program.steps
         if self.program.default_fp32 or self.pushed:
             torch.set_autocast_enabled(self.device_type, True)  # the region's state (it is enabled)
             self.pushed.clear()

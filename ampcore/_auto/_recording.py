@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._costs import Decision, family
+from ._entered import casts_inputs
 from ._guard import low_held, snapshot, unseen_modules
 from ._loose import explained, follows
 from ._plan import AutoPlan, Stale
@@ -227,6 +228,7 @@ class Recording:
         # decide differently, guarded calls of changing shapes all float32 so far)
         inner_fp32 = all(d == "fp32" for i in self.inner for d in self.sequence.get(i, ()))
         fp32_ok = not self.outside and not low_inputs and not self.ambient and not self.watch and inner_fp32
+        fp32_ok = fp32_ok and not casts_inputs(self.root)  # a custom_fwd(cast_inputs=...) would see autocast off
         default_fp32 = fp32_ok and len(low) < len(fp32)
         varying = [self.calls[i][0] for i in varies]
         guarded = list(self.inner.values()) + [m for i, m in self.watch.items() if i not in self.inner]

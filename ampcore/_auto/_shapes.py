@@ -11,7 +11,7 @@ no part, so a plan carries over to every rank and to a model rebuilt on resume.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ __all__ = [
     "PLANNED_OPS",
     "VARIES",
     "bucket",
+    "cast_floating",
     "device_type_of",
     "flags",
     "float32_weights",
@@ -205,6 +206,7 @@ def float32_weights(module: nn.Module) -> bool:
 
 
 _F32: Final = torch.float32
+_LOW: Final = (torch.bfloat16, torch.float16)
 
 
 def device_type_of(device: torch.device) -> str:
@@ -226,6 +228,19 @@ def device_type_of(device: torch.device) -> str:
 
 #: torch.device (type and index: a handful per process) -> its type
 _TYPES: dict[torch.device, str] = {}
+
+
+def cast_floating(value: Any, dtype: torch.dtype, device_type: str, low: bool) -> Any:
+    """``value`` with its low-precision (``low``) or float32 tensors of ``device_type`` cast
+    to ``dtype`` (through tuples and lists)."""
+    if isinstance(value, torch.Tensor):
+        match = value.dtype in _LOW if low else value.dtype == torch.float32
+        return value.to(dtype) if match and device_type_of(value.device) == device_type else value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(cast_floating(v, dtype, device_type, low) for v in value)
+    if isinstance(value, list):
+        return [cast_floating(v, dtype, device_type, low) for v in value]
+    return value
 
 
 def bucket(n: int) -> int:

@@ -485,15 +485,12 @@ class Sometimes(nn.Module):
 @pytest.mark.parametrize("inner", ["torch-off", "torch-fp16", "O0", "O1"])
 @pytest.mark.parametrize("first", [False, True], ids=["recorded-outside", "recorded-inside"])
 def test_a_region_the_forward_enters_on_some_steps_only(
-    inner: str, wide: bool, first: bool, recordings: list[Any], request: pytest.FixtureRequest
+    inner: str, wide: bool, first: bool, recordings: list[Any]
 ) -> None:
-    """The program was recorded with the other state: the flag is not part of the signature."""
-    if inner == "torch-fp16" and wide and not first:
-        reason = (
-            "known limit: a float32-default program recorded without the forward's torch.autocast(dtype=float16)"
-            " has no hook on its float32 layers, which then run in float16 (the global hooks run them in float32)"
-        )
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    """The program was recorded with the other state: the flag is not part of the signature.
+    (A float32-default program recorded without the forward's torch.autocast(dtype=float16)
+    ran its float32 layers in float16 until issue 27's thirteenth stop: ``_auto._entered``;
+    more such regions in ``test_auto_forward_regions.py``.)"""
     x = torch.randn(8, 16)
     offs = [first, not first, not first, first, not first, first]
 
