@@ -72,8 +72,8 @@ def decide(
     entry = plan.entries.get(key)
     if entry is not None and key not in plan.due:
         return
-    if entry is not None:  # a provisional class measured again (._heal), once more at most
-        plan.due.discard(key)
+    plan.due.discard(key)
+    if entry is not None:  # a provisional class measured again (._heal)
         plan.healed[key] = plan.healed.get(key, 0) + 1
     elif (given := adapter_costs(spec.backend, key, spec.dtype)) is not None:
         plan.set(key, given, source="adapter")

@@ -221,6 +221,7 @@ class AutoPlan:
     def drop(self, shape_class: str) -> None:
         """Forget the entry of ``shape_class`` (measured again at its next call)."""
         self.dropped.add(shape_class)
+        self.due.discard(shape_class)
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 

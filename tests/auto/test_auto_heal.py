@@ -298,3 +298,22 @@ def test_the_new_cost_fields_are_checked(field: str, value: Any) -> None:
 
     with pytest.raises(ValueError, match=field):
         costs_from_mapping({"fp32_ms": 1.0, "low_ms": 0.5, field: value})
+
+
+def test_a_provisional_cache_entry_dropped_as_implausible_is_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    proc = Process(monkeypatch, Clock(QUIET), None)
+    plan = ampcore.auto_plan("cpu")
+    fp, path = plan.fingerprint, cache_file(plan.fingerprint)
+    assert path is not None
+    costs = {"fp32_ms": 1.0, "low_ms": 1.3, "cast_ms": 0.01, "runs": 7, "low_spread": 0.3, "provisional": True}
+    entries = {
+        proc.key: {"decision": "fp32", "costs": costs},  # disagrees with its neighbour (0.3): both dropped
+        proc.key.replace("4x8", "8x8"): {"decision": "low", "costs": {**costs, "low_ms": 0.3, "low_spread": 0.0}},
+    }
+    seals = {"entries": {k: seal(fp, k, v) for k, v in entries.items()}, "roots": {}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"format": 2, "fingerprint": fp, "entries": entries, "roots": {}, "seals": seals}))
+    _later_process()
+    assert ampcore.auto_plan("cpu").due == set()
+    assert proc.steps(4)[1:] == [torch.bfloat16] * 3
+    assert proc.clock.measured() == 1  # measured as new, not again as due
