@@ -11,8 +11,9 @@ a class decision was decided once and cached for good unless its figures were im
   (:data:`~._checks.BUSY_LOAD`, the whole-call rule), or
 * *noisy*: the runs spread over :data:`~._checks.NOISY_SPREAD` and the two sides lie
   closer than twice that spread (one run's noise could have made the decision; a wide gap
-  decides whatever the spread), or more than a quarter of the timed rounds were left out as
-  hit by other work (:mod:`._spikes`: the rounds kept may be a burst's too),
+  decides whatever the spread), or more than a third of the timed rounds were left out as
+  hit by other work (:mod:`._spikes`: a side's own spikes stay in where they are more than a
+  third of its runs, so more left out means both sides were hit in turn: a noisy period),
 
 and fewer than :data:`~._checks.MAX_CHECKS` measurements were made.  A provisional class is
 measured again:
@@ -42,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, Final
 
+from ._again import AFTER_S, CALLS
 from ._checks import BUSY_LOAD, MAX_CHECKS, NOISY_SPREAD
 from ._costs import Costs
 from ._plan import AutoPlan, Stale
@@ -56,7 +58,7 @@ _now = time.perf_counter  # (tests replace it)
 def noisy(costs: Costs) -> bool:
     """Whether a class measurement was too noisy to trust: its runs spread over
     :data:`~._checks.NOISY_SPREAD` and its two sides lie within twice that spread of each
-    other, or more than a quarter of its timed rounds were left out as spikes.
+    other, or more than a third of its timed rounds were left out as spikes (at 7 rounds: 3).
 
     Example::
 
@@ -66,12 +68,12 @@ def noisy(costs: Costs) -> bool:
         False
         >>> noisy(Costs(1.0, 1.01, 0.1, fp32_spread=0.02, runs=7)) # a quiet tie
         False
-        >>> noisy(Costs(1.0, 0.5, 0.1, runs=5, spikes=2))           # 2 of 7 rounds hit
-        True
+        >>> noisy(Costs(1.0, 0.5, 0.1, runs=5, spikes=2)), noisy(Costs(1.0, 0.5, 0.1, runs=4, spikes=3))
+        (False, True)
     """
     spread = max(costs.fp32_spread, costs.low_spread)
     close = spread > NOISY_SPREAD and abs(costs.ratio - 1.0) <= 2 * spread
-    return close or 4 * costs.spikes > costs.runs + costs.spikes
+    return close or 3 * costs.spikes > costs.runs + costs.spikes
 
 
 def provisional(costs: Costs, load: float | None, checks: int) -> bool:
@@ -145,8 +147,6 @@ class Heal(Stale):
     def __init__(self, plan: AutoPlan, keys: list[str], region: Any) -> None:
         super().__init__([False])
         self.plan, self.keys, self.region = plan, keys, region
-        from ._again import CALLS
-
         self.left, self.at, self.looks = CALLS, _now(), 0
 
     def __getitem__(self, index: Any) -> Any:
@@ -155,8 +155,6 @@ class Heal(Stale):
         self.left -= 1
         if self.left > 0:
             return False
-        from ._again import AFTER_S, CALLS
-
         self.left = CALLS
         return _now() - self.at >= AFTER_S and self._due()
 
