@@ -283,9 +283,16 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1; more: timed by the wall clock)"
     )
+    parser.add_argument(
+        "--load", type=float, help="the device load auto is told (default: the adapter's; 0: a quiet machine's)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if args.load is not None:  # (measurements busy by the load are provisional: docs/auto.md)
+            from ampcore._auto import _hooks
+
+            _hooks.load_of = lambda region: args.load
         run(args.child, args)
         return
     for name in args.patterns:  # a process each, with an empty cache: auto measures in it
@@ -296,6 +303,7 @@ def main() -> None:
             argv = [sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)]
             argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
             argv += ["--tables"] * args.tables + ["--reuse"] * args.reuse
+            argv += [] if args.load is None else ["--load", str(args.load)]
             subprocess.run(argv, env=env, check=True)
 
 

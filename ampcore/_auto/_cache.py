@@ -160,6 +160,8 @@ def _read(fp: dict[str, Any], path: Path) -> tuple[AutoPlan | None, list[str]]:
             dropped.append(f"{key!r}: {exc}")
             continue
         plan.entries[entry.shape_class] = entry
+        if entry.costs is not None and entry.costs.provisional:  # measured busy or noisy: again here (._heal)
+            plan.due.add(entry.shape_class)
     dropped += _disagreeing(plan) + _checks(plan, data.get("roots", {}), _section(seals, "roots"))
     return plan, dropped
 

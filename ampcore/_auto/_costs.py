@@ -61,7 +61,11 @@ class Costs:
     (0: unknown or given); ``runs``: timed rounds the medians come from, those hit by a
     spike left out (:mod:`._spikes`; 0: not measured here);
     ``estimated``: fewer runs, stopped early because one side was clearly slower;
-    ``checked``: measured again after a plausibility check flagged the first figures.
+    ``checked``: measured again after a plausibility check flagged the first figures;
+    ``spikes``: timed rounds left out as hit by other work; ``load``: the adapter's load of
+    the device while measured (None: not reported); ``checks``: measurements of the class so
+    far (across processes); ``provisional``: measured busy or noisy, to be measured again
+    (:mod:`._heal`).  An entry written before these existed reads as one settled measurement.
     """
 
     fp32_ms: float
@@ -72,9 +76,19 @@ class Costs:
     low_spread: float = 0.0
     runs: int = 0
     checked: bool = False
+    spikes: int = 0
+    load: float | None = None
+    checks: int = 1
+    provisional: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSON form; the fields added later only where they differ from their default (an
+        older entry and a settled one read and write as before)."""
+        found = asdict(self)
+        for name, default in _LATER.items():
+            if found[name] == default:
+                del found[name]
+        return found
 
     @property
     def ratio(self) -> float:
@@ -109,7 +123,9 @@ def band(spread: float, runs: int, margin: float = MARGIN) -> float:
 
 
 _NUMBERS: Final = {"fp32_ms": True, "low_ms": True, "cast_ms": False, "fp32_spread": False, "low_spread": False}
-_FLAGS: Final = ("estimated", "checked")
+_FLAGS: Final = ("estimated", "checked", "provisional")
+#: fields added after the first cached costs, and their values where absent
+_LATER: Final[dict[str, Any]] = {"spikes": 0, "load": None, "checks": 1, "provisional": False}
 
 
 def finite(value: float) -> bool:
@@ -161,10 +177,17 @@ def costs_from_mapping(raw: object) -> Costs:
         if not isinstance(raw.get(name, False), bool):
             raise ValueError(f"costs[{name!r}] = {raw[name]!r}: expected true or false")
         values[name] = raw.get(name, False)
-    runs = raw.get("runs", 0)
-    if not isinstance(runs, int) or isinstance(runs, bool) or runs < 0:
-        raise ValueError(f"costs['runs'] = {runs!r}: expected a whole number >= 0")
-    return Costs(**values, runs=runs)
+    counts = {name: raw.get(name, 1 if name == "checks" else 0) for name in ("runs", "spikes", "checks")}
+    for name, count in counts.items():
+        least = 1 if name == "checks" else 0
+        if not isinstance(count, int) or isinstance(count, bool) or count < least:
+            raise ValueError(f"costs[{name!r}] = {count!r}: expected a whole number >= {least}")
+    load = raw.get("load")
+    if load is not None and (
+        not isinstance(load, (int, float)) or isinstance(load, bool) or not finite(load) or load < 0
+    ):
+        raise ValueError(f"costs['load'] = {shown(load)}: expected null or a finite number >= 0")
+    return Costs(**values, **counts, load=None if load is None else float(load))
 
 
 def decide(costs: Costs, margin: float = MARGIN) -> Decision:
@@ -322,6 +345,7 @@ def merge(first: Costs, again: Costs) -> Costs:
         fp32_spread=fp32_spread,
         low_spread=low_spread,
         runs=first.runs + again.runs,
+        spikes=first.spikes + again.spikes,
         estimated=first.estimated and again.estimated,
         checked=True,
     )

@@ -25,6 +25,7 @@ from . import _hooks
 from ._cache import cache_file, write_cache
 from ._costs import Costs, merge
 from ._guard import in_transform
+from ._heal import MAX_HEAL, marked, renewed
 from ._kinds import Watch, candidate
 from ._measure import Clock, measure
 from ._plan import AutoPlan
@@ -32,7 +33,7 @@ from ._program import local as _prog
 from ._shapes import set_kind
 from ._twins import torch_kwargs
 
-__all__ = ["adapter_costs", "decide", "measure_now", "undecided", "warn_once", "warn_untimed", "watch"]
+__all__ = ["adapter_costs", "again", "decide", "measure_now", "undecided", "warn_once", "warn_untimed", "watch"]
 
 #: the most one class's measurement may take (ms; less when the budget is nearly spent)
 _PER_CLASS_MS: Final = 400.0
@@ -68,10 +69,13 @@ def decide(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], key: str, plan: AutoPlan, region: Any
 ) -> None:
     spec = region.spec
-    if plan.decision(key) is not None or key in plan.unmeasurable:
+    entry = plan.entries.get(key)
+    if (entry is not None and key not in plan.due) or key in plan.unmeasurable:
         return
-    given = adapter_costs(spec.backend, key, spec.dtype)
-    if given is not None:
+    plan.due.discard(key)
+    if entry is not None:  # a provisional class measured again (._heal)
+        plan.healed[key] = plan.healed.get(key, 0) + 1
+    elif (given := adapter_costs(spec.backend, key, spec.dtype)) is not None:
         plan.set(key, given, source="adapter")
         write_cache(plan)
         return
@@ -82,6 +86,7 @@ def decide(
     short = (
         _hooks.budget_s() - _hooks._process.spent_s
     ) * 1e3 < _PER_CLASS_MS  # the process's budget bounds this class
+    load = _hooks.load_of(region)
     try:
         costs = _measure(module, args, kwargs, spec, clock)
         if plan.suspect(key, costs) is not None and _hooks.budget_s() > _hooks._process.spent_s:
@@ -89,10 +94,18 @@ def decide(
     except AmpcoreError:  # ours or a plugin's (a bad adapter clock): said as it is
         raise
     except Exception as exc:  # a side that cannot run here: the O1 lists run it, as torch.autocast
-        _unmeasurable(key, plan, exc)
+        if entry is not None:  # measured before (a provisional class due again): kept, not measured again
+            plan.healed[key] = MAX_HEAL
+        else:
+            _unmeasurable(key, plan, exc)
         return
+    after = _hooks.load_of(region)
+    costs = marked(costs, after if load is None else load if after is None else max(load, after))
     if costs.runs >= 2 or not short:  # one round because the budget ran out: no decision (O1 lists), measured later
-        plan.set(key, costs)
+        if entry is not None and entry.costs is not None:  # measured again: replaces it unless noisier
+            plan.renew(key, renewed(entry.costs, costs, here=entry.source != "cache"))
+        else:
+            plan.set(key, costs)
         for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
             if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
                 plan.drop(other)
@@ -117,6 +130,27 @@ def _unmeasurable(key: str, plan: AutoPlan, exc: Exception) -> None:
         f"({type(exc).__name__}: {exc}); it runs with the O1 lists, as torch.autocast",
         AmpcoreWarning,
     )
+
+
+def again(
+    module: torch.nn.Module, args: tuple[Any, ...], key: str, plan: AutoPlan, region: Any, decision: Any, rec: Any
+) -> Any:
+    """A call of ``key``, a provisional class due to be measured again (:mod:`._heal`): it
+    runs as decided (what :func:`._hooks._pre` returns) and is measured after its forward;
+    where nothing can be measured it is no longer due in this process."""
+    if decision is None:  # (dropped meanwhile: a first measurement)
+        undecided(module, key, plan, region)
+        return None
+    if not _hooks.can_measure(region, plan):
+        plan.due.discard(key)
+        plan.healed[key] = MAX_HEAL
+        return _hooks._fp32(module, args, region.spec.backend.device_type, rec) if decision == "fp32" else None
+    if decision == "fp32":  # autocast off for its forward; on again, and measured, after it
+        found = _hooks._fp32(module, args, region.spec.backend.device_type, rec)
+        _hooks._local.frames[-1] = _hooks._Frame(module, region.spec.backend.device_type, key, plan, region)
+        return found
+    _hooks._local.frames.append(_hooks._Frame(module, None, key, plan, region))
+    return None
 
 
 def _measure(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any, clock: Clock) -> Costs:

@@ -290,6 +290,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
     if rec is not None and rec.mode is not None:  # recorded (a call applied call by call notes nothing)
         costs = None if entry is None or decision != "fp32" else entry.costs
         rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args, key)
+    if plan.due and key in plan.due:  # provisional, due to be measured again (._heal)
+        return _deciding.again(module, args, key, plan, top, decision, rec)
     if decision == "fp32":
         return _fp32(module, args, device_type, rec)
     if decision is None:
@@ -339,6 +341,8 @@ def _post(module: torch.nn.Module, args: tuple[Any, ...], *rest: Any) -> Any:
         _, off, key, plan, region = frames.pop()
         if off is not None:
             torch.set_autocast_enabled(off, True)
+            if key is not None and len(rest) == 2:  # a float32 class measured again (._heal)
+                _deciding.decide(module, args, rest[0], key, plan, region)
         elif len(rest) == 2:  # torch calls always-call hooks as (module, args, None) after an exception
             _deciding.decide(module, args, rest[0], key, plan, region)
             if plan.decision(key) == "fp32":  # it ran with the O1 lists: the dtype of later calls

@@ -359,4 +359,5 @@ def measure(
         clock(casts, "casts")
         cast = statistics.median(clock(casts, "casts") for _ in range(MIN_RUNS))
     fp32, fp32_spread, low, low_spread, runs = figures(a, b)
-    return Costs(fp32, low, min(cast, low), len(a) < MIN_RUNS, fp32_spread, low_spread, runs)
+    estimated = len(a) < MIN_RUNS
+    return Costs(fp32, low, min(cast, low), estimated, fp32_spread, low_spread, runs, spikes=len(a) - runs)

@@ -171,6 +171,10 @@ class AutoPlan:
     again: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     #: classes whose measurement raised in this process (:func:`._deciding.decide`): the O1 lists
     unmeasurable: set[str] = field(default_factory=set, compare=False, repr=False)
+    #: provisional classes to measure again at their next call (read from the cache, or due in
+    #: this process: :mod:`._heal`), and how often each was measured again in this process
+    due: set[str] = field(default_factory=set, compare=False, repr=False)
+    healed: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""
@@ -196,6 +200,15 @@ class AutoPlan:
         self.dropped.discard(shape_class)
         return decision
 
+    def renew(self, shape_class: str, costs: Costs) -> Decision:
+        """Record ``costs`` of a class measured again (:mod:`._heal`): programs record again only
+        where its decision changed."""
+        entry = self.entries.get(shape_class)
+        if entry is None or decide(costs, self.margin) != entry.decision:
+            return self.set(shape_class, costs)
+        self.entries[shape_class] = PlanEntry(shape_class, entry.decision, costs, "measured")
+        return entry.decision
+
     def wait(self, stale: Stale, added: int) -> None:
         """Set ``stale``, a program's that ran a call undecided, when a class is added (``added``: when recorded)."""
         if added != self.added:
@@ -210,6 +223,7 @@ class AutoPlan:
     def drop(self, shape_class: str) -> None:
         """Forget the entry of ``shape_class`` (measured again at its next call)."""
         self.dropped.add(shape_class)
+        self.due.discard(shape_class)
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 
@@ -292,17 +306,21 @@ class AutoPlan:
     def table(self) -> str:
         """The decisions as a text table: shape class, fp32 / low-precision / cast ms, the
         ratio, the spread of the timed runs, their number, decision and source."""
-        rows = [("shape class", "fp32 ms", "low ms", "cast ms", "low/fp32", "spread", "runs", "decision", "source")]
+        rows: list[tuple[str, ...]] = [("shape class", "fp32 ms", "low ms", "cast ms", "low/fp32", "spread", "runs")]
+        rows[0] += ("load", "checks")
+        rows[0] += ("decision", "source")
         for key, e in sorted(self.entries.items()):
             c = e.costs
             if c is None:
-                rows.append((key, "-", "-", "-", "-", "-", "-", e.decision, e.source))
+                rows.append((key, "-", "-", "-", "-", "-", "-", "-", "-", e.decision, e.source))
                 continue
             low = f"{c.low_ms:.3f}" + ("~" if c.estimated else "")
             spread = f"{c.fp32_spread:.2f}/{c.low_spread:.2f}" if c.runs else "-"
             runs = f"{c.runs}" + ("+" if c.checked else "") if c.runs else "-"
             ms = (f"{c.fp32_ms:.3f}", low, f"{c.cast_ms:.3f}", f"{c.ratio:.2f}")
-            rows.append((key, *ms, spread, runs, e.decision, e.source))
+            load = "-" if c.load is None else f"{c.load:.2f}"
+            checks = f"{c.checks}" + ("?" if c.provisional else "")
+            rows.append((key, *ms, spread, runs, load, checks, e.decision, e.source))
         lines = format_table(rows, "l" + "r" * (len(rows[0]) - 1), rule=None)
         fp = self.fingerprint
         head = (
@@ -313,6 +331,9 @@ class AutoPlan:
             "low ms includes the casts (cast ms); ms are medians of the timed runs; spread: fp32/low "
             "range of the runs over the median; runs: timed rounds, those hit by a spike left out "
             "(+: measured again after a plausibility check); ~: stopped early, one side clearly slower; "
+            "load: other work on the device meanwhile (the adapter's; -: not reported); checks: measurements "
+            "so far (?: provisional, measured busy or noisy: measured again later in this process and by a "
+            "later one); "
             f"a difference within spread / sqrt(runs) (at least {self.margin:.0%}) is a tie and goes to low, "
             "as torch.autocast"
         )

