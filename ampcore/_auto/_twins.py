@@ -126,7 +126,10 @@ def _piece(module: nn.Module) -> str:
     kind = type(module)
     key = (kind, tuple(state))
     held = held_of(module) if _settings_held() else _NONE
-    params = tuple(map(_SHAPE_DTYPE, filter(_PRESENT, module._parameters.values())))
+    try:
+        params = tuple(map(_SHAPE_DTYPE, filter(_PRESENT, module._parameters.values())))
+    except RuntimeError:  # a lazy module's parameters not made yet (their shape cannot be read)
+        params = tuple((_shape(p), p.dtype) for p in module._parameters.values() if p is not None)
     plain = _plain.get(kind)
     if plain is None:
         plain = _plain[kind] = _plain_repr(kind)
