@@ -9,9 +9,10 @@ global hooks (call by call) run them in float32: neither fixed choice's numerics
 recording sees the forward's state only on the steps it recorded (issue 27: the strict xfail
 of ``test_auto_sweep3``).
 
-So the first float32-default program the process runs wraps ``torch.autocast.__enter__``
-(:func:`install`: the class ``torch.amp.autocast_mode.autocast``, which ``torch.amp.autocast``,
-``torch.cpu.amp.autocast``, the decorator form and ``torch.amp.custom_fwd`` use).  After
+So while an eligible auto region is active in some thread, ``torch.autocast.__enter__`` is
+wrapped (:func:`region_in`, :func:`region_out`: the class ``torch.amp.autocast_mode.autocast``,
+which ``torch.amp.autocast``, ``torch.cpu.amp.autocast``, the decorator form and
+``torch.amp.custom_fwd`` use; torch's own again once no thread is in one).  After
 torch's own entry, where this thread runs a float32-default program, no ampcore region was
 entered since (its own rules apply there) and autocast is now on, the program's planned
 modules that follow the default get :func:`_inside` as a pre-hook for the rest of that root
@@ -19,8 +20,9 @@ call (:func:`watch`; :meth:`~._program.Running.stop` removes them with the progr
 plan's decision where autocast is on, as the global hooks apply it (float32: autocast off for
 the module, its low-precision inputs cast).  Where autocast is off they do nothing (the
 program's default).  The wrapper costs one thread-local read per ``torch.autocast`` entry
-(about 0.07 us on a 2.4 us entry); a settled call that does not enter one runs exactly as
-before.  Not seen: ``torch.set_autocast_enabled(True)`` called by the forward directly.
+(about 0.07 us on a 2.4 us entry) inside auto regions, nothing outside them; putting it in
+and taking it out cost about 0.3 us a region.  A settled call that does not enter one runs
+exactly as before.  Not seen: ``torch.set_autocast_enabled(True)`` called by the forward directly.
 
 A forward decorated by ``torch.amp.custom_fwd(cast_inputs=...)`` (or ``ampcore.custom_fwd``)
 switches autocast off only where it finds it on: under a float32 default it finds it off and
@@ -33,6 +35,7 @@ cannot tell whether a step's path goes through it.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -47,7 +50,7 @@ from ._program import Running, local
 from ._shapes import float32_weights, shape_class
 from ._stale import drop_strays
 
-__all__ = ["casts_inputs", "install", "installed", "watch"]
+__all__ = ["casts_inputs", "install", "installed", "region_in", "region_out", "watch"]
 
 _thread = thread_state()
 _autocast_enabled: Final = torch.is_autocast_enabled
@@ -82,6 +85,35 @@ def install() -> None:
     """Wrap ``torch.autocast.__enter__`` (once per process; idempotent)."""
     if _torch_autocast.__enter__ is not _enter:
         _torch_autocast.__enter__ = _enter  # type: ignore[method-assign]
+
+
+def _uninstall() -> None:
+    if _torch_autocast.__enter__ is _enter:
+        _torch_autocast.__enter__ = _torch_enter  # type: ignore[method-assign]
+
+
+_lock: Final = threading.Lock()
+
+
+def region_in(threads: dict[int, bool], ident: int) -> None:
+    """Thread ``ident`` entered an eligible auto region (its key in ``threads``, the threads in
+    one): ``torch.autocast.__enter__`` is wrapped while it lasts."""
+    threads[ident] = True
+    if _torch_autocast.__enter__ is not _enter:
+        install()
+
+
+def region_out(threads: dict[int, bool], ident: int) -> None:
+    """Thread ``ident`` left its eligible auto region: torch's own ``__enter__`` again where
+    no thread is in one (checked again after: a thread that entered meanwhile and saw it
+    still wrapped keeps it)."""
+    threads.pop(ident, None)
+    if not threads:
+        with _lock:
+            if not threads:
+                _uninstall()
+            if threads:
+                install()
 
 
 def installed() -> bool:

@@ -237,10 +237,6 @@ class Running:
         self.simple = not self.hooks and not program.steps
         self.default_fp32 = program.default_fp32
         self.watching = False  # a torch.autocast the forward entered hooked the default's modules
-        if program.default_fp32:  # torch.autocast.__enter__ watched from now on
-            from ._entered import install  # (it imports this module)
-
-            install()
         self.start(root, region)
 
     def start(self, root: nn.Module, region: Any) -> None:

@@ -33,6 +33,7 @@ import torch
 
 from . import _hooks
 from ._cache import plans as _plans
+from ._entered import region_in, region_out
 from ._guard import holds_objects, unchanged
 from ._plan import AutoPlan
 from ._program import Program, Running, signature
@@ -91,9 +92,8 @@ def region_entered() -> None:
     local = _local
     site = None
     if len(stack) == 1 and region.spec.policy is None and not _compiler._is_compiling_flag:
-        # the site: where the user's code entered it, the first frame outside ampcore above
-        # the one that called us (autocast.__enter__, or entry.enter on the long way)
-        # (its instruction, not its line: f_lineno decodes the line table from the start)
+        # the site: where the user's code entered it, the first frame outside ampcore above the one that called
+        # us (autocast.__enter__, entry.enter); its instruction, not its line (f_lineno decodes the line table)
         frame = sys._getframe(2)
         if frame.f_code is local.site_code and frame.f_lasti == local.site_at:
             site = local.site  # the place of the last region (a site's code is never ampcore's)
@@ -110,7 +110,7 @@ def region_entered() -> None:
     _prog.settled = region
     handles: list[Any] = []
     local.entered.append((region, site, handles))
-    _hooks.region_threads[local.ident] = True
+    region_in(_hooks.region_threads, local.ident)  # (torch.autocast's entry watched: _entered)
     skey = local.sentinel_key
     if _GLOBAL_PRE is None:  # a torch without the global dict: public registrations only
         for ref in site.roots:
@@ -179,7 +179,7 @@ def region_exited() -> None:
                     early = [*(early or ()), id(handle)]
         else:
             handle.remove()
-    _hooks.region_threads.pop(local.ident, None)
+    region_out(_hooks.region_threads, local.ident)
     prog.settled = None
     if local.public:
         if marking is not None or local.called:  # their dicts refuse our key: marked at entry
@@ -345,12 +345,11 @@ def _record(
     sig: tuple[Any, ...] | None = None,
     unsigned: bool = False,
 ) -> Any:
-    """Run this root call with the global hooks, recording it when it may have programs
-    (``sig``: the call's signature, taken before the forward may change its arguments;
-    ``unsigned``: it has none, an argument the guard cannot see: no program, no recording).
-    Its layers with pre-hooks of their own are planned after them (``_hooks.defer``), also
-    in a root applied call by call for good (unsigned, churning: a walk of its modules per
-    call, beside the global hooks' two calls per module call)."""
+    """Run this root call with the global hooks, recording it when it may have programs (``sig``: the
+    call's signature, taken before the forward may change its arguments; ``unsigned``: it has none, an
+    argument the guard cannot see: no program, no recording).  Its layers with pre-hooks of their own are
+    planned after them (``_hooks.defer``), also in a root applied call by call for good (unsigned,
+    churning: a walk of its modules per call, beside the global hooks' two calls per module call)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = None  # no program (signatures beyond its table, or none): call by call

@@ -14,6 +14,7 @@ parameters equal, nothing of auto left, settled steps record nothing), for float
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -183,6 +184,40 @@ def test_the_watch_leaves_nothing_after_an_exception_inside_the_region() -> None
     assert _program.local.run is None and not torch.is_autocast_enabled("cpu")
     for m in model.modules():
         assert all(type(key) is int for key in m._forward_pre_hooks), f"a hook left on {m}"
+
+
+def test_torch_autocast_is_its_own_outside_auto_regions() -> None:
+    """The wrapper of ``torch.autocast.__enter__`` is there only while a thread is in an auto
+    region (issue 27: nothing of auto outside auto regions), also after a float32-default
+    program ran, and stays while another thread is still in one."""
+    from torch.amp.autocast_mode import autocast as torch_autocast
+
+    from ampcore._auto._entered import installed
+
+    own = torch_autocast.__dict__["__enter__"]
+    model = run(lambda: Block("torch-fp16", _wide()), _steps([False, True, False], BF16), 3, [])
+    assert not installed() and torch_autocast.__dict__["__enter__"] is own
+    seen: list[bool] = []
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with ampcore.autocast("cpu", level="auto", dtype=BF16):
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with ampcore.autocast("cpu", level="auto", dtype=BF16):
+            seen.append(installed())
+            model(torch.randn(8, 16))
+        seen.append(installed())  # the other thread is still in its region
+    finally:
+        leave.set()
+        thread.join(30)
+    assert seen == [True, True]
+    assert not installed() and torch_autocast.__dict__["__enter__"] is own
 
 
 class _Helper(nn.Module):
