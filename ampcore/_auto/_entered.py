@@ -10,7 +10,8 @@ recording sees the forward's state only on the steps it recorded (issue 27: the 
 of ``test_auto_sweep3``).
 
 So while an eligible auto region is active in some thread, ``torch.autocast.__enter__`` is
-wrapped (:func:`region_in`, :func:`region_out`: the class ``torch.amp.autocast_mode.autocast``,
+wrapped (:func:`._roots.region_entered` puts :func:`_enter` in, ``region_exited`` takes it
+out: the class ``torch.amp.autocast_mode.autocast``,
 which ``torch.amp.autocast``, ``torch.cpu.amp.autocast``, the decorator form and
 ``torch.amp.custom_fwd`` use; torch's own again once no thread is in one).  After
 torch's own entry, where this thread runs a float32-default program, no ampcore region was
@@ -50,7 +51,7 @@ from ._program import Running, local
 from ._shapes import float32_weights, shape_class
 from ._stale import drop_strays
 
-__all__ = ["casts_inputs", "install", "installed", "region_in", "region_out", "watch"]
+__all__ = ["casts_inputs", "install", "installed", "watch"]
 
 _thread = thread_state()
 _autocast_enabled: Final = torch.is_autocast_enabled
@@ -87,33 +88,10 @@ def install() -> None:
         _torch_autocast.__enter__ = _enter  # type: ignore[method-assign]
 
 
-def _uninstall() -> None:
-    if _torch_autocast.__enter__ is _enter:
-        _torch_autocast.__enter__ = _torch_enter  # type: ignore[method-assign]
-
-
-_lock: Final = threading.Lock()
-
-
-def region_in(threads: dict[int, bool], ident: int) -> None:
-    """Thread ``ident`` entered an eligible auto region (its key in ``threads``, the threads in
-    one): ``torch.autocast.__enter__`` is wrapped while it lasts."""
-    threads[ident] = True
-    if _torch_autocast.__enter__ is not _enter:
-        install()
-
-
-def region_out(threads: dict[int, bool], ident: int) -> None:
-    """Thread ``ident`` left its eligible auto region: torch's own ``__enter__`` again where
-    no thread is in one (checked again after: a thread that entered meanwhile and saw it
-    still wrapped keeps it)."""
-    threads.pop(ident, None)
-    if not threads:
-        with _lock:
-            if not threads:
-                _uninstall()
-            if threads:
-                install()
+#: the class whose entry is wrapped, and the lock :func:`._roots.region_exited` takes to put
+#: torch's own entry back where no thread is in an auto region (inline there: no Python call)
+_TORCH_AUTOCAST: Final[Any] = _torch_autocast
+_ENTERED_LOCK: Final = threading.Lock()
 
 
 def installed() -> bool:

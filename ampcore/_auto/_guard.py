@@ -119,10 +119,10 @@ def _user_pre_hooks(root: nn.Module) -> bool:
     ran stale (a float32 default given bfloat16 inputs raised ``mat1 and mat2 must have the
     same dtype``)."""
     pre = root._forward_pre_hooks
-    return getattr(pre[next(reversed(pre))], "__module__", None) != _ROOTS
+    return getattr(pre[next(reversed(pre))], "__module__", None) not in _ROOTS
 
 
-_ROOTS: Final = "ampcore._auto._roots"
+_ROOTS: Final = ("ampcore._auto._roots", "ampcore._auto._root_hooks")  # (the public pre-hook: _root_hooks)
 
 #: arguments the guard holds by value (hashable, immutable)
 _SCALARS: Final = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)

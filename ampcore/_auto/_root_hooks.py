@@ -112,8 +112,13 @@ def after_own(module: Any) -> None:
 def hook_public(module: torch.nn.Module, handles: list[Any]) -> None:
     """The root hooks through torch's public registration (where our keys cannot go)."""
     _local.public.add(id(module))
-    handles.append(module.register_forward_pre_hook(_roots._root_pre, with_kwargs=True))
+    handles.append(module.register_forward_pre_hook(_root_pre, with_kwargs=True))
     handles.append(module.register_forward_hook(_roots._root_post, always_call=True))
+
+
+def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A root's pre-hook registered through torch's public API (see :func:`hook_public`)."""
+    return _roots._sentinel(module, args, kwargs)
 
 
 def drop_post(module: torch.nn.Module) -> None:

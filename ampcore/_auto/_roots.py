@@ -10,17 +10,15 @@ root's own pre-hooks).  Both are removed when it exits.  At a place of many root
 ensemble, a region each) a second global pre-hook just before the sentinel, the *marker*,
 marks a root as it is called instead, so a region touches only the roots it calls.
 
-* A marked root with a program for its input signature runs it (the sentinel adds the
-  root's post-hook for that call): the sentinel is off for the call, so the modules inside
-  run torch's hook-free path; only the switched ones run a hook.
-* A root without one (a module called directly that is not marked, a new signature, a
-  plan that changed) is recorded and marked: the global hooks of :mod:`._hooks` apply the
-  plan to every module of the call (measuring new shape classes within the budget) and the
-  recording becomes its program.
+* A marked root with a program for its input signature runs it (the sentinel adds the root's post-hook
+  for that call): the sentinel is off for the call, so the modules inside run torch's hook-free path.
+* A root without one (a module called directly that is not marked, a new signature, a plan that
+  changed) is recorded and marked: the global hooks of :mod:`._hooks` apply the plan to every module
+  of the call (measuring new shape classes within the budget): the recording becomes its program.
 
-Other regions (nested in another ampcore region, with custom lists, on a device type
-ampcore's kernels serve, or while compiling) register the global hooks for their whole
-life.  Outside auto regions nothing of auto is registered.
+Other regions (nested in another ampcore region, with custom lists, on a device type ampcore's kernels
+serve, or while compiling) register the global hooks for their whole life.  Outside auto regions nothing
+of auto is registered (nor ``torch.autocast.__enter__`` wrapped: :mod:`._entered`).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ import torch
 
 from . import _hooks
 from ._cache import plans as _plans
-from ._entered import region_in, region_out
+from ._entered import _ENTERED_LOCK, _TORCH_AUTOCAST, _enter, _torch_enter
 from ._guard import holds_objects, unchanged
 from ._plan import AutoPlan
 from ._program import Program, Running, signature
@@ -110,7 +108,9 @@ def region_entered() -> None:
     _prog.settled = region
     handles: list[Any] = []
     local.entered.append((region, site, handles))
-    region_in(_hooks.region_threads, local.ident)  # (torch.autocast's entry watched: _entered)
+    _hooks.region_threads[local.ident] = True
+    if _TORCH_AUTOCAST.__enter__ is not _enter:  # watched while a thread is in a region (_entered)
+        _TORCH_AUTOCAST.__enter__ = _enter
     skey = local.sentinel_key
     if _GLOBAL_PRE is None:  # a torch without the global dict: public registrations only
         for ref in site.roots:
@@ -179,7 +179,13 @@ def region_exited() -> None:
                     early = [*(early or ()), id(handle)]
         else:
             handle.remove()
-    region_out(_hooks.region_threads, local.ident)
+    threads = _hooks.region_threads
+    threads.pop(local.ident, None)
+    if not threads:  # torch.autocast's own entry again, then a look: a thread that entered meanwhile keeps it
+        with _ENTERED_LOCK:
+            _TORCH_AUTOCAST.__enter__ = _torch_enter
+            if threads:
+                _TORCH_AUTOCAST.__enter__ = _enter
     prog.settled = None
     if local.public:
         if marking is not None or local.called:  # their dicts refuse our key: marked at entry
@@ -263,9 +269,8 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 
 def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], region: Any, sig: Any) -> Any:
-    """The root call of :func:`_sentinel` without a settled program: the program for its
-    signature (checked as a whole first where it is mixed) as a new :class:`_Last`, else
-    the call is recorded (its new arguments for torch, or None)."""
+    """The root call of :func:`_sentinel` without a settled program: the program for its signature (checked
+    as a whole first where it is mixed) as a new :class:`_Last`, else the call is recorded (its new arguments)."""
     if _tracing():  # torch.jit.trace: as torch.autocast (_roots_state._tracing)
         return None
     generation = _plans.generation  # before plan_of: a plan put since makes _Last miss
@@ -300,11 +305,6 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 _AGAIN: Final = [True]  # a _Last's stale flag that sends the next call to _find
-
-
-def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """A root's pre-hook registered through torch's public API (see :func:`hook_public`)."""
-    return _sentinel(module, args, kwargs)
 
 
 def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
