@@ -21,10 +21,10 @@ which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
 
 A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
 setting: the forward changed it (it differs after the recorded call from before it,
-:func:`before`: a counter; held for every module of its class, whose forward it is: copies
-made from a source never called), it changed before the program recorded for its value was first
-looked up (:func:`hold`: a step number the loop or a pre-hook sets every call), or it took
-:data:`HELD_AFTER` values.
+:func:`before`: a counter; held for every module of its class where the class is the user's,
+whose forward it is: copies made from a source never called), it changed before the program
+recorded for its value was first looked up (:func:`hold`: a step number the loop or a
+pre-hook sets every call), or it took :data:`HELD_AFTER` values.
 """
 
 from __future__ import annotations
@@ -212,8 +212,10 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
 
 
 def _state(module: nn.Module, name: str) -> None:
-    """Hold ``name``, which the forward of ``module`` changed, for it and its class."""
-    _held_by_class.setdefault(type(module), set()).add(name)
+    """Hold ``name``, which the forward of ``module`` changed, for it and, for a class of the
+    user's (whose forward it is; not torch's, whose keys stay the same in every process), its class."""
+    if _own(type(module)):
+        _held_by_class.setdefault(type(module), set()).add(name)
     with contextlib.suppress(TypeError):
         _held.setdefault(module, set()).add(name)
 
