@@ -51,7 +51,7 @@ from ._program import Running, local
 from ._shapes import float32_weights, shape_class
 from ._stale import drop_strays
 
-__all__ = ["casts_inputs", "install", "installed", "watch"]
+__all__ = ["casts_inputs", "installed", "watch"]
 
 _thread = thread_state()
 _autocast_enabled: Final = torch.is_autocast_enabled
@@ -80,12 +80,6 @@ def _enter(self: Any) -> Any:
 
 _enter.__doc__ = _torch_enter.__doc__
 _enter.__wrapped__ = _torch_enter  # type: ignore[attr-defined]
-
-
-def install() -> None:
-    """Wrap ``torch.autocast.__enter__`` (once per process; idempotent)."""
-    if _torch_autocast.__enter__ is not _enter:
-        _torch_autocast.__enter__ = _enter  # type: ignore[method-assign]
 
 
 #: the class whose entry is wrapped, and the lock :func:`._roots.region_exited` takes to put
