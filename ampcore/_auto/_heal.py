@@ -10,7 +10,7 @@ a class decision was decided once and cached for good unless its figures were im
 * *busy*: the adapter reported other work keeping more than half the device busy
   (:data:`~._checks.BUSY_LOAD`, the whole-call rule) and either the clock could see that
   work (the wall clock with no count of waits, device events, a clock that cannot tell) or
-  the runs spread over :data:`BUSY_SPREAD`.  A clock that leaves other work's time out of
+  the two sides lie within twice their runs' spread (:func:`close`).  A clock that leaves other work's time out of
   every run it counted (:func:`~._hostclock.exposure` unchanged over the measurement: a
   thread's CPU time with one intra-op thread, or runs pre-empted timed again and one try
   clean) measured figures the load did not reach unless their own spread says so; before,
@@ -63,12 +63,12 @@ from ._costs import Costs
 from ._plan import AutoPlan, Stale
 
 __all__ = [
-    "BUSY_SPREAD",
     "MAX_HEAL",
     "STEP_MS",
     "Heal",
     "Waits",
     "cell",
+    "close",
     "estimate_ms",
     "healable",
     "marked",
@@ -83,9 +83,6 @@ __all__ = [
 #: measurements again of one class in one process (within the process's budget): one; a class
 #: still noisy then is left to a later process
 MAX_HEAL: Final = 1
-#: a measurement shielded from other work (:func:`~._hostclock.exposure`) on a busy device is
-#: provisional only where its runs spread over this: the load reached the figures
-BUSY_SPREAD: Final = NOISY_SPREAD / 2
 #: estimated milliseconds of measurements again one root call (or one :data:`~._again.AFTER_S`
 #: window) may start: more classes due wait for the next (at least one class each)
 STEP_MS: Final = 200.0
@@ -108,29 +105,44 @@ def noisy(costs: Costs) -> bool:
         >>> noisy(Costs(1.0, 0.5, 0.1, runs=5, spikes=2)), noisy(Costs(1.0, 0.5, 0.1, runs=4, spikes=3))
         (False, True)
     """
-    spread = max(costs.fp32_spread, costs.low_spread)
-    close = spread > NOISY_SPREAD and abs(costs.ratio - 1.0) <= 2 * spread
-    return close or 3 * costs.spikes > costs.runs + costs.spikes
+    return (_spread(costs) > NOISY_SPREAD and close(costs)) or 3 * costs.spikes > costs.runs + costs.spikes
+
+
+def close(costs: Costs) -> bool:
+    """Whether the two sides lie within twice the spread of their runs of each other (the
+    runs' noise could have made the decision).
+
+    Example::
+
+        >>> close(Costs(1.0, 0.95, 0.0, fp32_spread=0.04)), close(Costs(1.0, 0.6, 0.0, low_spread=0.13))
+        (True, False)
+    """
+    return abs(costs.ratio - 1.0) <= 2 * _spread(costs)
+
+
+def _spread(costs: Costs) -> float:
+    return max(costs.fp32_spread, costs.low_spread)
 
 
 def provisional(costs: Costs, load: float | None, checks: int, shielded: bool = False) -> bool:
     """Whether a class measured as ``costs`` at ``load`` (the adapter's; None: not said), its
     ``checks``-th measurement, is to be measured again: :func:`noisy`, or *busy*: the load
     over :data:`~._checks.BUSY_LOAD` while the clock could see other work (the wall clock,
-    events), or, ``shielded`` (the clock left other work's time out for every run counted:
-    a thread's CPU time, runs pre-empted timed again), while its runs spread over
-    :data:`BUSY_SPREAD`.  Figures not timed here (``runs`` 0) never are.
+    events), or, ``shielded`` (the clock left other work's time out of every run counted:
+    a thread's CPU time, runs pre-empted timed again), while the sides are :func:`close`
+    (within twice their spread, however small: under load the spread is what the load
+    left in the figures).  Figures not timed here (``runs`` 0) never are.
 
     Example::
 
-        >>> quiet = Costs(1.0, 0.5, 0.1, runs=7, low_spread=0.02)
-        >>> provisional(quiet, 0.1, 1), provisional(quiet, 2.0, 1), provisional(quiet, 2.0, MAX_CHECKS)
+        >>> clear = Costs(1.0, 0.5, 0.1, runs=7, low_spread=0.08)
+        >>> provisional(clear, 0.1, 1), provisional(clear, 2.0, 1), provisional(clear, 2.0, MAX_CHECKS)
         (False, True, False)
-        >>> provisional(quiet, 2.0, 1, shielded=True), provisional(replace(quiet, low_spread=0.08), 2.0, 1, True)
-        (False, True)
+        >>> tie = Costs(1.0, 0.95, 0.1, runs=7, low_spread=0.04)
+        >>> provisional(clear, 2.0, 1, shielded=True), provisional(tie, 2.0, 1, shielded=True), provisional(tie, 0.1, 1)
+        (False, True, False)
     """
-    spread = max(costs.fp32_spread, costs.low_spread)
-    busy = load is not None and load > BUSY_LOAD and (not shielded or spread > BUSY_SPREAD)
+    busy = load is not None and load > BUSY_LOAD and (not shielded or close(costs))
     return costs.runs > 0 and checks < MAX_CHECKS and (busy or noisy(costs))
 
 
