@@ -149,11 +149,21 @@ def _steps(root: nn.Module, x: torch.Tensor, n: int, call: Callable[[nn.Module],
     return found
 
 
-def test_a_root_applied_call_by_call_heals_in_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+def _nested(x: torch.Tensor) -> Callable[[nn.Module], torch.Tensor]:
+    def call(root: nn.Module) -> torch.Tensor:
+        with ampcore.autocast("cpu", level="auto"):  # a region inside a region: call by call for its life
+            out: torch.Tensor = root.body(x)
+        return out
+
+    return call
+
+
+@pytest.mark.parametrize("why", ["unsigned", "nested"])
+def test_a_root_applied_call_by_call_heals_in_the_process(monkeypatch: pytest.MonkeyPatch, why: str) -> None:
     proc = Process(monkeypatch, Clock(BURST), None)
     root, config = Unsigned(), object()
     x = torch.randn(4, 8)
-    call = lambda r: r(x, config)  # noqa: E731
+    call = (lambda r: r(x, config)) if why == "unsigned" else _nested(x)
     assert _steps(root, x, 3, call)[1:] == [torch.float32] * 2
     key = shape_class(root.body, (x,), "cpu")
     plan = ampcore.auto_plan("cpu")
