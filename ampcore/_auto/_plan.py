@@ -225,7 +225,8 @@ class AutoPlan:
         """Forget the entry of ``shape_class`` (measured again at its next call)."""
         self.dropped.add(shape_class)
         self.due.discard(shape_class)
-        self.waits and self.waits.pop(shape_class, None)
+        if self.waits:
+            self.waits.pop(shape_class, None)
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 
