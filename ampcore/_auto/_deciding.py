@@ -25,7 +25,8 @@ from . import _hooks
 from ._cache import cache_file, write_cache
 from ._costs import Costs, merge
 from ._guard import in_transform
-from ._heal import MAX_HEAL, marked, renewed
+from ._heal import MAX_HEAL, marked, renewed, wait
+from ._hostclock import exposure
 from ._kinds import Watch, candidate
 from ._measure import Clock, measure
 from ._plan import AutoPlan
@@ -86,7 +87,7 @@ def decide(
     short = (
         _hooks.budget_s() - _hooks._process.spent_s
     ) * 1e3 < _PER_CLASS_MS  # the process's budget bounds this class
-    load = _hooks.load_of(region)
+    load, exposed = _hooks.load_of(region), exposure(clock)
     try:
         costs = _measure(module, args, kwargs, spec, clock)
         if plan.suspect(key, costs) is not None and _hooks.budget_s() > _hooks._process.spent_s:
@@ -100,12 +101,14 @@ def decide(
             _unmeasurable(key, plan, exc)
         return
     after = _hooks.load_of(region)
-    costs = marked(costs, after if load is None else load if after is None else max(load, after))
+    shielded = exposed is not None and exposure(clock) == exposed  # no run counted that other work could lengthen
+    costs = marked(costs, after if load is None else load if after is None else max(load, after), shielded=shielded)
     if costs.runs >= 2 or not short:  # one round because the budget ran out: no decision (O1 lists), measured later
         if entry is not None and entry.costs is not None:  # measured again: replaces it unless noisier
             plan.renew(key, renewed(entry.costs, costs, here=entry.source != "cache"))
         else:
             plan.set(key, costs)
+        wait(plan, key)  # provisional still: measured again in a while (call by call; programs: ._heal.Heal)
         for other, theirs in list(plan.neighbours(key)):  # a later measurement replaces an outlier
             if plan.entries[other].source in ("cache", "measured") and plan.suspect(other, theirs) is not None:
                 plan.drop(other)

@@ -8,7 +8,14 @@ a class decision was decided once and cached for good unless its figures were im
 (:func:`provisional`) when
 
 * *busy*: the adapter reported other work keeping more than half the device busy
-  (:data:`~._checks.BUSY_LOAD`, the whole-call rule), or
+  (:data:`~._checks.BUSY_LOAD`, the whole-call rule) and either the clock could see that
+  work (the wall clock with no count of waits, device events, a clock that cannot tell) or
+  the two sides lie within twice their runs' spread (:func:`close`).  A clock that leaves other work's time out of
+  every run it counted (:func:`~._hostclock.exposure` unchanged over the measurement: a
+  thread's CPU time with one intra-op thread, or runs pre-empted timed again and one try
+  clean) measured figures the load did not reach unless their own spread says so; before,
+  on a machine busy for good every class was provisional and the next two processes
+  measured every class again, for nothing (the fourteenth stop);
 * *noisy*: the runs spread over :data:`~._checks.NOISY_SPREAD` and the two sides lie
   closer than twice that spread (one run's noise could have made the decision; a wide gap
   decides whatever the spread), or more than a third of the timed rounds were left out as
@@ -21,15 +28,22 @@ measured again:
 * *in a later process*: an entry read from the disk cache provisional is measured again at
   its first call there (:meth:`~._plan.AutoPlan.due`), whatever the load, within the budget;
   the measurement counts (final after :data:`~._checks.MAX_CHECKS`);
-* *in this process*: a program whose recording ran a provisional class gets a
-  :class:`Heal` cell as its ``stale`` flag (programs of settled classes keep their plain cell:
-  their settled path is unchanged).  Every :data:`~._again.CALLS` settled root calls it
-  reads the clock; once :data:`~._again.AFTER_S` seconds have passed, while the adapter does
-  not report the device busy (else it looks again, :data:`~._again.MAX_LOOKS` times) and
-  less than :data:`~._again.SPARE` of the budget is spent, the root records again and its
-  provisional classes are measured again after their calls (run as decided meanwhile), at
-  most :data:`MAX_HEAL` times per class and process; a measurement here never makes a class
-  final by the count (a later, quieter process still measures it).
+* *in this process*, at most :data:`MAX_HEAL` (once) per class: a program whose recording
+  ran a provisional class gets a :class:`Heal` cell as its ``stale`` flag (programs of
+  settled classes keep their plain cell: their settled path is unchanged), shared by the
+  copies that adopt it (:func:`portable`, :mod:`._twins`: a fresh copy per step heals too);
+  a class applied call by call (a root with no program) counts down per class
+  (:func:`wait`, :func:`tick`, from :func:`._hooks._pre`).  Every :data:`~._again.CALLS`
+  calls it reads the clock; once :data:`~._again.AFTER_S` seconds have passed, while the
+  adapter does not report the device busy or the clock leaves other work out (else it
+  looks again, :data:`~._again.MAX_LOOKS` times) and less than :data:`~._again.SPARE` of
+  the budget is spent, the classes due are measured again after their calls (run as
+  decided meanwhile; a program's root records again for them), *paced*: as many as fit in
+  :data:`STEP_MS` of estimated measuring (:func:`estimate_ms`) per root call and window of
+  :data:`~._again.AFTER_S`, one at least; the others wait for the next window (before: all
+  of a root's classes in one call, one very slow step on a large model).  A measurement
+  here never makes a class final by the count (a later, quieter process still measures it)
+  and its time is the process's budget's (:func:`._deciding._measure`).
 
 The new figures replace the old (:func:`renewed`) unless they are provisional too and spread
 more; a changed decision makes every program record again (the plan's ``changes``), the same
@@ -48,10 +62,30 @@ from ._checks import BUSY_LOAD, MAX_CHECKS, NOISY_SPREAD
 from ._costs import Costs
 from ._plan import AutoPlan, Stale
 
-__all__ = ["MAX_HEAL", "Heal", "cell", "healable", "marked", "noisy", "provisional", "renewed"]
+__all__ = [
+    "MAX_HEAL",
+    "STEP_MS",
+    "Heal",
+    "Waits",
+    "cell",
+    "close",
+    "estimate_ms",
+    "healable",
+    "marked",
+    "noisy",
+    "portable",
+    "provisional",
+    "renewed",
+    "tick",
+    "wait",
+]
 
-#: measurements again of one class in one process (each within the process's budget)
-MAX_HEAL: Final = 2
+#: measurements again of one class in one process (within the process's budget): one; a class
+#: still noisy then is left to a later process
+MAX_HEAL: Final = 1
+#: estimated milliseconds of measurements again one root call (or one :data:`~._again.AFTER_S`
+#: window) may start: more classes due wait for the next (at least one class each)
+STEP_MS: Final = 200.0
 _now = time.perf_counter  # (tests replace it)
 
 
@@ -71,35 +105,58 @@ def noisy(costs: Costs) -> bool:
         >>> noisy(Costs(1.0, 0.5, 0.1, runs=5, spikes=2)), noisy(Costs(1.0, 0.5, 0.1, runs=4, spikes=3))
         (False, True)
     """
-    spread = max(costs.fp32_spread, costs.low_spread)
-    close = spread > NOISY_SPREAD and abs(costs.ratio - 1.0) <= 2 * spread
-    return close or 3 * costs.spikes > costs.runs + costs.spikes
+    return (_spread(costs) > NOISY_SPREAD and close(costs)) or 3 * costs.spikes > costs.runs + costs.spikes
 
 
-def provisional(costs: Costs, load: float | None, checks: int) -> bool:
-    """Whether a class measured as ``costs`` at ``load`` (the adapter's; None: not said), its
-    ``checks``-th measurement, is to be measured again (busy or :func:`noisy`; figures not
-    timed here, ``runs`` 0, never are).
+def close(costs: Costs) -> bool:
+    """Whether the two sides lie within twice the spread of their runs of each other (the
+    runs' noise could have made the decision).
 
     Example::
 
-        >>> quiet = Costs(1.0, 0.5, 0.1, runs=7)
-        >>> provisional(quiet, 0.1, 1), provisional(quiet, 2.0, 1), provisional(quiet, 2.0, MAX_CHECKS)
+        >>> close(Costs(1.0, 0.95, 0.0, fp32_spread=0.04)), close(Costs(1.0, 0.6, 0.0, low_spread=0.13))
+        (True, False)
+    """
+    return abs(costs.ratio - 1.0) <= 2 * _spread(costs)
+
+
+def _spread(costs: Costs) -> float:
+    return max(costs.fp32_spread, costs.low_spread)
+
+
+def provisional(costs: Costs, load: float | None, checks: int, shielded: bool = False) -> bool:
+    """Whether a class measured as ``costs`` at ``load`` (the adapter's; None: not said), its
+    ``checks``-th measurement, is to be measured again: :func:`noisy`, or *busy*: the load
+    over :data:`~._checks.BUSY_LOAD` while the clock could see other work (the wall clock,
+    events), or, ``shielded`` (the clock left other work's time out of every run counted:
+    a thread's CPU time, runs pre-empted timed again), while the sides are :func:`close`
+    (within twice their spread, however small: under load the spread is what the load
+    left in the figures).  Figures not timed here (``runs`` 0) never are.
+
+    Example::
+
+        >>> clear = Costs(1.0, 0.5, 0.1, runs=7, low_spread=0.08)
+        >>> provisional(clear, 0.1, 1), provisional(clear, 2.0, 1), provisional(clear, 2.0, MAX_CHECKS)
+        (False, True, False)
+        >>> tie = Costs(1.0, 0.95, 0.1, runs=7, low_spread=0.04)
+        >>> provisional(clear, 2.0, 1, shielded=True), provisional(tie, 2.0, 1, shielded=True), provisional(tie, 0.1, 1)
         (False, True, False)
     """
-    busy = load is not None and load > BUSY_LOAD
+    busy = load is not None and load > BUSY_LOAD and (not shielded or close(costs))
     return costs.runs > 0 and checks < MAX_CHECKS and (busy or noisy(costs))
 
 
-def marked(costs: Costs, load: float | None, checks: int = 1) -> Costs:
+def marked(costs: Costs, load: float | None, checks: int = 1, shielded: bool = False) -> Costs:
     """``costs`` with the ``load`` it was measured at, its count and its provisional mark."""
-    return replace(costs, load=load, checks=checks, provisional=provisional(costs, load, checks))
+    mark = provisional(costs, load, checks, shielded)
+    return replace(costs, load=load, checks=checks, provisional=mark)
 
 
 def renewed(old: Costs, new: Costs, here: bool) -> Costs:
     """What a class measured again keeps: ``new`` unless it is provisional too and spreads
-    more than ``old``; one more measurement counted.  ``here``: ``old`` was measured in this
-    process, which never makes a class final by the count (a later process measures it).
+    more than ``old``; one more measurement counted (final at :data:`~._checks.MAX_CHECKS`).
+    ``here``: ``old`` was measured in this process, which never makes a class final by the
+    count (a later process measures it).
 
     Example::
 
@@ -119,7 +176,7 @@ def renewed(old: Costs, new: Costs, here: bool) -> Costs:
     checks = old.checks + 1
     if here and new.provisional:
         checks = min(checks, MAX_CHECKS - 1)
-    return replace(best, checks=checks, provisional=provisional(best, best.load, checks))
+    return replace(best, checks=checks, provisional=best.provisional and checks < MAX_CHECKS)
 
 
 def healable(plan: AutoPlan, key: str) -> bool:
@@ -130,6 +187,108 @@ def healable(plan: AutoPlan, key: str) -> bool:
     return costs is not None and costs.provisional and plan.healed.get(key, 0) < MAX_HEAL
 
 
+def estimate_ms(costs: Costs | None) -> float:
+    """What measuring a class again takes, about (ms): its timed rounds, the left-out ones and
+    a warm-up, of both sides, at most one class's share of the budget.
+
+    Example::
+
+        >>> estimate_ms(Costs(2.0, 1.0, 0.1, runs=7)), estimate_ms(Costs(30.0, 20.0, 0.1, runs=7))
+        (27.0, 400.0)
+    """
+    from ._deciding import _PER_CLASS_MS
+
+    if costs is None:
+        return _PER_CLASS_MS
+    return min(_PER_CLASS_MS, (costs.runs + costs.spikes + 2) * (costs.fp32_ms + costs.low_ms))
+
+
+class Waits(dict[str, list[Any]]):
+    """A plan's classes measured provisional in this process, each ``[calls left, since,
+    looks]`` (:func:`tick`: a root applied call by call), and the pace of measurements
+    again: ``at`` the window's start, ``used_ms`` the estimated milliseconds started in it."""
+
+    at: float = float("-inf")
+    used_ms: float = 0.0
+
+
+def _waits(plan: AutoPlan) -> Waits:
+    waits = plan.waits
+    if waits is None:
+        waits = plan.waits = Waits()
+    return waits  # type: ignore[no-any-return]
+
+
+def wait(plan: AutoPlan, key: str) -> None:
+    """``key``'s class was just measured provisional here: a call of it applied call by call
+    (no program, so no :class:`Heal` cell) counts down to its measurement again (:func:`tick`)."""
+    if healable(plan, key):
+        _waits(plan)[key] = [CALLS, _now(), 0]
+    elif plan.waits:
+        plan.waits.pop(key, None)
+
+
+def _pace(plan: AutoPlan, keys: list[str]) -> list[str]:
+    """The ``keys`` to measure again now: as many as fit in this window's :data:`STEP_MS`
+    (one at least where nothing started in it; a window: :data:`~._again.AFTER_S`)."""
+    waits, now = _waits(plan), _now()
+    if now - waits.at >= AFTER_S:
+        waits.at, waits.used_ms = now, 0.0
+    picked = []
+    for key in keys:
+        entry = plan.entries.get(key)
+        cost = estimate_ms(None if entry is None else entry.costs)
+        if waits.used_ms > 0 and waits.used_ms + cost > STEP_MS:
+            continue
+        picked.append(key)
+        waits.used_ms += cost
+    return picked
+
+
+def _look(plan: AutoPlan, keys: list[str], region: Any, looks: int) -> tuple[list[str] | None, bool]:
+    """Which of ``keys`` (whose time has come) to measure again now (marked due), and whether
+    the device was busy: None, not now (busy with ``looks`` made so far, or this window's
+    measurements started); ``[]``: none in this process (given up: frozen, no budget to
+    spare, busy for good).  A clock that leaves other work out (:func:`~._hostclock.shields`)
+    measures whatever the load."""
+    from . import _hooks
+    from ._again import MAX_LOOKS, _spare
+    from ._hostclock import shields
+
+    keys = [key for key in keys if healable(plan, key)]
+    if keys and not plan.frozen and _spare():
+        load = _hooks.load_of(region)
+        busy = load is not None and load > BUSY_LOAD and not shields(_hooks._clock(region))
+        if not busy:
+            picked = _pace(plan, keys)
+            plan.due.update(picked)
+            return picked or None, False
+        if looks + 1 < MAX_LOOKS:
+            return None, True  # a measurement now would be provisional again
+    for key in keys:  # not measured again in this process
+        plan.healed[key] = MAX_HEAL
+    return [], False
+
+
+def tick(plan: AutoPlan, key: str, region: Any) -> None:
+    """A call of ``key``'s class (provisional, measured here) applied call by call: every
+    :data:`~._again.CALLS` calls, once :data:`~._again.AFTER_S` seconds have passed, it is
+    due to be measured again (the program path's :class:`Heal`, per class)."""
+    waits = plan.waits
+    state = waits[key]
+    state[0] -= 1
+    if state[0] > 0:
+        return
+    state[0] = CALLS
+    if _now() - state[1] < AFTER_S:
+        return
+    found, busy = _look(plan, [key], region, state[2])
+    if found is None:
+        state[1], state[2] = _now(), state[2] + busy
+    else:
+        waits.pop(key, None)
+
+
 def cell(plan: AutoPlan, keys: Iterable[str], region: Any, can_measure: bool) -> Stale:
     """The ``stale`` cell of a program whose recording ran the classes ``keys``: a
     :class:`Heal` where some are provisional and may be measured again here, else a plain one."""
@@ -137,10 +296,19 @@ def cell(plan: AutoPlan, keys: Iterable[str], region: Any, can_measure: bool) ->
     return Heal(plan, found, region) if found else Stale([False])
 
 
+def portable(stale: list[bool]) -> Stale:
+    """The ``stale`` cell of a program kept for copies of its root (:func:`._twins.keep`):
+    the copies share it, so a workload of a fresh copy per step counts down and heals too."""
+    if isinstance(stale, Heal):
+        return cell(stale.plan, stale.keys, stale.region, True)
+    return Stale([False])
+
+
 class Heal(Stale):
     """A program's ``stale`` cell while classes it ran are provisional: true once set (a
-    module collected, a class added) or once they are due to be measured again (the root
-    then records, and its recording measures them: :meth:`~._plan.AutoPlan.due`)."""
+    module collected, a class added) or once some are due to be measured again (the root
+    then records, and its recording measures them: :meth:`~._plan.AutoPlan.due`; the
+    others get the new program's cell)."""
 
     __slots__ = ("at", "keys", "left", "looks", "plan", "region")
 
@@ -159,24 +327,13 @@ class Heal(Stale):
         return _now() - self.at >= AFTER_S and self._due()
 
     def _due(self) -> bool:
-        """Due: mark the classes to measure again (or, busy, look again later; busy for good,
-        no budget to spare: given up in this process) and record again."""
-        from . import _hooks
-        from ._again import MAX_LOOKS, _spare
-
-        plan = self.plan
-        keys = [key for key in self.keys if healable(plan, key)]
-        if keys and not plan.frozen and _spare():
-            load = _hooks.load_of(self.region)
-            if load is not None and load > BUSY_LOAD and self.looks + 1 < MAX_LOOKS:
-                self.looks, self.at = self.looks + 1, _now()  # a measurement now would be provisional again
-                return False
-            if load is None or load <= BUSY_LOAD:
-                plan.due.update(keys)
-                keys = []
-        for key in keys:  # not measured again in this process: the recording gives a plain cell
-            plan.healed[key] = MAX_HEAL
-        _set(self, 0, True)  # record again (the classes due are measured there)
+        """Due: mark the classes to measure again and record again; or look again later
+        (busy, this window's measurements started elsewhere)."""
+        found, busy = _look(self.plan, self.keys, self.region, self.looks)
+        if found is None:
+            self.looks, self.at = self.looks + busy, _now()
+            return False
+        _set(self, 0, True)  # record again (the classes due are measured there; given up: a plain cell)
         return True
 
 

@@ -39,7 +39,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 from .._policy.thread_state import thread_state
 from .._validate import env_number
-from . import _cache, _deciding
+from . import _cache, _deciding, _heal
 from ._cache import current_plan
 from ._deferral import defer as _defer
 from ._deferral import defer_children as _defer_children
@@ -290,6 +290,8 @@ def _pre(module: torch.nn.Module, args: tuple[Any, ...], late: Any = None) -> An
     if rec is not None and rec.mode is not None:  # recorded (a call applied call by call notes nothing)
         costs = None if entry is None or decision != "fp32" else entry.costs
         rec.note(module, decision, 0.0 if costs is None else costs.low_ms - costs.fp32_ms, args, key)
+    if plan.waits and key in plan.waits:  # provisional, measured here: due in a while (call by call)
+        _heal.tick(plan, key, top)
     if plan.due and key in plan.due:  # provisional, due to be measured again (._heal)
         return _deciding.again(module, args, key, plan, top, decision, rec)
     if decision == "fp32":

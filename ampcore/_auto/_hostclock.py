@@ -22,6 +22,11 @@ The time of the tries left out is what the clock *lost* (:attr:`HostClock.lost_m
 rounds count it against a measurement's share (:func:`lost`; a class's once its first
 three rounds are timed), so a busy machine stretches a measurement past its share by the
 retries of those rounds at most.
+
+The clock also counts the runs it counted that other work could have lengthened
+(:attr:`HostClock.exposed`, :func:`exposure`: on the wall clock with no count of waits, or
+pre-empted at every try); a class measured while that count stayed put was shielded from
+the load, and a busy device alone does not make it provisional (:mod:`._heal`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["TRIES", "WAIT_FLOOR_S", "WAIT_SHARE", "HostClock", "lost", "preempted"]
+__all__ = ["TRIES", "WAIT_FLOOR_S", "WAIT_SHARE", "HostClock", "exposure", "lost", "preempted", "shields"]
 
 #: tries of a run at most where each was pre-empted
 TRIES: Final = 4
@@ -74,11 +79,21 @@ class HostClock:
         self._read = read
         #: milliseconds of the tries timed again (pre-empted) since this clock was made
         self.lost_ms = 0.0
+        #: runs counted that other work may have lengthened (:func:`exposure`): timed on the
+        #: wall clock with no count of waits, or pre-empted at every try
+        self.exposed = 0
+
+    def shields(self) -> bool:
+        """Whether runs timed now leave other work's time out whatever the load: the
+        adapter's timer (the CPU adapter's, one thread: its CPU time) times them."""
+        return self._timer() is not None
 
     def __call__(self, run: Callable[[], None], label: str) -> float:
         now = self._timer() or time.perf_counter
         reader = self._waited()
         if reader is None:
+            if now is time.perf_counter:  # the wall clock, with no count of waits
+                self.exposed += 1
             self._sync()
             start = now()
             run()
@@ -99,6 +114,7 @@ class HostClock:
                 break
         else:
             counted = min(tries)  # every try pre-empted: the fastest (other work only adds time)
+            self.exposed += 1
         self.lost_ms += math.fsum(tries) - counted
         return counted
 
@@ -113,6 +129,30 @@ def preempted(waited_s: float, took_s: float) -> bool:
         (True, False, False)
     """
     return waited_s > max(WAIT_SHARE * took_s, WAIT_FLOOR_S)
+
+
+def shields(clock: object) -> bool:
+    """Whether ``clock`` times runs now without other work's time (:meth:`HostClock.shields`;
+    False for clocks that cannot tell)."""
+    found = getattr(clock, "shields", None)
+    return bool(found()) if callable(found) else False
+
+
+def exposure(clock: object) -> int | None:
+    """The runs ``clock`` has counted so far that other work may have lengthened
+    (:attr:`HostClock.exposed`; None for clocks that cannot tell: event clocks, the tests'
+    fake clocks).  A measurement during which it did not grow was shielded from the load.
+
+    Example::
+
+        >>> ticks = iter([0.0, 0.004])
+        >>> clock = HostClock(lambda: None, lambda: lambda: next(ticks))  # a thread's CPU time
+        >>> _ = clock(lambda: None, "fp32")
+        >>> exposure(clock), clock.shields(), exposure(lambda run, label: 1.0)
+        (0, True, None)
+    """
+    value = getattr(clock, "exposed", None)
+    return value if isinstance(value, int) else None
 
 
 def lost(clock: object) -> float:

@@ -172,9 +172,10 @@ class AutoPlan:
     #: classes whose measurement raised in this process (:func:`._deciding.decide`): the O1 lists
     unmeasurable: set[str] = field(default_factory=set, compare=False, repr=False)
     #: provisional classes to measure again at their next call (read from the cache, or due in
-    #: this process: :mod:`._heal`), and how often each was measured again in this process
+    #: this process), how often each was measured again here, those waiting (:mod:`._heal`)
     due: set[str] = field(default_factory=set, compare=False, repr=False)
     healed: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    waits: Any = field(default=None, compare=False, repr=False)
 
     def decision(self, shape_class: str) -> Decision | None:
         """The decision for ``shape_class`` (``None``: not in the plan)."""
@@ -224,6 +225,8 @@ class AutoPlan:
         """Forget the entry of ``shape_class`` (measured again at its next call)."""
         self.dropped.add(shape_class)
         self.due.discard(shape_class)
+        if self.waits:
+            self.waits.pop(shape_class, None)
         if self.entries.pop(shape_class, None) is not None:
             self.changes += 1
 

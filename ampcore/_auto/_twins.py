@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ._guard import signature, snapshot
+from ._heal import portable as portable_cell
 from ._plan import AutoPlan, Stale
 from ._program import Program
 from ._settings import any_held as _settings_held
@@ -183,8 +184,9 @@ def keep(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
         return
     inner = frozenset(names[i] for i in program.inner_ids if i in names)
     waiting = program.plan.added if id(program.stale) in program.plan.waiting else None
+    stale = portable_cell(program.stale)  # the copies' countdown where its classes are provisional (._heal)
     portable = program._replace(
-        **named, steps=steps, inner_ids=inner, tree=(), tree_values=[], weights=(), plain=(), stale=Stale([False])
+        **named, steps=steps, inner_ids=inner, tree=(), tree_values=[], weights=(), plain=(), stale=stale
     )
     key = (layers(root), sig, id(program.plan))
     _kept[key] = (portable, waiting)
