@@ -61,7 +61,9 @@ every step as ``nn.DataParallel`` does), ``heldout-moe`` (a mixture of experts, 
 ``heldout-llama`` (``transformers.LlamaModel`` from a config: RMSNorm, rotary, SwiGLU, GQA).
 Of the eighth (:mod:`auto_models8`): ``heldout-scan`` (a Mamba/S4-like scan, a Python loop
 over 64 steps), ``heldout-convnext`` (ConvNeXt blocks and shifted-window attention),
-``heldout-clip`` (two towers called as two roots in one region).
+``heldout-clip`` (two towers called as two roots in one region).  Of the fourteenth stop
+(:mod:`auto_models14`: weights used more than once in one call): ``heldout-albert`` (one
+shared block applied 6 times), ``heldout-cell`` (a recurrent cell stepped 64 times, a tied head).
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot

@@ -13,7 +13,8 @@ Modules:
   ``level="auto"`` region is active;
 * :mod:`._roots`, :mod:`._program`, :mod:`._guard`: a root call's program, and the guard
   that decides when a later call may run it;
-* :mod:`._entered`: a ``torch.autocast`` a forward enters inside a float32-default program.
+* :mod:`._entered`: a ``torch.autocast`` a forward enters inside a float32-default program;
+* :mod:`._castcache`: autocast's weight cache around the whole-call check's runs.
 
 See docs/auto.md.
 """

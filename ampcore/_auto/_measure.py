@@ -251,24 +251,6 @@ def kept_buffers(module: nn.Module) -> Iterator[None]:
                     buffer.copy_(value)  # BatchNorm's statistics move no version)
 
 
-@contextlib.contextmanager
-def kept_cache(grad: bool) -> Iterator[None]:
-    """With ``grad``: the region's autocast weight cache left as it was (its cast weights
-    neither cleared nor added to: autocast's cache off during the check).  A root called
-    again in one region (gradient accumulation, a generator's steps, calls at two batch
-    sizes) casts each weight once there, its calls' gradients summed in low precision
-    before the cast's backward: a check between two calls that cleared the cache made the
-    later calls cast again, their gradients summed in float32 (not torch.autocast's)."""
-    if not grad or not torch.is_autocast_cache_enabled():
-        yield
-        return
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(True)
-
-
 def summary(times: Sequence[float]) -> tuple[float, float]:
     """The median of ``times`` and their spread: the range without the highest and lowest
     run (with four runs or more; without the highest and lowest quarter with eight or

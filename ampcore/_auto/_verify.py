@@ -13,9 +13,11 @@ budget; a check too noisy to decide (:func:`_doubtful`: a wide spread, or a win 
 what the program's float32 modules save by their own figures) is measured once more, its
 rounds added to the first ones.  The root's
 parameters, gradients, buffers (running statistics) and the RNG state are left as they
-were; the autocast weight cache is cleared before each run, as a step's region starts
-without it, except with gradients, where the region's cache is kept as it was and the
-check's runs cast without it (:func:`~._measure.kept_cache`).  Each run gets copies of
+were; the autocast weight cache is on in each run, cleared before it, as a step's region
+starts without cast weights (a weight used twice in one call is cast once, as in a
+torch.autocast step), and after the last, except where it may hold casts of a call before
+the check in the same region: then it is kept as it was and the runs cast without it
+(:mod:`._castcache`).  Each run gets copies of
 the call's lists and dicts and of the objects among its arguments (a KV cache the forward
 grows: its tensors cloned, before the run is timed), so the real call that follows sees
 its arguments as they were.
@@ -42,10 +44,11 @@ from torch import nn
 from .._errors import AmpcoreWarning, warn_user
 from ._again import again as _measure_again
 from ._again import pending
+from ._castcache import kept_cache
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
 from ._hostclock import lost
-from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers, kept_cache
+from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers
 from ._plan import AutoPlan
 from ._program import Program, Running
 from ._program import local as _prog
@@ -211,7 +214,7 @@ def _check(
     start = time.perf_counter()
     _prog.measuring = True
     try:
-        with _fork_rng(device_type), kept_buffers(root), kept_cache(grad):
+        with _fork_rng(device_type), kept_buffers(root), kept_cache(root, device_type):
             budget_ms = min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3)
             times = _rounds(clock, runs, budget_ms, _more(own, {}))
             left_ms = (_hooks.budget_s() - _hooks._process.spent_s - (time.perf_counter() - start)) * 1e3
@@ -326,7 +329,7 @@ class _Run:
             self.prepare()
         args, kwargs = self.next or ((), {})
         self.next = None
-        if torch.is_autocast_cache_enabled():  # (off where the region's cache is kept: kept_cache)
+        if torch.is_autocast_cache_enabled():  # (off where the region's cache is kept: _castcache)
             torch.clear_autocast_cache()  # a step's region starts without cast weights
         running = _prog.run = Running(self.program, self.root, self.region)
         try:
