@@ -48,6 +48,7 @@ from .._policy.custom_fwd import _decorated_fwd
 from .._policy.thread_state import thread_state
 from ._guard import in_checkpoint
 from ._program import Running, local
+from ._roots_state import _local as _roots_local
 from ._shapes import float32_weights, shape_class
 from ._stale import drop_strays
 
@@ -71,6 +72,10 @@ _CASTING: dict[type, bool] = {}
 
 
 def _enter(self: Any) -> Any:
+    between = _roots_local.between
+    if between and local.run is None:  # between roots, autocast left off: the region's state first (_roots)
+        _roots_local.between = None
+        torch.set_autocast_enabled(between, True)
     found = _torch_enter(self)
     run = local.run
     if run is not None and run.default_fp32 and not run.watching:
