@@ -31,6 +31,10 @@ does nothing, so a module the program switches to low precision inside it would 
 the global hooks leave it in float32.  A root whose module classes have such a method
 (:func:`casts_inputs`, looked up once per class) gets no float32 default: the recording
 cannot tell whether a step's path goes through it.
+
+Between roots, where a float32 root left autocast off for the region's ops after it
+(``_roots._root_post``), a ``torch.autocast`` entered in the region itself first puts the
+region's state back, so torch saves and restores that state (docs/auto.md, "Ops between roots").
 """
 
 from __future__ import annotations
@@ -72,8 +76,8 @@ _CASTING: dict[type, bool] = {}
 
 
 def _enter(self: Any) -> Any:
-    between = _roots_local.between
-    if between and local.run is None:  # between roots, autocast left off: the region's state first (_roots)
+    between = _roots_local.between  # between roots, autocast left off (_roots): the region's state first
+    if between and local.run is None and _thread.stack and _thread.stack[-1] is local.settled:
         _roots_local.between = None
         torch.set_autocast_enabled(between, True)
     found = _torch_enter(self)

@@ -157,6 +157,12 @@ def test_autocast_as_the_user_sees_it_between_roots() -> None:
             with ampcore.autocast("cpu", dtype=BF16):  # nested: its own (O1) lists
                 assert (y @ model.w).dtype == BF16
             assert not torch.is_autocast_enabled("cpu")
+            with ampcore.autocast("cpu", enabled=False):  # a torch.autocast inside it: that region's state after
+                with torch.autocast("cpu", dtype=BF16):
+                    assert (y @ model.w).dtype == BF16
+                assert not torch.is_autocast_enabled("cpu")  # (not the auto region's state)
+            model.a(X)  # (a disabled ampcore region may enter through torch.autocast: the region's state after it)
+            assert not torch.is_autocast_enabled("cpu")
             with torch.autocast("cpu", dtype=BF16):
                 assert (y @ model.w).dtype == BF16
             assert torch.is_autocast_enabled("cpu")  # the region's state after it
