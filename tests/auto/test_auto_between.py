@@ -257,3 +257,20 @@ def _decide_all(model: nn.Module) -> None:
                         entries[key] = {"decision": "fp32" if layer.in_features == 16 else "low"}
     fingerprint = ampcore.auto_plan("cpu", BF16).fingerprint
     ampcore.load_plan({"format": 2, "fingerprint": fingerprint, "entries": entries})
+
+
+def test_a_torch_autocast_inside_a_nested_region_between_roots_leaves_the_next_root_its_program() -> None:
+    """A ``torch.autocast`` entered inside an ampcore region nested between roots is that
+    region's business: the auto region's next root still finds the region's state (before the
+    check, the state left off after the float32 root was forgotten there, and a root decided
+    low ran in float32)."""
+    torch.manual_seed(0)
+    model = Towers(low=True)
+    _decide_all(model)
+    for _ in range(3):
+        with torch.no_grad(), ampcore.autocast("cpu", level="auto", dtype=BF16):
+            model.a(X)
+            with ampcore.autocast("cpu", dtype=BF16), torch.autocast("cpu", dtype=BF16):
+                pass
+            assert model.b(X).dtype == BF16  # its last layer decided low
+        _clean(model)
