@@ -31,6 +31,10 @@ does nothing, so a module the program switches to low precision inside it would 
 the global hooks leave it in float32.  A root whose module classes have such a method
 (:func:`casts_inputs`, looked up once per class) gets no float32 default: the recording
 cannot tell whether a step's path goes through it.
+
+Between roots, where a float32 root left autocast off for the region's ops after it
+(``_roots._root_post``), a ``torch.autocast`` entered in the region itself first puts the
+region's state back, so torch saves and restores that state (docs/auto.md, "Ops between roots").
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from .._policy.custom_fwd import _decorated_fwd
 from .._policy.thread_state import thread_state
 from ._guard import in_checkpoint
 from ._program import Running, local
+from ._roots_state import _local as _roots_local
 from ._shapes import float32_weights, shape_class
 from ._stale import drop_strays
 
@@ -71,6 +76,10 @@ _CASTING: dict[type, bool] = {}
 
 
 def _enter(self: Any) -> Any:
+    between = _roots_local.between  # between roots, autocast left off (_roots): the region's state first
+    if between and local.run is None and _thread.stack and _thread.stack[-1] is local.settled:
+        _roots_local.between = None
+        torch.set_autocast_enabled(between, True)
     found = _torch_enter(self)
     run = local.run
     if run is not None and run.default_fp32 and not run.watching:

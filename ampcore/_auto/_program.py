@@ -30,19 +30,18 @@ Every module's output has the same dtype on the recorded call and in the program
 torch.autocast gives for its decision (the low-precision dtype for ``"low"``, float32 for
 ``"fp32"``), and every op outside planned modules sees the same dtypes.
 
-A later region hooks only the roots its thread called last time (two instance hooks per
-root); a root called with the same input signature runs its program: no global hook, no
-per-call check for modules that follow the default.  Another signature (:mod:`._guard`:
-also the values of non-tensor arguments, tensors inside containers, eval mode), a plan that
-changed (a new measurement, ``ampcore plan clear``, ``load_plan``), a module tree that
-changed (a layer replaced) or weights no longer float32 record again.  The root's planned
-modules the recording did not see called (another path) are guarded: called by a later
-path, they apply the plan.  So are the planned calls whose shapes may change while the
-root's signature does not (:mod:`._recording`), and planned calls inside
-``torch.utils.checkpoint`` follow the autocast state there (its recompute does).  Numbers
-among the arguments that change every call but give the same program are held by type
-(:func:`._loose.loosen`, applied when a program is stored).  A ``torch.autocast`` the forward
-enters inside a float32 default: :mod:`._entered`.
+A later region hooks only the roots its thread called last time (two instance hooks per root); a root called
+with the same input signature runs its program: no global hook, no per-call check for modules that follow the
+default. Another signature (:mod:`._guard`: also the values of non-tensor arguments, tensors inside
+containers, eval mode), a plan that changed (a new measurement, ``ampcore plan clear``, ``load_plan``), a
+module tree that changed (a layer replaced) or weights no longer float32 record again. The root's planned
+modules the recording did not see called (another path) are guarded: called by a later path, they apply the
+plan. So are the planned calls whose shapes may change while the root's signature does not
+(:mod:`._recording`), and planned calls inside ``torch.utils.checkpoint`` follow the autocast state there (its
+recompute does). Numbers among the arguments that change every call but give the same program are held by type
+(:func:`._loose.loosen`, applied when a program is stored). A ``torch.autocast`` the forward enters inside a
+float32 default: :mod:`._entered`. A call of a program that switches nothing to low precision runs float32
+throughout (:meth:`Program.throughout`): the region's ops after it do too (:mod:`._roots`).
 """
 
 from __future__ import annotations
@@ -178,6 +177,12 @@ class Program(NamedTuple):
             return "low" if self.default_fp32 else "fp32"
         return "fp32" if self.default_fp32 else "low"
 
+    def throughout(self) -> bool:
+        """Whether a call runs all in float32: nothing switched to low precision, a float32 default or
+        no planned module and no low-precision work seen outside planned modules."""
+        fp32 = self.default_fp32 or (self.fp32_ok and not self.planned)
+        return fp32 and not self.switched and not self.steps
+
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as
         torch.autocast) or ``"fp32"`` (every planned module in float32), marked checked."""
@@ -236,6 +241,7 @@ class Running:
         self.hooks = bool(program.switched or program.unseen)
         self.simple = not self.hooks and not program.steps
         self.default_fp32 = program.default_fp32
+        self.fp32, self.lowered = program.throughout(), False  # (_roots._root_post; a guard ran low this call)
         self.watching = False  # a torch.autocast the forward entered hooked the default's modules
         self.start(root, region)
 
@@ -347,6 +353,7 @@ class Running:
         self.was.append(_autocast_enabled(self.device_type))
         if self.program.default_fp32 and not off:  # a low-precision module: autocast on for its forward
             torch.set_autocast_enabled(self.device_type, True)
+            self.lowered = True
             return None
         torch.set_autocast_enabled(self.device_type, False)
         for value in args:  # float32 tensors only (the usual case): the arguments as they are
@@ -360,7 +367,9 @@ class Running:
         self.pushed.pop()
         torch.set_autocast_enabled(self.device_type, self.was.pop())
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """End the root call (autocast back to the region's state): whether it ran float32 throughout."""
+        fp32, self.lowered = self.fp32 and not self.lowered and not self.watching, False
         handles = self.handles
         if handles:
             for handle in handles:
@@ -379,6 +388,7 @@ class Running:
             self.pushed.clear()
             self.was.clear()
         self.root = self.region = None
+        return fp32
 
 
 def __getattr__(name: str) -> Any:

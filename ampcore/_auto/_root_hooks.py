@@ -10,25 +10,32 @@ torch's dicts cannot take our keys, the root hooks go through torch's public reg
 (:func:`hook_public`).  At a place in the code of many roots the roots without pre-hooks
 of their own are marked as they are called, by the *marker* (:func:`mark_called`), a
 global pre-hook that goes in and out just before the sentinel.  The hooks themselves are
-:mod:`._roots`' (read through the module).
+:mod:`._roots`' (read through the module); :func:`finish` ends a root call's recording.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from . import _hooks, _roots
-from ._roots_state import _compiled, _idle_region, _Key, _local, drop_strays
-from ._store import program_for
+from ._guard import holds_objects
+from ._program import local as _prog
+from ._program import signature
+from ._roots_state import _compiled, _idle_region, _Key, _local, _set_autocast, drop_strays
+from ._store import program_for, raised, store
 from ._twins import call_kwargs
+
+if TYPE_CHECKING:
+    from ._recording import Recording
 
 __all__ = [
     "after_own",
     "drop_post",
+    "finish",
     "global_after",
     "hook_public",
     "hook_root",
@@ -195,3 +202,36 @@ def global_after(module: torch.nn.Module) -> bool:
             glob[marker] = glob.pop(marker)
         glob[key] = glob.pop(key)
     return True
+
+
+def finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None, ok: bool) -> None:
+    """The root call of ``rec`` returned (``ok``) or failed: keep the program it gives; where it runs
+    float32 throughout (none low before it in the region), autocast off for the region's ops after it."""
+    _prog.rec = None
+    fp32 = False  # the program it gives runs float32 throughout (as _roots._root_post)
+    rec.root._forward_hooks.pop(_local.key, None)  # type: ignore[call-overload]
+    rec.close()
+    _hooks.release()
+    deferred = _local.deferred
+    if deferred:
+        _local.deferred = []
+        _hooks.undefer(deferred)
+    if ok and rec.mode is not None:
+        sig = rec.sig if rec.sig is not None else signature(rec.args, kwargs, rec.root)
+        if rec.sig is None and sig is not None and holds_objects(sig):
+            sig = None  # taken after a forward that may have changed them (a cache grown): recorded again
+        found = None if sig is None else program_for(rec.root, sig, rec.plan)
+        if found is not None and sig is not None:
+            tries = found if isinstance(found, int) else 0
+            program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
+            store(rec.root, sig, program if program is not None else tries + 1)
+            fp32 = program is not None and program.throughout()
+    elif not ok and rec.mode is not None:
+        raised(rec.root, rec.sig)  # a setting's value the forward raises on (_store._by_settings)
+    if _prog.settled is rec.region:
+        sentinel_on()
+        fp32 = fp32 and _local.between is not False
+        between: str | Literal[False] = rec.region.spec.backend.device_type if fp32 else False
+        if between:
+            _set_autocast(between, False)
+        _local.between = between

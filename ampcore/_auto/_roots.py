@@ -1,20 +1,21 @@
 """Where ``level="auto"`` regions act: the roots of a region and their programs.
 
-An enabled ``level="auto"`` region that is a thread's outermost ampcore region and runs
-torch's own lists (no custom list, a device type with native autocast) is *eligible*: the
-modules it calls directly (its *roots*, normally the model) run the programs of
-:mod:`._program`.  When it is entered, one global pre-hook (the *sentinel*) goes in, and
-the roots that regions entered at the same place in the code called before are *marked*
-(:mod:`._root_hooks`: torch calls the sentinel with a marked root's kwargs, after the
-root's own pre-hooks).  Both are removed when it exits.  At a place of many roots (an
-ensemble, a region each) a second global pre-hook just before the sentinel, the *marker*,
-marks a root as it is called instead, so a region touches only the roots it calls.
+An enabled ``level="auto"`` region that is a thread's outermost ampcore region and runs torch's own lists
+(no custom list, a device type with native autocast) is *eligible*: the modules it calls directly (its
+*roots*, normally the model) run the programs of :mod:`._program`.  When it is entered, one global
+pre-hook (the *sentinel*) goes in, and the roots that regions entered at the same place in the code
+called before are *marked* (:mod:`._root_hooks`: torch calls the sentinel with a marked root's kwargs,
+after the root's own pre-hooks); both go when it exits.  At a place of many roots (an ensemble) a
+second global pre-hook before the sentinel, the *marker*, marks a root as it is called instead.
 
 * A marked root with a program for its input signature runs it (the sentinel adds the root's post-hook
   for that call): the sentinel is off for the call, so the modules inside run torch's hook-free path.
 * A root without one (a module called directly that is not marked, a new signature, a plan that
   changed) is recorded and marked: the global hooks of :mod:`._hooks` apply the plan to every module
   of the call (measuring new shape classes within the budget): the recording becomes its program.
+* After a root call that ran float32 throughout, none before it in the region low, autocast stays off
+  for the region's ops after it (a similarity of two towers), as the float32 step, until the next root
+  call or a ``torch.autocast`` entered (:mod:`._entered`); after one that ran anything low: the O1 lists.
 
 Other regions (nested in another ampcore region, with custom lists, on a device type ampcore's kernels
 serve, or while compiling) register the global hooks for their whole life.  Outside auto regions nothing
@@ -32,7 +33,7 @@ import torch
 from . import _hooks
 from ._cache import plans as _plans
 from ._entered import _ENTERED_LOCK, _TORCH_AUTOCAST, _enter, _torch_enter
-from ._guard import holds_objects, unchanged
+from ._guard import unchanged
 from ._plan import AutoPlan
 from ._program import Program, Running, signature
 from ._program import local as _prog
@@ -40,6 +41,7 @@ from ._recording import Recording
 from ._root_hooks import (
     after_own,
     drop_post,
+    finish,
     global_after,
     hook_public,
     last_pre,
@@ -71,7 +73,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     drop_strays,
     turn,
 )
-from ._store import churning, program_for, raised, store
+from ._store import churning, program_for, store
 from ._store import forget as forget_programs
 from ._twins import adopt
 from ._verify import settle
@@ -156,7 +158,7 @@ def region_exited() -> None:
             drop_post(run.root)
         run.stop()
     if rec is not None and rec.region is region:
-        _finish(rec, (), None, False)
+        finish(rec, (), None, False)
     skey = local.sentinel_key
     if local.sentinel is skey and _GLOBAL_PRE is not None:
         _GLOBAL_PRE.pop(skey, None)
@@ -186,7 +188,7 @@ def region_exited() -> None:
             _TORCH_AUTOCAST.__enter__ = _torch_enter
             if threads:
                 _TORCH_AUTOCAST.__enter__ = _enter
-    prog.settled = None
+    prog.settled = local.between = None  # (the region's exit puts torch's autocast state back)
     if local.public:
         if marking is not None or local.called:  # their dicts refuse our key: marked at entry
             early = [*(early or ()), *(local.public - site.early_ids)]
@@ -202,6 +204,9 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     signature, else is recorded; another module called directly becomes a root.  Settled
     calls inline: the root's :class:`_Last` holds while what :func:`_hooks.plan_of` keys on,
     the signature and the program's guard are unchanged."""
+    if (between := _local.between) and _thread.stack and _thread.stack[-1] is _prog.settled:
+        _set_autocast(between, True)  # left off by the last root for the ops after it: the region's again
+        _local.between = None
     if kwargs is None:
         return new_root(module, args)
     prog = _prog
@@ -319,12 +324,14 @@ def _root_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = Non
             dicts._forward_hooks.pop(key, None)
             dicts._forward_hooks_always_called.pop(key, None)
         region = run.region
-        if run.simple:  # Running.stop's steps for a program that hooks no module
-            if run.default_fp32:
-                _set_autocast(run.device_type, True)  # the region's state (it is enabled)
+        if run.simple:  # Running.stop's steps for a program that hooks no module (autocast: as below)
+            fp32 = run.fp32 and local.between is not False
+            if run.default_fp32 is not fp32:
+                _set_autocast(run.device_type, not fp32)
             run.root = run.region = None
-        else:
-            run.stop()
+        elif fp32 := run.stop() and local.between is not False:  # all float32, none low before it:
+            _set_autocast(run.device_type, False)  # autocast off for the region's ops after it (the float32 step's)
+        local.between = run.device_type if fp32 else False
         if prog.settled is region and local.sentinel is None:
             if _GLOBAL_PRE is not None:
                 if local.marking is not None:  # the marker just before it
@@ -359,37 +366,12 @@ def _record(
         _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
     sentinel_off()
     _hooks.acquire()
-    rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), _finish)
+    rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), finish)
     rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
     if id(module) not in _local.public:  # a copy made in its forward drops its strays (the mark)
         module._forward_hooks[_local.key] = _root_post  # type: ignore[index]
     _local.deferred = _hooks.defer(module)  # layers with pre-hooks of their own: planned after them
     return _hooks._pre(module, args)  # the root's own pre-hook call (the global ones ran before)
-
-
-def _finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None, ok: bool) -> None:
-    """The root call of ``rec`` returned (``ok``) or failed: keep the program it gives."""
-    _prog.rec = None
-    rec.root._forward_hooks.pop(_local.key, None)  # type: ignore[call-overload]
-    rec.close()
-    _hooks.release()
-    deferred = _local.deferred
-    if deferred:
-        _local.deferred = []
-        _hooks.undefer(deferred)
-    if ok and rec.mode is not None:
-        sig = rec.sig if rec.sig is not None else signature(rec.args, kwargs, rec.root)
-        if rec.sig is None and sig is not None and holds_objects(sig):
-            sig = None  # taken after a forward that may have changed them (a cache grown): recorded again
-        found = None if sig is None else program_for(rec.root, sig, rec.plan)
-        if found is not None and sig is not None:
-            tries = found if isinstance(found, int) else 0
-            program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
-            store(rec.root, sig, program if program is not None else tries + 1)
-    elif not ok and rec.mode is not None:
-        raised(rec.root, rec.sig)  # a setting's value the forward raises on (_store._by_settings)
-    if _prog.settled is rec.region:
-        sentinel_on()
 
 
 def forget() -> None:

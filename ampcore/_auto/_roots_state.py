@@ -12,7 +12,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import torch
 
@@ -213,6 +213,11 @@ class _Local(threading.local):
         #: hooks' (``_hooks.defer``)
         self.deferred: list[torch.nn.Module] = []
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
+        #: the region's ops between its roots (``_roots._root_post``): None while its roots so far ran
+        #: float32 throughout (or none ran), the device type whose autocast the last one left off for
+        #: the ops after it (on again at the next root call or a ``torch.autocast`` entered), False
+        #: once a root ran anything in low precision (the O1 lists for the rest of the region)
+        self.between: str | Literal[False] | None = None
         #: id(root) -> the program it ran last (valid while nothing it depends on changed);
         #: its ``alts``: the root's entries for other signatures and plans
         self.last: dict[int, _Last] = {}

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 import ampcore
 from ampcore._auto import _hooks, _roots
@@ -70,21 +72,55 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return made
 
 
+class _Outside(TorchFunctionMode):
+    """Notes a low-precision tensor made by an op outside planned modules inside a root call."""
+
+    def __init__(self, seen: Callable[[], bool], low: list[bool]) -> None:
+        super().__init__()
+        self.seen, self.low = seen, low
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self.seen() and any(isinstance(t, torch.Tensor) and t.dtype in _LOW for t in tree_leaves(out)):
+            self.low[0] = True
+        return out
+
+
+_LOW = (torch.bfloat16, torch.float16)
+
+
 @contextlib.contextmanager
 def fixed(dtype: torch.dtype) -> Iterator[None]:
     """torch.autocast in ``dtype`` with each planned call in its plan's precision (float32:
     autocast off, low inputs cast to float32), where autocast is on and no ampcore region but
-    an auto one is active (a region the forward enters: its own rules)."""
+    an auto one is active (a region the forward enters: its own rules).
+
+    The ops between roots (modules called directly in the block) run as auto runs them
+    (docs/auto.md, "Ops between roots"): after a root call that ran all in float32 (float32
+    inputs, every planned call decided float32 with autocast on, no op outside planned
+    modules made a low-precision tensor) while no root before it in the block ran anything
+    low, autocast is off until the next root call; after a root that ran anything low, the
+    O1 lists for the rest of the block."""
     plan = ampcore.auto_plan("cpu", dtype)
     state: list[bool] = []
+    depth, low, between = [0], [False], [None]  # between: None, True (off after a root), False (one ran low)
+    judged = [False]  # the root call in progress runs with the block's autocast on
 
     def pre(module: nn.Module, args: tuple[Any, ...]) -> Any:
+        if depth[0] == 0:  # a root call
+            if between[0] is True:
+                torch.set_autocast_enabled("cpu", True)
+                between[0] = None
+            judged[0] = torch.is_autocast_enabled("cpu") and ampcore.active_region() is None
+            low[0] = any(isinstance(t, torch.Tensor) and t.dtype in _LOW for t in tree_leaves(args))
+        depth[0] += 1
         if planned_ops(module) is None:
             return None
         enabled = torch.is_autocast_enabled("cpu")
         state.append(enabled)
         inner = ampcore.active_region()
         if not enabled or (inner is not None and inner.level != "auto"):
+            low[0] = True  # (not the region's state: auto keeps the O1 lists around the root)
             return None
         key = shape_class(module, args, "cpu")
         weights32 = all(p.dtype == torch.float32 for p in module.parameters(recurse=False))
@@ -94,18 +130,27 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
                 a.float() if isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16) else a
                 for a in args
             )
+        low[0] = True
         return None
 
     def post(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if planned_ops(module) is not None:
             torch.set_autocast_enabled("cpu", state.pop())
+        depth[0] -= 1
+        if depth[0] == 0 and judged[0]:
+            judged[0] = False
+            if not low[0] and between[0] is not False:
+                torch.set_autocast_enabled("cpu", False)
+                between[0] = True
+            else:
+                between[0] = False
 
     handles = [
         nn.modules.module.register_module_forward_pre_hook(pre),
-        nn.modules.module.register_module_forward_hook(post),
+        nn.modules.module.register_module_forward_hook(post, always_call=True),
     ]
     try:
-        with torch.autocast("cpu", dtype=dtype):
+        with torch.autocast("cpu", dtype=dtype), _Outside(lambda: depth[0] > 0 and not state, low):
             yield
     finally:
         for handle in handles:

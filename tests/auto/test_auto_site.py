@@ -236,14 +236,20 @@ def test_a_torch_autocast_the_forward_enters_later_keeps_its_state() -> None:
     _compare(model, lambda: model(x))
 
 
-def test_ops_outside_the_roots_keep_the_o1_dtypes_also_when_they_start_late() -> None:
+def test_ops_outside_the_roots_follow_the_roots_also_when_they_start_late() -> None:
+    """Ops in the region after a root that runs float32 throughout run float32, as in the
+    float32 step (docs/auto.md, "Ops between roots"; until the fourteenth stop of issue 27
+    they kept the O1 lists: ``model(x) @ w`` in bfloat16); before the root call, the O1
+    lists.  A product that starts late (after the site settled) follows the same rule, on
+    its first call as on later ones."""
     model = _mlp()
     _decide(model, 8, "fp32")
     x, w = torch.randn(8, 16), torch.randn(8, 8, requires_grad=True)
     _settle(model, lambda: model(x))
-    _compare(model, lambda: model(x) @ w)  # torch.autocast runs the product in bfloat16
+    _compare(model, lambda: model(x) @ w)  # as the reference (_auto_testing.fixed)
     with torch.no_grad():
-        assert _site(lambda: model(x) @ w).dtype == LOW
+        assert _site(lambda: model(x) @ w).dtype == torch.float32
+        assert _site(lambda: (x @ x.t(), model(x))[0]).dtype == LOW  # before the root: torch.autocast's
         assert _site(lambda: model(x)).dtype == torch.float32
 
 
