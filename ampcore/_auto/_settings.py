@@ -30,9 +30,12 @@ pre-hook sets every call), or it took :data:`HELD_AFTER` values.
 from __future__ import annotations
 
 import contextlib
+import enum
 import weakref
+from operator import is_, itemgetter
 from typing import Any, Final
 
+import torch
 from torch import nn
 
 from ._shapes import VARIES, flags, known_kind, planned_ops
@@ -54,15 +57,89 @@ _held_by_class: dict[type, set[str]] = {}
 #: module -> name -> the (type, value) pairs a watched setting took
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
+#: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``), its value (a list's as a
+#: tuple), the dict it is read from, its key there, whether it is a list, and the module
+#: attribute holding that dict's object (``cfg``; None: the module's own attribute)
+_Found = tuple[str, Any, dict[Any, Any], Any, bool, "str | None"]
+#: a watched setting (:class:`Settings`): its module, name, dict, key, whether a list, attribute
+_Entry = tuple[nn.Module, str, dict[Any, Any], Any, bool, "str | None"]
 
 
-def _simple(value: Any) -> bool:
+def _scalar(value: Any) -> bool:
     kind = type(value)
     if kind in _SCALARS:
         return kind is not str or len(value) <= _MAX_STR
-    if kind is tuple:
-        return len(value) <= _MAX_ITEMS and all(type(v) in _SCALARS and type(v) is not str for v in value)
+    return isinstance(value, enum.Enum)
+
+
+def _simple(value: Any) -> bool:
+    if _scalar(value):
+        return True
+    if type(value) is tuple:
+        return len(value) <= _MAX_ITEMS and all(type(v) is not str and _scalar(v) for v in value)
     return False
+
+
+def _list(value: Any) -> bool:
+    """Whether ``value`` is a list a forward may pick its work from (``self.dilations``; not
+    an empty one: a list the forward fills, of outputs or copies, is no setting)."""
+    return type(value) is list and 0 < len(value) <= _MAX_ITEMS and all(type(v) is not str and _scalar(v) for v in value)
+
+
+def _config(value: Any) -> dict[Any, Any] | None:
+    """The dict whose items are ``value``'s fields where it is a config object (a dataclass,
+    a ``SimpleNamespace``, a ``transformers`` ``PretrainedConfig``: an object of a class not
+    torch's, with a ``__dict__``, not callable) or a dict of options; else None."""
+    if type(value) is dict:
+        return value
+    if callable(value) or isinstance(value, (nn.Module, torch.Tensor, type)) or not _own(type(value)):
+        return None
+    fields = getattr(value, "__dict__", None)
+    return fields if type(fields) is dict else None
+
+
+def _found(module: nn.Module) -> list[_Found]:
+    """``module``'s settings now (see the module), held ones left out: its public attributes
+    of simple types; for a class of the user's, also its lists of them and the simple fields
+    of its config objects and dicts of options (one level, :data:`_MAX_NAMES` each)."""
+    try:
+        held: Any = _held.get(module, ())
+    except TypeError:  # a module class that is not hashable
+        held = ()
+    by_class = _held_by_class.get(type(module))
+    if by_class:
+        held = by_class.union(held)
+    state = module.__dict__
+    own = _own(type(module))
+    found: list[_Found] = []
+    for name, value in state.items():
+        if name[0] == "_" or name == "training" or name in held or len(found) >= _MAX_NAMES:
+            continue
+        if _simple(value):
+            found.append((name, value, state, name, False, None))
+        elif not own:
+            continue
+        elif _list(value):
+            found.append((name, tuple(value), state, name, True, None))
+        elif (fields := _config(value)) is not None:
+            found.extend(_fields(name, fields, held, type(value) is dict))
+    return found
+
+
+def _fields(via: str, fields: dict[Any, Any], held: Any, options: bool) -> list[_Found]:
+    """The settings of the config object or dict of options ``via`` (see :func:`_found`)."""
+    found: list[_Found] = []
+    for key, value in fields.items():
+        if type(key) is not str or key[:1] == "_" or len(found) >= _MAX_NAMES:
+            continue
+        name = f"{via}[{key}]" if options else f"{via}.{key}"
+        if name in held:
+            continue
+        if _simple(value):
+            found.append((name, value, fields, key, False, via))
+        elif _list(value):
+            found.append((name, tuple(value), fields, key, True, via))
+    return found
 
 
 def settings(module: nn.Module) -> list[tuple[str, Any]]:
@@ -76,20 +153,7 @@ def settings(module: nn.Module) -> list[tuple[str, Any]]:
         >>> settings(net)
         [('p', 0.25), ('inplace', False), ('depth', 3), ('name', 'x')]
     """
-    try:
-        held: Any = _held.get(module, ())
-    except TypeError:  # a module class that is not hashable
-        held = ()
-    by_class = _held_by_class.get(type(module))
-    if by_class:
-        held = by_class.union(held)
-    found = []
-    for name, value in module.__dict__.items():
-        if name[0] != "_" and name != "training" and name not in held and _simple(value):
-            found.append((name, value))
-            if len(found) >= _MAX_NAMES:
-                break
-    return found
+    return [(entry[0], entry[1]) for entry in _found(module)]
 
 
 def any_held() -> bool:
@@ -139,28 +203,105 @@ def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
 
 
 class Settings:
-    """The watched settings of a program's modules: their ``__dict__``s, names and (weakly)
-    the modules (the guard compares the values, :meth:`same`)."""
+    """The watched settings of a program's modules: each one's module (weakly), name, the
+    dict it is read from (a ``__dict__``, a config object's, a dict of options) and its key
+    there; the lists among them.  The guard compares their values (:meth:`same`: one C
+    ``itemgetter`` per group of dicts with the same keys, a block class's); a config object
+    replaced (``self.cfg = Cfg(depth=6)``) is followed: its fields are read from then on."""
 
-    __slots__ = ("dicts", "names", "refs", "sized", "sizes")
+    __slots__ = ("dicts", "groups", "labels", "lists", "names", "objs", "paths", "recorded", "refs", "sized", "sizes")
 
-    def __init__(self, modules: list[nn.Module], names: list[str], sized: tuple[dict[str, Any], ...] = ()) -> None:
-        self.dicts = tuple(m.__dict__ for m in modules)
-        self.names = tuple(names)
-        self.refs = tuple(weakref.ref(m) for m in modules)
+    def __init__(self, entries: list[_Entry], sized: tuple[dict[str, Any], ...] = ()) -> None:
+        entries = [e for e in entries if not e[4]] + [e for e in entries if e[4]]  # plain ones first
+        self.refs = tuple(weakref.ref(e[0]) for e in entries)
+        self.labels = tuple(e[1] for e in entries)
+        #: (the module's ``__dict__``, the attribute holding the dict read: None for itself)
+        self.paths = tuple((e[0].__dict__, e[5]) for e in entries)
+        count = sum(not e[4] for e in entries)
+        self.names = tuple(e[3] for e in entries[:count])
+        self.lists = tuple((e[2], e[3]) for e in entries[count:])
         #: the ``__dict__``s of planned layers judged per flags, and their sizes: a flag
         #: added since (``layer.extra = True``) records the root again
         self.sized, self.sizes = sized, tuple(map(len, sized))
+        self._bind([e[2] for e in entries])
+
+    def _bind(self, containers: list[dict[Any, Any]]) -> None:
+        count = len(self.names)
+        self.dicts = tuple(containers[:count])
+        self.lists = tuple((d, k) for d, (_, k) in zip(containers[count:], self.lists, strict=True))
+        objs = {(id(d), via): (d, via) for d, via in self.paths if via is not None}
+        holders, names = tuple(d for d, _ in objs.values()), tuple(v for _, v in objs.values())
+        #: (the dicts holding config objects, their names there, the objects: compared by identity)
+        self.objs: tuple[tuple[dict[str, Any], ...], tuple[str, ...], tuple[Any, ...]] = (
+            holders,
+            names,
+            tuple(map(dict.get, holders, names)),
+        )
+        by_keys: dict[tuple[Any, ...], list[dict[Any, Any]]] = {}
+        keys: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
+        for d, name in zip(self.dicts, self.names, strict=True):
+            keys.setdefault(id(d), (d, []))[1].append(name)
+        for d, got in keys.values():
+            by_keys.setdefault(tuple(got), []).append(d)
+        #: (an ``itemgetter`` of the keys, the dicts with those keys): :meth:`same`'s groups
+        self.groups = tuple((itemgetter(*k), tuple(ds)) for k, ds in by_keys.items())
+        self.recorded: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
+
+    def _follow(self) -> None:
+        """Read the fields of the config objects in place now, where one was replaced."""
+        if all(map(is_, map(dict.get, self.objs[0], self.objs[1]), self.objs[2])):
+            return
+        self._bind([d if via is None else (_config(d.get(via)) or {}) for d, via in self.paths])
 
     def same(self, values: tuple[Any, ...]) -> bool:
-        """Whether every watched attribute still holds its recorded value (one C map)."""
+        """Whether every watched setting still holds its value in ``values`` (the groups'
+        C ``map``s against the values grouped as the guard first compared them)."""
         if self.sized and tuple(map(len, self.sized)) != self.sizes:
             return False
-        return tuple(map(dict.get, self.dicts, self.names)) == values
+        if self.objs[0]:
+            self._follow()
+        recorded = self.recorded
+        if recorded is None or recorded[0] is not values:
+            if self.now() != values:
+                return False
+            self.recorded = recorded = (values, self._grouped())
+        try:
+            for (getter, dicts), was in zip(self.groups, recorded[1], strict=True):
+                if tuple(map(getter, dicts)) != was:
+                    return False
+        except KeyError:  # an attribute deleted
+            return False
+        return not self.lists or self._listed() == values[len(self.dicts) :]
+
+    def _grouped(self) -> tuple[tuple[Any, ...], ...]:
+        return tuple(tuple(map(getter, dicts)) for getter, dicts in self.groups)
+
+    def _listed(self) -> tuple[Any, ...]:
+        return tuple(_snapshot(d.get(k)) for d, k in self.lists)
 
     def now(self) -> tuple[Any, ...]:
-        """The watched attributes' values now."""
-        return tuple(map(dict.get, self.dicts, self.names))
+        """The watched settings' values now (a list's as a tuple)."""
+        if self.objs[0]:
+            self._follow()
+        plain = tuple(map(dict.get, self.dicts, self.names))
+        return plain + self._listed() if self.lists else plain
+
+    def without(self, keep: list[bool]) -> Settings:
+        """These settings less those not in ``keep`` (one a module and name)."""
+        containers = self.dicts + tuple(d for d, _ in self.lists)
+        keys = self.names + tuple(k for _, k in self.lists)
+        entries = []
+        for i, ref in enumerate(self.refs):
+            module = ref()
+            if keep[i] and module is not None:
+                entries.append((module, self.labels[i], containers[i], keys[i], i >= len(self.dicts), self.paths[i][1]))
+        found = Settings(entries, self.sized)
+        found.sizes = self.sizes  # as recorded
+        return found
+
+
+def _snapshot(value: Any) -> Any:
+    return tuple(value) if type(value) is list else value
 
 
 def _keep(module: nn.Module, name: str, value: Any) -> bool:
@@ -168,9 +309,9 @@ def _keep(module: nn.Module, name: str, value: Any) -> bool:
     :data:`HELD_AFTER`-th value) it is held from now on."""
     try:
         seen = _seen.setdefault(module, {}).setdefault(name, set())
-    except TypeError:  # a module class that is not hashable: not watched
+        seen.add((type(value), value))
+    except TypeError:  # a module class or value that is not hashable: not watched
         return False
-    seen.add((type(value), value))
     if len(seen) < HELD_AFTER:
         return True
     _held.setdefault(module, set()).add(name)
@@ -181,34 +322,30 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     """The settings of ``modules`` a program's guard watches (those of the user's own module
     classes, and the flags of planned layers of classes judged per flags), with their values
     now (None: none); ``was``: :func:`before` at the recorded call's start (None: not taken,
-    nothing watched).  A setting the call changed (or made) is state: held."""
+    nothing watched).  A setting the call changed (or made) is state: held.  A config
+    object's field several modules read (one object) is watched once."""
     if was is None:
         return None
-    found: list[nn.Module] = []
-    names: list[str] = []
-    values: list[Any] = []
+    entries: list[_Entry] = []
+    seen: set[tuple[int, Any]] = set()
     sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
         own = _own(type(module))
-        for name, value in settings(module):
+        found = [(entry, own) for entry in _found(module)]
+        if not own and _watched(module):  # (a torch layer's flags: state checked above, watched here)
+            state = module.__dict__
+            found += [((n, v, state, n, False, None), True) for n, v in flags(module)]
+        for (name, value, where, key, listed, via), watchable in found:
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
                 _state(module, name)
-            elif own and _keep(module, name, value):
-                found.append(module)
-                names.append(name)
-                values.append(value)
-        if own or not _watched(module):
-            continue
-        for name, value in flags(module):
-            start = was.get((id(module), name), _MISSING)
-            if start is _MISSING or not _same(start, value):  # state the forward changes
-                _state(module, name)
-            elif _keep(module, name, value):
-                found.append(module)
-                names.append(name)
-                values.append(value)
-    return None if not names and not sized else (Settings(found, names, sized), tuple(values))
+            elif watchable and (id(where), key) not in seen and _keep(module, name, value):
+                seen.add((id(where), key))
+                entries.append((module, name, where, key, listed, via))
+    if not entries and not sized:
+        return None
+    watched = Settings(entries, sized)
+    return watched, watched.now()
 
 
 def _state(module: nn.Module, name: str) -> None:
@@ -223,33 +360,27 @@ def _state(module: nn.Module, name: str) -> None:
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
     """Hold the watched settings whose values now differ from ``values`` (those of a program
     not yet looked up since its recording: a setting that changes every call is state)."""
-    for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
+    for ref, name, value, now in zip(watched.refs, watched.labels, values, watched.now(), strict=False):
         module = ref()
-        if module is not None and not _same(module.__dict__.get(name, _MISSING), value):
+        if module is not None and not _same(now, value):
             with contextlib.suppress(TypeError):
                 _held.setdefault(module, set()).add(name)
 
 
 def unheld(watched: Settings, values: tuple[Any, ...]) -> tuple[Settings, tuple[Any, ...]] | None:
     """``watched`` and ``values`` without the settings held since (None: none left)."""
-    modules: list[nn.Module] = []
-    names: list[str] = []
-    kept: list[Any] = []
-    for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
+    keep = []
+    for ref, name in zip(watched.refs, watched.labels, strict=True):
         module = ref()
         try:
-            if module is None or name in _held.get(module, ()) or name in _held_by_class.get(type(module), ()):
-                continue
+            keep.append(module is not None and name not in held_of(module))
         except TypeError:  # a module class that is not hashable
-            continue
-        modules.append(module)
-        names.append(name)
-        kept.append(value)
-    if not names and not watched.sized:
+            keep.append(False)
+    if not any(keep) and not watched.sized:
         return None
-    found = Settings(modules, names, watched.sized)
-    found.sizes = watched.sizes  # as recorded
-    return found, tuple(kept)
+    found = watched.without(keep)
+    kept = [v for v, k in zip(values, keep, strict=False) if k]
+    return found, (*kept, *values[len(watched.refs) :])
 
 
 def _same(a: Any, b: Any) -> bool:

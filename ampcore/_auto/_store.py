@@ -172,7 +172,7 @@ def _keep_value(root: nn.Module, sig: tuple[Any, ...], known: Program, found: Pr
     not the same values recorded or checked again)."""
     was = _settings_of(known)
     now = _settings_of(found) if isinstance(found, Program) else None
-    if was is None or (now is not None and now[0].names == was[0].names and now[1] == was[1]):
+    if was is None or (now is not None and now[0].labels == was[0].labels and now[1] == was[1]):
         return
     kept = _by_value.setdefault(root, {})
     if len(kept) >= _MAX_OTHERS:
@@ -189,15 +189,15 @@ def _by_settings(
     program kept for their values now (swapped in: a flag switched back and forth runs each
     value's program, unrecorded), or ``found`` where those values raised when recorded (a
     flag the forward raises on: recorded once) or the changed settings are held (without
-    them); None: record again.  A program not yet looked up since its recording holds the
-    settings that changed (:func:`._settings.hold`: a step number set every call)."""
+    them); None: record again.  A program not yet looked up since its recording, itself
+    recorded for a change, holds the settings that changed (:func:`._settings.hold`: a step
+    number set every call, not a value whose program is kept: a flag flipped every step);
+    the first such change records (a value set once, after the first call, and kept)."""
     watched = _settings_of(found)
     if watched is None or plan is not found.plan or plan.changes != found.changes or found.stale[0]:
         return None
     if not unchanged(found.tree, found.tree_values, found.weights, found.plain[:-1]):
         return None
-    if not found.checked:  # changed before its first look: state, not a setting (held, runs)
-        hold(*watched)
     kept = _by_value.get(root)
     now = (sig, watched[0].now())
     other = None if kept is None else kept.get(now)
@@ -208,6 +208,10 @@ def _by_settings(
         _keep_value(root, sig, found, other)
         programs[sig] = other
         return other
+    if not found.checked:  # changed before its first look: a setting the first time (records),
+        if kept is None or not any(k[0] == sig for k in kept):  # state the second (a step number:
+            return None  # held, runs; before, the first time too: a value set once ran the old one's)
+        hold(*watched)  # (a value known before: its program, above; a flag flipped every step)
     rest = unheld(*watched)  # settings held since (another program's recording)
     if rest is None or rest[0].same(rest[1]):  # the settings that changed are held
         program = found._replace(plain=found.plain[:-1] if rest is None else (*found.plain[:-1], (None, "", *rest)))
