@@ -2,10 +2,13 @@
 
 A forward can choose what it runs from an attribute the call's signature does not show
 (``for _ in range(self.depth)``, ``if self.use_gate:``, a scale ``self.alpha`` that skips a
-branch at 0, an inner block's ``self.repeat``).  Its *settings* are a module's public
-attributes of simple types (``bool``, ``int``, ``float``, ``str`` up to :data:`_MAX_STR`
-characters, ``None``, tuples of those up to :data:`_MAX_ITEMS` items; not ``training``,
-which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
+branch at 0, an inner block's ``self.repeat``, ``self.config.use_cache``).  Its *settings*
+are a module's public attributes of simple types (:mod:`._setting_values`: ``bool``,
+``int``, ``float``, short ``str``, ``None``, enum members, short tuples of those; not
+``training``, which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a
+module, and for a class of the user's also its short lists of them (``dilations``) and the
+simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``:
+one level, :data:`_MAX_NAMES` an object):
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
@@ -24,28 +27,23 @@ setting: the forward changed it (it differs after the recorded call from before 
 :func:`before`: a counter; held for every module of its class where the class is the user's,
 whose forward it is: copies made from a source never called), it changed before the program
 recorded for its value was first looked up (:func:`hold`: a step number the loop or a
-pre-hook sets every call), or it took :data:`HELD_AFTER` values.
+pre-hook sets every call; the first such change is a setting: a value set once and kept),
+or it took :data:`HELD_AFTER` values.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import weakref
-from operator import is_, itemgetter
 from typing import Any, Final
 
-import torch
 from torch import nn
 
+from ._setting_values import Entry, Settings, config, listed, own, simple
 from ._shapes import VARIES, flags, known_kind, planned_ops
 
-__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "hold", "text", "unheld", "watch"]
+__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "hold", "text", "unheld", "watch", "watch_now"]
 
-_SCALARS: Final = frozenset({bool, int, float, str, type(None)})
-_MAX_STR: Final = 256
-_MAX_ITEMS: Final = 16
-_MAX_NAMES: Final = 64
 #: the values a watched setting may take before it is held (see the module): a setting
 #: toggled between a few values is watched for good, an epoch number is held at its eighth
 HELD_AFTER: Final = 8
@@ -57,45 +55,11 @@ _held_by_class: dict[type, set[str]] = {}
 #: module -> name -> the (type, value) pairs a watched setting took
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
+_MAX_NAMES: Final = 64
 #: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``), its value (a list's as a
 #: tuple), the dict it is read from, its key there, whether it is a list, and the module
 #: attribute holding that dict's object (``cfg``; None: the module's own attribute)
 _Found = tuple[str, Any, dict[Any, Any], Any, bool, "str | None"]
-#: a watched setting (:class:`Settings`): its module, name, dict, key, whether a list, attribute
-_Entry = tuple[nn.Module, str, dict[Any, Any], Any, bool, "str | None"]
-
-
-def _scalar(value: Any) -> bool:
-    kind = type(value)
-    if kind in _SCALARS:
-        return kind is not str or len(value) <= _MAX_STR
-    return isinstance(value, enum.Enum)
-
-
-def _simple(value: Any) -> bool:
-    if _scalar(value):
-        return True
-    if type(value) is tuple:
-        return len(value) <= _MAX_ITEMS and all(type(v) is not str and _scalar(v) for v in value)
-    return False
-
-
-def _list(value: Any) -> bool:
-    """Whether ``value`` is a list a forward may pick its work from (``self.dilations``; not
-    an empty one: a list the forward fills, of outputs or copies, is no setting)."""
-    return type(value) is list and 0 < len(value) <= _MAX_ITEMS and all(type(v) is not str and _scalar(v) for v in value)
-
-
-def _config(value: Any) -> dict[Any, Any] | None:
-    """The dict whose items are ``value``'s fields where it is a config object (a dataclass,
-    a ``SimpleNamespace``, a ``transformers`` ``PretrainedConfig``: an object of a class not
-    torch's, with a ``__dict__``, not callable) or a dict of options; else None."""
-    if type(value) is dict:
-        return value
-    if callable(value) or isinstance(value, (nn.Module, torch.Tensor, type)) or not _own(type(value)):
-        return None
-    fields = getattr(value, "__dict__", None)
-    return fields if type(fields) is dict else None
 
 
 def _found(module: nn.Module) -> list[_Found]:
@@ -110,18 +74,18 @@ def _found(module: nn.Module) -> list[_Found]:
     if by_class:
         held = by_class.union(held)
     state = module.__dict__
-    own = _own(type(module))
+    mine = own(type(module))
     found: list[_Found] = []
     for name, value in state.items():
         if name[0] == "_" or name == "training" or name in held or len(found) >= _MAX_NAMES:
             continue
-        if _simple(value):
+        if simple(value):
             found.append((name, value, state, name, False, None))
-        elif not own:
+        elif not mine:
             continue
-        elif _list(value):
+        elif listed(value):
             found.append((name, tuple(value), state, name, True, None))
-        elif (fields := _config(value)) is not None:
+        elif (fields := config(value)) is not None:
             found.extend(_fields(name, fields, held, type(value) is dict))
     return found
 
@@ -135,9 +99,9 @@ def _fields(via: str, fields: dict[Any, Any], held: Any, options: bool) -> list[
         name = f"{via}[{key}]" if options else f"{via}.{key}"
         if name in held:
             continue
-        if _simple(value):
+        if simple(value):
             found.append((name, value, fields, key, False, via))
-        elif _list(value):
+        elif listed(value):
             found.append((name, tuple(value), fields, key, True, via))
     return found
 
@@ -182,126 +146,10 @@ def _watched(module: nn.Module) -> bool:
     return known_kind(type(module)) is VARIES and planned_ops(module) is not None
 
 
-def _own(cls: type) -> bool:
-    """Whether ``cls`` is a class of the user's (not one of ``torch``'s: their settings are
-    hyper-parameters ``extra_repr`` shows, and a change of them rebuilds nothing a forward
-    picks its work from)."""
-    found = _OWN.get(cls)
-    if found is None:
-        found = _OWN[cls] = not (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
-    return found
-
-
-#: class -> whether it is the user's (:func:`_own`)
-_OWN: dict[type, bool] = {}
-
-
 def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
     """The settings of ``modules`` at the start of a recorded call (what the forward changes
     is state, not a setting: :func:`watch` holds it)."""
     return {(id(m), k): v for m in modules for k, v in settings(m)}
-
-
-class Settings:
-    """The watched settings of a program's modules: each one's module (weakly), name, the
-    dict it is read from (a ``__dict__``, a config object's, a dict of options) and its key
-    there; the lists among them.  The guard compares their values (:meth:`same`: one C
-    ``itemgetter`` per group of dicts with the same keys, a block class's); a config object
-    replaced (``self.cfg = Cfg(depth=6)``) is followed: its fields are read from then on."""
-
-    __slots__ = ("dicts", "groups", "labels", "lists", "names", "objs", "paths", "recorded", "refs", "sized", "sizes")
-
-    def __init__(self, entries: list[_Entry], sized: tuple[dict[str, Any], ...] = ()) -> None:
-        entries = [e for e in entries if not e[4]] + [e for e in entries if e[4]]  # plain ones first
-        self.refs = tuple(weakref.ref(e[0]) for e in entries)
-        self.labels = tuple(e[1] for e in entries)
-        #: (the module's ``__dict__``, the attribute holding the dict read: None for itself)
-        self.paths = tuple((e[0].__dict__, e[5]) for e in entries)
-        count = sum(not e[4] for e in entries)
-        self.names = tuple(e[3] for e in entries[:count])
-        self.lists = tuple((e[2], e[3]) for e in entries[count:])
-        #: the ``__dict__``s of planned layers judged per flags, and their sizes: a flag
-        #: added since (``layer.extra = True``) records the root again
-        self.sized, self.sizes = sized, tuple(map(len, sized))
-        self._bind([e[2] for e in entries])
-
-    def _bind(self, containers: list[dict[Any, Any]]) -> None:
-        count = len(self.names)
-        self.dicts = tuple(containers[:count])
-        self.lists = tuple((d, k) for d, (_, k) in zip(containers[count:], self.lists, strict=True))
-        objs = {(id(d), via): (d, via) for d, via in self.paths if via is not None}
-        holders, names = tuple(d for d, _ in objs.values()), tuple(v for _, v in objs.values())
-        #: (the dicts holding config objects, their names there, the objects: compared by identity)
-        self.objs: tuple[tuple[dict[str, Any], ...], tuple[str, ...], tuple[Any, ...]] = (
-            holders,
-            names,
-            tuple(map(dict.get, holders, names)),
-        )
-        by_keys: dict[tuple[Any, ...], list[dict[Any, Any]]] = {}
-        keys: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
-        for d, name in zip(self.dicts, self.names, strict=True):
-            keys.setdefault(id(d), (d, []))[1].append(name)
-        for d, got in keys.values():
-            by_keys.setdefault(tuple(got), []).append(d)
-        #: (an ``itemgetter`` of the keys, the dicts with those keys): :meth:`same`'s groups
-        self.groups = tuple((itemgetter(*k), tuple(ds)) for k, ds in by_keys.items())
-        self.recorded: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
-
-    def _follow(self) -> None:
-        """Read the fields of the config objects in place now, where one was replaced."""
-        if all(map(is_, map(dict.get, self.objs[0], self.objs[1]), self.objs[2])):
-            return
-        self._bind([d if via is None else (_config(d.get(via)) or {}) for d, via in self.paths])
-
-    def same(self, values: tuple[Any, ...]) -> bool:
-        """Whether every watched setting still holds its value in ``values`` (the groups'
-        C ``map``s against the values grouped as the guard first compared them)."""
-        if self.sized and tuple(map(len, self.sized)) != self.sizes:
-            return False
-        if self.objs[0]:
-            self._follow()
-        recorded = self.recorded
-        if recorded is None or recorded[0] is not values:
-            if self.now() != values:
-                return False
-            self.recorded = recorded = (values, self._grouped())
-        try:
-            for (getter, dicts), was in zip(self.groups, recorded[1], strict=True):
-                if tuple(map(getter, dicts)) != was:
-                    return False
-        except KeyError:  # an attribute deleted
-            return False
-        return not self.lists or self._listed() == values[len(self.dicts) :]
-
-    def _grouped(self) -> tuple[tuple[Any, ...], ...]:
-        return tuple(tuple(map(getter, dicts)) for getter, dicts in self.groups)
-
-    def _listed(self) -> tuple[Any, ...]:
-        return tuple(_snapshot(d.get(k)) for d, k in self.lists)
-
-    def now(self) -> tuple[Any, ...]:
-        """The watched settings' values now (a list's as a tuple)."""
-        if self.objs[0]:
-            self._follow()
-        plain = tuple(map(dict.get, self.dicts, self.names))
-        return plain + self._listed() if self.lists else plain
-
-    def without(self, keep: list[bool]) -> Settings:
-        """These settings less those not in ``keep`` (one a module and name)."""
-        containers = self.dicts + tuple(d for d, _ in self.lists)
-        keys = self.names + tuple(k for _, k in self.lists)
-        entries = []
-        for i, ref in enumerate(self.refs):
-            module = ref()
-            if keep[i] and module is not None:
-                entries.append((module, self.labels[i], containers[i], keys[i], i >= len(self.dicts), self.paths[i][1]))
-        found = Settings(entries, self.sized)
-        found.sizes = self.sizes  # as recorded
-        return found
-
-
-def _snapshot(value: Any) -> Any:
-    return tuple(value) if type(value) is list else value
 
 
 def _keep(module: nn.Module, name: str, value: Any) -> bool:
@@ -326,32 +174,39 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     object's field several modules read (one object) is watched once."""
     if was is None:
         return None
-    entries: list[_Entry] = []
+    entries: list[Entry] = []
     seen: set[tuple[int, Any]] = set()
     sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
-        own = _own(type(module))
-        found = [(entry, own) for entry in _found(module)]
-        if not own and _watched(module):  # (a torch layer's flags: state checked above, watched here)
+        mine = own(type(module))
+        found = [(entry, mine) for entry in _found(module)]
+        if not mine and _watched(module):  # (a torch layer's flags: state checked above, watched here)
             state = module.__dict__
             found += [((n, v, state, n, False, None), True) for n, v in flags(module)]
-        for (name, value, where, key, listed, via), watchable in found:
+        for (name, value, where, key, is_list, via), watchable in found:
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
                 _state(module, name)
             elif watchable and (id(where), key) not in seen and _keep(module, name, value):
                 seen.add((id(where), key))
-                entries.append((module, name, where, key, listed, via))
+                entries.append((module, name, where, key, is_list, via))
     if not entries and not sized:
         return None
     watched = Settings(entries, sized)
     return watched, watched.now()
 
 
+def watch_now(modules: list[nn.Module]) -> tuple[Settings, tuple[Any, ...]] | None:
+    """:func:`watch` for a program made without a recording (a copy's, :mod:`._twins`): the
+    settings of ``modules`` as they are now (only modules that may have watched ones read)."""
+    mine = [m for m in modules if own(type(m)) or _watched(m)]
+    return watch(mine, before(mine)) if mine else None
+
+
 def _state(module: nn.Module, name: str) -> None:
     """Hold ``name``, which the forward of ``module`` changed, for it and, for a class of the
     user's (whose forward it is; not torch's, whose keys stay the same in every process), its class."""
-    if _own(type(module)):
+    if own(type(module)):
         _held_by_class.setdefault(type(module), set()).add(name)
     with contextlib.suppress(TypeError):
         _held.setdefault(module, set()).add(name)

@@ -342,3 +342,52 @@ def test_a_setting_flipped_every_step_from_the_start_records_nothing_once_both_v
             torch.testing.assert_close(out, _fixed(model, "low" if large else "fp32"), rtol=0, atol=0)
     assert recordings == [], f"{len(recordings)} recordings in 8 steps flipping between two known values"
     assert clock.labels == []
+
+
+class _Counting(_Depthed):
+    """A config object whose field the forward moves every call (state, not a setting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg = SimpleNamespace(depth=1, calls=0)
+
+    def depth(self) -> int:
+        self.cfg.calls += 1
+        return self.cfg.depth  # type: ignore[no-any-return]
+
+
+def test_a_config_field_the_forward_moves_is_state_and_the_root_settles(
+    monkeypatch: pytest.MonkeyPatch, recordings: list[Any]
+) -> None:
+    """A counter kept in a config object, moved by the forward: held (not watched), the
+    root settles: no recording after its first steps."""
+    clock = _Clock()
+    _process(monkeypatch, clock, nn.Identity(), n=0)
+    model = _Counting()
+    for step in range(10):
+        if step == 6:
+            recordings.clear()
+        out = _step(model)
+    assert recordings == [], f"{len(recordings)} recordings in settled steps"
+    torch.testing.assert_close(out, _fixed(model, "fp32"), rtol=0, atol=0)
+
+
+def test_a_config_object_many_blocks_hold_is_watched_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twelve blocks holding one config object (a ``transformers`` layout): its fields are
+    watched once in the program's guard, not once a block."""
+    from ampcore._auto import _store
+    from ampcore._auto._setting_values import Settings
+
+    clock = _Clock()
+    _process(monkeypatch, clock, nn.Identity(), n=0)
+    config = _PretrainedConfig(num_layers=1, use_cache=True, hidden_act="gelu")
+    model = nn.Sequential(*[_ConfigBlock(config) for _ in range(12)], nn.Linear(32, 8))
+    for block in model[:12]:
+        block.head = nn.Linear(32, 32)
+    for _ in range(3):
+        _step(model)
+    programs = [p for p in _store._programs[model].values() if not isinstance(p, int)]
+    watched = [entry[2] for p in programs for entry in p.plain if type(entry[2]) is Settings]
+    assert watched
+    labels = [label for label in watched[-1].labels if label.startswith("config.")]
+    assert sorted(labels) == sorted(f"config.{k}" for k in config.__dict__ if not k.startswith("_"))
