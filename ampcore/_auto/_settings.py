@@ -25,10 +25,10 @@ one level, :data:`_MAX_NAMES` an object):
 A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
 setting: the forward changed it (it differs after the recorded call from before it,
 :func:`before`: a counter; held for every module of its class where the class is the user's,
-whose forward it is: copies made from a source never called), it is a number that changed
-before the program recorded for its value was first looked up (:func:`hold`: a step number
-the loop or a pre-hook sets every call; a flag or a mode changed then is a setting), or it
-took :data:`HELD_AFTER` values.
+whose forward it is: copies made from a source never called), it changed before the
+program recorded for its value was first looked up (:func:`hold`: a step number the loop or a
+pre-hook sets every call; also a flag set once then, left), or it took :data:`HELD_AFTER`
+values.
 """
 
 from __future__ import annotations
@@ -56,8 +56,6 @@ _held_by_class: dict[type, set[str]] = {}
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
 _MAX_NAMES: Final = 64
-#: the types of settings held when they change before their program's first look (:func:`hold`)
-_NUMBERS: Final = (int, float)
 #: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``), its value (a list's as a
 #: tuple), the dict it is read from, its key there, whether it is a list, and the module
 #: attribute holding that dict's object (``cfg``; None: the module's own attribute)
@@ -215,13 +213,11 @@ def _state(module: nn.Module, name: str) -> None:
 
 
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
-    """Hold the watched numbers (``int``, ``float``) whose values now differ from ``values``
-    (those of a program not yet looked up since its recording: a step number that changes
-    every call is state; a flag or a mode is not: flipped every step, each value gets its
-    program)."""
+    """Hold the watched settings whose values now differ from ``values`` (those of a program
+    not yet looked up since its recording: a setting that changes every call is state)."""
     for ref, name, value, now in zip(watched.refs, watched.labels, values, watched.now(), strict=False):
         module = ref()
-        if module is not None and type(now) in _NUMBERS and type(value) in _NUMBERS and now != value:
+        if module is not None and not _same(now, value):
             with contextlib.suppress(TypeError):
                 _held.setdefault(module, set()).add(name)
 

@@ -190,9 +190,7 @@ def _by_settings(
     value's program, unrecorded), or ``found`` where those values raised when recorded (a
     flag the forward raises on: recorded once) or the changed settings are held (without
     them); None: record again.  A program not yet looked up since its recording holds the
-    numbers that changed (:func:`._settings.hold`: a step number set every call); another
-    setting that changed then (a flag flipped every step, a mode set after the first call)
-    records, or runs its value's kept program."""
+    settings that changed (:func:`._settings.hold`: a step number set every call)."""
     watched = _settings_of(found)
     if watched is None or plan is not found.plan or plan.changes != found.changes or found.stale[0]:
         return None
@@ -208,8 +206,8 @@ def _by_settings(
         _keep_value(root, sig, found, other)
         programs[sig] = other
         return other
-    if not found.checked:  # changed before its first look: a number is state (a step number:
-        hold(*watched)  # held, runs); a flag, a mode records (a value known: its program, above)
+    if not found.checked:  # changed before its first look: state, not a setting (held, runs;
+        hold(*watched)  # a value whose program is kept: that program, above)
     rest = unheld(*watched)  # settings held since (another program's recording)
     if rest is None or rest[0].same(rest[1]):  # the settings that changed are held
         program = found._replace(plain=found.plain[:-1] if rest is None else (*found.plain[:-1], (None, "", *rest)))
