@@ -5,7 +5,10 @@ A root of the user's class whose forward picks its work from three plain attribu
 root call compares them (one C ``map``).  The same root with the three attributes private
 (``_depth``, ...: no setting, nothing watched) is the baseline; the same private root
 holding 30 blocks of five settings each (150 values watched, as the attention blocks of a
-``transformers`` model hold) shows a many-module model.  Each trains the same tiny
+``transformers`` model hold) shows a many-module model; a ``transformers``-like one (12
+blocks of five settings, each with an attention of four, all holding one config object of
+40 simple fields: 108 settings and the config's 40 fields, watched since the fourteenth
+stop) shows config objects.  Each trains the same tiny
 MLP (two ``Linear(32)``, batch 8: the region's own cost shows), in one process, steps
 interleaved round by round; medians over rounds, in us per step, and their ratio; then the
 settled guard of each alone (``timeit``, ns a call: the part the settings add to).  A third
@@ -70,10 +73,33 @@ def _models() -> dict[str, Any]:
             super().__init__()
             self.blocks = nn.ModuleList(Knobs() for _ in range(30))
 
+    class Config:  # a transformers-like PretrainedConfig: 40 simple fields
+        def __init__(self) -> None:
+            self.hidden_size, self.num_attention_heads, self.use_cache, self.hidden_act = 32, 4, True, "gelu"
+            for i in range(36):
+                setattr(self, f"option_{i}", i)
+
+    class Attention(nn.Module):  # four settings and the model's config
+        def __init__(self, config: Config) -> None:
+            super().__init__()
+            self.config, self.heads, self.head_dim, self.is_causal, self.layer_idx = config, 4, 8, True, 0
+
+    class Block(Knobs):  # five settings, the config, an attention holding it too
+        def __init__(self, config: Config) -> None:
+            super().__init__()
+            self.config, self.attn = config, Attention(config)
+
+    class Transformer(Private):  # 12 such blocks sharing one config (a transformers model's layout)
+        def __init__(self) -> None:
+            super().__init__()
+            config = Config()
+            self.config, self.blocks = config, nn.ModuleList(Block(config) for _ in range(12))
+
     torch.manual_seed(0)
     return {
         "3 settings": Public(),
         "150 settings": Many(),
+        "12 blocks+config": Transformer(),
         "private": Private(),
         "torch only": nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32)),
     }
@@ -126,10 +152,11 @@ def main() -> None:
     print(f"ampcore {ampcore.__file__}")
     print(f"load {os.getloadavg()[0]:.2f}, {options.rounds} rounds of {options.steps} steps, us per step (median)")
     for name, value in med.items():
-        print(f"  {name:12s} {value:8.1f}")
+        print(f"  {name:16s} {value:8.1f}")
     print("the guard of each settled root, ns a call:", {n: round(_guard_ns(m)) for n, m in models.items()})
     print(f"3 settings / private: {med['3 settings'] / med['private']:.3f}")
     print(f"150 settings / private: {med['150 settings'] / med['private']:.3f}")
+    print(f"12 blocks+config / private: {med['12 blocks+config'] / med['private']:.3f}")
     print(f"torch only / private: {med['torch only'] / med['private']:.3f}")
 
 

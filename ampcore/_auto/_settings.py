@@ -2,10 +2,13 @@
 
 A forward can choose what it runs from an attribute the call's signature does not show
 (``for _ in range(self.depth)``, ``if self.use_gate:``, a scale ``self.alpha`` that skips a
-branch at 0, an inner block's ``self.repeat``).  Its *settings* are a module's public
-attributes of simple types (``bool``, ``int``, ``float``, ``str`` up to :data:`_MAX_STR`
-characters, ``None``, tuples of those up to :data:`_MAX_ITEMS` items; not ``training``,
-which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
+branch at 0, an inner block's ``self.repeat``, ``self.config.use_cache``).  Its *settings*
+are a module's public attributes of simple types (:mod:`._setting_values`: ``bool``,
+``int``, ``float``, short ``str``, ``None``, enum members, short tuples of those; not
+``training``, which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a
+module, and for a class of the user's also its short lists of them (``dilations``) and the
+simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``:
+one level, :data:`_MAX_NAMES` an object):
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
@@ -22,9 +25,10 @@ which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a module:
 A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
 setting: the forward changed it (it differs after the recorded call from before it,
 :func:`before`: a counter; held for every module of its class where the class is the user's,
-whose forward it is: copies made from a source never called), it changed before the program
-recorded for its value was first looked up (:func:`hold`: a step number the loop or a
-pre-hook sets every call), or it took :data:`HELD_AFTER` values.
+whose forward it is: copies made from a source never called), it changed before the
+program recorded for its value was first looked up (:func:`hold`: a step number the loop or a
+pre-hook sets every call; also a flag set once then, left), or it took :data:`HELD_AFTER`
+values.
 """
 
 from __future__ import annotations
@@ -35,14 +39,11 @@ from typing import Any, Final
 
 from torch import nn
 
+from ._setting_values import Entry, Settings, config, listed, own, simple
 from ._shapes import VARIES, flags, known_kind, planned_ops
 
-__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "hold", "text", "unheld", "watch"]
+__all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "hold", "text", "unheld", "watch", "watch_now"]
 
-_SCALARS: Final = frozenset({bool, int, float, str, type(None)})
-_MAX_STR: Final = 256
-_MAX_ITEMS: Final = 16
-_MAX_NAMES: Final = 64
 #: the values a watched setting may take before it is held (see the module): a setting
 #: toggled between a few values is watched for good, an epoch number is held at its eighth
 HELD_AFTER: Final = 8
@@ -54,15 +55,55 @@ _held_by_class: dict[type, set[str]] = {}
 #: module -> name -> the (type, value) pairs a watched setting took
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
+_MAX_NAMES: Final = 64
+#: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``), its value (a list's as a
+#: tuple), the dict it is read from, its key there, whether it is a list, and the module
+#: attribute holding that dict's object (``cfg``; None: the module's own attribute)
+_Found = tuple[str, Any, dict[Any, Any], Any, bool, "str | None"]
 
 
-def _simple(value: Any) -> bool:
-    kind = type(value)
-    if kind in _SCALARS:
-        return kind is not str or len(value) <= _MAX_STR
-    if kind is tuple:
-        return len(value) <= _MAX_ITEMS and all(type(v) in _SCALARS and type(v) is not str for v in value)
-    return False
+def _found(module: nn.Module) -> list[_Found]:
+    """``module``'s settings now (see the module), held ones left out: its public attributes
+    of simple types; for a class of the user's, also its lists of them and the simple fields
+    of its config objects and dicts of options (one level, :data:`_MAX_NAMES` each)."""
+    try:
+        held: Any = _held.get(module, ())
+    except TypeError:  # a module class that is not hashable
+        held = ()
+    by_class = _held_by_class.get(type(module))
+    if by_class:
+        held = by_class.union(held)
+    state = module.__dict__
+    mine = own(type(module))
+    found: list[_Found] = []
+    for name, value in state.items():
+        if name[0] == "_" or name == "training" or name in held or len(found) >= _MAX_NAMES:
+            continue
+        if simple(value):
+            found.append((name, value, state, name, False, None))
+        elif not mine:
+            continue
+        elif listed(value):
+            found.append((name, tuple(value), state, name, True, None))
+        elif (fields := config(value)) is not None:
+            found.extend(_fields(name, fields, held, type(value) is dict))
+    return found
+
+
+def _fields(via: str, fields: dict[Any, Any], held: Any, options: bool) -> list[_Found]:
+    """The settings of the config object or dict of options ``via`` (see :func:`_found`)."""
+    found: list[_Found] = []
+    for key, value in fields.items():
+        if type(key) is not str or key[:1] == "_" or len(found) >= _MAX_NAMES:
+            continue
+        name = f"{via}[{key}]" if options else f"{via}.{key}"
+        if name in held:
+            continue
+        if simple(value):
+            found.append((name, value, fields, key, False, via))
+        elif listed(value):
+            found.append((name, tuple(value), fields, key, True, via))
+    return found
 
 
 def settings(module: nn.Module) -> list[tuple[str, Any]]:
@@ -76,20 +117,7 @@ def settings(module: nn.Module) -> list[tuple[str, Any]]:
         >>> settings(net)
         [('p', 0.25), ('inplace', False), ('depth', 3), ('name', 'x')]
     """
-    try:
-        held: Any = _held.get(module, ())
-    except TypeError:  # a module class that is not hashable
-        held = ()
-    by_class = _held_by_class.get(type(module))
-    if by_class:
-        held = by_class.union(held)
-    found = []
-    for name, value in module.__dict__.items():
-        if name[0] != "_" and name != "training" and name not in held and _simple(value):
-            found.append((name, value))
-            if len(found) >= _MAX_NAMES:
-                break
-    return found
+    return [(entry[0], entry[1]) for entry in _found(module)]
 
 
 def any_held() -> bool:
@@ -118,49 +146,10 @@ def _watched(module: nn.Module) -> bool:
     return known_kind(type(module)) is VARIES and planned_ops(module) is not None
 
 
-def _own(cls: type) -> bool:
-    """Whether ``cls`` is a class of the user's (not one of ``torch``'s: their settings are
-    hyper-parameters ``extra_repr`` shows, and a change of them rebuilds nothing a forward
-    picks its work from)."""
-    found = _OWN.get(cls)
-    if found is None:
-        found = _OWN[cls] = not (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
-    return found
-
-
-#: class -> whether it is the user's (:func:`_own`)
-_OWN: dict[type, bool] = {}
-
-
 def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
     """The settings of ``modules`` at the start of a recorded call (what the forward changes
     is state, not a setting: :func:`watch` holds it)."""
     return {(id(m), k): v for m in modules for k, v in settings(m)}
-
-
-class Settings:
-    """The watched settings of a program's modules: their ``__dict__``s, names and (weakly)
-    the modules (the guard compares the values, :meth:`same`)."""
-
-    __slots__ = ("dicts", "names", "refs", "sized", "sizes")
-
-    def __init__(self, modules: list[nn.Module], names: list[str], sized: tuple[dict[str, Any], ...] = ()) -> None:
-        self.dicts = tuple(m.__dict__ for m in modules)
-        self.names = tuple(names)
-        self.refs = tuple(weakref.ref(m) for m in modules)
-        #: the ``__dict__``s of planned layers judged per flags, and their sizes: a flag
-        #: added since (``layer.extra = True``) records the root again
-        self.sized, self.sizes = sized, tuple(map(len, sized))
-
-    def same(self, values: tuple[Any, ...]) -> bool:
-        """Whether every watched attribute still holds its recorded value (one C map)."""
-        if self.sized and tuple(map(len, self.sized)) != self.sizes:
-            return False
-        return tuple(map(dict.get, self.dicts, self.names)) == values
-
-    def now(self) -> tuple[Any, ...]:
-        """The watched attributes' values now."""
-        return tuple(map(dict.get, self.dicts, self.names))
 
 
 def _keep(module: nn.Module, name: str, value: Any) -> bool:
@@ -168,9 +157,9 @@ def _keep(module: nn.Module, name: str, value: Any) -> bool:
     :data:`HELD_AFTER`-th value) it is held from now on."""
     try:
         seen = _seen.setdefault(module, {}).setdefault(name, set())
-    except TypeError:  # a module class that is not hashable: not watched
+        seen.add((type(value), value))
+    except TypeError:  # a module class or value that is not hashable: not watched
         return False
-    seen.add((type(value), value))
     if len(seen) < HELD_AFTER:
         return True
     _held.setdefault(module, set()).add(name)
@@ -181,40 +170,43 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     """The settings of ``modules`` a program's guard watches (those of the user's own module
     classes, and the flags of planned layers of classes judged per flags), with their values
     now (None: none); ``was``: :func:`before` at the recorded call's start (None: not taken,
-    nothing watched).  A setting the call changed (or made) is state: held."""
+    nothing watched).  A setting the call changed (or made) is state: held.  A config
+    object's field several modules read (one object) is watched once."""
     if was is None:
         return None
-    found: list[nn.Module] = []
-    names: list[str] = []
-    values: list[Any] = []
+    entries: list[Entry] = []
+    seen: set[tuple[int, Any]] = set()
     sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
-        own = _own(type(module))
-        for name, value in settings(module):
+        mine = own(type(module))
+        found = [(entry, mine) for entry in _found(module)]
+        if not mine and _watched(module):  # (a torch layer's flags: state checked above, watched here)
+            state = module.__dict__
+            found += [((n, v, state, n, False, None), True) for n, v in flags(module)]
+        for (name, value, where, key, is_list, via), watchable in found:
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
                 _state(module, name)
-            elif own and _keep(module, name, value):
-                found.append(module)
-                names.append(name)
-                values.append(value)
-        if own or not _watched(module):
-            continue
-        for name, value in flags(module):
-            start = was.get((id(module), name), _MISSING)
-            if start is _MISSING or not _same(start, value):  # state the forward changes
-                _state(module, name)
-            elif _keep(module, name, value):
-                found.append(module)
-                names.append(name)
-                values.append(value)
-    return None if not names and not sized else (Settings(found, names, sized), tuple(values))
+            elif watchable and (id(where), key) not in seen and _keep(module, name, value):
+                seen.add((id(where), key))
+                entries.append((module, name, where, key, is_list, via))
+    if not entries and not sized:
+        return None
+    watched = Settings(entries, sized)
+    return watched, watched.now()
+
+
+def watch_now(modules: list[nn.Module]) -> tuple[Settings, tuple[Any, ...]] | None:
+    """:func:`watch` for a program made without a recording (a copy's, :mod:`._twins`): the
+    settings of ``modules`` as they are now (only modules that may have watched ones read)."""
+    mine = [m for m in modules if own(type(m)) or _watched(m)]
+    return watch(mine, before(mine)) if mine else None
 
 
 def _state(module: nn.Module, name: str) -> None:
     """Hold ``name``, which the forward of ``module`` changed, for it and, for a class of the
     user's (whose forward it is; not torch's, whose keys stay the same in every process), its class."""
-    if _own(type(module)):
+    if own(type(module)):
         _held_by_class.setdefault(type(module), set()).add(name)
     with contextlib.suppress(TypeError):
         _held.setdefault(module, set()).add(name)
@@ -223,33 +215,27 @@ def _state(module: nn.Module, name: str) -> None:
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
     """Hold the watched settings whose values now differ from ``values`` (those of a program
     not yet looked up since its recording: a setting that changes every call is state)."""
-    for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
+    for ref, name, value, now in zip(watched.refs, watched.labels, values, watched.now(), strict=False):
         module = ref()
-        if module is not None and not _same(module.__dict__.get(name, _MISSING), value):
+        if module is not None and not _same(now, value):
             with contextlib.suppress(TypeError):
                 _held.setdefault(module, set()).add(name)
 
 
 def unheld(watched: Settings, values: tuple[Any, ...]) -> tuple[Settings, tuple[Any, ...]] | None:
     """``watched`` and ``values`` without the settings held since (None: none left)."""
-    modules: list[nn.Module] = []
-    names: list[str] = []
-    kept: list[Any] = []
-    for ref, name, value in zip(watched.refs, watched.names, values, strict=True):
+    keep = []
+    for ref, name in zip(watched.refs, watched.labels, strict=True):
         module = ref()
         try:
-            if module is None or name in _held.get(module, ()) or name in _held_by_class.get(type(module), ()):
-                continue
+            keep.append(module is not None and name not in held_of(module))
         except TypeError:  # a module class that is not hashable
-            continue
-        modules.append(module)
-        names.append(name)
-        kept.append(value)
-    if not names and not watched.sized:
+            keep.append(False)
+    if not any(keep) and not watched.sized:
         return None
-    found = Settings(modules, names, watched.sized)
-    found.sizes = watched.sizes  # as recorded
-    return found, tuple(kept)
+    found = watched.without(keep)
+    kept = [v for v, k in zip(values, keep, strict=False) if k]
+    return found, (*kept, *values[len(watched.refs) :])
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -172,7 +172,7 @@ def _keep_value(root: nn.Module, sig: tuple[Any, ...], known: Program, found: Pr
     not the same values recorded or checked again)."""
     was = _settings_of(known)
     now = _settings_of(found) if isinstance(found, Program) else None
-    if was is None or (now is not None and now[0].names == was[0].names and now[1] == was[1]):
+    if was is None or (now is not None and now[0].labels == was[0].labels and now[1] == was[1]):
         return
     kept = _by_value.setdefault(root, {})
     if len(kept) >= _MAX_OTHERS:
@@ -196,8 +196,6 @@ def _by_settings(
         return None
     if not unchanged(found.tree, found.tree_values, found.weights, found.plain[:-1]):
         return None
-    if not found.checked:  # changed before its first look: state, not a setting (held, runs)
-        hold(*watched)
     kept = _by_value.get(root)
     now = (sig, watched[0].now())
     other = None if kept is None else kept.get(now)
@@ -208,6 +206,8 @@ def _by_settings(
         _keep_value(root, sig, found, other)
         programs[sig] = other
         return other
+    if not found.checked:  # changed before its first look: state, not a setting (held, runs;
+        hold(*watched)  # a value whose program is kept: that program, above)
     rest = unheld(*watched)  # settings held since (another program's recording)
     if rest is None or rest[0].same(rest[1]):  # the settings that changed are held
         program = found._replace(plain=found.plain[:-1] if rest is None else (*found.plain[:-1], (None, "", *rest)))

@@ -42,7 +42,7 @@ from ._heal import portable as portable_cell
 from ._plan import AutoPlan, Stale
 from ._program import Program
 from ._settings import any_held as _settings_held
-from ._settings import held_of
+from ._settings import held_of, watch_now
 from ._settings import text as settings
 
 __all__ = ["adopt", "call_kwargs", "keep", "layer", "layers", "torch_kwargs"]
@@ -221,6 +221,9 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
 
     planned, unseen = refs(portable.planned), refs(portable.unseen)
     tree, values, weights, plain = snapshot(root, [*(r() for r in planned), *(r() for r in unseen)])  # type: ignore[list-item]
+    watched = watch_now(list(modules.values()))  # its own settings (._settings)
+    if watched is not None:  # (before: none, a copy's setting changed later ran the source's verdict on)
+        plain = (*plain, (None, "", *watched))
     return portable._replace(
         switched=refs(portable.switched),
         planned=planned,

@@ -1,0 +1,209 @@
+"""What a setting's value is (:mod:`._settings`) and how a program's guard compares them.
+
+A *setting* holds a value of a simple type (``bool``, ``int``, ``float``, ``str`` up to
+:data:`_MAX_STR` characters, ``None``, an enum member, tuples of those up to
+:data:`_MAX_ITEMS` items, and, for the user's classes, non-empty lists of them); a *config
+object* (:func:`config`: a dataclass, a ``SimpleNamespace``, a ``transformers``
+``PretrainedConfig``, a dict of options) holds settings as fields.  :class:`Settings` is the
+watched part of a program's guard: per root call, one C ``map`` of an ``itemgetter`` per
+dict read (the same object for the modules of one class) against the values as first read.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import weakref
+from collections.abc import Callable
+from operator import is_, itemgetter
+from typing import Any, Final
+
+import torch
+from torch import nn
+
+__all__ = ["Entry", "Settings", "config", "listed", "own", "simple"]
+
+_SCALARS: Final = frozenset({bool, int, float, str, type(None)})
+_MAX_STR: Final = 256
+_MAX_ITEMS: Final = 16
+#: ``f(x)`` in C (``operator.call``, Python 3.11)
+_call: Final[Callable[..., Any]] = getattr(operator, "call", lambda f, x: f(x))
+#: a watched setting (:class:`Settings`): its module, name, dict, key, whether a list, attribute
+Entry = tuple[nn.Module, str, dict[Any, Any], Any, bool, "str | None"]
+
+
+def _scalar(value: Any) -> bool:
+    kind = type(value)
+    if kind in _SCALARS:
+        return kind is not str or len(value) <= _MAX_STR
+    return isinstance(value, enum.Enum)
+
+
+def simple(value: Any) -> bool:
+    if _scalar(value):
+        return True
+    if type(value) is tuple:
+        return len(value) <= _MAX_ITEMS and all(type(v) is not str and _scalar(v) for v in value)
+    return False
+
+
+def listed(value: Any) -> bool:
+    """Whether ``value`` is a list a forward may pick its work from (``self.dilations``; not
+    an empty one: a list the forward fills, of outputs or copies, is no setting)."""
+    return (
+        type(value) is list and 0 < len(value) <= _MAX_ITEMS and all(type(v) is not str and _scalar(v) for v in value)
+    )
+
+
+def config(value: Any) -> dict[Any, Any] | None:
+    """The dict whose items are ``value``'s fields where it is a config object (a dataclass,
+    a ``SimpleNamespace``, a ``transformers`` ``PretrainedConfig``: an object of a class not
+    torch's, with a ``__dict__``, not callable) or a dict of options; else None."""
+    if type(value) is dict:
+        return value
+    if callable(value) or isinstance(value, (nn.Module, torch.Tensor, type)) or not own(type(value)):
+        return None
+    fields = getattr(value, "__dict__", None)
+    return fields if type(fields) is dict else None
+
+
+def own(cls: type) -> bool:
+    """Whether ``cls`` is a class of the user's (not one of ``torch``'s: their settings are
+    hyper-parameters ``extra_repr`` shows, and a change of them rebuilds nothing a forward
+    picks its work from)."""
+    found = _OWN.get(cls)
+    if found is None:
+        found = _OWN[cls] = not (cls.__module__ == "torch" or cls.__module__.startswith("torch."))
+    return found
+
+
+#: class -> whether it is the user's (:func:`own`)
+_OWN: dict[type, bool] = {}
+
+
+class Settings:
+    """The watched settings of a program's modules: each one's module (weakly), name, the
+    dict it is read from (a ``__dict__``, a config object's, a dict of options) and its key
+    there; the lists among them.  The guard compares their values (:meth:`same`: one C
+    ``itemgetter`` per group of dicts with the same keys, a block class's); a config object
+    replaced (``self.cfg = Cfg(depth=6)``) is followed: its fields are read from then on."""
+
+    __slots__ = (
+        "dicts",
+        "getters",
+        "held",
+        "labels",
+        "lists",
+        "more",
+        "names",
+        "objs",
+        "paths",
+        "recorded",
+        "refs",
+        "sized",
+        "sizes",
+    )
+
+    def __init__(self, entries: list[Entry], sized: tuple[dict[str, Any], ...] = ()) -> None:
+        entries = [e for e in entries if not e[4]] + [e for e in entries if e[4]]  # plain ones first
+        self.refs = tuple(weakref.ref(e[0]) for e in entries)
+        self.labels = tuple(e[1] for e in entries)
+        #: (the module's ``__dict__``, the attribute holding the dict read: None for itself)
+        self.paths = tuple((e[0].__dict__, e[5]) for e in entries)
+        count = sum(not e[4] for e in entries)
+        self.names = tuple(e[3] for e in entries[:count])
+        self.lists = tuple((e[2], e[3]) for e in entries[count:])
+        #: the ``__dict__``s of planned layers judged per flags, and their sizes: a flag
+        #: added since (``layer.extra = True``) records the root again
+        self.sized, self.sizes = sized, tuple(map(len, sized))
+        self._bind([e[2] for e in entries])
+
+    def _bind(self, containers: list[dict[Any, Any]]) -> None:
+        count = len(self.names)
+        self.dicts = tuple(containers[:count])
+        self.lists = tuple((d, k) for d, (_, k) in zip(containers[count:], self.lists, strict=True))
+        objs = {(id(d), via): (d, via) for d, via in self.paths if via is not None}
+        holders, names = tuple(d for d, _ in objs.values()), tuple(v for _, v in objs.values())
+        #: (the dicts holding config objects, their names there, the objects: compared by identity)
+        self.objs: tuple[tuple[dict[str, Any], ...], tuple[str, ...], tuple[Any, ...]] = (
+            holders,
+            names,
+            tuple(map(dict.get, holders, names)),
+        )
+        keys: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
+        for d, name in zip(self.dicts, self.names, strict=True):
+            keys.setdefault(id(d), (d, []))[1].append(name)
+        getters: dict[tuple[Any, ...], itemgetter[Any]] = {}  # (one a block class's keys)
+        #: an ``itemgetter`` of its keys for each dict read, the dicts (:meth:`same`)
+        self.getters = tuple(getters.setdefault(tuple(k), itemgetter(*k)) for _, k in keys.values())
+        self.held = tuple(d for d, _ in keys.values())
+        #: whether :meth:`same` has more than the dicts to compare (sizes, lists, config objects)
+        self.more = bool(self.sized or self.lists or holders)
+        #: the values :meth:`same` last found unchanged, and them as its getters read them
+        self.recorded: tuple[Any, Any] = (None, None)
+
+    def _follow(self) -> None:
+        """Read the fields of the config objects in place now, where one was replaced."""
+        if all(map(is_, map(dict.get, self.objs[0], self.objs[1]), self.objs[2])):
+            return
+        self._bind([d if via is None else (config(d.get(via)) or {}) for d, via in self.paths])
+
+    def same(self, values: tuple[Any, ...]) -> bool:
+        """Whether every watched setting still holds its value in ``values`` (per call: one
+        C ``map`` of the getters over their dicts, against their values as first read)."""
+        recorded = self.recorded
+        if recorded[0] is not values or self.more:
+            return self._same_first(values)
+        try:
+            return bool(tuple(map(_call, self.getters, self.held)) == recorded[1])
+        except KeyError:  # an attribute deleted
+            return False
+
+    def _same_first(self, values: tuple[Any, ...]) -> bool:
+        """:meth:`same` where there is more to compare, or for values not compared before."""
+        if self.more and not self._same_more(values):
+            return False
+        recorded = self.recorded
+        if recorded[0] is not values:
+            if self.now() != values:
+                return False
+            self.recorded = (values, tuple(map(_call, self.getters, self.held)))
+            return True
+        try:
+            return bool(tuple(map(_call, self.getters, self.held)) == recorded[1])
+        except KeyError:  # an attribute deleted
+            return False
+
+    def _same_more(self, values: tuple[Any, ...]) -> bool:
+        if self.sized and tuple(map(len, self.sized)) != self.sizes:
+            return False
+        if self.objs[0]:
+            self._follow()
+        return not self.lists or self._listed() == values[len(self.dicts) :]
+
+    def _listed(self) -> tuple[Any, ...]:
+        return tuple(_snapshot(d.get(k)) for d, k in self.lists)
+
+    def now(self) -> tuple[Any, ...]:
+        """The watched settings' values now (a list's as a tuple)."""
+        if self.objs[0]:
+            self._follow()
+        plain = tuple(map(dict.get, self.dicts, self.names))
+        return plain + self._listed() if self.lists else plain
+
+    def without(self, keep: list[bool]) -> Settings:
+        """These settings less those not in ``keep`` (one a module and name)."""
+        containers = self.dicts + tuple(d for d, _ in self.lists)
+        keys = self.names + tuple(k for _, k in self.lists)
+        entries = []
+        for i, ref in enumerate(self.refs):
+            module = ref()
+            if keep[i] and module is not None:
+                entries.append((module, self.labels[i], containers[i], keys[i], i >= len(self.dicts), self.paths[i][1]))
+        found = Settings(entries, self.sized)
+        found.sizes = self.sizes  # as recorded
+        return found
+
+
+def _snapshot(value: Any) -> Any:
+    return tuple(value) if type(value) is list else value
