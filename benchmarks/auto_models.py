@@ -8,9 +8,10 @@ from typing import Any, Final
 from auto_models6 import SWEEP6
 from auto_models7 import SWEEP7
 from auto_models8 import SWEEP8
+from auto_models9 import SWEEP9
 
-#: the held-out models of the sixth, seventh and eighth sweeps
-_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8}
+#: the held-out models of the sixth to ninth sweeps
+_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9}
 
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {

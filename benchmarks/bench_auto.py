@@ -61,7 +61,10 @@ every step as ``nn.DataParallel`` does), ``heldout-moe`` (a mixture of experts, 
 ``heldout-llama`` (``transformers.LlamaModel`` from a config: RMSNorm, rotary, SwiGLU, GQA).
 Of the eighth (:mod:`auto_models8`): ``heldout-scan`` (a Mamba/S4-like scan, a Python loop
 over 64 steps), ``heldout-convnext`` (ConvNeXt blocks and shifted-window attention),
-``heldout-clip`` (two towers called as two roots in one region).
+``heldout-clip`` (two towers called as two roots in one region).  Of the ninth
+(:mod:`auto_models9`): ``heldout-diffusion`` (a diffusion U-Net: GroupNorm, timestep
+embedding, attention), ``heldout-gat`` (graph attention: ``index_select``, ``scatter_add``),
+``heldout-sdpa`` (a causal decoder on ``F.scaled_dot_product_attention``).
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot
