@@ -61,8 +61,11 @@ every step as ``nn.DataParallel`` does), ``heldout-moe`` (a mixture of experts, 
 ``heldout-llama`` (``transformers.LlamaModel`` from a config: RMSNorm, rotary, SwiGLU, GQA).
 Of the eighth (:mod:`auto_models8`): ``heldout-scan`` (a Mamba/S4-like scan, a Python loop
 over 64 steps), ``heldout-convnext`` (ConvNeXt blocks and shifted-window attention),
-``heldout-clip`` (two towers called as two roots in one region).  Of the fourteenth stop
-(:mod:`auto_models14`: weights used more than once in one call): ``heldout-albert`` (one
+``heldout-clip`` (two towers called as two roots in one region).  Of the ninth
+(:mod:`auto_models9`): ``heldout-diffusion`` (a diffusion U-Net: GroupNorm, timestep
+embedding, attention), ``heldout-gat`` (graph attention: ``index_select``, ``scatter_add``),
+``heldout-sdpa`` (a causal decoder on ``F.scaled_dot_product_attention``).  Of the fourteenth
+stop (:mod:`auto_models14`: weights used more than once in one call): ``heldout-albert`` (one
 shared block applied 6 times), ``heldout-cell`` (a recurrent cell stepped 64 times, a tied head).
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.

@@ -141,7 +141,7 @@ def _read(fp: dict[str, Any], path: Path) -> tuple[AutoPlan | None, list[str]]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return None, []
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # (nested deeper than the reader's recursion)
         return None, [f"the file is not readable JSON ({type(exc).__name__})"]
     if not isinstance(data, Mapping):
         return None, [f"the file is not an ampcore plan cache (a JSON object expected, not {type(data).__name__})"]

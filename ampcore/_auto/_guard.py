@@ -51,24 +51,26 @@ _grad_enabled: Final = torch.is_grad_enabled
 _Tensor: Final = torch.Tensor
 #: the signature's mark of a call inside a torch.func transform (an entry of a scalar's form)
 _IN_TRANSFORM: Final = ("=", str, "torch.func")
+_IN_CHECKPOINT: Final = ("=", str, "torch.utils.checkpoint")  # (its planned calls follow the autocast state)
+_saved_hooks: Final = torch._C._autograd._top_saved_tensors_default_hooks  # (checkpoint's pack hook on top)
 
 
 def signature(
     args: tuple[Any, ...], kwargs: dict[str, Any] | None, root: nn.Module | None = None
 ) -> tuple[Any, ...] | None:
-    """The guard of a root's program: grad mode, whether a ``torch.func`` transform runs,
-    then (shape, dtype, device) of every tensor among the call's positional and keyword
-    arguments, also inside lists, tuples, dicts and dataclasses, and the other arguments'
-    values (``None``, numbers, strings, dtypes, devices: a flag that picks a path or a size
-    is part of the guard), and ``"eval"`` when ``root`` is not training.  An object that
-    holds plain data (:func:`_state`: a ``transformers`` ``DynamicCache``, lists of layers
-    holding key and value tensors) is held by its type, its attributes' names and values,
-    and its tensors' dtypes, devices and shape classes (every dimension rounded up to a
-    power of two, as the plan's shape classes: a cache that grows one token a step keeps
-    its signature within a bucket).  ``None``: an argument of another kind (a callable, an
-    object without a ``__dict__`` or holding more than :data:`_HELD_MAX` entries), or a ``root``
-    whose last forward pre-hook is the user's (it runs after the signature is taken): the
-    call cannot have a program and the plan applies call by call.
+    """The guard of a root's program: grad mode, whether a ``torch.func`` transform or
+    ``torch.utils.checkpoint`` runs, then (shape, dtype, device) of every tensor among the
+    call's positional and keyword arguments, also inside lists, tuples, dicts and dataclasses,
+    and the other arguments' values (``None``, numbers, strings, dtypes, devices: a flag that
+    picks a path or a size is part of the guard), and ``"eval"`` when ``root`` is not training.
+    An object that holds plain data (:func:`_state`: a ``transformers`` ``DynamicCache``, lists
+    of layers holding key and value tensors) is held by its type, its attributes' names and
+    values, and its tensors' dtypes, devices and shape classes (every dimension rounded up to a
+    power of two, as the plan's shape classes: a cache that grows one token a step keeps its
+    signature within a bucket).  ``None``: an argument of another kind (a callable, an object
+    without a ``__dict__`` or holding more than :data:`_HELD_MAX` entries), or a ``root`` whose
+    last forward pre-hook is the user's (it runs after the signature is taken): the call cannot
+    have a program and the plan applies call by call.
 
     Example::
 
@@ -86,6 +88,8 @@ def signature(
     sig: list[Any] = [_grad_enabled()]
     if _interpreters() is not None:  # inside vmap / grad: programs of their own (see in_transform)
         sig.append(_IN_TRANSFORM)
+    if (top := _saved_hooks(False)) is not None and getattr(top[0], "__module__", None) == _CHECKPOINT:
+        sig.append(_IN_CHECKPOINT)  # (non-reentrant; no Python call) its program is not one for outside, nor reverse
     for a in args:
         if isinstance(a, _Tensor):
             sig.append((a.shape, a.dtype, a.device))
@@ -243,7 +247,7 @@ def in_checkpoint() -> bool:
     in backward runs with the autocast state of the checkpoint's entry and no module hooks,
     so a planned module in there must follow that state (else the recomputed tensors have
     other dtypes than the forward's: ``CheckpointError``, or other gradients)."""
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    hooks = _saved_hooks(False)
     if hooks is not None and getattr(hooks[0], "__module__", None) == _CHECKPOINT:
         return True
     if torch.is_grad_enabled():

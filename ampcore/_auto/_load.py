@@ -36,7 +36,7 @@ def read_plan(source: object, call: str = "ampcore.load_plan") -> AutoPlan:
         data = json.loads(path.read_text())
     except OSError as exc:
         raise AmpcoreError(f"ampcore.load_plan({str(path)!r}): cannot read the file: {exc.strerror}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # (RecursionError: nested deeper than the reader goes)
         raise AmpcoreError(f"ampcore.load_plan({str(path)!r}): not JSON: {exc}") from None
     if not isinstance(data, Mapping):
         raise AmpcoreError(f"ampcore.load_plan({str(path)!r}): not an ampcore auto plan (a JSON object expected)")

@@ -48,6 +48,7 @@ from torch import nn
 
 from ._costs import MARGIN, Costs, band
 from ._hostclock import HostClock, Timer, lost
+from ._kept import muted_hooks
 from ._spikes import ambiguous, kept
 
 __all__ = ["Clock", "device_clock", "measure"]
@@ -328,12 +329,17 @@ def measure(
 ) -> Costs:
     """Measure one call of ``module`` (``module.forward(*args, **kwargs)``) in float32 and in
     ``dtype`` with ``clock``; the module's parameters, gradients and hooks are left
-    untouched (gradients are taken with :func:`torch.autograd.grad`), the RNG state and the
-    buffers are restored.
+    untouched (gradients are taken with :func:`torch.autograd.grad`, the parameters' own
+    hooks silent: :func:`~._kept.muted_hooks`), the RNG state and the buffers are restored.
     """
     grad = torch.is_grad_enabled()
     params = [p for p in module.parameters() if p.requires_grad] if grad else []
-    with _fork_rng(device_type), kept_buffers(module), torch.enable_grad() if grad else torch.no_grad():
+    with (
+        _fork_rng(device_type),
+        kept_buffers(module),
+        muted_hooks(params),
+        torch.enable_grad() if grad else torch.no_grad(),
+    ):
         fp32_run = _one_call(module, args, kwargs, params, grad, device_type, None)
         low_run = _one_call(module, args, kwargs, params, grad, device_type, dtype)
         a, b = _rounds(clock, fp32_run, low_run, budget_ms)

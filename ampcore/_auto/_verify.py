@@ -48,6 +48,7 @@ from ._castcache import kept_cache
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
 from ._hostclock import lost
+from ._kept import Inputs, muted_hooks
 from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers
 from ._plan import AutoPlan
 from ._program import Program, Running
@@ -214,7 +215,7 @@ def _check(
     start = time.perf_counter()
     _prog.measuring = True
     try:
-        with _fork_rng(device_type), kept_buffers(root), kept_cache(root, device_type):
+        with _fork_rng(device_type), kept_buffers(root), kept_cache(root, device_type), muted_hooks(params):
             budget_ms = min(PER_ROOT_MS, (_hooks.budget_s() - _hooks._process.spent_s) * 1e3)
             times = _rounds(clock, runs, budget_ms, _more(own, {}))
             left_ms = (_hooks.budget_s() - _hooks._process.spent_s - (time.perf_counter() - start)) * 1e3
@@ -320,6 +321,7 @@ class _Run:
         self.root, self.args, self.kwargs, self.program, self.region = root, args, kwargs, program, region
         self.params, self.device_type = params, device_type
         self.next: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self.inputs = Inputs(args, kwargs)  # (a forward that changes them in place: put back after each run)
 
     def prepare(self) -> None:
         self.next = (_fresh(self.args), _fresh(self.kwargs))
@@ -337,6 +339,7 @@ class _Run:
         finally:
             _prog.run = None
             running.stop()
+            self.inputs.put_back()
         outs = [t for t in _tensors(out) if t.requires_grad]
         if outs and self.params:
             with torch.autocast(self.device_type, enabled=False):
