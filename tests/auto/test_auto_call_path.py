@@ -16,6 +16,7 @@ between calls (``module.bfloat16()``: the O1 lists then run it).
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -78,11 +79,14 @@ def _hook_calls(run: Callable[[], Any]) -> tuple[int, int]:
         elif event == "return" and depth:
             depth -= 1
 
+    gc.collect()  # weakref callbacks of earlier tests' garbage (torch's weak dicts) are not the hooks' calls
+    gc.disable()
     sys.setprofile(profile)
     try:
         run()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return inside, entered
 
 

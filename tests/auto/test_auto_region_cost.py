@@ -8,6 +8,7 @@ that all decided float32, which must then run as float32 does).
 
 from __future__ import annotations
 
+import gc
 import sys
 import threading
 from collections.abc import Callable
@@ -42,11 +43,14 @@ def _python_calls(run: Callable[[], Any]) -> int:
         nonlocal count
         count += event == "call"
 
+    gc.collect()  # earlier tests' garbage: its weakref callbacks are not the region's calls
+    gc.disable()
     sys.setprofile(profile)
     try:
         run()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return count
 
 

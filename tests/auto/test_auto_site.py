@@ -24,6 +24,7 @@ What a settled region does is counted in Python calls and hook invocations, neve
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -310,11 +311,14 @@ def _python_calls(run: Callable[[], Any]) -> Counter[str]:
         if event == "call":
             calls[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"] += 1
 
+    gc.collect()  # earlier tests' garbage: its weakref callbacks are not the region's calls
+    gc.disable()
     sys.setprofile(profile)
     try:
         run()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return calls
 
 

@@ -11,6 +11,7 @@ state restored when a step fails.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,11 +49,14 @@ def _python_calls(run: Callable[[], object]) -> list[str]:
         if event == "call":
             calls.append(f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_qualname}")
 
+    gc.collect()  # earlier tests' garbage: its weakref callbacks are not the region's calls
+    gc.disable()
     sys.setprofile(profile)
     try:
         run()
     finally:
         sys.setprofile(None)
+        gc.enable()
     return calls[1:]
 
 
