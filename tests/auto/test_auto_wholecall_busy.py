@@ -30,7 +30,9 @@ from test_auto_provisional import _new_process, _process
 from test_auto_recheck import _NOISY_LOW, _ROUNDS, Process, _cached, _check, _settled_cell
 from test_auto_root_check import Clock, Net, budget  # noqa: F401 (budget: an autouse fixture)
 
+import ampcore
 from ampcore._auto import _again
+from ampcore._auto._cache import cache_file
 from ampcore._auto._checks import RootCheck, check_from_mapping, close, provisional
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -152,3 +154,20 @@ def test_the_rule() -> None:
     assert close(0.95, 0.47, 0.04) and not close(0.80, 0.40, 0.05)
     assert provisional(0.05, 2.0, 1) and not provisional(0.05, 2.0, 1, shielded=True, near=False)
     assert provisional(0.15, 2.0, 1, shielded=True, near=False)  # noisy: whatever the clock
+
+
+def test_a_long_steps_check_cut_by_the_budget_is_final_where_clear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100 ms step gets the budget's few rounds (``PER_ROOT_MS``: 4 here, not 7); timed by a
+    shielded clock its clear verdict no longer waits for quiet processes: the budget rule
+    for long steps is the busy rule (a close or noisy one is measured again, in this
+    process and the next)."""
+    net = Net()
+    later, check = _process(monkeypatch, Shielded(80.0, 100.0, 130.0), net, load=2.0)
+    assert check.runs < 7 and (check.verdict, check.provisional) == ("plan", False)
+    assert later == [_PLAN] * 2
+    near = Shielded(96.0, 100.0, 130.0)  # 4% within a 2% jitter's twice-the-spread: provisional
+    near.figures["root-plan"] = itertools.cycle([92.0, 99.0, 97.0, 95.0])
+    cache_file(ampcore.auto_plan("cpu").fingerprint).unlink()  # type: ignore[union-attr]
+    _new_process()
+    _, check = _process(monkeypatch, near, Net(), load=2.0)
+    assert check.runs < 7 and check.provisional
