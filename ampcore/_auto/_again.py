@@ -116,9 +116,10 @@ def again(
     verdict of its whole-call check measured again by ``measure`` (the first check's
     :func:`._verify._check` on the recorded program; None, or a frozen plan: not measured,
     the verdict as it is and no re-check left).  While the device's ``load`` (the
-    adapter's, now; None where the clock leaves other work's time out of its runs:
-    :func:`._verify.settle` does not read it) is busy, a re-check would be provisional again: it waits, looking
-    again later, up to :data:`MAX_LOOKS` times, then is dropped."""
+    adapter's, now) is busy, a re-check would be provisional again: it waits, looking
+    again later, up to :data:`MAX_LOOKS` times, then is dropped (also with a clock that leaves
+    other work out: under load its spread is what the load left, noisy again, and each
+    re-check costs the user's step a whole check)."""
     pending_: Recheck = program.recheck
     if not pending_.due:
         return program

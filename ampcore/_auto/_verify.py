@@ -47,7 +47,7 @@ from ._again import pending
 from ._castcache import kept_cache
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
-from ._hostclock import exposure, lost, shields
+from ._hostclock import exposure, lost
 from ._kept import Inputs, muted_hooks
 from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers
 from ._plan import AutoPlan
@@ -133,8 +133,7 @@ def settle(
         from . import _hooks
 
         measure = None if clock is None else lambda rec: _check(root, args, kwargs, rec, region, clock, rec.uniform())
-        due = measure is not None and program.recheck.due and not shields(clock)  # (else: no wait for quiet)
-        load = _hooks.load_of(region) if due else None
+        load = _hooks.load_of(region) if measure is not None and program.recheck.due else None
         chosen = _measure_again(program, plan, measure, load)
         if chosen is not program:
             store(root, sig, chosen)
