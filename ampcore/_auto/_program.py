@@ -139,9 +139,9 @@ class Program(NamedTuple):
     #: whole-call checks that failed because the forward raised (checked again at the next
     #: call up to :data:`._verify.CHECK_TRIES` times: a bad batch the real call raises on too)
     check_tries: int = 0
-    checkpointed: bool = False  # planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
-    #: the fixed choice this program is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"``:
-    #: a guard applies it, not the class's decision, to a module on another path
+    #: planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
+    checkpointed: bool = False
+    #: the fixed choice it is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"`` (guards apply it on other paths)
     verdict: str = "plan"
     #: a provisional verdict's re-check in this process (:class:`._again.Recheck`), else None
     recheck: Any = None
