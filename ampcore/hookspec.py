@@ -395,9 +395,10 @@ def ampcore_auto_timer(device_index: int) -> Callable[[], float] | None:
     catches the scheduler's time slices of other processes, and the paired rounds of a
     measurement then tie where one side is clearly faster (docs/auto.md, "How it
     decides").  Asked at each timed run: the answer may change with the thread count.
-    A shape class timed with it on a busy device (``ampcore_auto_load`` over 0.5) is
-    provisional only where its two sides lie within twice their spread: the load reaches
-    such figures through their spread alone (docs/auto.md, item 7 of "How it decides").
+    A shape class or a whole-call check timed with it on a busy device (``ampcore_auto_load``
+    over 0.5) is provisional only where its two sides (a check's: a comparison its verdict
+    rests on) lie within twice their spread: the load reaches such figures through their
+    spread alone (docs/auto.md, item 7 of "How it decides", and the whole-call check).
 
     Core default: ``None`` (the wall clock).
 

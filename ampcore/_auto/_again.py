@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from ._checks import BUSY_LOAD, MAX_CHECKS, RootCheck, provisional, recheck
+from ._checks import BUSY_LOAD, MAX_CHECKS, RootCheck, recheck, renewed
 
 if TYPE_CHECKING:
     from ._plan import AutoPlan
@@ -98,6 +97,7 @@ def merged(old: RootCheck, new: RootCheck) -> RootCheck:
 
     Example::
 
+        >>> from dataclasses import replace
         >>> noisy = RootCheck.of({"plan": [8.0] * 3, "low": [10.0] * 3, "fp32": [20.0] * 3}, load=2.0)
         >>> kept = merged(replace(noisy, checks=2), noisy)
         >>> kept.checks, kept.provisional
@@ -105,8 +105,7 @@ def merged(old: RootCheck, new: RootCheck) -> RootCheck:
     """
     kept = recheck(old, new)
     if new.provisional and kept.checks >= MAX_CHECKS:
-        checks = MAX_CHECKS - 1
-        kept = replace(kept, checks=checks, provisional=provisional(kept.spread, kept.load, checks))
+        kept = renewed(kept, MAX_CHECKS - 1)
     return kept
 
 
@@ -118,7 +117,9 @@ def again(
     :func:`._verify._check` on the recorded program; None, or a frozen plan: not measured,
     the verdict as it is and no re-check left).  While the device's ``load`` (the
     adapter's, now) is busy, a re-check would be provisional again: it waits, looking
-    again later, up to :data:`MAX_LOOKS` times, then is dropped."""
+    again later, up to :data:`MAX_LOOKS` times, then is dropped (also with a clock that leaves
+    other work out: under load its spread is what the load left, noisy again, and each
+    re-check costs the user's step a whole check)."""
     pending_: Recheck = program.recheck
     if not pending_.due:
         return program

@@ -15,9 +15,13 @@ use: dearer than the step on looped weights, but the region's casts kept).  A ca
 cache with gradients holds its weight's gradient accumulator alive (the cast's backward
 node points to it): :func:`may_hold_casts` looks whether any known root's weight has one
 (the accumulator is marked, dropped and looked up again: the mark survives only where
-something else holds it), a look of a few microseconds per weight, once per check.  It
-errs toward "may hold" (a graph the user keeps, DDP's reducer hold accumulators too):
-then the check runs as before this stop.
+something else holds it), a look of a few microseconds per weight, once per check; a held
+one is probed (:func:`_cached`: an op of autocast's list casts it again unless the cast is
+cached), so accumulators held by a graph the user keeps or by DDP's reducer do not send the
+check down the cache-off path (tested).  It errs toward "may hold" only where the probe
+cannot tell (the op raises, or the device's list lacks it): then the check runs as before
+the fourteenth stop.  Weights used by code in the region outside its roots are not looked
+at (the cache's keys cannot be listed): their casts go with the check's clearing.
 """
 
 from __future__ import annotations

@@ -22,7 +22,10 @@ A check measured on a busy device (the adapter's ``ampcore_auto_load`` over
 (:func:`provisional`): other work on the device can shift a whole check's ratios at once
 (the rounds are paired, so a shift shows as a win, not as spread), so a later process checks
 it again (:func:`recheck`), at most :data:`MAX_CHECKS` measurements in all, and keeps the
-quieter one.
+quieter one.  A check whose clock left other work's time out of every run (*shielded*:
+the CPU adapter's one-thread CPU time, :func:`~._hostclock.exposure` unchanged over the
+check) is busy only where a comparison that decided it lies within twice the spread
+(:func:`close`), as a class's measurement (:func:`._heal.provisional`).
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ __all__ = [
     "Verdict",
     "check_from_mapping",
     "choose",
+    "close",
     "provisional",
     "recheck",
+    "renewed",
     "unsettled",
 ]
 
@@ -61,11 +66,12 @@ BUSY_LOAD: Final = 0.5
 MAX_CHECKS: Final = 3
 
 
-def provisional(spread: float, load: float | None, checks: int) -> bool:
+def provisional(spread: float, load: float | None, checks: int, shielded: bool = False, near: bool = True) -> bool:
     """Whether a whole-call check is to be measured again in a later process: it was noisy
     (``spread`` over :data:`NOISY_SPREAD`) or measured on a busy device (``load`` over
-    :data:`BUSY_LOAD`; None: the adapter does not say), and fewer than :data:`MAX_CHECKS`
-    measurements were made.
+    :data:`BUSY_LOAD`; None: the adapter does not say) while its clock could see other work
+    (not ``shielded``) or, shielded, its figures are ``near`` (:func:`close`), and fewer
+    than :data:`MAX_CHECKS` measurements were made.
 
     Example::
 
@@ -73,9 +79,30 @@ def provisional(spread: float, load: float | None, checks: int) -> bool:
         (False, True, True)
         >>> provisional(0.15, None, 3)   # three measurements: final
         False
+        >>> provisional(0.05, 2.0, 1, shielded=True, near=False), provisional(0.05, 2.0, 1, shielded=True)
+        (False, True)
     """
-    busy = load is not None and load > BUSY_LOAD
+    busy = load is not None and load > BUSY_LOAD and (not shielded or near)
     return checks < MAX_CHECKS and (spread > NOISY_SPREAD or busy)
+
+
+def close(plan_over_low: float, plan_over_fp32: float, spread: float) -> bool:
+    """Whether a comparison the verdict rests on lies within twice ``spread`` of a tie: float32
+    against the O1 lists (round by round, ``plan_over_fp32 / plan_over_low``), or the program
+    against the better of them where the program is neither (a ratio of exactly 1: a uniform
+    program's own side, :func:`._verify._uniform_times`).
+
+    Example::
+
+        >>> close(0.80, 0.40, 0.05), close(0.95, 0.47, 0.04), close(1.0, 0.97, 0.02)
+        (False, True, True)
+        >>> close(1.0, 0.5, 0.05)   # a uniform low program, float32 twice as slow
+        False
+    """
+    near = abs(plan_over_fp32 / plan_over_low - 1.0) <= 2 * spread
+    if 1.0 in (plan_over_low, plan_over_fp32):  # a uniform program: that comparison alone
+        return near
+    return near or abs(max(plan_over_low, plan_over_fp32) - 1.0) <= 2 * spread
 
 
 def choose(
@@ -148,11 +175,20 @@ class RootCheck:
     #: to be measured again by a later process (:func:`provisional`)
     provisional: bool = False
     source: str = "measured"
+    #: its clock left other work's time out of every run (see :func:`provisional`)
+    shielded: bool = False
 
     @classmethod
-    def of(cls, times: Mapping[str, list[float]], load: float | None = None, source: str = "measured") -> RootCheck:
+    def of(
+        cls,
+        times: Mapping[str, list[float]],
+        load: float | None = None,
+        source: str = "measured",
+        shielded: bool = False,
+    ) -> RootCheck:
         """The check of ``times`` (``"plan"``, ``"low"``, ``"fp32"``: one figure per round,
-        in the same rounds), measured at ``load``.
+        in the same rounds), measured at ``load`` (``shielded``: by a clock that left other
+        work's time out).
 
         Example::
 
@@ -171,11 +207,19 @@ class RootCheck:
         runs = len(times["plan"])
         verdict = choose(med["low"], med["fp32"], over_low, over_fp32, spread, runs)
         figures = (med["plan"], med["low"], med["fp32"], over_low, over_fp32, spread, runs, verdict)
-        return cls(*figures, load, 1, provisional(spread, load, 1), source)
+        marked = provisional(spread, load, 1, shielded, close(over_low, over_fp32, spread))
+        return cls(*figures, load, 1, marked, source, shielded)
+
+    @property
+    def near(self) -> bool:
+        """:func:`close` of this check's figures."""
+        return close(self.plan_over_low, self.plan_over_fp32, self.spread)
 
     def as_dict(self) -> dict[str, Any]:
         found = asdict(self)
         del found["source"]
+        if not self.shielded:  # (written only where set: entries of earlier versions keep their seals)
+            del found["shielded"]
         return found
 
 
@@ -197,8 +241,13 @@ def recheck(old: RootCheck, new: RootCheck) -> RootCheck:
         ('plan', 3, False)
     """
     best = new if not new.provisional or new.spread <= old.spread else old
-    checks = old.checks + 1
-    return replace(best, checks=checks, provisional=provisional(best.spread, best.load, checks), source=new.source)
+    return renewed(best, old.checks + 1, new.source)
+
+
+def renewed(check: RootCheck, checks: int, source: str | None = None) -> RootCheck:
+    """``check`` counted as ``checks`` measurements, its provisional mark recomputed."""
+    mark = provisional(check.spread, check.load, checks, check.shielded, check.near)
+    return replace(check, checks=checks, provisional=mark, source=check.source if source is None else source)
 
 
 def check_from_mapping(raw: object, source: str) -> RootCheck:
@@ -241,18 +290,21 @@ def check_from_mapping(raw: object, source: str) -> RootCheck:
     given = choose(low, fp32, over_low, over_fp32, values["spread"], runs)
     if given != verdict:
         raise ValueError(f"verdict {verdict!r} does not follow from the figures (they give {given!r})")
-    load, checks, marked = _state(raw, values["spread"])
-    return RootCheck(**values, runs=runs, verdict=verdict, load=load, checks=checks, provisional=marked, source=source)
+    load, checks, marked, shielded = _state(raw, values)
+    found = RootCheck(**values, runs=runs, verdict=verdict, load=load, checks=checks, provisional=marked, source=source)
+    return replace(found, shielded=shielded)
 
 
 #: fields added after the first whole-call checks were cached (absent: load unknown, one
-#: measurement, provisional as its spread says)
-_LATER: Final = ("load", "checks", "provisional")
+#: measurement, provisional as its spread says, a clock that could see other work)
+_LATER: Final = ("load", "checks", "provisional", "shielded")
 
 
-def _state(raw: Mapping[str, Any], spread: float) -> tuple[float | None, int, bool]:
-    """The checked ``load``, ``checks`` and ``provisional`` of a stored check (a mark that
-    does not follow from the spread, load and count is refused: a hand-edited "final")."""
+def _state(raw: Mapping[str, Any], values: Mapping[str, float]) -> tuple[float | None, int, bool, bool]:
+    """The checked ``load``, ``checks``, ``provisional`` and ``shielded`` of a stored check (a
+    mark that does not follow from the spread, load, count and clock is refused: a
+    hand-edited "final")."""
+    spread = values["spread"]
     load: Any = raw.get("load")
     number = isinstance(load, (int, float)) and not isinstance(load, bool)
     if load is not None and (not number or not finite(load) or load < 0):
@@ -260,8 +312,12 @@ def _state(raw: Mapping[str, Any], spread: float) -> tuple[float | None, int, bo
     checks = raw.get("checks", 1)
     if not isinstance(checks, int) or isinstance(checks, bool) or not 1 <= checks <= MAX_CHECKS:
         raise ValueError(f"checks = {checks!r}: expected a whole number from 1 to {MAX_CHECKS}")
-    expected = provisional(spread, load, checks)
+    shielded = raw.get("shielded", False)
+    if not isinstance(shielded, bool):
+        raise ValueError(f"shielded = {shielded!r}: expected true or false")
+    near = close(values["plan_over_low"], values["plan_over_fp32"], spread)
+    expected = provisional(spread, load, checks, shielded, near)
     marked = raw.get("provisional", expected)
     if marked is not expected:
         raise ValueError(f"provisional = {marked!r} does not follow from spread, load and checks ({expected})")
-    return None if load is None else float(load), checks, expected
+    return None if load is None else float(load), checks, expected, shielded

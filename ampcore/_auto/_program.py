@@ -141,8 +141,7 @@ class Program(NamedTuple):
     check_tries: int = 0
     #: planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
     checkpointed: bool = False
-    #: the fixed choice this program is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"``:
-    #: a guard applies it, not the class's decision, to a module on another path
+    #: the fixed choice it is (:meth:`fixed`: ``"low"``, ``"fp32"``), else ``"plan"`` (guards apply it on other paths)
     verdict: str = "plan"
     #: a provisional verdict's re-check in this process (:class:`._again.Recheck`), else None
     recheck: Any = None
@@ -178,10 +177,11 @@ class Program(NamedTuple):
         return "fp32" if self.default_fp32 else "low"
 
     def throughout(self) -> bool:
-        """Whether a call runs all in float32: nothing switched to low precision, a float32 default or
-        no planned module and no low-precision work seen outside planned modules."""
-        fp32 = self.default_fp32 or (self.fp32_ok and not self.planned)
-        return fp32 and not self.switched and not self.steps
+        """Whether a call runs all in float32: nothing switched to low, a float32 default or no planned module and no
+        low work seen outside them, or the check's float32 choice of a default low (float32 inputs, none seen)."""
+        if self.verdict == "fp32" and not self.default_fp32:  # every planned call switched to float32 (fixed)
+            return self.fp32_root and not self.low_outside and not self.checkpointed
+        return (self.default_fp32 or (self.fp32_ok and not self.planned)) and not self.switched and not self.steps
 
     def fixed(self, verdict: str) -> Program:
         """This program (``"plan"``) or a fixed choice: ``"low"`` (the O1 lists alone, as

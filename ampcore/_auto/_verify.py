@@ -47,7 +47,7 @@ from ._again import pending
 from ._castcache import kept_cache
 from ._checks import RootCheck, recheck, unsettled
 from ._costs import MARGIN, SPREAD_BOUND
-from ._hostclock import lost
+from ._hostclock import exposure, lost
 from ._kept import Inputs, muted_hooks
 from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers
 from ._plan import AutoPlan
@@ -211,7 +211,7 @@ def _check(
         for name in _CANDIDATES
         if name != own and (name != "fp32" or fp32_exact(program))
     }
-    loads = [_hooks.load_of(region)]
+    loads, exposed = [_hooks.load_of(region)], exposure(clock)
     start = time.perf_counter()
     _prog.measuring = True
     try:
@@ -228,7 +228,8 @@ def _check(
         with _hooks._process.lock:
             _hooks._process.spent_s += time.perf_counter() - start
     known = [load for load in loads if load is not None]
-    return RootCheck.of(_uniform_times(times, own), max(known) if known else None)
+    shielded = exposed is not None and exposure(clock) == exposed  # no run other work could lengthen
+    return RootCheck.of(_uniform_times(times, own), max(known) if known else None, shielded=shielded)
 
 
 def _more(own: str | None, before: dict[str, list[float]]) -> Callable[[dict[str, list[float]]], bool]:

@@ -114,6 +114,18 @@ def _real_casts(clock: Clock, step: Callable[[], torch.Tensor]) -> Counter[str]:
     return casts.found
 
 
+def _trained(monkeypatch: pytest.MonkeyPatch, net: Looped, x: torch.Tensor, retain: bool = False) -> Clock:
+    """Three training steps of ``net`` in auto regions (recorded, checked, settled): the clock."""
+    clock = Clock(net)
+    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
+    _decide(net, x)
+    for _ in range(3):
+        with ampcore.autocast("cpu", level="auto"):
+            out = net(x)
+        out.float().sum().backward(retain_graph=retain)
+    return clock
+
+
 @pytest.mark.parametrize("tied", [False, True], ids=["loop", "loop-and-tied-head"])
 def test_the_check_casts_a_looped_weight_once_per_run_as_a_torch_autocast_step(
     monkeypatch: pytest.MonkeyPatch, tied: bool
@@ -125,13 +137,7 @@ def test_the_check_casts_a_looped_weight_once_per_run_as_a_torch_autocast_step(
     reference = _torch_step(net, x)
     # autocast's cache: one cast per step (the tied head's transposed view is not cached)
     assert reference["block.weight"] == (2 if tied else 1)
-    clock = Clock(net)
-    monkeypatch.setattr(_hooks, "device_clock", lambda backend, index: clock)
-    _decide(net, x)
-    for _ in range(3):
-        with ampcore.autocast("cpu", level="auto"):
-            out = net(x)
-        out.float().sum().backward()
+    clock = _trained(monkeypatch, net, x)
     low = [found for label, found in clock.runs if label == "root-low"]
     assert len(low) == 8  # warmed, then 7 rounds: one check
     assert [found for found in low if found != reference] == [], reference
@@ -192,3 +198,27 @@ def test_a_check_after_another_roots_call_in_the_region_keeps_that_roots_casts(m
 
         found.append(_real_casts(clock, step)["gen.block.weight"])
     assert {label for label, _ in clock.runs} >= {"root-plan", "root-low"} and found == [1, 1, 1]
+
+
+@pytest.mark.parametrize("holder", ["ddp-like-reducer", "retained-graph"])
+def test_accumulators_held_elsewhere_still_get_the_cache(monkeypatch: pytest.MonkeyPatch, holder: str) -> None:
+    """A DDP reducer holds every parameter's gradient accumulator (to hook it), and so does a
+    graph the user keeps (``retain_graph``, the previous step's output): the first look
+    (:func:`~ampcore._auto._castcache.may_hold_casts`: is the accumulator held?) says yes, but
+    the probe (a ``prelu`` of each held weight under the region's autocast state) sees each
+    cast made again, so nothing cached is in the way: the check's runs use the cache and
+    cast the looped weight once per run, as the torch.autocast step (fifteenth stop: the
+    conservative path is taken only where a cast really is in the region's cache)."""
+    from torch.autograd.graph import get_gradient_edge
+
+    torch.manual_seed(0)
+    net, x = Looped(), torch.randn(4, 16)
+    reference = _torch_step(net, x)
+    kept: list[Any] = []
+    if holder == "ddp-like-reducer":
+        kept = [get_gradient_edge(p).node for p in net.parameters()]
+    else:
+        kept = [net(x).sum()]  # a float32 graph the user keeps across steps
+    clock = _trained(monkeypatch, net, x, retain=holder == "retained-graph")
+    low = [found for label, found in clock.runs if label == "root-low"]
+    assert kept and len(low) == 8 and all(found == reference for found in low), (low, reference)
