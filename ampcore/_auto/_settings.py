@@ -56,10 +56,13 @@ _held_by_class: dict[type, set[str]] = {}
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
 _MAX_NAMES: Final = 64
-#: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``), its value (a list's as a
-#: tuple), the dict it is read from, its key there, whether it is a list, and the module
-#: attribute holding that dict's object (``cfg``; None: the module's own attribute)
-_Found = tuple[str, Any, dict[Any, Any], Any, bool, "str | None"]
+#: the levels of config objects and dicts of options read below a module (``cfg.attn.heads``)
+_DEPTH: Final = 2
+#: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``, ``cfg.attn.heads``), its
+#: value (a list's as a tuple), the dict it is read from, its key there, whether it is a
+#: list, and the keys from the module's ``__dict__`` to that dict's object (``("cfg",)``,
+#: ``("cfg", "attn")``; None: the module's own attribute)
+_Found = tuple[str, Any, dict[Any, Any], Any, bool, "tuple[Any, ...] | None"]
 
 
 def _found(module: nn.Module) -> list[_Found]:
@@ -86,23 +89,27 @@ def _found(module: nn.Module) -> list[_Found]:
         elif listed(value):
             found.append((name, tuple(value), state, name, True, None))
         elif (fields := config(value)) is not None:
-            found.extend(_fields(name, fields, held, type(value) is dict))
+            found.extend(_fields(name, fields, held, type(value) is dict, (name,)))
     return found
 
 
-def _fields(via: str, fields: dict[Any, Any], held: Any, options: bool) -> list[_Found]:
-    """The settings of the config object or dict of options ``via`` (see :func:`_found`)."""
+def _fields(label: str, fields: dict[Any, Any], held: Any, options: bool, path: tuple[Any, ...]) -> list[_Found]:
+    """The settings of the config object or dict of options ``label``, reached by ``path``
+    from its module (see :func:`_found`; one in it, :data:`_DEPTH` levels down at most)."""
     found: list[_Found] = []
     for key, value in fields.items():
-        if type(key) is not str or key[:1] == "_" or len(found) >= _MAX_NAMES:
+        # (a private field too, not a dunder: a property or ``__getattr__`` reads it)
+        if type(key) is not str or key[:2] == "__" or len(found) >= _MAX_NAMES:
             continue
-        name = f"{via}[{key}]" if options else f"{via}.{key}"
+        name = f"{label}[{key}]" if options else f"{label}.{key}"
         if name in held:
             continue
         if simple(value):
-            found.append((name, value, fields, key, False, via))
+            found.append((name, value, fields, key, False, path))
         elif listed(value):
-            found.append((name, tuple(value), fields, key, True, via))
+            found.append((name, tuple(value), fields, key, True, path))
+        elif len(path) < _DEPTH and (inner := config(value)) is not None:
+            found.extend(_fields(name, inner, held, type(value) is dict, (*path, key)))
     return found
 
 
@@ -171,10 +178,12 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     classes, and the flags of planned layers of classes judged per flags), with their values
     now (None: none); ``was``: :func:`before` at the recorded call's start (None: not taken,
     nothing watched).  A setting the call changed (or made) is state: held.  A config
-    object's field several modules read (one object) is watched once."""
+    object's field several modules read (one object) is watched once (the other modules'
+    links to that object checked by identity: one of them given another object records)."""
     if was is None:
         return None
     entries: list[Entry] = []
+    shared: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
     seen: set[tuple[int, Any]] = set()
     sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
@@ -187,12 +196,15 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
                 _state(module, name)
-            elif watchable and (id(where), key) not in seen and _keep(module, name, value):
+            elif watchable and (id(where), key) in seen:
+                if via is not None:  # (another holder of a shared config object)
+                    shared.append((module.__dict__, via))
+            elif watchable and _keep(module, name, value):
                 seen.add((id(where), key))
                 entries.append((module, name, where, key, is_list, via))
     if not entries and not sized:
         return None
-    watched = Settings(entries, sized)
+    watched = Settings(entries, sized, tuple(shared))
     return watched, watched.now()
 
 

@@ -206,6 +206,9 @@ def _by_settings(
     kept = _by_value.get(root)
     now = (sig, watched[0].now())
     other = None if kept is None else kept.get(now)
+    if other is None and kept:  # its settings' layout changed (a shared config given back): one valid now
+        now = next((k for k, p in kept.items() if k[0] == sig and isinstance(p, Program) and p.valid(plan)), now)
+        other = kept.get(now)
     if other is _RAISED:
         return found
     if kept is not None and isinstance(other, Program) and other.valid(plan):

@@ -203,12 +203,16 @@ _MODELS: dict[str, Callable[[], nn.Module]] = {
 def test_a_changed_config_field_is_checked_and_changed_back_runs_its_first_program(
     kind: str, monkeypatch: pytest.MonkeyPatch, recordings: list[Any]
 ) -> None:
+    changed_and_back(_MODELS[kind], monkeypatch, recordings)
+
+
+def changed_and_back(make: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch, recordings: list[Any]) -> None:
     """Settled on a float32 verdict (small), the config field changed: the calls after it
     run low (its check for the new value: low wins), numerics of torch.autocast; changed
     back and forth, each value's program runs again: no recording, no check."""
     clock = _Clock()
     _process(monkeypatch, clock, nn.Identity(), n=0)
-    model = _MODELS[kind]()
+    model = make()
     for _ in range(4):
         out = _step(model)
     assert out.dtype == torch.float32
