@@ -96,6 +96,7 @@ class Settings:
         "getters",
         "held",
         "labels",
+        "links",
         "lists",
         "more",
         "names",
@@ -134,6 +135,8 @@ class Settings:
         #: (the dicts holding config objects, their keys there, the objects: compared by identity)
         self.objs = _links(self.paths)
         holders = self.objs[0]
+        #: those and the shared ones (:attr:`shared`), compared in one C ``map`` a call
+        self.links = _join(self.objs, self.shared[1])
         keys: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
         for d, name in zip(self.dicts, self.names, strict=True):
             keys.setdefault(id(d), (d, []))[1].append(name)
@@ -181,10 +184,11 @@ class Settings:
     def _same_more(self, values: tuple[Any, ...]) -> bool:
         if self.sized and tuple(map(len, self.sized)) != self.sizes:
             return False
-        links = self.shared[1]
+        links = self.links
         if links[0] and not all(map(is_, map(dict.get, links[0], links[1]), links[2])):
-            return False  # a module holding a shared config object given another one
-        if self.objs[0]:
+            shared = self.shared[1]
+            if shared[0] and not all(map(is_, map(dict.get, shared[0], shared[1]), shared[2])):
+                return False  # a module holding a shared config object given another one
             self._follow()
         return not self.lists or self._listed() == values[len(self.dicts) :]
 
@@ -209,6 +213,7 @@ class Settings:
                 entries.append((module, self.labels[i], containers[i], keys[i], i >= len(self.dicts), self.paths[i][1]))
         found = Settings(entries, self.sized, self.shared[0])
         found.sizes, found.shared = self.sizes, self.shared  # as recorded
+        found.links = _join(found.objs, found.shared[1])
         return found
 
 
@@ -232,6 +237,11 @@ def _links(paths: tuple[Path, ...]) -> tuple[tuple[dict[Any, Any], ...], tuple[A
             holder = config(value) or {}
     found = tuple(links.values())
     return tuple(x[0] for x in found), tuple(x[1] for x in found), tuple(x[2] for x in found)
+
+
+def _join(*links: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+    """``links`` (:func:`_links`) as one."""
+    return tuple(sum(parts, ()) for parts in zip(*links, strict=True))
 
 
 def _snapshot(value: Any) -> Any:
