@@ -7,8 +7,9 @@ are a module's public attributes of simple types (:mod:`._setting_values`: ``boo
 ``int``, ``float``, short ``str``, ``None``, enum members, short tuples of those; not
 ``training``, which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a
 module, and for a class of the user's also its short lists of them (``dilations``) and the
-simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``:
-one level, :data:`_MAX_NAMES` an object):
+simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``,
+private ones too: a property reads them; :data:`_DEPTH` levels, ``cfg.attn.heads``;
+:data:`_MAX_NAMES` an object; not a ``__slots__`` object's):
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
@@ -25,10 +26,9 @@ one level, :data:`_MAX_NAMES` an object):
 A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
 setting: the forward changed it (it differs after the recorded call from before it,
 :func:`before`: a counter; held for every module of its class where the class is the user's,
-whose forward it is: copies made from a source never called), it changed before the
-program recorded for its value was first looked up (:func:`hold`: a step number the loop or a
-pre-hook sets every call; also a flag set once then, left), or it took :data:`HELD_AFTER`
-values.
+whose forward it is: copies made from a source never called), it took a third value
+after changing before its program's first look (:func:`hold`, from :mod:`._early`: a step
+number the loop or a pre-hook sets every call), or it took :data:`HELD_AFTER` values.
 """
 
 from __future__ import annotations
@@ -225,8 +225,8 @@ def _state(module: nn.Module, name: str) -> None:
 
 
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
-    """Hold the watched settings whose values now differ from ``values`` (those of a program
-    not yet looked up since its recording: a setting that changes every call is state)."""
+    """Hold the watched settings whose values now differ from ``values`` (:mod:`._early`: the
+    ones that took a third value since the first look, step numbers: state)."""
     for ref, name, value, now in zip(watched.refs, watched.labels, values, watched.now(), strict=False):
         module = ref()
         if module is not None and not _same(now, value):
