@@ -32,6 +32,7 @@ import torch
 
 from . import _hooks
 from ._cache import plans as _plans
+from ._early import pending
 from ._entered import _ENTERED_LOCK, _TORCH_AUTOCAST, _enter, _torch_enter
 from ._guard import unchanged
 from ._plan import AutoPlan
@@ -304,8 +305,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     if len(local.last) > _MAX_SITES:
         local.last.clear()
     last = local.last[id(module)] = _Last(module, sig, program, region.spec, generation, local.last)
-    if not program.checked and program.check_tries:  # its check raised: checked again at the next call
-        last.stale = _AGAIN
+    if not program.checked and program.check_tries or pending(module, sig):  # its check raised, or it
+        last.stale = _AGAIN  # was re-baselined (._early): looked up again at the next call
     return last
 
 

@@ -28,8 +28,11 @@ _MAX_STR: Final = 256
 _MAX_ITEMS: Final = 16
 #: ``f(x)`` in C (``operator.call``, Python 3.11)
 _call: Final[Callable[..., Any]] = getattr(operator, "call", lambda f, x: f(x))
-#: a watched setting (:class:`Settings`): its module, name, dict, key, whether a list, attribute
-Entry = tuple[nn.Module, str, dict[Any, Any], Any, bool, "str | None"]
+#: a watched setting (:class:`Settings`): its module, name, dict, key, whether a list, the
+#: keys from the module's ``__dict__`` to the dict's config object (None: the module's own)
+Entry = tuple[nn.Module, str, dict[Any, Any], Any, bool, "tuple[Any, ...] | None"]
+#: a module's ``__dict__`` and the keys from it to a config object
+Path = tuple[dict[str, Any], "tuple[Any, ...] | None"]
 
 
 def _scalar(value: Any) -> bool:
@@ -93,6 +96,7 @@ class Settings:
         "getters",
         "held",
         "labels",
+        "links",
         "lists",
         "more",
         "names",
@@ -100,16 +104,22 @@ class Settings:
         "paths",
         "recorded",
         "refs",
+        "shared",
         "sized",
         "sizes",
     )
 
-    def __init__(self, entries: list[Entry], sized: tuple[dict[str, Any], ...] = ()) -> None:
+    def __init__(
+        self, entries: list[Entry], sized: tuple[dict[str, Any], ...] = (), shared: tuple[Path, ...] = ()
+    ) -> None:
         entries = [e for e in entries if not e[4]] + [e for e in entries if e[4]]  # plain ones first
         self.refs = tuple(weakref.ref(e[0]) for e in entries)
         self.labels = tuple(e[1] for e in entries)
-        #: (the module's ``__dict__``, the attribute holding the dict read: None for itself)
-        self.paths = tuple((e[0].__dict__, e[5]) for e in entries)
+        #: (the module's ``__dict__``, the keys to the dict read: None for itself)
+        self.paths: tuple[Path, ...] = tuple((e[0].__dict__, e[5]) for e in entries)
+        #: the paths of the other modules holding a config object watched through one:
+        #: their links (:func:`_links`) compared by identity, one changed records again
+        self.shared = (shared, _links(shared))
         count = sum(not e[4] for e in entries)
         self.names = tuple(e[3] for e in entries[:count])
         self.lists = tuple((e[2], e[3]) for e in entries[count:])
@@ -122,14 +132,11 @@ class Settings:
         count = len(self.names)
         self.dicts = tuple(containers[:count])
         self.lists = tuple((d, k) for d, (_, k) in zip(containers[count:], self.lists, strict=True))
-        objs = {(id(d), via): (d, via) for d, via in self.paths if via is not None}
-        holders, names = tuple(d for d, _ in objs.values()), tuple(v for _, v in objs.values())
-        #: (the dicts holding config objects, their names there, the objects: compared by identity)
-        self.objs: tuple[tuple[dict[str, Any], ...], tuple[str, ...], tuple[Any, ...]] = (
-            holders,
-            names,
-            tuple(map(dict.get, holders, names)),
-        )
+        #: (the dicts holding config objects, their keys there, the objects: compared by identity)
+        self.objs = _links(self.paths)
+        holders = self.objs[0]
+        #: those and the shared ones (:attr:`shared`), compared in one C ``map`` a call
+        self.links = _join(self.objs, self.shared[1])
         keys: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
         for d, name in zip(self.dicts, self.names, strict=True):
             keys.setdefault(id(d), (d, []))[1].append(name)
@@ -138,7 +145,7 @@ class Settings:
         self.getters = tuple(getters.setdefault(tuple(k), itemgetter(*k)) for _, k in keys.values())
         self.held = tuple(d for d, _ in keys.values())
         #: whether :meth:`same` has more than the dicts to compare (sizes, lists, config objects)
-        self.more = bool(self.sized or self.lists or holders)
+        self.more = bool(self.sized or self.lists or holders or self.shared[0])
         #: the values :meth:`same` last found unchanged, and them as its getters read them
         self.recorded: tuple[Any, Any] = (None, None)
 
@@ -146,7 +153,7 @@ class Settings:
         """Read the fields of the config objects in place now, where one was replaced."""
         if all(map(is_, map(dict.get, self.objs[0], self.objs[1]), self.objs[2])):
             return
-        self._bind([d if via is None else (config(d.get(via)) or {}) for d, via in self.paths])
+        self._bind([d if via is None else _resolve(d, via) for d, via in self.paths])
 
     def same(self, values: tuple[Any, ...]) -> bool:
         """Whether every watched setting still holds its value in ``values`` (per call: one
@@ -177,7 +184,11 @@ class Settings:
     def _same_more(self, values: tuple[Any, ...]) -> bool:
         if self.sized and tuple(map(len, self.sized)) != self.sizes:
             return False
-        if self.objs[0]:
+        links = self.links
+        if links[0] and not all(map(is_, map(dict.get, links[0], links[1]), links[2])):
+            shared = self.shared[1]
+            if shared[0] and not all(map(is_, map(dict.get, shared[0], shared[1]), shared[2])):
+                return False  # a module holding a shared config object given another one
             self._follow()
         return not self.lists or self._listed() == values[len(self.dicts) :]
 
@@ -200,9 +211,37 @@ class Settings:
             module = ref()
             if keep[i] and module is not None:
                 entries.append((module, self.labels[i], containers[i], keys[i], i >= len(self.dicts), self.paths[i][1]))
-        found = Settings(entries, self.sized)
-        found.sizes = self.sizes  # as recorded
+        found = Settings(entries, self.sized, self.shared[0])
+        found.sizes, found.shared = self.sizes, self.shared  # as recorded
+        found.links = _join(found.objs, found.shared[1])
         return found
+
+
+def _resolve(state: dict[str, Any], keys: tuple[Any, ...]) -> dict[Any, Any]:
+    """The dict of the config object ``keys`` lead to from a module's ``state`` ({}: none)."""
+    found: dict[Any, Any] = state
+    for key in keys:
+        found = config(found.get(key)) or {}
+    return found
+
+
+def _links(paths: tuple[Path, ...]) -> tuple[tuple[dict[Any, Any], ...], tuple[Any, ...], tuple[Any, ...]]:
+    """The links of ``paths`` to their config objects: (the dicts holding one, its key
+    there, the object), each once: a replaced object at any level changes one."""
+    links: dict[tuple[int, Any], tuple[dict[Any, Any], Any, Any]] = {}
+    for state, keys in paths:
+        holder: dict[Any, Any] = state
+        for key in keys or ():
+            value = holder.get(key)
+            links.setdefault((id(holder), key), (holder, key, value))
+            holder = config(value) or {}
+    found = tuple(links.values())
+    return tuple(x[0] for x in found), tuple(x[1] for x in found), tuple(x[2] for x in found)
+
+
+def _join(*links: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+    """``links`` (:func:`_links`) as one."""
+    return tuple(sum(parts, ()) for parts in zip(*links, strict=True))
 
 
 def _snapshot(value: Any) -> Any:

@@ -7,8 +7,9 @@ are a module's public attributes of simple types (:mod:`._setting_values`: ``boo
 ``int``, ``float``, short ``str``, ``None``, enum members, short tuples of those; not
 ``training``, which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a
 module, and for a class of the user's also its short lists of them (``dilations``) and the
-simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``:
-one level, :data:`_MAX_NAMES` an object):
+simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``,
+private ones too: a property reads them; :data:`_DEPTH` levels, ``cfg.attn.heads``;
+:data:`_MAX_NAMES` an object; not a ``__slots__`` object's):
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
@@ -25,10 +26,9 @@ one level, :data:`_MAX_NAMES` an object):
 A setting is *held* (neither watched nor keyed, for that module) where it is state, not a
 setting: the forward changed it (it differs after the recorded call from before it,
 :func:`before`: a counter; held for every module of its class where the class is the user's,
-whose forward it is: copies made from a source never called), it changed before the
-program recorded for its value was first looked up (:func:`hold`: a step number the loop or a
-pre-hook sets every call; also a flag set once then, left), or it took :data:`HELD_AFTER`
-values.
+whose forward it is: copies made from a source never called), it took a third value
+after changing before its program's first look (:func:`hold`, from :mod:`._early`: a step
+number the loop or a pre-hook sets every call), or it took :data:`HELD_AFTER` values.
 """
 
 from __future__ import annotations
@@ -56,10 +56,13 @@ _held_by_class: dict[type, set[str]] = {}
 _seen: weakref.WeakKeyDictionary[nn.Module, dict[str, set[tuple[type, Any]]]] = weakref.WeakKeyDictionary()
 _MISSING: Final = object()
 _MAX_NAMES: Final = 64
-#: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``), its value (a list's as a
-#: tuple), the dict it is read from, its key there, whether it is a list, and the module
-#: attribute holding that dict's object (``cfg``; None: the module's own attribute)
-_Found = tuple[str, Any, dict[Any, Any], Any, bool, "str | None"]
+#: the levels of config objects and dicts of options read below a module (``cfg.attn.heads``)
+_DEPTH: Final = 2
+#: a setting: its name (``depth``, ``cfg.depth``, ``opts[mode]``, ``cfg.attn.heads``), its
+#: value (a list's as a tuple), the dict it is read from, its key there, whether it is a
+#: list, and the keys from the module's ``__dict__`` to that dict's object (``("cfg",)``,
+#: ``("cfg", "attn")``; None: the module's own attribute)
+_Found = tuple[str, Any, dict[Any, Any], Any, bool, "tuple[Any, ...] | None"]
 
 
 def _found(module: nn.Module) -> list[_Found]:
@@ -86,23 +89,27 @@ def _found(module: nn.Module) -> list[_Found]:
         elif listed(value):
             found.append((name, tuple(value), state, name, True, None))
         elif (fields := config(value)) is not None:
-            found.extend(_fields(name, fields, held, type(value) is dict))
+            found.extend(_fields(name, fields, held, type(value) is dict, (name,)))
     return found
 
 
-def _fields(via: str, fields: dict[Any, Any], held: Any, options: bool) -> list[_Found]:
-    """The settings of the config object or dict of options ``via`` (see :func:`_found`)."""
+def _fields(label: str, fields: dict[Any, Any], held: Any, options: bool, path: tuple[Any, ...]) -> list[_Found]:
+    """The settings of the config object or dict of options ``label``, reached by ``path``
+    from its module (see :func:`_found`; one in it, :data:`_DEPTH` levels down at most)."""
     found: list[_Found] = []
     for key, value in fields.items():
-        if type(key) is not str or key[:1] == "_" or len(found) >= _MAX_NAMES:
+        # (a private field too, not a dunder: a property or ``__getattr__`` reads it)
+        if type(key) is not str or key[:2] == "__" or len(found) >= _MAX_NAMES:
             continue
-        name = f"{via}[{key}]" if options else f"{via}.{key}"
+        name = f"{label}[{key}]" if options else f"{label}.{key}"
         if name in held:
             continue
         if simple(value):
-            found.append((name, value, fields, key, False, via))
+            found.append((name, value, fields, key, False, path))
         elif listed(value):
-            found.append((name, tuple(value), fields, key, True, via))
+            found.append((name, tuple(value), fields, key, True, path))
+        elif len(path) < _DEPTH and (inner := config(value)) is not None:
+            found.extend(_fields(name, inner, held, type(value) is dict, (*path, key)))
     return found
 
 
@@ -171,10 +178,12 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     classes, and the flags of planned layers of classes judged per flags), with their values
     now (None: none); ``was``: :func:`before` at the recorded call's start (None: not taken,
     nothing watched).  A setting the call changed (or made) is state: held.  A config
-    object's field several modules read (one object) is watched once."""
+    object's field several modules read (one object) is watched once (the other modules'
+    links to that object checked by identity: one of them given another object records)."""
     if was is None:
         return None
     entries: list[Entry] = []
+    shared: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
     seen: set[tuple[int, Any]] = set()
     sized = tuple(m.__dict__ for m in modules if _watched(m))
     for module in modules:
@@ -187,12 +196,15 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
             start = was.get((id(module), name), _MISSING)
             if start is _MISSING or not _same(start, value):  # state the forward changed (a counter)
                 _state(module, name)
-            elif watchable and (id(where), key) not in seen and _keep(module, name, value):
+            elif watchable and (id(where), key) in seen:
+                if via is not None:  # (another holder of a shared config object)
+                    shared.append((module.__dict__, via))
+            elif watchable and _keep(module, name, value):
                 seen.add((id(where), key))
                 entries.append((module, name, where, key, is_list, via))
     if not entries and not sized:
         return None
-    watched = Settings(entries, sized)
+    watched = Settings(entries, sized, tuple(shared))
     return watched, watched.now()
 
 
@@ -213,8 +225,8 @@ def _state(module: nn.Module, name: str) -> None:
 
 
 def hold(watched: Settings, values: tuple[Any, ...]) -> None:
-    """Hold the watched settings whose values now differ from ``values`` (those of a program
-    not yet looked up since its recording: a setting that changes every call is state)."""
+    """Hold the watched settings whose values now differ from ``values`` (:mod:`._early`: the
+    ones that took a third value since the first look, step numbers: state)."""
     for ref, name, value, now in zip(watched.refs, watched.labels, values, watched.now(), strict=False):
         module = ref()
         if module is not None and not _same(now, value):

@@ -15,11 +15,13 @@ from typing import Any, Final
 
 from torch import nn
 
+from ._early import forget as forget_early
+from ._early import look, rebase, stayed
 from ._guard import unchanged
 from ._loose import loosen
 from ._plan import AutoPlan
 from ._program import Program
-from ._settings import Settings, hold, unheld
+from ._settings import Settings, unheld
 from ._twins import forget as forget_twins
 from ._twins import keep
 
@@ -67,6 +69,10 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     if isinstance(found, Program):
         if not found.valid(plan):  # a setting changed: the program of its new value, if any
             return _by_settings(root, sig, found, plan, programs) or 0
+        recorded = stayed(root, sig, found)  # re-baselined at a change, unchanged since: a setting
+        if recorded is not None:  # (._early): recorded again; the program as recorded kept for its values
+            _keep_value(root, sig, recorded, found)
+            return 0
         unrun = _unrun.get(root)
         if unrun:
             unrun.discard(sig)  # it runs
@@ -189,8 +195,9 @@ def _by_settings(
     program kept for their values now (swapped in: a flag switched back and forth runs each
     value's program, unrecorded), or ``found`` where those values raised when recorded (a
     flag the forward raises on: recorded once) or the changed settings are held (without
-    them); None: record again.  A program not yet looked up since its recording holds the
-    settings that changed (:func:`._settings.hold`: a step number set every call)."""
+    them); None: record again.  A program not yet looked up since its recording is
+    re-baselined at the values now and the next look decides (:mod:`._early`: a step number
+    set every call is held then, a setting set once or a flag flipped records)."""
     watched = _settings_of(found)
     if watched is None or plan is not found.plan or plan.changes != found.changes or found.stale[0]:
         return None
@@ -199,6 +206,9 @@ def _by_settings(
     kept = _by_value.get(root)
     now = (sig, watched[0].now())
     other = None if kept is None else kept.get(now)
+    if other is None and kept:  # its settings' layout changed (a shared config given back): one valid now
+        now = next((k for k, p in kept.items() if k[0] == sig and isinstance(p, Program) and p.valid(plan)), now)
+        other = kept.get(now)
     if other is _RAISED:
         return found
     if kept is not None and isinstance(other, Program) and other.valid(plan):
@@ -206,14 +216,40 @@ def _by_settings(
         _keep_value(root, sig, found, other)
         programs[sig] = other
         return other
-    if not found.checked:  # changed before its first look: state, not a setting (held, runs;
-        hold(*watched)  # a value whose program is kept: that program, above)
+    looked = look(root, sig, watched)  # the look after a re-baselining (._early): step numbers held
+    if looked is None and not found.checked:  # changed before its first look: re-baselined, runs
+        return rebase(root, sig, found, watched, programs)  # (a value whose program is kept: above)
+    if isinstance(looked, Program):  # a flag back at its recorded value: the program as recorded
+        return _back(root, sig, found, looked, plan, programs)
+    if looked:  # a setting kept at its new value: recorded
+        return None
     rest = unheld(*watched)  # settings held since (another program's recording)
     if rest is None or rest[0].same(rest[1]):  # the settings that changed are held
-        program = found._replace(plain=found.plain[:-1] if rest is None else (*found.plain[:-1], (None, "", *rest)))
+        program = _unheld(found, rest)
         programs[sig] = program
         return program
     return None
+
+
+def _unheld(program: Program, rest: tuple[Settings, tuple[Any, ...]] | None) -> Program:
+    """``program`` watching ``rest`` (:func:`._settings.unheld` of its settings) alone."""
+    return program._replace(plain=program.plain[:-1] if rest is None else (*program.plain[:-1], (None, "", *rest)))
+
+
+def _back(
+    root: nn.Module, sig: tuple[Any, ...], rebased: Program, recorded: Program, plan: AutoPlan, programs: dict[Any, Any]
+) -> Program | None:
+    """``recorded``, the program ``rebased`` was re-baselined from (:mod:`._early`), for
+    the settings back at its values (less those held since), ``rebased`` kept for its own;
+    None where it is not valid now (something else changed: record again)."""
+    was, now = _settings_of(recorded), _settings_of(rebased)
+    program = recorded if was is None else _unheld(recorded, unheld(*was))
+    if not program.valid(plan):
+        return None
+    if now is not None:
+        _keep_value(root, sig, _unheld(rebased, unheld(*now)), program)
+    programs[sig] = program
+    return program
 
 
 def raised(root: nn.Module, sig: tuple[Any, ...] | None) -> None:
@@ -240,3 +276,4 @@ def forget() -> None:
     _by_value.clear()
     _unrun.clear()
     forget_twins()
+    forget_early()

@@ -203,12 +203,16 @@ _MODELS: dict[str, Callable[[], nn.Module]] = {
 def test_a_changed_config_field_is_checked_and_changed_back_runs_its_first_program(
     kind: str, monkeypatch: pytest.MonkeyPatch, recordings: list[Any]
 ) -> None:
+    changed_and_back(_MODELS[kind], monkeypatch, recordings)
+
+
+def changed_and_back(make: Callable[[], nn.Module], monkeypatch: pytest.MonkeyPatch, recordings: list[Any]) -> None:
     """Settled on a float32 verdict (small), the config field changed: the calls after it
     run low (its check for the new value: low wins), numerics of torch.autocast; changed
     back and forth, each value's program runs again: no recording, no check."""
     clock = _Clock()
     _process(monkeypatch, clock, nn.Identity(), n=0)
-    model = _MODELS[kind]()
+    model = make()
     for _ in range(4):
         out = _step(model)
     assert out.dtype == torch.float32
@@ -237,27 +241,16 @@ _CHANGED_EARLY: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-#: a setting changed before its program's first look is held as a step number would be (one
-#: that changes every call is the common case: recording it again cost step-counter loops
-#: recordings and checks, test_auto_user_hooks; holding numbers only gave a flag flipped in
-#: the first step its own verdict, test_auto_sweep8's no_sync); a setting set once after the
-#: first call, or flipped every step from the first, then runs one value's program for the other
-_NUMBER_HELD = pytest.mark.xfail(strict=True, reason="a setting changed before its first look is held (step number)")
-
-
-def _cases(kinds: list[str]) -> list[Any]:
-    return [pytest.param(k, marks=_NUMBER_HELD) for k in kinds]
-
-
-@pytest.mark.parametrize("kind", _cases(list(_CHANGED_EARLY)))
+@pytest.mark.parametrize("kind", list(_CHANGED_EARLY))
 def test_a_setting_changed_after_the_first_call_and_kept_is_checked_for_its_value(
     kind: str, monkeypatch: pytest.MonkeyPatch, recordings: list[Any]
 ) -> None:
     """One call (recorded, the plan knowing its layers) with the small value, then the
     setting changed for good before the second call: the later calls run the new value's verdict (low, numerics of
     torch.autocast), and changed back and forth each value's program runs unrecorded.
-    Before, the change was taken for a step number (held): the program recorded for the
-    small value ran on for the large one."""
+    Before the fifteenth stop, the change was taken for a step number (held): the program
+    recorded for the small value ran on for the large one (now re-baselined, decided at the
+    next look: ``_auto/_early.py``)."""
     clock = _Clock()
     _process(monkeypatch, clock, nn.Identity(), n=0)
     _RUNNING[0] = "small"
@@ -332,13 +325,14 @@ class _Dropped(nn.Module):
         return self.head(x)
 
 
-@pytest.mark.parametrize("kind", _cases(["use-cache-flag", "int-depth", "dataclass-field"]))
+@pytest.mark.parametrize("kind", ["use-cache-flag", "int-depth", "dataclass-field"])
 def test_a_setting_flipped_every_step_from_the_start_records_nothing_once_both_values_ran(
     kind: str, monkeypatch: pytest.MonkeyPatch, recordings: list[Any]
 ) -> None:
     """A flag flipped at every step from the first one (``model.use_cache = i % 2 == 0``):
     after its first steps nothing is recorded or measured, and each value runs its own
-    verdict (small: float32, large: low), numerics of that fixed choice."""
+    verdict (small: float32, large: low), numerics of that fixed choice (before the
+    fifteenth stop: held at its first change, one verdict for both values)."""
     make = {"use-cache-flag": _Dropped, "int-depth": lambda: _Deep(1), "dataclass-field": _DataclassField}[kind]
     clock = _Clock()
     _process(monkeypatch, clock, nn.Identity(), n=0)

@@ -340,13 +340,17 @@ class LoRA(nn.Module):
 
 
 class Syncing(nn.Module):
-    """A ``no_sync``-like context: a flag the forward reads (gradient accumulation)."""
+    """A ``no_sync``-like context: a flag the forward reads (gradient accumulation), flipped
+    within each step: a setting, one verdict per value (docs/auto.md).  ``synced`` counts
+    the calls that synchronised, the whole-call checks' runs too (a Python counter sees
+    them, docs/auto.md): the steps compare ``seen``, the flag the last call read."""
 
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
         self.sync = True
         self.synced = 0
+        self._seen = True
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -358,6 +362,7 @@ class Syncing(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.synced += self.sync
+        self._seen = self.sync
         return self.net(x)
 
 
@@ -418,7 +423,8 @@ def _cases() -> dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module, in
             ctx = m.no_sync() if k < 3 else contextlib.nullcontext()
             with ctx:
                 outs.append(_train(m, micro, enter))
-        return outs, torch.tensor(m.synced)
+            outs.append(torch.tensor(m._seen))  # (m.synced: the checks' runs count too)
+        return outs
 
     def interleaved(m: nn.Module, i: int, enter: Enter) -> Any:
         out = _train(m, x, enter)
