@@ -28,6 +28,7 @@ from test_auto_sweep5 import Clock, _key, _path, _process, _quiet_process
 import ampcore
 from ampcore._auto import Costs, _plan
 from ampcore._auto._cache import forget_plans
+from ampcore._auto._costs import near_classes
 from ampcore._cli.main import main
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
@@ -197,3 +198,19 @@ def test_files_of_another_thread_count_are_kept_and_not_read(monkeypatch: pytest
         _quiet_process(monkeypatch, "low")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_neighbours_found_by_lookup_are_those_a_scan_finds() -> None:
+    """``near_classes`` (used above ``MANY_CLASSES`` classes of one module) finds the same
+    neighbours as comparing with every class: buckets of two inputs, dtypes, grad modes."""
+    plan = ampcore.auto_plan("cpu")
+    module = "Linear(in_features=32, out_features=8, bias=True)"
+    for b in (1, 2, 4, 8, 16, 32, 64, 3, 6, 12):
+        for t in (16, 32, 64):
+            for dtype in ("", ":bfloat16"):
+                for grad in ("grad", "no-grad"):
+                    plan.set(f"{module} in=[{b}x{t}x32{dtype}, {t}x{b}] {grad}", Costs(2.0, 1.0, 0.1))
+    keys = list(plan.entries)
+    near = near_classes(keys)
+    for key in keys:
+        assert dict(plan.neighbours(key, keys)) == dict(plan.neighbours(key, near(key))), key
