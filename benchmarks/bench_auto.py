@@ -67,6 +67,9 @@ embedding, attention), ``heldout-gat`` (graph attention: ``index_select``, ``sca
 ``heldout-sdpa`` (a causal decoder on ``F.scaled_dot_product_attention``).  Of the fourteenth
 stop (:mod:`auto_models14`: weights used more than once in one call): ``heldout-albert`` (one
 shared block applied 6 times), ``heldout-cell`` (a recurrent cell stepped 64 times, a tied head).
+Of the tenth sweep (:mod:`auto_models15`): ``heldout-switch`` (a Switch mixture of experts:
+top-1 with a capacity, ``scatter`` / ``gather``, experts by ``torch.bmm``), ``heldout-selective``
+(a Mamba-like selective scan), ``heldout-warp`` (a spatial transformer: ``F.affine_grid``).
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot

@@ -32,7 +32,7 @@ except ImportError:  # (Windows: writes are atomic, not merged under a lock)
     fcntl = None  # type: ignore[assignment]
 
 from ._checks import check_from_mapping
-from ._costs import by_module, decide, implausible
+from ._costs import MANY_CLASSES, by_module, decide, implausible, near_classes
 from ._plan import FORMAT, AutoPlan, PlanEntry, _key, entry_from_mapping, seal
 
 __all__ = [
@@ -205,9 +205,10 @@ def _disagreeing(plan: AutoPlan) -> list[str]:
     outlier, and measuring again settles it); their reasons."""
     found = []
     for group in by_module(plan.entries).values():
+        near = near_classes(group) if len(group) > MANY_CLASSES else None  # (a forged file: by lookup)
         for key in group:
             costs = plan.entries[key].costs
-            reason = None if costs is None else plan.suspect(key, costs, group)
+            reason = None if costs is None else plan.suspect(key, costs, group if near is None else near(key))
             if reason is not None:
                 found.append((key, reason))
     for key, _ in found:

@@ -15,7 +15,7 @@ How the costs are measured is in :mod:`._measure`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Final, Literal
 
@@ -34,6 +34,7 @@ __all__ = [
     "implausible",
     "merge",
     "module_of",
+    "near_classes",
     "shape_neighbours",
 ]
 
@@ -296,6 +297,47 @@ def by_module(keys: Iterable[str]) -> dict[str, list[str]]:
     for key in keys:
         groups.setdefault(key.rpartition(" in=[")[0], []).append(key)
     return groups
+
+
+#: a module with more shape classes than this is checked through :func:`near_classes`'s
+#: index (power-of-two buckets give a layer a few dozen; thousands are a forged or damaged file)
+MANY_CLASSES: Final = 64
+
+
+def near_classes(keys: list[str]) -> Callable[[str], list[str]]:
+    """For the classes ``keys`` of one module: a function giving, for one of them, the
+    others that may be its neighbours (the same shapes in another dtype, or one dimension
+    doubled or halved), found by lookup: checking a module of ``n`` classes costs ``O(n)``
+    comparisons, not ``O(n**2)``.
+
+    Example::
+
+        >>> near = near_classes(["L in=[8x4] grad", "L in=[16x4] grad", "L in=[8x4:bfloat16] grad", "L in=[64x4] grad"])
+        >>> near("L in=[8x4] grad")
+        ['L in=[8x4] grad', 'L in=[8x4:bfloat16] grad', 'L in=[16x4] grad']
+    """
+    same: dict[tuple[str, str], list[str]] = {}
+    shaped: dict[tuple[Any, ...], list[str]] = {}
+    for key in keys:
+        same.setdefault(module_of(key), []).append(key)
+        parts = _parts(key)
+        if parts is not None:
+            shaped.setdefault((parts[0], tuple(map(tuple, parts[1])), parts[2]), []).append(key)
+
+    def near(key: str) -> list[str]:
+        found = list(same.get(module_of(key), ()))
+        parts = _parts(key)
+        for i, shape in enumerate(parts[1] if parts is not None else ()):
+            for j, dim in enumerate(shape[:-1]):
+                if not dim.isdigit():
+                    continue
+                for other in {int(dim) * 2, int(dim) // 2 if int(dim) % 2 == 0 else 0} - {0}:
+                    moved = [tuple(s) for s in parts[1]]  # type: ignore[index]
+                    moved[i] = (*shape[:j], str(other), *shape[j + 1 :])
+                    found += shaped.get((parts[0], tuple(moved), parts[2]), [])  # type: ignore[index]
+        return found
+
+    return near
 
 
 def implausible(costs: Costs, neighbours: Iterable[Costs] = ()) -> str | None:

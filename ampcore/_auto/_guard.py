@@ -1,11 +1,10 @@
 """The guard of a root's program (:mod:`._program`): what a later call must share with the
 recorded one to run its program, and what makes a program stale.
 
-* :func:`signature`: grad mode, the root's eval mode, every tensor's shape, dtype and device
-  among the call's arguments (also inside lists, tuples, dicts and dataclasses) and the
-  values of its other arguments; an object holding plain data (a KV cache: tensors in
-  lists of objects) by its type and state, its tensors by shape class; ``None`` for an
-  argument it cannot see (the plan then applies call by call);
+* :func:`signature`: grad mode, eval mode, every tensor's shape, dtype and device among the
+  arguments (also in lists, tuples, dicts, dataclasses), the other arguments' values; an object
+  of plain data (a KV cache) by type and state, its tensors by shape class; ``None`` for an
+  argument it cannot see (a nested tensor: the plan then applies call by call);
 * :func:`unseen_modules`: the root's planned modules the recording did not see called
   (another path of its control flow): the program guards them;
 * :func:`snapshot` / :func:`unchanged`: the root's module tree (also layers kept in plain
@@ -91,18 +90,17 @@ def signature(
     if (top := _saved_hooks(False)) is not None and getattr(top[0], "__module__", None) == _CHECKPOINT:
         sig.append(_IN_CHECKPOINT)  # (non-reentrant; no Python call) its program is not one for outside, nor reverse
     for a in args:
-        if isinstance(a, _Tensor):
+        if isinstance(a, _Tensor) and not a.is_nested:  # (a nested one: _describe refuses it)
             sig.append((a.shape, a.dtype, a.device))
         elif not _describe(a, sig):
             return None
-    if kwargs:
-        for k, v in kwargs.items():
-            if isinstance(v, _Tensor):
-                sig.append((k, v.shape, v.dtype, v.device))
-            else:
-                sig.append(("kw", k))
-                if not _describe(v, sig):
-                    return None
+    for k, v in kwargs.items() if kwargs else ():
+        if isinstance(v, _Tensor) and not v.is_nested:
+            sig.append((k, v.shape, v.dtype, v.device))
+        else:
+            sig.append(("kw", k))
+            if not _describe(v, sig):
+                return None
     if root is not None:
         if root._forward_pre_hooks and _user_pre_hooks(root):
             return None  # it may change the arguments after the sentinel took them: call by call
@@ -137,6 +135,8 @@ def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool
     guarded); ``held``: inside an object (:func:`_state`), the entries it may still read.
     Entries other than tensors' never hold a dtype second from the end."""
     if isinstance(value, torch.Tensor):
+        if value.is_nested:  # jagged sizes are new symbols every call; a strided one has none
+            return False
         if held is None:
             sig.append((value.shape, value.dtype, value.device))
         else:  # a cache's tensor: by shape class (a length that grows every call)

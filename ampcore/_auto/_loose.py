@@ -97,7 +97,8 @@ def explained(sig: tuple[Any, ...]) -> set[int]:
         >>> sorted(explained(signature((torch.zeros(8, 3), 4), None)))
         [1, 2, 3, 6, 8, 9, 12, 16, 24, 32, 64]
     """
-    dims = {d for e in sig[1:] if type(e) is tuple and e and isinstance(e[-2], torch.dtype) for d in e[-3]}
+    tensors = [e[-3] for e in sig[1:] if type(e) is tuple and e and isinstance(e[-2], torch.dtype)]
+    dims = {d for shape in tensors for d in shape if type(d) is int}  # (a jagged size is none)
     dims.update([a * b for a in list(dims) for b in dims])
     halves = {d >> k for d in dims for k in range(1, max(d, 1).bit_length())}
     numbers = {e[2] for e in sig[1:] if _number(e) and e[1] is int}

@@ -280,16 +280,19 @@ def shape_class(module: nn.Module, args: tuple[object, ...], device_type: str) -
     if describe is None:  # read once per module object (the hot path); not a parameter or buffer
         more = "".join(f", {k}={v}" for k, v in flags(module)) if varies else ""
         describe = module.__dict__[_DESCRIPTION] = f"{type(module).__name__}({kind[0](module)}{more})"
-    if len(args) == 1 and isinstance(one := args[0], torch.Tensor):  # the common call: no comprehension
-        # the device, not its type: torch formats ``device.type`` through a C++ stream (3 us in a step)
-        signature: tuple[object, ...] = (describe, _is_grad(), device_type, one.shape, one.dtype, one.device)
-    else:  # nested (shape, dtype, device type) per tensor: never equal to a key of the form above
-        signature = (
-            describe,
-            _is_grad(),
-            device_type,
-            *[(a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)],
-        )
+    try:
+        if len(args) == 1 and isinstance(one := args[0], torch.Tensor):  # the common call: no comprehension
+            # the device, not its type: torch formats ``device.type`` through a C++ stream (3 us in a step)
+            signature: tuple[object, ...] = (describe, _is_grad(), device_type, one.shape, one.dtype, one.device)
+        else:  # nested (shape, dtype, device type) per tensor: never equal to a key of the form above
+            signature = (
+                describe,
+                _is_grad(),
+                device_type,
+                *[(a.shape, a.dtype, a.device.type) for a in args if isinstance(a, torch.Tensor)],
+            )
+    except RuntimeError:  # a strided nested tensor has no shape: not planned (the O1 lists)
+        return None
     try:
         return _CLASSES[signature]
     except KeyError:
@@ -312,6 +315,8 @@ def _shape_class(describe: str, args: tuple[object, ...], device_type: str) -> s
     floating = False
     for arg in args:
         if isinstance(arg, torch.Tensor):
+            if arg.is_nested or not all(type(d) is int for d in arg.shape):  # jagged, symbolic: sizes no bucket has
+                return None  # (not planned: the O1 lists, as torch.autocast)
             if arg.is_floating_point() and arg.device.type == device_type:
                 floating = True
             dims = "x".join(str(bucket(d)) for d in arg.shape)
