@@ -204,3 +204,32 @@ def test_candidates_are_every_non_empty_container_attribute(value: Any, hooked: 
 def _every(module: nn.Module) -> list[tuple[str, Any]]:
     registered = ("_modules", "_parameters", "_buffers")
     return [(k, v) for k, v in vars(module).items() if isinstance(v, (list, tuple, dict)) and k not in registered and v]
+
+
+def test_the_whole_call_check_keeps_one_copy_of_the_calls_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check of a mixed program runs three candidates; each run puts back what the
+    forward changed in place, from one copy of the call's tensors (before: a copy per
+    candidate).  The caller's tensor is changed once, by the real call, as in a step
+    without auto."""
+    from test_auto_sweep9 import InPlace  # (x.mul_(2.0).clamp_(-1.5, 1.5) first)
+
+    from ampcore._auto import _verify
+    from ampcore._auto._shapes import shape_class
+
+    torch.manual_seed(0)
+    model = InPlace()
+    x = torch.randn(4, 16)
+    clock = Clock()
+    _process(monkeypatch, clock, nn.Identity(), n=0, fp32=(shape_class(model.a, (x,), "cpu"),))  # type: ignore[arg-type]
+    kept: list[Any] = []
+    real = _verify.Inputs
+    monkeypatch.setattr(_verify, "Inputs", lambda *a: kept.append(real(*a)) or kept[-1])
+    want = x.mul(2.0).clamp(-1.5, 1.5)
+    for _ in range(4):  # recorded (its program mixed: a float32, b low), checked as a whole, settled
+        given = x.clone()
+        with ampcore.autocast("cpu", level="auto"):
+            model(given)
+        torch.testing.assert_close(given, want, rtol=0, atol=0)
+    _clean(model)
+    assert {"root-plan", "root-low", "root-fp32"} <= set(clock.labels)  # (before: the check raised, unrepeatable)
+    assert len(kept) == 1
