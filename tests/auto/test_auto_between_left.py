@@ -30,11 +30,13 @@ from ampcore._policy import entry, torch_state
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
 
 
-def _disabled_between(m: Any, enter: Enter) -> Any:
+def _disabled_between(m: Any, enter: Enter, after_low: bool = False) -> Any:
+    """Two roots, a disabled ampcore region, the similarity after it (``after_low``: b ran
+    low, so the product inside the disabled region takes a's output only)."""
     with enter(BF16):
         y, z = m.a(X), m.b(X)
         with ampcore.autocast("cpu", enabled=False):
-            inside = y @ z.t()
+            inside = y @ (y if after_low else z).t()
         after = y @ z.t()
     return y, z, inside, after
 
@@ -47,31 +49,23 @@ def test_a_disabled_region_between_float32_roots_leaves_the_ops_after_it_float32
         monkeypatch.setattr(torch_state, "_ACCEPTED", set())
         monkeypatch.setattr(entry, "accepted", lambda *a: None)
     _steps(Towers, _disabled_between, recordings)
+    assert {t for dtypes in _auto_dtypes(_disabled_between, low=False) for t in dtypes} == {torch.float32}
+
+
+def _auto_dtypes(body: Any, low: bool) -> list[tuple[torch.dtype, ...]]:
+    """``body``'s output dtypes under auto at 4 steps, the harness's rule's plan loaded."""
     torch.manual_seed(0)
-    model = Towers()
+    model = Towers(low=low)
     _decide_all(model)
-    for dtypes in _dtypes(_disabled_between, model):  # recorded, then settled
-        assert set(dtypes) == {torch.float32}
+    return _dtypes(body, model)
 
 
 def test_a_disabled_region_after_a_low_root_keeps_the_o1_lists_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a root that ran low the region's state is on: the disabled region restores it."""
     monkeypatch.setattr(torch_state, "_ACCEPTED", set())
     monkeypatch.setattr(entry, "accepted", lambda *a: None)
-    torch.manual_seed(0)
-    model = Towers(low=True)
-    _decide_all(model)
-    for dtypes in _dtypes(_disabled_after_low, model):
+    for dtypes in _auto_dtypes(lambda m, enter: _disabled_between(m, enter, after_low=True), low=True):
         assert dtypes[2:] == (torch.float32, BF16)
-
-
-def _disabled_after_low(m: Any, enter: Enter) -> Any:
-    with enter(BF16):
-        y, z = m.a(X), m.b(X)
-        with ampcore.autocast("cpu", enabled=False):
-            inside = y @ y.t()
-        after = y @ z.t()
-    return y, z, inside, after
 
 
 # --- left as they are (docs/auto.md, "Ops between roots": what pre-hooks see) --------------
