@@ -34,12 +34,15 @@ cannot tell whether a step's path goes through it.
 
 Between roots, where a float32 root left autocast off for the region's ops after it
 (``_roots._root_post``), a ``torch.autocast`` entered in the region itself first puts the
-region's state back, so torch saves and restores that state (docs/auto.md, "Ops between roots").
+region's state back, so torch saves and restores that state (docs/auto.md, "Ops between roots");
+not one ampcore enters for a nested region (a disabled one's first entry: it restores the off
+state, as the nested regions whose flags are set directly do).
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Final
@@ -50,6 +53,7 @@ from torch.amp.autocast_mode import autocast as _torch_autocast
 
 from .._policy.custom_fwd import _decorated_fwd
 from .._policy.thread_state import thread_state
+from .._policy.torch_state import enter_torch_autocast
 from ._guard import in_checkpoint
 from ._program import Running, local
 from ._roots_state import _local as _roots_local
@@ -63,6 +67,9 @@ _autocast_enabled: Final = torch.is_autocast_enabled
 _is_compiling = torch.compiler.is_compiling
 #: torch's own ``__enter__`` (the wrapper calls it first)
 _torch_enter: Final[Callable[[Any], Any]] = _torch_autocast.__enter__
+#: ampcore's own entry of ``torch.autocast`` (a nested region's first entry of its flags): it
+#: saves and restores the state between roots as it is, as its later entries (flags set directly) do
+_AMPCORE_ENTRY: Final = enter_torch_autocast.__code__
 #: the code of the functions ``torch.amp.custom_fwd`` and ``ampcore.custom_fwd`` return
 _CUSTOM_FWD: Final = frozenset(
     (
@@ -77,7 +84,13 @@ _CASTING: dict[type, bool] = {}
 
 def _enter(self: Any) -> Any:
     between = _roots_local.between  # between roots, autocast left off (_roots): the region's state first
-    if between and local.run is None and _thread.stack and _thread.stack[-1] is local.settled:
+    if (
+        between
+        and local.run is None
+        and _thread.stack
+        and _thread.stack[-1] is local.settled
+        and sys._getframe(1).f_code is not _AMPCORE_ENTRY  # (a nested ampcore region: as it sets flags directly)
+    ):
         _roots_local.between = None
         torch.set_autocast_enabled(between, True)
     found = _torch_enter(self)

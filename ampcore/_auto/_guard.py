@@ -27,6 +27,7 @@ from typing import Any, Final
 import torch
 from torch import nn
 
+from ._containers import CONTAINERS, candidates
 from ._loose import _LOOSE, _loosened
 from ._settings import Settings
 from ._shapes import bucket, float32_weights, planned_ops
@@ -271,31 +272,29 @@ def in_transform() -> bool:
     return _interpreters() is not None
 
 
-def _plain(root: nn.Module) -> tuple[list[nn.Module], list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]]]:
-    """The modules of ``root``, also those kept in plain lists, tuples and dicts of its
-    modules' attributes (not registered: not in ``root.modules()``), and those containers:
-    (the owner's ``__dict__``, the attribute, the container, its values now)."""
+def _plain(
+    root: nn.Module, known: list[nn.Module] | None = None
+) -> tuple[list[nn.Module], list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]]]:
+    """The modules of ``root`` (``known``: ``root.modules()``, walked already), also those kept
+    in plain lists, tuples and dicts of its modules' attributes (not registered: not in
+    ``root.modules()``; :func:`~._containers.candidates`), and those containers: (the owner's
+    ``__dict__``, the attribute, the container, its values now)."""
     found: dict[int, nn.Module] = {}
     containers: list[tuple[dict[str, Any] | None, str, Any, tuple[Any, ...]]] = []
-    todo = [root]
+    todo: list[Any] = [root.modules() if known is None else known]
     while todo:
-        for m in todo.pop().modules():
+        for m in todo.pop():
             if id(m) in found:
                 continue
             found[id(m)] = m
-            for name, value in vars(m).items():
-                if isinstance(value, _CONTAINERS) and name not in _REGISTERED and value:
-                    nested: list[Any] = []
-                    layers = _layers(value, 3, nested)
-                    if layers:
-                        containers.append((m.__dict__, name, value, _values(value)))
-                        containers += [(None, "", c, _values(c)) for c in nested]  # held by the one above
-                        todo.extend(layers)
+            for name, value in candidates(m):
+                nested: list[Any] = []
+                layers = _layers(value, 3, nested)
+                if layers:
+                    containers.append((m.__dict__, name, value, _values(value)))
+                    containers += [(None, "", c, _values(c)) for c in nested]  # held by the one above
+                    todo.extend(layer.modules() for layer in layers)
     return list(found.values()), containers
-
-
-_CONTAINERS: Final = (list, tuple, dict)
-_REGISTERED: Final = frozenset({"_modules", "_parameters", "_buffers"})
 
 
 def _values(container: Any) -> tuple[Any, ...]:
@@ -309,7 +308,7 @@ def _layers(container: Any, depth: int, nested: list[Any]) -> list[nn.Module]:
     for value in _values(container):
         if isinstance(value, nn.Module):
             found.append(value)
-        elif depth > 1 and isinstance(value, _CONTAINERS):
+        elif depth > 1 and isinstance(value, CONTAINERS):
             more = _layers(value, depth - 1, nested)
             if more:
                 nested.append(value)
@@ -341,12 +340,13 @@ def _first_weight(module: nn.Module) -> Weight | None:
 
 
 def snapshot(
-    root: nn.Module, planned: list[nn.Module]
+    root: nn.Module, planned: list[nn.Module], known: list[nn.Module] | None = None
 ) -> tuple[tuple[dict[str, Any], ...], list[tuple[Any, ...]], tuple[Weight, ...], _Containers]:
     """The ``_modules`` dicts of ``root``'s modules that have children, their values now, the
     first floating-point parameter of each ``planned`` module whose weights are float32 (with
-    the dict that holds it), and the plain containers holding layers (:func:`_plain`)."""
-    modules, containers = _plain(root)
+    the dict that holds it), and the plain containers holding layers (:func:`_plain`;
+    ``known``: ``root.modules()``, walked already)."""
+    modules, containers = _plain(root, known)
     tree = tuple(d for m in modules if (d := m._modules))
     firsts = (_first_weight(m) for m in planned if float32_weights(m))
     weights = tuple(w for w in firsts if w is not None)  # one a module: a conversion converts them all

@@ -27,7 +27,7 @@ from ._program import local as _prog
 from ._program import signature
 from ._roots_state import _compiled, _idle_region, _Key, _local, _set_autocast, drop_strays
 from ._store import program_for, raised, store
-from ._twins import call_kwargs
+from ._twins import call_kwargs, drop_walk
 
 if TYPE_CHECKING:
     from ._recording import Recording
@@ -87,7 +87,10 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     kwargs = call_kwargs(module, args, plan)
     if kwargs is not None:  # a copy of a root with a program for this call: it runs one (_twins)
         local.called[id(module)] = weakref.ref(module)
-        new = _roots._sentinel(module, args, kwargs)
+        try:
+            new = _roots._sentinel(module, args, kwargs)
+        finally:
+            drop_walk()  # (adopt took it, or the call went another way)
         return None if new is None else new[0]
     return _roots._record(module, args, region, plan)
 

@@ -210,7 +210,10 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
 
 def watch_now(modules: list[nn.Module]) -> tuple[Settings, tuple[Any, ...]] | None:
     """:func:`watch` for a program made without a recording (a copy's, :mod:`._twins`): the
-    settings of ``modules`` as they are now (only modules that may have watched ones read)."""
+    settings of ``modules`` as they are now (only modules that may have watched ones read:
+    looked at by class first, each class once, a copy's torch layers none)."""
+    if not any(own(k) or known_kind(k) is VARIES for k in set(map(type, modules))):
+        return None
     mine = [m for m in modules if own(type(m)) or _watched(m)]
     return watch(mine, before(mine)) if mine else None
 

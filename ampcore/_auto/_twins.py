@@ -45,7 +45,7 @@ from ._settings import any_held as _settings_held
 from ._settings import held_of, watch_now
 from ._settings import text as settings
 
-__all__ = ["adopt", "call_kwargs", "keep", "layer", "layers", "torch_kwargs"]
+__all__ = ["adopt", "call_kwargs", "drop_walk", "keep", "layer", "layers", "torch_kwargs"]
 
 #: (layers, signature, id of the plan) -> the program with module paths for its modules
 _kept: OrderedDict[tuple[str, Any, int], tuple[Program, int | None]] = OrderedDict()
@@ -72,10 +72,16 @@ def _shape(p: Any) -> tuple[Any, ...]:
     return ("lazy",) if is_lazy(p) else tuple(p.shape)
 
 
-def layers(root: nn.Module) -> str:
+def layers(root: nn.Module, walked: list[tuple[str, nn.Module]] | None = None) -> str:
     """A digest of ``root``'s layers: each module's path, :func:`layer` and parameter dtypes
-    (each module's text kept in its ``__dict__``, :func:`_piece`)."""
-    text = ";".join(f"{name}:{_piece(m)}" for name, m in root.named_modules())
+    (each module's text kept beside it, :func:`_piece`); ``walked``: a list given gets
+    ``root.named_modules()`` (the one walk of a copy's tree: :func:`adopt` takes its modules
+    and its guard from it)."""
+    named = list(root.named_modules())
+    if walked is not None:
+        walked += named
+    held = _settings_held()
+    text = ";".join(f"{name}:{_piece(m, held)}" for name, m in named)
     return f"{type(root).__qualname__}#" + hashlib.sha1(text.encode()).hexdigest()
 
 
@@ -115,18 +121,19 @@ _PRESENT: Final = partial(is_not, None)
 _NONE: Final[frozenset[str]] = frozenset()
 
 
-def _piece(module: nn.Module) -> str:
+def _piece(module: nn.Module, any_held: bool = True) -> str:
     """``module``'s part of :func:`layers` (:func:`layer` and its parameters' dtypes): the
     text made for a module of its class and attribute names is reused while this one's
     public attributes are the same objects, its held settings, its parameters' shapes and
     dtypes and (where its class's ``extra_repr`` may read more than those,
     :func:`_plain_repr`) its ``extra_repr`` the same: a copy's digest costs C-level
     compares, about half of making its text (a list or an object among its public
-    attributes, copied, makes it again)."""
+    attributes, copied, makes it again).  ``any_held``: False where no module has a held
+    setting (:func:`._settings.any_held`, asked once per digest)."""
     state = module.__dict__
     kind = type(module)
     key = (kind, tuple(state))
-    held = held_of(module) if _settings_held() else _NONE
+    held = held_of(module) if any_held and _settings_held() else _NONE
     try:
         params = tuple(map(_SHAPE_DTYPE, filter(_PRESENT, module._parameters.values())))
     except RuntimeError:  # a lazy module's parameters not made yet (their shape cannot be read)
@@ -203,7 +210,11 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
     taken, _digest.last = getattr(_digest, "last", None), None  # call_kwargs's, this call's only
     if not _kept or sig in _programs.get(root, ()):  # its own, gone stale: it records again
         return None
-    digest = taken[1] if taken is not None and taken[0]() is root and taken[2] == sig else layers(root)
+    if taken is not None and taken[0]() is root and taken[2] == sig:
+        digest, named = taken[1], taken[3]
+    else:
+        named = []
+        digest = layers(root, named)
     key = (digest, sig, id(plan))
     found = _kept.get(key)
     if found is None:
@@ -214,14 +225,15 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
     if portable.stale[0] or portable.plan is not plan or portable.changes != plan.changes:
         del _kept[key]  # a guard of a copy met a class to measure, or the plan changed: a copy records
         return None
-    modules = dict(root.named_modules())
+    modules = dict(named)  # (the walk of its digest, in this call: one walk a copy)
+    listed = list(modules.values())
 
     def refs(paths: tuple[Any, ...]) -> tuple[weakref.ref[nn.Module], ...]:
         return tuple(weakref.ref(modules[p]) for p in paths)
 
     planned, unseen = refs(portable.planned), refs(portable.unseen)
-    tree, values, weights, plain = snapshot(root, [*(r() for r in planned), *(r() for r in unseen)])  # type: ignore[list-item]
-    watched = watch_now(list(modules.values()))  # its own settings (._settings)
+    tree, values, weights, plain = snapshot(root, [*(r() for r in planned), *(r() for r in unseen)], listed)  # type: ignore[list-item]
+    watched = watch_now(listed)  # its own settings (._settings)
     if watched is not None:  # (before: none, a copy's setting changed later ran the source's verdict on)
         plain = (*plain, (None, "", *watched))
     return portable._replace(
@@ -249,11 +261,18 @@ def call_kwargs(module: nn.Module, args: tuple[Any, ...], plan: AutoPlan) -> dic
     sig = signature(args, kwargs, module)
     if sig is None:
         return None
-    digest = layers(module)
+    named: list[tuple[str, nn.Module]] = []
+    digest = layers(module, named)
     if (digest, sig, id(plan)) not in _kept:
         return None
-    _digest.last = (weakref.ref(module), digest, sig)  # for adopt() in this call
+    _digest.last = (weakref.ref(module), digest, sig, named)  # for adopt() in this call
     return kwargs
+
+
+def drop_walk() -> None:
+    """Forget the walk :func:`call_kwargs` left for :func:`adopt` (its call took another way:
+    a copy's modules are not held past its call)."""
+    _digest.last = None
 
 
 def torch_kwargs(frame: Any) -> dict[str, Any] | None:

@@ -206,8 +206,9 @@ def _check(
     device_type: str = region.spec.backend.device_type
     grad = torch.is_grad_enabled()
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
+    inputs = Inputs(args, kwargs)  # one copy of the call's tensors for every candidate (each run puts back its changes)
     runs: dict[str, Callable[[], None]] = {
-        name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type)
+        name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type, inputs)
         for name in _CANDIDATES
         if name != own and (name != "fp32" or fp32_exact(program))
     }
@@ -318,11 +319,12 @@ class _Run:
         region: Any,
         params: Sequence[torch.Tensor],
         device_type: str,
+        inputs: Inputs,
     ) -> None:
         self.root, self.args, self.kwargs, self.program, self.region = root, args, kwargs, program, region
         self.params, self.device_type = params, device_type
         self.next: tuple[tuple[Any, ...], dict[str, Any]] | None = None
-        self.inputs = Inputs(args, kwargs)  # (a forward that changes them in place: put back after each run)
+        self.inputs = inputs  # (a forward that changes them in place: put back after each run)
 
     def prepare(self) -> None:
         self.next = (_fresh(self.args), _fresh(self.kwargs))
@@ -336,16 +338,18 @@ class _Run:
             torch.clear_autocast_cache()  # a step's region starts without cast weights
         running = _prog.run = Running(self.program, self.root, self.region)
         try:
-            out = self.root.forward(*args, **kwargs)
-        finally:
-            _prog.run = None
-            running.stop()
+            try:
+                out = self.root.forward(*args, **kwargs)
+            finally:
+                _prog.run = None
+                running.stop()
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            if outs and self.params:
+                with torch.autocast(self.device_type, enabled=False):
+                    ones = [torch.ones_like(t) for t in outs]  # (graph kept: as _measure's, for a weight made before)
+                    torch.autograd.grad(outs, self.params, ones, allow_unused=True, retain_graph=True)
+        finally:  # after the backward: an input changed in place may be saved for it (a layer's input)
             self.inputs.put_back()
-        outs = [t for t in _tensors(out) if t.requires_grad]
-        if outs and self.params:
-            with torch.autocast(self.device_type, enabled=False):
-                ones = [torch.ones_like(t) for t in outs]  # (graph kept: as _measure's, for a weight made before)
-                torch.autograd.grad(outs, self.params, ones, allow_unused=True, retain_graph=True)
 
 
 def _ready(run: Callable[[], None]) -> Callable[[], None]:

@@ -641,7 +641,7 @@ def test_a_copy_per_step_walks_its_layers_once(monkeypatch: pytest.MonkeyPatch) 
     _copy_steps(master, 3, [], scale=2.0)  # the first copies: recorded, checked as a whole
     walked: list[nn.Module] = []
     real = _twins.layers
-    monkeypatch.setattr(_twins, "layers", lambda root: walked.append(root) or real(root))
+    monkeypatch.setattr(_twins, "layers", lambda root, *a: walked.append(root) or real(root, *a))
     _copy_steps(master, 3, [], scale=2.0)
     assert len(walked) == 3  # one walk per copy
 
