@@ -33,6 +33,15 @@ Patterns:
   each layer's parameters in place for the forward and an empty placeholder back after it
   (FSDP2 / ZeRO-3 in pure torch).  Every mode runs the same hooks.
 
+``--floors`` (issue 27, fifteenth stop) adds two modes that are not auto, to show what any
+region could reach on a pattern: ``off``, ``torch.autocast(enabled=False)`` made where auto's
+region is (the floor of any region object), and ``guard``, ``torch.autocast`` with only the
+hooks a guarded region cannot drop (``bench_auto_call_parts.py``'s guard floor: a global
+pre-hook that takes the root's signature and goes out for its forward, a post-hook that puts
+it back, autocast off for the root); each printed over the better fixed mode as auto is.
+``--parts`` then times auto's parts inside its steps (``bench_auto_call_parts.py``'s
+timers: the region's construction is not one, the timers add to the parts).
+
 After ``--warmup`` steps of every mode (auto measures and records), ``--rounds`` rounds
 each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
 the figure is the median over rounds of auto's time over the better fixed mode's time in
@@ -46,6 +55,7 @@ threads, timed by the wall clock: the process's CPU time would count the workers
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import copy
 import os
@@ -60,8 +70,10 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from bench_auto import orders
+from bench_auto_call_parts import PARTS, _timed
 
 MODES: Final = ("fp32", "torch.autocast", "auto")
+FLOORS: Final = ("off", "guard")  # --floors
 PATTERNS: Final = (
     "seqlen", "seqlen-long", "gan", "micro", "eval-tail", "ensemble", "model-loss", "dtype-switch", "fast-weights",
 )  # fmt: skip
@@ -156,6 +168,40 @@ def patterns(torch: Any) -> dict[str, tuple[Callable[[], list[Any]], Step]]:
     }
 
 
+class _Guard:
+    """``--floors``' ``guard`` region, made per step: ``torch.autocast`` and only the hooks of a
+    guarded region (``bench_auto_call_parts.py``'s guard floor), for any root called in it: a
+    global pre-hook that takes the call's signature, goes out of torch's dict for the root's
+    forward (its modules take torch's hook-free path), gives the root a post-hook and turns
+    autocast off; the post-hook undoes all three.  No check of auto's: a floor, not a region."""
+
+    def __init__(self, torch: Any, dtype: Any) -> None:
+        self.region = torch.autocast("cpu", dtype=dtype)
+        self.hooks = torch.nn.modules.module._global_forward_pre_hooks
+        self.set_autocast, self.grad_enabled = torch.set_autocast_enabled, torch.is_grad_enabled
+
+    def __enter__(self) -> None:
+        self.region.__enter__()
+        self.hooks[self] = self.pre
+
+    def __exit__(self, *exc: Any) -> None:
+        self.hooks.pop(self, None)
+        self.region.__exit__(*exc)
+
+    def pre(self, module: Any, args: tuple[Any, ...]) -> None:
+        self.hooks.pop(self, None)
+        module._forward_hooks[self] = self.post
+        module._forward_hooks_always_called[self] = True
+        (self.grad_enabled(), *((a.shape, a.dtype, a.device) for a in args))  # the signature
+        self.set_autocast("cpu", False)
+
+    def post(self, module: Any, args: tuple[Any, ...], output: Any) -> None:
+        module._forward_hooks.pop(self, None)
+        module._forward_hooks_always_called.pop(self, None)
+        self.set_autocast("cpu", True)
+        self.hooks[self] = self.pre
+
+
 def _noop(module: Any, args: tuple[Any, ...]) -> None:
     return None
 
@@ -213,7 +259,8 @@ def run(name: str, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     make, step = patterns(torch)[name]
     base = make()
-    copies = {mode: copy.deepcopy(base) for mode in MODES}
+    modes = MODES + FLOORS * args.floors
+    copies = {mode: copy.deepcopy(base) for mode in modes}
 
     def auto(dtype: Any = None) -> Any:  # as the other patterns' user code: no dtype unless switched
         return (
@@ -227,6 +274,8 @@ def run(name: str, args: argparse.Namespace) -> None:
         "fp32": lambda dtype=None: contextlib.nullcontext(),
         "torch.autocast": lambda dtype=None: torch.autocast("cpu", dtype=dtype or torch.bfloat16),
         "auto": (lambda dtype=None: ones[dtype]) if args.reuse else auto,
+        "off": lambda dtype=None: torch.autocast("cpu", enabled=False),
+        "guard": lambda dtype=None: _Guard(torch, dtype or torch.bfloat16),
     }
     recorded = [0, 0]  # recordings; root calls applied call by call (unrecorded)
     real = _roots.Recording
@@ -237,7 +286,7 @@ def run(name: str, args: argparse.Namespace) -> None:
         return rec
 
     _roots.Recording = counted  # type: ignore[misc]  # a benchmark's counter
-    counters = dict.fromkeys(MODES, 0)
+    counters = dict.fromkeys(modes, 0)
 
     clock = time.process_time if args.threads == 1 else time.perf_counter  # (idle workers spin)
 
@@ -251,23 +300,39 @@ def run(name: str, args: argparse.Namespace) -> None:
                     p.grad = None
         return clock() - start
 
-    for mode in MODES:
+    for mode in modes:
         steps(mode, args.warmup)
     recorded[:] = [0, 0]
-    ratios, totals = [], {mode: 0.0 for mode in MODES}
-    rows = orders(MODES)
+    ratios: dict[str, list[float]] = {mode: [] for mode in ("auto", *FLOORS[: len(modes) - len(MODES)])}
+    totals = {mode: 0.0 for mode in modes}
+    rows = orders(modes)
     for r in range(args.rounds):
         took = {mode: steps(mode, args.steps) for mode in rows[r % len(rows)]}
         for mode, t in took.items():
             totals[mode] += t
-        ratios.append(took["auto"] / min(took["fp32"], took["torch.autocast"]))
-    per = {mode: totals[mode] / (args.rounds * args.steps) * 1e3 for mode in MODES}
+        for mode, each in ratios.items():
+            each.append(took[mode] / min(took["fp32"], took["torch.autocast"]))
+    per = {mode: totals[mode] / (args.rounds * args.steps) * 1e3 for mode in modes}
     print(
-        f"{name:<11} auto/min {statistics.median(ratios):.3f} (rounds {min(ratios):.3f}-{max(ratios):.3f})  "
+        f"{name:<11} "
+        + "  ".join(
+            f"{mode}/min {statistics.median(each):.3f} (rounds {min(each):.3f}-{max(each):.3f})"
+            for mode, each in ratios.items()
+        )
+        + "  "
         + "  ".join(f"{mode} {ms:.3f} ms" for mode, ms in per.items())
         + f"  recorded {recorded[0]}, call by call {recorded[1]} in {args.rounds * args.steps} auto steps"
         + (f", {args.threads} threads" if args.threads != 1 else "")
     )
+    if args.parts:  # auto's parts inside its steps, timed apart (the timers add to the step)
+        times: dict[str, float] = collections.defaultdict(float)
+        steps_n = args.rounds * args.steps
+        with _timed(times):
+            steps("auto", steps_n)
+        print(
+            f"{name:<11} auto's parts, us per step: "
+            + ", ".join(f"{key} {times[key] / steps_n * 1e6:.1f}" for key, _ in PARTS if key in times)
+        )
     if args.tables:
         print(ampcore.debugging.auto_plan_table("cpu"))
 
@@ -279,6 +344,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps of each mode per round")
     parser.add_argument("--warmup", type=int, default=300, help="steps of each mode before timing")
     parser.add_argument("--tables", action="store_true", help="print auto's plan table after each pattern")
+    parser.add_argument("--floors", action="store_true", help="also time the floors: torch's region off, the guard")
+    parser.add_argument("--parts", action="store_true", help="then time auto's parts inside its steps (timers on)")
     parser.add_argument("--reuse", action="store_true", help="one auto region object for every step (as bench_auto.py)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (default 1; more: timed by the wall clock)"
@@ -303,6 +370,7 @@ def main() -> None:
             argv = [sys.executable, __file__, "--child", name, "--rounds", str(args.rounds)]
             argv += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
             argv += ["--tables"] * args.tables + ["--reuse"] * args.reuse
+            argv += ["--floors"] * args.floors + ["--parts"] * args.parts
             argv += [] if args.load is None else ["--load", str(args.load)]
             subprocess.run(argv, env=env, check=True)
 

@@ -100,7 +100,10 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
     inputs, every planned call decided float32 with autocast on, no op outside planned
     modules made a low-precision tensor) while no root before it in the block ran anything
     low, autocast is off until the next root call; after a root that ran anything low, the
-    O1 lists for the rest of the block."""
+    O1 lists for the rest of the block.  A ``torch.autocast`` entered between roots while
+    autocast is off so puts the block's state back first (auto's ``_entered`` wrapper): inside
+    it its own flags, after it the O1 lists until the next root (issue 27, fifteenth stop:
+    before, the reference left autocast off after it, where auto runs the O1 lists)."""
     plan = ampcore.auto_plan("cpu", dtype)
     state: list[bool] = []
     depth, low, between = [0], [False], [None]  # between: None, True (off after a root), False (one ran low)
@@ -145,13 +148,26 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
             else:
                 between[0] = False
 
+    cls = torch.amp.autocast_mode.autocast
+    torch_enter = cls.__enter__
+
+    def enter(self: Any) -> Any:
+        if between[0] is True and depth[0] == 0 and ampcore.active_region() is None:
+            torch.set_autocast_enabled("cpu", True)
+            between[0] = None
+        return torch_enter(self)
+
     handles = [
         nn.modules.module.register_module_forward_pre_hook(pre),
         nn.modules.module.register_module_forward_hook(post, always_call=True),
     ]
     try:
         with torch.autocast("cpu", dtype=dtype), _Outside(lambda: depth[0] > 0 and not state, low):
-            yield
+            cls.__enter__ = enter
+            try:
+                yield
+            finally:
+                cls.__enter__ = torch_enter
     finally:
         for handle in handles:
             handle.remove()
