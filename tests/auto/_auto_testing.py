@@ -4,6 +4,7 @@ carried from one test to the next; a tiny Hugging Face encoder for the sweeps.""
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import ampcore
 from ampcore._auto import _hooks, _roots
 from ampcore._auto._cache import forget_plans
 from ampcore._auto._shapes import planned_ops, shape_class
+from ampcore._policy.torch_state import enter_torch_autocast
 
 
 @pytest.fixture
@@ -103,7 +105,9 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
     O1 lists for the rest of the block.  A ``torch.autocast`` entered between roots while
     autocast is off so puts the block's state back first (auto's ``_entered`` wrapper): inside
     it its own flags, after it the O1 lists until the next root (issue 27, fifteenth stop:
-    before, the reference left autocast off after it, where auto runs the O1 lists)."""
+    before, the reference left autocast off after it, where auto runs the O1 lists); not the
+    entry a nested ``ampcore.autocast`` makes itself (``enter_torch_autocast``: it keeps the
+    state, as auto's wrapper does)."""
     plan = ampcore.auto_plan("cpu", dtype)
     state: list[bool] = []
     depth, low, between = [0], [False], [None]  # between: None, True (off after a root), False (one ran low)
@@ -152,7 +156,8 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
     torch_enter = cls.__enter__
 
     def enter(self: Any) -> Any:
-        if between[0] is True and depth[0] == 0 and ampcore.active_region() is None:
+        ours = sys._getframe(1).f_code is enter_torch_autocast.__code__  # a nested ampcore region's entry
+        if between[0] is True and depth[0] == 0 and ampcore.active_region() is None and not ours:
             torch.set_autocast_enabled("cpu", True)
             between[0] = None
         return torch_enter(self)
