@@ -10,18 +10,25 @@ from typing import Final
 
 
 def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """Orders of ``modes`` for successive rounds in which each mode follows each other mode
-    equally often (a Williams design: n orders for an even n, 2n for an odd one).
+    """Orders of ``modes`` for successive rounds, run in a cycle, in which each mode follows
+    each other mode equally often *across the rounds' boundaries too* and never itself
+    (``ampcore._auto._orders``: ``n - 1`` orders, the whole-call check's too).
+
+    A step pays for what the step before it left behind (caches, the allocator's free lists):
+    on heldout-clip without bf16 instructions a float32 step right after torch.autocast's
+    emulated-bfloat16 step takes about 10% longer.  The Williams design used before balanced
+    the neighbours inside rounds only: over 15 rounds of three modes auto followed
+    torch.autocast 8 times, float32 4 times (the steady 1-6% gap of a float32-decided auto
+    over float32 there was the order's; docs/performance.md, issue 27, sixteenth stop).
 
     Example::
 
-        >>> orders(("a", "b", "c"))[:2], len(orders(("a", "b", "c", "d")))
-        ([('a', 'b', 'c'), ('b', 'c', 'a')], 4)
+        >>> orders(("a", "b", "c"))
+        [('a', 'b', 'c'), ('a', 'c', 'b')]
     """
-    n = len(modes)
-    first = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
-    rows = [tuple(modes[(i + j) % n] for j in first) for i in range(n)]
-    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+    from ampcore._auto._orders import orders as balanced
+
+    return balanced(modes)
 
 
 #: glibc's allocator keeps freed memory: no page faults per step (``--malloc steady``)

@@ -82,11 +82,16 @@ empty disk cache (auto's first step measures the shape classes it meets), then a
 process reading the cache the cold one wrote.  Every mode trains its own copy of the model
 from the same initial weights; each round runs one step of every mode, the first
 ``--warmup`` rounds untimed.  The rounds cycle through orders of the modes in which each
-mode follows each other mode equally often (:func:`orders`): a step that runs right after
-the float32 step pays for what that step left behind (caches, the allocator's free lists),
-2-12% on heldout-mixed; a rotation of one order put torch.autocast after fp32 in two rounds
-of three and auto in one.  ``--noise`` adds torch.autocast again on its own copy of the
-model (what 1.00 looks like in that process); ``--forced`` adds auto on two more copies
+mode follows each other mode equally often, across the rounds' boundaries too, and never
+itself (:func:`orders`): a step pays for what the step before it left behind (caches, the
+allocator's free lists), 2-12% after the float32 step on heldout-mixed, about 10% after
+torch.autocast's emulated-bfloat16 step on heldout-clip without bf16 instructions; a
+rotation of one order put torch.autocast after fp32 in two rounds of three and auto in one,
+and the Williams design that followed (balanced inside rounds only) put auto after
+torch.autocast 8 times in 15 rounds, float32 4 times (the steady 1-6% gap of a
+float32-decided auto over float32 the fifteenth stop of issue 27 left unexplained).
+``--noise`` adds torch.autocast again on its own copy of the model (what 1.00 looks like in
+that process); ``--forced`` adds auto on two more copies
 whose whole-call verdict is forced to ``low`` and to ``plan`` (what each program costs in
 steps, whatever the check said).  ``--malloc steady`` runs the processes with glibc's allocator told
 to keep freed memory (``GLIBC_TUNABLES`` mmap and trim thresholds): with the default, each

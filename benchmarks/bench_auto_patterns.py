@@ -43,7 +43,8 @@ it back, autocast off for the root); each printed over the better fixed mode as 
 timers: the region's construction is not one, the timers add to the parts).
 
 After ``--warmup`` steps of every mode (auto measures and records), ``--rounds`` rounds
-each run ``--steps`` steps of every mode in an order that rotates (``bench_auto.orders``);
+each run ``--steps`` steps of every mode in orders that balance which mode runs before which
+(``bench_auto.orders``, across the rounds' boundaries too);
 the figure is the median over rounds of auto's time over the better fixed mode's time in
 that round, with the recordings auto made during the timed rounds (``recorded``: must be 0
 for a settled pattern).  One thread, process CPU time (``--threads N``: torch's intra-op

@@ -5,9 +5,10 @@ disk with the plan), before the program first runs: the root's call is timed und
 program, under the O1 lists alone (``low``: as torch.autocast) and in float32, forward
 and backward, with the adapter's clock (device events where the device has them: no host
 synchronisation inside a timed run).  Each candidate runs once untimed (one-time set-up),
-then the three are timed in rounds whose order cycles through every order of the three,
-so each follows each other equally often (a step after the float32 one pays for what it
-left behind: caches, the allocator's free lists).  At least :data:`~._measure.MIN_RUNS`
+then the three are timed in rounds whose orders (:mod:`._orders`) make each follow each
+other equally often, across the rounds' boundaries too (a run pays for what the run before
+it left behind: caches, the allocator's free lists; every permutation in turn balanced the
+rounds' insides only).  At least :data:`~._measure.MIN_RUNS`
 rounds, at most :data:`~._measure.MAX_RUNS`, within :data:`PER_ROOT_MS` of the process's
 budget; a check too noisy to decide (:func:`_doubtful`: a wide spread, or a win far beyond
 what the program's float32 modules save by their own figures) is measured once more, its
@@ -24,7 +25,7 @@ its arguments as they were.
 
 A *uniform* program (every planned call low: torch.autocast's; or every one float32) is
 exactly one fixed choice: it is timed, the same way, against the other one alone (two
-candidates, their two orders in turn), so a wrong per-class figure, or whole-call work no
+candidates, in alternation), so a wrong per-class figure, or whole-call work no
 class's figures hold (the casts between layers, launches), cannot pin the root to the
 slower choice for good.
 """
@@ -50,6 +51,7 @@ from ._costs import MARGIN, SPREAD_BOUND
 from ._hostclock import exposure, lost
 from ._kept import Inputs, muted_hooks
 from ._measure import MAX_ROUNDS, MAX_RUNS, MIN_RUNS, Clock, Label, _fork_rng, kept_buffers
+from ._orders import orders
 from ._plan import AutoPlan
 from ._program import Program, Running
 from ._program import local as _prog
@@ -282,15 +284,17 @@ def _rounds(
     budget_ms: float,
     more: Callable[[dict[str, list[float]]], bool] = lambda times: False,
 ) -> dict[str, list[float]]:
-    """Warm each candidate, then time them in rounds of every order (see the module; two
-    candidates, a uniform program's check: the two orders in turn): :data:`MAX_RUNS`
+    """Warm each candidate (in the first of :func:`~._orders.orders`), then time them in the
+    rounds that continue that cycle (see the module; two candidates, a uniform program's
+    check: in alternation): :data:`MAX_RUNS`
     rounds, another block of as many (up to :data:`MAX_ROUNDS`, within ``budget_ms``) while
     ``more(times)`` says the verdict is still within the noise though beyond the margin.
     The tries a host clock timed again count against ``budget_ms`` (:func:`~._hostclock.lost`)."""
     lost_before = lost(clock)
     spent = sum(clock(_ready(run), _LABELS[name]) for name, run in runs.items())  # warm-up: not timed
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for order in itertools.islice(itertools.cycle(itertools.permutations(runs)), MAX_ROUNDS):
+    rows = orders(tuple(runs))
+    for order in itertools.islice(itertools.cycle(rows[1:] + rows[:1]), MAX_ROUNDS):
         for name in order:
             times[name].append(clock(_ready(runs[name]), _LABELS[name]))
         last = sum(found[-1] for found in times.values())

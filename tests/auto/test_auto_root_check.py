@@ -119,13 +119,22 @@ def test_a_mixed_program_runs_only_where_it_beats_the_better_fixed_choice(
 
 
 def test_the_check_warms_each_candidate_and_balances_the_order_of_its_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each candidate follows each other equally often, across the rounds' boundaries too,
+    and never itself: a run pays for what the run before it left behind (issue 27, sixteenth
+    stop: every permutation in turn balanced the rounds' insides only; over 7 rounds the
+    program followed float32 4 times and the O1 lists twice, float32 followed the O1 lists 4
+    times, the O1 lists followed themselves once)."""
     clock = Clock(10.0, 9.0, 12.0)
     _steps(monkeypatch, clock, Net())
-    assert set(clock.labels[:3]) == {"root-plan", "root-low", "root-fp32"}  # warm-up, untimed
-    rounds = [clock.labels[i : i + 3] for i in range(3, 3 + 6 * 3, 3)]
-    assert len({tuple(r) for r in rounds}) == 6  # every order once in six rounds
-    pairs = Counter((r[i], r[i + 1]) for r in rounds for i in range(2))
-    assert set(pairs.values()) == {2} and len(pairs) == 6  # each candidate after each other equally often
+    labels = clock.labels
+    names = {"root-plan", "root-low", "root-fp32"}
+    assert set(labels[:3]) == names  # warm-up, untimed
+    assert len(labels) == 3 * (1 + 7) and all(set(labels[i : i + 3]) == names for i in range(3, len(labels), 3))
+    after = Counter((run, before) for before, run in itertools.pairwise(labels[2:]))  # a timed run, the one before
+    assert all(run != before for run, before in after)
+    for run in names:
+        counts = [after[run, before] for before in names - {run}]
+        assert max(counts) - min(counts) <= 1, (run, after)  # 7 rounds: one cycle of 2 rounds left half done
 
 
 def test_a_program_that_is_not_mixed_is_checked_against_the_other_fixed_choice_only(
@@ -146,6 +155,7 @@ def test_a_program_that_is_not_mixed_is_checked_against_the_other_fixed_choice_o
             out = net(x, y)
     assert [o.dtype for o in out] == [torch.bfloat16] * 2
     assert len(clock.labels) == 2 * (1 + 7) and set(clock.labels) == {"root-plan", "root-fp32"}
+    assert all(a != b for a, b in itertools.pairwise(clock.labels))  # in alternation: each after the other
     (key, check), *_ = ampcore.auto_plan("cpu").roots.items()
     assert "program=low+0" in key and (check.verdict, check.plan_over_low) == ("low", 1.0)
 
