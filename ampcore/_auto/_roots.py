@@ -288,8 +288,8 @@ def _find(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         return None if new is None else (new, kwargs)
     local = _local
     found = program_for(module, sig, plan)
-    if type(found) is int and (adopted := adopt(module, sig, plan)) is not None:  # a copy of a root with one (_twins)
-        store(module, sig, found := adopted)
+    if found == 0 and (found := adopt(module, sig, plan)) is not None:  # a copy of a root with one (_twins)
+        store(module, sig, found)
     if not isinstance(found, Program):
         new = _record(module, args, region, plan, sig)
         return None if new is None else (new, kwargs)

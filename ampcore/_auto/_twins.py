@@ -248,15 +248,13 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
 
 
 def _replanned(own: Any, plan: AutoPlan) -> bool:
-    """Whether a root may adopt a kept program for a signature it has ``own`` for: none, a
-    count of recordings that gave none (the plan changed under one: a class it measured), or
+    """Whether a root may adopt a kept program for a signature it has ``own`` for: none, or
     one made invalid by ``plan``'s changed decisions alone (a class measured again decided
     otherwise: the roots of one class adopt the first one's program made since, instead of
-    each recording again; before, an ensemble of 20 models recorded 20 times)."""
-    return (
-        own is None
-        or type(own) is int
-        or (isinstance(own, Program) and own.plan is plan and own.changes != plan.changes and not _set_for(own.stale))
+    each recording again; before, an ensemble of 20 models recorded 20 times).  Not a count
+    of recordings that gave none (a setting re-baselined, classes undecided: it records)."""
+    return own is None or (
+        isinstance(own, Program) and own.plan is plan and own.changes != plan.changes and not _set_for(own.stale)
     )
 
 

@@ -130,11 +130,11 @@ def test_a_changed_decision_records_one_root_and_the_others_adopt_its_program(mo
     ens.proc.use(quiet, 0.1)
     later = ens.steps(_again.CALLS + 2, later_s=_again.AFTER_S)
     assert later[-MODELS:] == [torch.bfloat16] * MODELS  # the quiet decision, in every model
-    # the recording that measured (the plan changed under it: no program), one under the new
-    # decision, whose program the others adopt (before: 7, every model)
-    assert quiet.measured() == 1 and ens.recordings() == 2
+    # the recording that measured (the plan changed under it: no program, so that model records
+    # once more), one under the new decision, whose program the others adopt (before: 7)
+    assert quiet.measured() == 1 and ens.recordings() == 3
     ens.steps(3)
-    assert ens.recordings() == 2 and ens.cells() == [Stale] * MODELS
+    assert ens.recordings() == 3 and ens.cells() == [Stale] * MODELS
 
 
 def test_a_model_changed_in_place_still_records(monkeypatch: pytest.MonkeyPatch) -> None:
