@@ -55,12 +55,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from ._again import AFTER_S, CALLS
 from ._checks import BUSY_LOAD, MAX_CHECKS, NOISY_SPREAD
 from ._costs import Costs
 from ._plan import AutoPlan, Stale
+
+if TYPE_CHECKING:
+    from ._program import Program
 
 __all__ = [
     "MAX_HEAL",
@@ -75,6 +78,7 @@ __all__ = [
     "noisy",
     "portable",
     "provisional",
+    "quiet",
     "renewed",
     "tick",
     "wait",
@@ -305,21 +309,41 @@ def portable(stale: list[bool]) -> Stale:
 
 
 class Heal(Stale):
-    """A program's ``stale`` cell while classes it ran are provisional: true once set (a
-    module collected, a class added) or once some are due to be measured again (the root
-    then records, and its recording measures them: :meth:`~._plan.AutoPlan.due`; the
-    others get the new program's cell)."""
+    """A program's ``stale`` cell while classes it ran are provisional, shared by the copies
+    that adopt it (:mod:`._twins`): true once set (a module collected, a class added); once
+    some are due to be measured again, true while they are (the next root call records, and
+    its recording measures them: :meth:`~._plan.AutoPlan.due`; one root call of the many
+    sharing the cell, not each); then counting down again for those still provisional, or,
+    nothing left to measure here (measured, given up, no budget), true once more per program
+    holding it: its lookup swaps it for :attr:`plain` (:func:`quiet`), without recording.
+    Before, the cell stayed set: every root sharing it recorded again (an ensemble of 20
+    models of one class: 20 recordings for one measurement)."""
 
-    __slots__ = ("at", "keys", "left", "looks", "plan", "region")
+    __slots__ = ("at", "due", "keys", "left", "looks", "plain", "plan", "region")
 
     def __init__(self, plan: AutoPlan, keys: list[str], region: Any) -> None:
         super().__init__([False])
         self.plan, self.keys, self.region = plan, keys, region
-        self.left, self.at, self.looks = CALLS, _now(), 0
+        self.left, self.at, self.looks, self.due = CALLS, _now(), 0, False
+        #: the plain cell its programs swap to once nothing is left to measure here (:func:`quiet`)
+        self.plain: Stale | None = None
+
+    def __setitem__(self, index: Any, value: Any) -> None:  # set (a module collected, a class added): its plain too
+        _set(self, index, value)
+        if self.plain is not None:
+            self.plain[index] = value
 
     def __getitem__(self, index: Any) -> Any:
-        if _get(self, 0):
+        if _get(self, 0) or self.plain is not None:
             return True
+        if self.due:  # its classes due: true until a root call's recording measured them
+            if not self.plan.due.isdisjoint(self.keys):
+                return True
+            self.due, self.keys = False, [key for key in self.keys if healable(self.plan, key)]
+            if not self.keys:
+                return self._quiet()
+            self.left, self.at = CALLS, _now()  # others, paced to a later window: counting down again
+            return False
         self.left -= 1
         if self.left > 0:
             return False
@@ -328,13 +352,42 @@ class Heal(Stale):
 
     def _due(self) -> bool:
         """Due: mark the classes to measure again and record again; or look again later
-        (busy, this window's measurements started elsewhere)."""
+        (busy, this window's measurements started elsewhere); or, none left to measure
+        here, the plain cell."""
         found, busy = _look(self.plan, self.keys, self.region, self.looks)
         if found is None:
             self.looks, self.at = self.looks + busy, _now()
             return False
-        _set(self, 0, True)  # record again (the classes due are measured there; given up: a plain cell)
+        if not found:
+            return self._quiet()
+        self.due = True  # record again: the classes due are measured there
         return True
+
+    def _quiet(self) -> bool:
+        """Nothing left to measure here: the plain cell its programs swap to (registered as
+        this one is for a class added)."""
+        plain = self.plain = Stale([False])
+        if self.plan.waiting.get(id(self)) is self:
+            self.plan.waiting[id(plain)] = plain
+        return True
+
+
+def quiet(program: Program) -> Program:
+    """``program`` with its :class:`Heal` cell's plain one once nothing is left to measure
+    here (and nothing set it): the settled path as for a settled class, no recording; else
+    ``program``.  A provisional verdict's countdown (:class:`~._again.Recheck`) reading such
+    a cell reads its plain one from now on."""
+    recheck = program.recheck
+    cell = _calm(getattr(recheck, "cell", None))  # (a kept program's is not a countdown: ._twins)
+    if cell is not None:
+        recheck.cell = cell
+    plain = _calm(program.stale)
+    return program if plain is None else program._replace(stale=plain)
+
+
+def _calm(cell: Any) -> Stale | None:
+    """The plain cell of ``cell``, a :class:`Heal` with nothing left to measure here, not set; else None."""
+    return cell.plain if type(cell) is Heal and cell.plain is not None and not _get(cell, 0) else None
 
 
 _get: Final = list.__getitem__

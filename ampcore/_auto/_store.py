@@ -18,6 +18,7 @@ from torch import nn
 from ._early import forget as forget_early
 from ._early import look, rebase, stayed
 from ._guard import unchanged
+from ._heal import quiet
 from ._loose import loosen
 from ._plan import AutoPlan
 from ._program import Program
@@ -67,7 +68,11 @@ def program_for(root: nn.Module, sig: tuple[Any, ...] | None, plan: AutoPlan) ->
     if isinstance(found, Program) and found.plan is not plan or found == 0:
         found = _other_plan(root, sig, plan, programs, found)
     if isinstance(found, Program):
-        if not found.valid(plan):  # a setting changed: the program of its new value, if any
+        valid = found.valid(plan)
+        if (not valid or found.recheck is not None) and (calm := quiet(found)) is not found:  # nothing
+            found = programs[sig] = calm  # left to measure here (._heal): its plain cell, not recorded again
+            valid = found.valid(plan)
+        if not valid:  # a setting changed: the program of its new value, if any
             return _by_settings(root, sig, found, plan, programs) or 0
         recorded = stayed(root, sig, found)  # re-baselined at a change, unchanged since: a setting
         if recorded is not None:  # (._early): recorded again; the program as recorded kept for its values

@@ -32,13 +32,14 @@ import weakref
 from collections import OrderedDict
 from functools import partial
 from operator import attrgetter, is_, is_not, itemgetter
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from torch import nn
 from torch.nn.parameter import is_lazy
 
 from ._guard import signature, snapshot
 from ._heal import portable as portable_cell
+from ._heal import quiet
 from ._plan import AutoPlan, Stale
 from ._program import Program
 from ._settings import any_held as _settings_held
@@ -180,21 +181,18 @@ def keep(root: nn.Module, sig: tuple[Any, ...], program: Program) -> None:
     if program.stale[0] or any(program.stale is k.stale and program.checked <= k.checked for k, _ in _kept.values()):
         return  # (a copy's adopted program, as kept: a check since is kept)
     names = {id(m): name for name, m in root.named_modules()}
-    named: dict[str, Any] = {}
-    for field in ("switched", "planned", "unseen"):
-        paths = tuple(names.get(id(m)) for r in getattr(program, field) if (m := r()) is not None)
-        if len(paths) != len(getattr(program, field)) or None in paths:
-            return  # a module gone, or not the root's own (a layer held elsewhere): not portable
-        named[field] = paths
-    steps: Any = tuple((names.get(id(m)), calls) for r, calls in program.steps if (m := r()) is not None)
-    if len(steps) != len(program.steps) or any(name is None for name, _ in steps):
-        return
-    inner = frozenset(names[i] for i in program.inner_ids if i in names)
+    named = _paths(program, names)
+    if named is None:
+        return  # a module gone, or not the root's own (a layer held elsewhere): not portable
+    recheck = program.recheck  # a provisional verdict's countdown: each copy gets its own (adopt)
+    if recheck is not None:
+        recorded = _paths(recheck.program, names)
+        if recorded is None:
+            return
+        named["recheck"] = _Pending(recheck.program._replace(**recorded, **_UNGUARDED), recheck.key)
     waiting = program.plan.added if id(program.stale) in program.plan.waiting else None
     stale = portable_cell(program.stale)  # the copies' countdown where its classes are provisional (._heal)
-    portable = program._replace(
-        **named, steps=steps, inner_ids=inner, tree=(), tree_values=[], weights=(), plain=(), stale=stale
-    )
+    portable = program._replace(**named, **_UNGUARDED, stale=stale)
     key = (layers(root), sig, id(program.plan))
     _kept[key] = (portable, waiting)
     _kept.move_to_end(key)
@@ -208,8 +206,8 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
     from ._store import _programs
 
     taken, _digest.last = getattr(_digest, "last", None), None  # call_kwargs's, this call's only
-    if not _kept or sig in _programs.get(root, ()):  # its own, gone stale: it records again
-        return None
+    if not _kept or not _replanned(_programs.get(root, {}).get(sig, None), plan):  # its own, gone stale: it
+        return None  # records again (one the plan's new decisions alone made invalid: a copy's program made since)
     if taken is not None and taken[0]() is root and taken[2] == sig:
         digest, named = taken[1], taken[3]
     else:
@@ -222,31 +220,92 @@ def adopt(root: nn.Module, sig: tuple[Any, ...], plan: AutoPlan) -> Program | No
     portable, waiting = found
     if waiting is not None and isinstance(portable.stale, Stale):  # it ran undecided calls: records
         plan.wait(portable.stale, waiting)  # again once the plan gains a class
+    if portable.stale[0] and (calm := quiet(portable)) is not portable:  # nothing left to measure here (._heal)
+        portable = calm
+        _kept[key] = (portable, waiting)
     if portable.stale[0] or portable.plan is not plan or portable.changes != plan.changes:
         del _kept[key]  # a guard of a copy met a class to measure, or the plan changed: a copy records
         return None
     modules = dict(named)  # (the walk of its digest, in this call: one walk a copy)
     listed = list(modules.values())
+    own = _mapped(portable, modules)
+    planned: list[nn.Module] = [r() for r in (*own["planned"], *own["unseen"])]
+    tree, values, weights, plain = snapshot(root, planned, listed)
+    watched = watch_now(listed)  # its own settings (._settings)
+    if watched is not None:  # (before: none, a copy's setting changed later ran the source's verdict on)
+        plain = (*plain, (None, "", *watched))
+    guards: dict[str, Any] = {"tree": tree, "tree_values": values, "weights": weights, "plain": plain}
+    program = portable._replace(**own, **guards)
+    pending = portable.recheck
+    if isinstance(pending, _Pending):  # its own countdown, on its own modules and guards (before: the
+        # source's recorded program, shared, whose re-check gave each copy the source's modules to run)
+        from ._again import Recheck
+
+        recheck = Recheck(pending.program._replace(**_mapped(pending.program, modules), **guards), pending.key)
+        recheck.cell = program.stale
+        program = program._replace(recheck=recheck)
+    return program
+
+
+def _replanned(own: Any, plan: AutoPlan) -> bool:
+    """Whether a root may adopt a kept program for a signature it has ``own`` for: none, or
+    one made invalid by ``plan``'s changed decisions alone (a class measured again decided
+    otherwise: the roots of one class adopt the first one's program made since, instead of
+    each recording again; before, an ensemble of 20 models recorded 20 times).  Not a count
+    of recordings that gave none (a setting re-baselined, classes undecided: it records)."""
+    return own is None or (
+        isinstance(own, Program) and own.plan is plan and own.changes != plan.changes and not _set_for(own.stale)
+    )
+
+
+def _set_for(stale: list[bool]) -> bool:
+    """Whether ``stale`` was set (a module collected, a class added): its value, not a
+    :class:`._heal.Heal` countdown's reading (a class due, or nothing left to measure)."""
+    return list.__getitem__(stale, 0)
+
+
+class _Pending(NamedTuple):
+    """A kept program's provisional verdict: the recorded program its check compared (with
+    module paths) and the check's key; each copy makes its own countdown of it (:func:`adopt`)."""
+
+    program: Program
+    key: str
+
+
+#: a kept program's guards: each copy snapshots its own
+_UNGUARDED: Final[dict[str, Any]] = {"tree": (), "tree_values": [], "weights": (), "plain": ()}
+
+
+def _paths(program: Program, names: dict[int, str]) -> dict[str, Any] | None:
+    """``program``'s modules as their paths in the root (``names``: id -> path), the fields
+    :func:`_mapped` maps back; None where one is gone or not the root's own."""
+    named: dict[str, Any] = {}
+    for field in ("switched", "planned", "unseen"):
+        paths = tuple(names.get(id(m)) for r in getattr(program, field) if (m := r()) is not None)
+        if len(paths) != len(getattr(program, field)) or None in paths:
+            return None
+        named[field] = paths
+    steps: Any = tuple((names.get(id(m)), calls) for r, calls in program.steps if (m := r()) is not None)
+    if len(steps) != len(program.steps) or any(name is None for name, _ in steps):
+        return None
+    named["steps"] = steps
+    named["inner_ids"] = frozenset(names[i] for i in program.inner_ids if i in names)
+    return named
+
+
+def _mapped(portable: Any, modules: dict[str, nn.Module]) -> dict[str, Any]:
+    """The fields of ``portable`` (module paths: :func:`_paths`) for a copy's ``modules`` by path."""
 
     def refs(paths: tuple[Any, ...]) -> tuple[weakref.ref[nn.Module], ...]:
         return tuple(weakref.ref(modules[p]) for p in paths)
 
-    planned, unseen = refs(portable.planned), refs(portable.unseen)
-    tree, values, weights, plain = snapshot(root, [*(r() for r in planned), *(r() for r in unseen)], listed)  # type: ignore[list-item]
-    watched = watch_now(listed)  # its own settings (._settings)
-    if watched is not None:  # (before: none, a copy's setting changed later ran the source's verdict on)
-        plain = (*plain, (None, "", *watched))
-    return portable._replace(
-        switched=refs(portable.switched),
-        planned=planned,
-        unseen=unseen,
-        steps=tuple((weakref.ref(modules[p]), calls) for p, calls in portable.steps),
-        inner_ids=frozenset(id(modules[p]) for p in portable.inner_ids),
-        tree=tree,
-        tree_values=values,
-        weights=weights,
-        plain=plain,
-    )
+    return {
+        "switched": refs(portable.switched),
+        "planned": refs(portable.planned),
+        "unseen": refs(portable.unseen),
+        "steps": tuple((weakref.ref(modules[p]), calls) for p, calls in portable.steps),
+        "inner_ids": frozenset(id(modules[p]) for p in portable.inner_ids),
+    }
 
 
 def call_kwargs(module: nn.Module, args: tuple[Any, ...], plan: AutoPlan) -> dict[str, Any] | None:
