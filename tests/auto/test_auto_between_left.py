@@ -68,7 +68,8 @@ def test_a_disabled_region_after_a_low_root_keeps_the_o1_lists_after_it(monkeypa
         assert dtypes[2:] == (torch.float32, BF16)
 
 
-# --- left as they are (docs/auto.md, "Ops between roots": what pre-hooks see) --------------
+# --- what a root's own pre-hooks see (docs/auto.md, "Ops between roots"; more kinds of hooks:
+# test_auto_between_hooks.py) -----------------------------------------------------------------
 
 
 def _hooked_run(root_is_planned: bool, reference: bool) -> list[tuple[bool, torch.dtype, torch.dtype]]:
@@ -95,12 +96,14 @@ def _hooked_run(root_is_planned: bool, reference: bool) -> list[tuple[bool, torc
     return got
 
 
-@pytest.mark.xfail(strict=True, reason="left: a planned root's own pre-hooks run before its program (docs/auto.md)")
 def test_a_planned_roots_own_pre_hook_sees_what_the_reference_gives() -> None:
     """A bare ``Linear`` called as a root, decided float32, with a pre-hook of its own: the
-    reference decides it before its own hooks (autocast off there); auto's program starts
+    reference decides it before its own hooks (autocast off there).  Auto's program starts
     after them (the sentinel is its last pre-hook: it takes the signature of what they
-    return), so from its second call its hooks see the region's state (its recording: off)."""
+    return): the global sentinel switches autocast off for them where the plan decides the
+    layer float32 for its arguments (before the sixteenth stop: its hooks saw the O1 state
+    from its second call, and its first call, applied call by call, left the O1 lists after
+    it)."""
     assert _hooked_run(True, reference=False) == _hooked_run(True, reference=True)
 
 
