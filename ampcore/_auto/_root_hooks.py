@@ -23,6 +23,7 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from . import _hooks, _roots
 from ._guard import holds_objects
+from ._hook_probe import probe
 from ._program import _LOW, signature
 from ._program import local as _prog
 from ._roots_state import _compiled, _idle_region, _Key, _local, _set_autocast, _thread, drop_strays
@@ -74,10 +75,11 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     one of its roots (not marked): it becomes one, and this call is recorded."""
     local = _local
     if id(module) in local.public or local.late_key in module._forward_pre_hooks:
-        if (
-            planned_ops(module) is not None
-        ):  # (a root with public hooks, or the sentinel as its last pre-hook: that decides)
+        # (a root with public hooks, or the sentinel as its last pre-hook: that decides)
+        if planned_ops(module) is not None:
             _own_hooks_off(module, args)
+        if local.late_key in module._forward_pre_hooks and (region := _prog.settled) is not None:
+            probe(module, region.spec.backend.device_type, _outside)  # (not probed yet: ._hook_probe)
         return None
     region = _idle_region()
     if region is None or _compiled(module):
@@ -86,6 +88,7 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         drop_strays(module)  # a copy of a root made while hooked
     plan = _hooks.plan_of(region)
     if hook_root(module):  # its later calls in this region run its program
+        probe(module, region.spec.backend.device_type, _outside)  # its own hooks' low work (._hook_probe)
         if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
             local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
         return _roots._record(module, args, region, plan, unsigned=True)
@@ -121,6 +124,12 @@ def _fp32_layer(module: torch.nn.Module, args: tuple[Any, ...], region: Any) -> 
     (float32 weights; a leaf on float32 inputs runs float32 throughout)."""
     key = shape_class(module, args, region.spec.backend.device_type)
     return key is not None and _hooks.plan_of(region).decision(key) == "fp32" and float32_weights(module)
+
+
+def _outside() -> bool:
+    """Whether an op runs outside planned modules and programs (:mod:`._hook_probe`)."""
+    rec = _prog.rec
+    return _prog.run is None and (rec is None or not rec.planned)
 
 
 def last_pre(module: Any, key: _Key) -> None:
