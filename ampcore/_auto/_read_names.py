@@ -28,17 +28,25 @@ __all__ = ["read_names"]
 _MAX_CODES: Final = 4000
 #: class -> the names its code can read (:func:`_class_names`)
 _BY_CLASS: dict[type, frozenset[str]] = {}
+#: a set of classes -> the names their code can read (:func:`read_names`), the latest few
+_BY_SET: dict[frozenset[type], frozenset[str]] = {}
+_MAX_SETS: Final = 64
 
 
 def read_names(classes: Iterable[type]) -> frozenset[str]:
     """The names (attributes read, string constants) the code of ``classes`` can read (see
     the module); torch's classes and ``object`` hold none."""
-    found: set[str] = set()
-    for cls in set(classes):
-        for klass in cls.__mro__:
+    key = frozenset(classes)
+    known = _BY_SET.get(key)
+    if known is None:
+        found: set[str] = set()
+        for klass in {k for cls in key for k in cls.__mro__}:
             if klass is not object and own(klass):
                 found |= _class_names(klass)
-    return frozenset(found)
+        if len(_BY_SET) >= _MAX_SETS:
+            del _BY_SET[next(iter(_BY_SET))]
+        known = _BY_SET[key] = frozenset(found)
+    return known
 
 
 def _class_names(cls: type) -> frozenset[str]:
