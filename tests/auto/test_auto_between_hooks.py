@@ -103,7 +103,8 @@ def test_a_global_pre_hook_registered_inside_the_region_sees_what_the_reference_
     """A global pre-hook registered inside each block (after ampcore's sentinel), acting on
     ``b``: measured, a bare planned root decided float32 has it see the O1 state from its
     second call (the reference: off), and a container root's first call has it see autocast
-    off (the reference: on).  Left (the sixteenth stop ran out of time)."""
+    off (the reference: on).  Left: the sentinel, taken out while a root runs, goes back
+    last, so from then on such a hook runs before it (docs/auto.md)."""
     assert _run("global-in-region", planned, reference=False) == _run("global-in-region", planned, reference=True)
 
 
