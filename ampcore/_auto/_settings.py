@@ -5,11 +5,12 @@ A forward can choose what it runs from an attribute the call's signature does no
 branch at 0, an inner block's ``self.repeat``, ``self.config.use_cache``).  Its *settings*
 are a module's public attributes of simple types (:mod:`._setting_values`: ``bool``,
 ``int``, ``float``, short ``str``, ``None``, enum members, short tuples of those; not
-``training``, which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a
-module, and for a class of the user's also its short lists of them (``dilations``) and the
-simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``,
-private ones too: a property reads them; :data:`_DEPTH` levels, ``cfg.attn.heads``;
-:data:`_MAX_NAMES` an object; not a ``__slots__`` object's):
+``training``, which the signature holds as ``"eval"``), and for a class of the user's also
+its short lists of them (``dilations``) and the simple fields of its config objects (slotted
+ones and ``NamedTuple`` objects too) and dicts of options (``cfg.depth``, ``opts[mode]``, private
+ones too: a property reads them; :data:`_DEPTH` levels, ``cfg.attn.heads``): the first
+:data:`_MAX_NAMES` of each module and container, past them those whose names the code can
+read (:mod:`._read_names`):
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
