@@ -8,7 +8,10 @@ holding 30 blocks of five settings each (150 values watched, as the attention bl
 ``transformers`` model hold) shows a many-module model; a ``transformers``-like one (12
 blocks of five settings, each with an attention of four, all holding one config object of
 40 simple fields: 108 settings and the config's 40 fields, watched since the fourteenth
-stop) shows config objects.  Each trains the same tiny
+stop) shows config objects; a root holding a config of 120 fields (60 private: a
+``transformers`` config's size; the first 64 watched, and past them the fields its code
+names: none here) and one holding a ``__slots__`` config of five (watched since the
+sixteenth stop) show wide and slotted configs.  Each trains the same tiny
 MLP (two ``Linear(32)``, batch 8: the region's own cost shows), in one process, steps
 interleaved round by round; medians over rounds, in us per step, and their ratio; then the
 settled guard of each alone (``timeit``, ns a call: the part the settings add to).  A third
@@ -95,11 +98,35 @@ def _models() -> dict[str, Any]:
             config = Config()
             self.config, self.blocks = config, nn.ModuleList(Block(config) for _ in range(12))
 
+    class Wide:  # a transformers config as it is: 60 public and 60 private fields
+        def __init__(self) -> None:
+            for i in range(60):
+                setattr(self, f"option_{i}", i)
+                setattr(self, f"_internal_{i}", i)
+
+    class WideRoot(Private):  # the private root holding it: the fields past the 64th unnamed
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = Wide()
+
+    class Slots:  # a dataclass(slots=True)-like config of five fields
+        __slots__ = ("heads", "size", "causal", "kind", "scale")
+
+        def __init__(self) -> None:
+            self.heads, self.size, self.causal, self.kind, self.scale = 12, 64, False, "abs", 0.125
+
+    class SlotsRoot(Private):
+        def __init__(self) -> None:
+            super().__init__()
+            self.config = Slots()
+
     torch.manual_seed(0)
     return {
         "3 settings": Public(),
         "150 settings": Many(),
         "12 blocks+config": Transformer(),
+        "wide config": WideRoot(),
+        "slots config": SlotsRoot(),
         "private": Private(),
         "torch only": nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32)),
     }
@@ -157,6 +184,8 @@ def main() -> None:
     print(f"3 settings / private: {med['3 settings'] / med['private']:.3f}")
     print(f"150 settings / private: {med['150 settings'] / med['private']:.3f}")
     print(f"12 blocks+config / private: {med['12 blocks+config'] / med['private']:.3f}")
+    print(f"wide config / private: {med['wide config'] / med['private']:.3f}")
+    print(f"slots config / private: {med['slots config'] / med['private']:.3f}")
     print(f"torch only / private: {med['torch only'] / med['private']:.3f}")
 
 

@@ -25,6 +25,7 @@ from ._costs import Decision, family
 from ._entered import casts_inputs
 from ._guard import low_held, snapshot, unseen_modules
 from ._heal import cell
+from ._hook_probe import low_hooks
 from ._loose import explained, follows
 from ._plan import AutoPlan
 from ._program import _LOW, Program, local
@@ -163,6 +164,8 @@ class Recording:
         #: the root's watched settings at the call's start (:mod:`._settings`)
         self.settings = None if self.mode is None else before(list(root.modules()))
         if self.mode is not None:
+            if low_hooks(root):  # its own pre-hooks (run before this) made low-precision tensors
+                self.outside = self.low_outside = True
             self.mode.__enter__()  # type: ignore[no-untyped-call]
 
     def note(

@@ -23,9 +23,11 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from . import _hooks, _roots
 from ._guard import holds_objects
+from ._hook_probe import probe
+from ._program import _LOW, signature
 from ._program import local as _prog
-from ._program import signature
-from ._roots_state import _compiled, _idle_region, _Key, _local, _set_autocast, drop_strays
+from ._roots_state import _compiled, _idle_region, _Key, _local, _set_autocast, _thread, drop_strays
+from ._shapes import float32_weights, planned_ops, shape_class
 from ._store import program_for, raised, store
 from ._twins import call_kwargs, drop_walk
 
@@ -73,7 +75,12 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
     one of its roots (not marked): it becomes one, and this call is recorded."""
     local = _local
     if id(module) in local.public or local.late_key in module._forward_pre_hooks:
-        return None  # a root with public hooks, or the sentinel as its last pre-hook: that decides
+        # (a root with public hooks, or the sentinel as its last pre-hook: that decides)
+        if planned_ops(module) is not None:
+            _own_hooks_off(module, args)
+        if local.late_key in module._forward_pre_hooks and (region := _prog.settled) is not None:
+            probe(module, region.spec.backend.device_type, _outside)  # (not probed yet: ._hook_probe)
+        return None
     region = _idle_region()
     if region is None or _compiled(module):
         return None
@@ -81,6 +88,7 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
         drop_strays(module)  # a copy of a root made while hooked
     plan = _hooks.plan_of(region)
     if hook_root(module):  # its later calls in this region run its program
+        probe(module, region.spec.backend.device_type, _outside)  # its own hooks' low work (._hook_probe)
         if program_for(module, None, plan) is not None:  # pre-hooks of its own run after this
             local.called[id(module)] = weakref.ref(module)  # call: applied call by call, the site learns it
         return _roots._record(module, args, region, plan, unsigned=True)
@@ -93,6 +101,35 @@ def new_root(module: torch.nn.Module, args: tuple[Any, ...]) -> Any:
             drop_walk()  # (adopt took it, or the call went another way)
         return None if new is None else new[0]
     return _roots._record(module, args, region, plan)
+
+
+def _own_hooks_off(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    """Autocast off for the own pre-hooks of a root that is itself a planned layer the plan
+    decides float32 for these arguments (a bare ``Linear`` called in the region): a fixed
+    choice decides it before them, so a product such a hook makes (a LoRA merge's, a
+    spectral norm's power step) is float32 there too; the root's sentinel, after them, turns
+    the region's state back on first (as after a float32 root) and runs its program."""
+    prog = _prog
+    region = prog.settled
+    if region is None or prog.run is not None or prog.rec is not None or prog.measuring:
+        return
+    stack, device = _thread.stack, region.spec.backend.device_type
+    if stack and stack[-1] is region and torch.is_autocast_enabled(device) and _fp32_layer(module, args, region):
+        _set_autocast(device, False)
+        _local.between = device
+
+
+def _fp32_layer(module: torch.nn.Module, args: tuple[Any, ...], region: Any) -> bool:
+    """Whether the plan of ``region`` runs the planned layer ``module`` float32 on ``args``
+    (float32 weights; a leaf on float32 inputs runs float32 throughout)."""
+    key = shape_class(module, args, region.spec.backend.device_type)
+    return key is not None and _hooks.plan_of(region).decision(key) == "fp32" and float32_weights(module)
+
+
+def _outside() -> bool:
+    """Whether an op runs outside planned modules and programs (:mod:`._hook_probe`)."""
+    rec = _prog.rec
+    return _prog.run is None and (rec is None or not rec.planned)
 
 
 def last_pre(module: Any, key: _Key) -> None:
@@ -229,6 +266,9 @@ def finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
             program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
             store(rec.root, sig, program if program is not None else tries + 1)
             fp32 = program is not None and program.throughout()
+    elif ok and not rec.root._modules and planned_ops(rec.root) is not None:  # a bare layer applied call by call
+        fp32 = not any(isinstance(a, torch.Tensor) and a.dtype in _LOW for a in args)
+        fp32 = fp32 and _fp32_layer(rec.root, args, rec.region)  # (its first call after pre-hooks of its own)
     elif not ok and rec.mode is not None:
         raised(rec.root, rec.sig)  # a setting's value the forward raises on (_store._by_settings)
     if _prog.settled is rec.region:

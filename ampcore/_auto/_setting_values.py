@@ -12,22 +12,23 @@ dict read (the same object for the modules of one class) against the values as f
 from __future__ import annotations
 
 import enum
+import itertools
 import operator
 import weakref
 from collections.abc import Callable
-from operator import is_, itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Final
 
 import torch
 from torch import nn
 
-__all__ = ["Entry", "Settings", "config", "listed", "own", "simple"]
+__all__ = ["Entry", "Settings", "config", "get", "getter", "items", "listed", "own", "simple"]
 
 _SCALARS: Final = frozenset({bool, int, float, str, type(None)})
 _MAX_STR: Final = 256
 _MAX_ITEMS: Final = 16
 #: ``f(x)`` in C (``operator.call``, Python 3.11)
-_call: Final[Callable[..., Any]] = getattr(operator, "call", lambda f, x: f(x))
+_call: Final[Callable[..., Any]] = getattr(operator, "call", lambda f, *a: f(*a))
 #: a watched setting (:class:`Settings`): its module, name, dict, key, whether a list, the
 #: keys from the module's ``__dict__`` to the dict's config object (None: the module's own)
 Entry = tuple[nn.Module, str, dict[Any, Any], Any, bool, "tuple[Any, ...] | None"]
@@ -58,16 +59,63 @@ def listed(value: Any) -> bool:
     )
 
 
-def config(value: Any) -> dict[Any, Any] | None:
-    """The dict whose items are ``value``'s fields where it is a config object (a dataclass,
-    a ``SimpleNamespace``, a ``transformers`` ``PretrainedConfig``: an object of a class not
-    torch's, with a ``__dict__``, not callable) or a dict of options; else None."""
+def config(value: Any) -> Any:
+    """The container of ``value``'s fields where it is a config object (a dataclass, a
+    ``SimpleNamespace``, a ``transformers`` ``PretrainedConfig``: an object of a class not
+    torch's, not callable: its ``__dict__``; a class with ``__slots__`` or a ``NamedTuple``:
+    the object itself, read by attribute) or a dict of options (itself); else None."""
     if type(value) is dict:
         return value
     if callable(value) or isinstance(value, (nn.Module, torch.Tensor, type)) or not own(type(value)):
         return None
+    if _slots(type(value)):
+        return value
     fields = getattr(value, "__dict__", None)
     return fields if type(fields) is dict else None
+
+
+def items(container: Any) -> list[tuple[Any, Any]]:
+    """The fields of a :func:`config` container: a dict's items; a slotted object's (or a
+    ``NamedTuple``'s) set slots and fields, then its ``__dict__``'s items where it has one."""
+    if type(container) is dict:
+        return list(container.items())
+    found = [(n, getattr(container, n)) for n in _slots(type(container)) if hasattr(container, n)]
+    fields = getattr(container, "__dict__", None)
+    return found + list(fields.items()) if type(fields) is dict else found
+
+
+def get(container: Any, key: Any) -> Any:
+    """The field ``key`` of a :func:`config` container (None: none)."""
+    return container.get(key) if type(container) is dict else getattr(container, key, None)
+
+
+def getter(container: Any, keys: tuple[Any, ...]) -> Any:
+    """A C getter of ``keys`` in ``container``: an ``itemgetter`` of a dict, an
+    ``attrgetter`` of a slotted object (one key: its value, several: a tuple)."""
+    return itemgetter(*keys) if type(container) is dict else attrgetter(*keys)
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    """The field names of a class's instances held outside a ``__dict__``: its classes'
+    ``__slots__`` (not ``__dict__``, ``__weakref__``), a ``NamedTuple``'s ``_fields``."""
+    found = _SLOTS.get(cls)
+    if found is None:
+        names: list[str] = []
+        if issubclass(cls, tuple):
+            names += [n for n in getattr(cls, "_fields", ()) if type(n) is str]
+        for klass in reversed(cls.__mro__):
+            slots = klass.__dict__.get("__slots__", ())
+            for name in (slots,) if type(slots) is str else slots:
+                if type(name) is str and name not in ("__dict__", "__weakref__"):
+                    # a private slot's attribute is name-mangled (``__x`` of ``C``: ``_C__x``)
+                    mangled = f"_{klass.__name__.lstrip('_')}{name}" if name[:2] == "__" else name
+                    names.append(mangled)
+        found = _SLOTS[cls] = tuple(dict.fromkeys(names))
+    return found
+
+
+#: class -> its slotted field names (:func:`_slots`)
+_SLOTS: dict[type, tuple[str, ...]] = {}
 
 
 def own(cls: type) -> bool:
@@ -102,6 +150,7 @@ class Settings:
         "names",
         "objs",
         "paths",
+        "plain",
         "recorded",
         "refs",
         "shared",
@@ -140,10 +189,13 @@ class Settings:
         keys: dict[int, tuple[dict[Any, Any], list[Any]]] = {}
         for d, name in zip(self.dicts, self.names, strict=True):
             keys.setdefault(id(d), (d, []))[1].append(name)
-        getters: dict[tuple[Any, ...], itemgetter[Any]] = {}  # (one a block class's keys)
-        #: an ``itemgetter`` of its keys for each dict read, the dicts (:meth:`same`)
-        self.getters = tuple(getters.setdefault(tuple(k), itemgetter(*k)) for _, k in keys.values())
+        getters: dict[tuple[Any, ...], Any] = {}  # (one a block class's keys)
+        #: an ``itemgetter`` of its keys for each dict read (an ``attrgetter`` for each
+        #: slotted config object), the dicts (:meth:`same`)
+        self.getters = tuple(getters.setdefault((type(d) is dict, *k), getter(d, tuple(k))) for d, k in keys.values())
         self.held = tuple(d for d, _ in keys.values())
+        #: whether every container read is a dict (else :meth:`now` reads by attribute too)
+        self.plain = all(type(d) is dict for d in self.dicts)
         #: whether :meth:`same` has more than the dicts to compare (sizes, lists, config objects)
         self.more = bool(self.sized or self.lists or holders or self.shared[0])
         #: the values :meth:`same` last found unchanged, and them as its getters read them
@@ -151,7 +203,14 @@ class Settings:
 
     def _follow(self) -> None:
         """Read the fields of the config objects in place now, where one was replaced."""
-        if all(map(is_, map(dict.get, self.objs[0], self.objs[1]), self.objs[2])):
+        objs = self.objs
+        if all(
+            map(
+                is_,
+                map(_call, objs[3], objs[0], objs[1], _NONE) if objs[3] else map(dict.get, objs[0], objs[1]),
+                objs[2],
+            )
+        ):
             return
         self._bind([d if via is None else _resolve(d, via) for d, via in self.paths])
 
@@ -163,7 +222,7 @@ class Settings:
             return self._same_first(values)
         try:
             return bool(tuple(map(_call, self.getters, self.held)) == recorded[1])
-        except KeyError:  # an attribute deleted
+        except (KeyError, AttributeError):  # an attribute deleted (a slot: unset)
             return False
 
     def _same_first(self, values: tuple[Any, ...]) -> bool:
@@ -178,28 +237,43 @@ class Settings:
             return True
         try:
             return bool(tuple(map(_call, self.getters, self.held)) == recorded[1])
-        except KeyError:  # an attribute deleted
+        except (KeyError, AttributeError):  # an attribute deleted (a slot: unset)
             return False
 
     def _same_more(self, values: tuple[Any, ...]) -> bool:
         if self.sized and tuple(map(len, self.sized)) != self.sizes:
             return False
         links = self.links
-        if links[0] and not all(map(is_, map(dict.get, links[0], links[1]), links[2])):
+        # (a link held by a slotted config object: read by ``getattr``, ``links[3]``)
+        if links[0] and not all(
+            map(
+                is_,
+                map(_call, links[3], links[0], links[1], _NONE) if links[3] else map(dict.get, links[0], links[1]),
+                links[2],
+            )
+        ):
             shared = self.shared[1]
-            if shared[0] and not all(map(is_, map(dict.get, shared[0], shared[1]), shared[2])):
+            if shared[0] and not all(
+                map(
+                    is_,
+                    map(_call, shared[3], shared[0], shared[1], _NONE)
+                    if shared[3]
+                    else map(dict.get, shared[0], shared[1]),
+                    shared[2],
+                )
+            ):
                 return False  # a module holding a shared config object given another one
             self._follow()
         return not self.lists or self._listed() == values[len(self.dicts) :]
 
     def _listed(self) -> tuple[Any, ...]:
-        return tuple(_snapshot(d.get(k)) for d, k in self.lists)
+        return tuple(_snapshot(get(d, k)) for d, k in self.lists)
 
     def now(self) -> tuple[Any, ...]:
         """The watched settings' values now (a list's as a tuple)."""
         if self.objs[0]:
             self._follow()
-        plain = tuple(map(dict.get, self.dicts, self.names))
+        plain = tuple(map(dict.get if self.plain else get, self.dicts, self.names))
         return plain + self._listed() if self.lists else plain
 
     def without(self, keep: list[bool]) -> Settings:
@@ -217,31 +291,52 @@ class Settings:
         return found
 
 
-def _resolve(state: dict[str, Any], keys: tuple[Any, ...]) -> dict[Any, Any]:
-    """The dict of the config object ``keys`` lead to from a module's ``state`` ({}: none)."""
-    found: dict[Any, Any] = state
+def _resolve(state: dict[str, Any], keys: tuple[Any, ...]) -> Any:
+    """The container of the config object ``keys`` lead to from a module's ``state`` ({}:
+    none; :func:`config`)."""
+    found: Any = state
     for key in keys:
-        found = config(found.get(key)) or {}
+        inner = config(get(found, key))
+        found = {} if inner is None else inner
     return found
 
 
-def _links(paths: tuple[Path, ...]) -> tuple[tuple[dict[Any, Any], ...], tuple[Any, ...], tuple[Any, ...]]:
-    """The links of ``paths`` to their config objects: (the dicts holding one, its key
-    there, the object), each once: a replaced object at any level changes one."""
-    links: dict[tuple[int, Any], tuple[dict[Any, Any], Any, Any]] = {}
+#: the links of config objects (:func:`_links`): the containers holding one, its key there,
+#: the object, and None where every container is a dict (read by ``dict.get``), else each
+#: one's reader (``dict.get`` or ``getattr``, given a default None)
+Links = tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...], "tuple[Any, ...] | None"]
+_NONE: Final = itertools.repeat(None)
+
+
+def _links(paths: tuple[Path, ...]) -> Links:
+    """The links of ``paths`` to their config objects (:data:`Links`), each once: a
+    replaced object at any level changes one."""
+    links: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
     for state, keys in paths:
-        holder: dict[Any, Any] = state
+        holder: Any = state
         for key in keys or ():
-            value = holder.get(key)
+            value = get(holder, key)
             links.setdefault((id(holder), key), (holder, key, value))
-            holder = config(value) or {}
+            inner = config(value)
+            holder = {} if inner is None else inner
     found = tuple(links.values())
-    return tuple(x[0] for x in found), tuple(x[1] for x in found), tuple(x[2] for x in found)
+    readers = tuple(dict.get if type(x[0]) is dict else getattr for x in found)
+    plain = all(r is dict.get for r in readers)
+    return (
+        tuple(x[0] for x in found),
+        tuple(x[1] for x in found),
+        tuple(x[2] for x in found),
+        None if plain else readers,
+    )
 
 
-def _join(*links: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+def _join(*links: Links) -> Links:
     """``links`` (:func:`_links`) as one."""
-    return tuple(sum(parts, ()) for parts in zip(*links, strict=True))
+    joined = tuple(sum(parts, ()) for parts in zip(*(link[:3] for link in links), strict=True))
+    if all(link[3] is None for link in links):
+        return joined[0], joined[1], joined[2], None
+    readers = sum((link[3] or (dict.get,) * len(link[0]) for link in links), ())
+    return joined[0], joined[1], joined[2], readers
 
 
 def _snapshot(value: Any) -> Any:

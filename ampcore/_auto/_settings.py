@@ -5,11 +5,12 @@ A forward can choose what it runs from an attribute the call's signature does no
 branch at 0, an inner block's ``self.repeat``, ``self.config.use_cache``).  Its *settings*
 are a module's public attributes of simple types (:mod:`._setting_values`: ``bool``,
 ``int``, ``float``, short ``str``, ``None``, enum members, short tuples of those; not
-``training``, which the signature holds as ``"eval"``), at most :data:`_MAX_NAMES` a
-module, and for a class of the user's also its short lists of them (``dilations``) and the
-simple fields of its config objects and dicts of options (``cfg.depth``, ``opts[mode]``,
-private ones too: a property reads them; :data:`_DEPTH` levels, ``cfg.attn.heads``;
-:data:`_MAX_NAMES` an object; not a ``__slots__`` object's):
+``training``, which the signature holds as ``"eval"``), and for a class of the user's also
+its short lists of them (``dilations``) and the simple fields of its config objects (slotted
+ones and ``NamedTuple`` objects too) and dicts of options (``cfg.depth``, ``opts[mode]``, private
+ones too: a property reads them; :data:`_DEPTH` levels, ``cfg.attn.heads``): the first
+:data:`_MAX_NAMES` of each module and container, past them those whose names the code can
+read (:mod:`._read_names`):
 
 * :func:`text` puts them in a whole-call check's key (:func:`._verify.root_key`): two
   instances of one class whose settings differ are two checks;
@@ -35,11 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Iterable
 from typing import Any, Final
 
 from torch import nn
 
-from ._setting_values import Entry, Settings, config, listed, own, simple
+from ._read_names import read_names
+from ._setting_values import Entry, Settings, config, items, listed, own, simple
 from ._shapes import VARIES, flags, known_kind, planned_ops
 
 __all__ = ["HELD_AFTER", "Settings", "any_held", "before", "held_of", "hold", "text", "unheld", "watch", "watch_now"]
@@ -65,10 +68,38 @@ _DEPTH: Final = 2
 _Found = tuple[str, Any, dict[Any, Any], Any, bool, "tuple[Any, ...] | None"]
 
 
-def _found(module: nn.Module) -> list[_Found]:
+class _Read:
+    """The names the code of a root's modules' classes can read (:func:`._read_names.read_names`),
+    taken at the first container past :data:`_MAX_NAMES` only; a config object's fields
+    also by its class's code (:meth:`of`)."""
+
+    __slots__ = ("by_type", "modules", "names")
+
+    def __init__(self, modules: Iterable[nn.Module]) -> None:
+        self.modules = modules
+        self.names: frozenset[str] | None = None
+        self.by_type: dict[type, frozenset[str]] = {}
+
+    def base(self) -> frozenset[str]:
+        """The names the code of the modules' classes can read."""
+        if self.names is None:
+            self.names = read_names({type(m) for m in self.modules})
+        return self.names
+
+    def of(self, value: Any) -> frozenset[str]:
+        """:meth:`base` and the names the code of ``value``'s class can read."""
+        found = self.by_type.get(type(value))
+        if found is None:
+            found = self.by_type[type(value)] = self.base() | read_names([type(value)])
+        return found
+
+
+def _found(module: nn.Module, read: _Read | None = None) -> list[_Found]:
     """``module``'s settings now (see the module), held ones left out: its public attributes
     of simple types; for a class of the user's, also its lists of them and the simple fields
-    of its config objects and dicts of options (one level, :data:`_MAX_NAMES` each)."""
+    of its config objects and dicts of options (:data:`_MAX_NAMES` each, and past them the
+    ones whose names the code of ``read``'s classes can read: :mod:`._read_names`; None:
+    ``module``'s)."""
     try:
         held: Any = _held.get(module, ())
     except TypeError:  # a module class that is not hashable
@@ -79,42 +110,51 @@ def _found(module: nn.Module) -> list[_Found]:
     state = module.__dict__
     mine = own(type(module))
     found: list[_Found] = []
+    count = 0
     for name, value in state.items():
-        if name[0] == "_" or name == "training" or name in held or len(found) >= _MAX_NAMES:
+        if name[0] == "_" or name == "training" or name in held:
             continue
-        if simple(value):
-            found.append((name, value, state, name, False, None))
-        elif not mine:
-            continue
-        elif listed(value):
-            found.append((name, tuple(value), state, name, True, None))
-        elif (fields := config(value)) is not None:
-            found.extend(_fields(name, fields, held, type(value) is dict, (name,)))
+        if simple(value) or (mine and listed(value)):
+            count += 1
+            if count > _MAX_NAMES and name not in (read := read or _Read((module,))).base():
+                continue
+            found.append((name, value if simple(value) else tuple(value), state, name, not simple(value), None))
+        elif mine and (fields := config(value)) is not None:
+            read = read or _Read((module,))
+            found.extend(_fields(name, fields, held, type(value) is dict, (name,), read, value))
     return found
 
 
-def _fields(label: str, fields: dict[Any, Any], held: Any, options: bool, path: tuple[Any, ...]) -> list[_Found]:
-    """The settings of the config object or dict of options ``label``, reached by ``path``
-    from its module (see :func:`_found`; one in it, :data:`_DEPTH` levels down at most)."""
+def _fields(
+    label: str, fields: Any, held: Any, options: bool, path: tuple[Any, ...], read: _Read, value: Any
+) -> list[_Found]:
+    """The settings of the config object or dict of options ``label`` (``value``, its fields'
+    container ``fields``), reached by ``path`` from its module (see :func:`_found`; one in
+    it, :data:`_DEPTH` levels down at most)."""
     found: list[_Found] = []
-    for key, value in fields.items():
+    entries = items(fields)
+    wide = (read.base() if options else read.of(value)) if len(entries) > _MAX_NAMES else frozenset()
+    count = 0
+    for key, value in entries:
         # (a private field too, not a dunder: a property or ``__getattr__`` reads it)
-        if type(key) is not str or key[:2] == "__" or len(found) >= _MAX_NAMES:
+        if type(key) is not str or key[:2] == "__":
             continue
         name = f"{label}[{key}]" if options else f"{label}.{key}"
         if name in held:
             continue
-        if simple(value):
-            found.append((name, value, fields, key, False, path))
-        elif listed(value):
-            found.append((name, tuple(value), fields, key, True, path))
+        if simple(value) or listed(value):
+            count += 1
+            if count > _MAX_NAMES and key not in wide:
+                continue
+            found.append((name, value if simple(value) else tuple(value), fields, key, not simple(value), path))
         elif len(path) < _DEPTH and (inner := config(value)) is not None:
-            found.extend(_fields(name, inner, held, type(value) is dict, (*path, key)))
+            found.extend(_fields(name, inner, held, type(value) is dict, (*path, key), read, value))
     return found
 
 
-def settings(module: nn.Module) -> list[tuple[str, Any]]:
-    """``module``'s settings now (see the module), held ones left out.
+def settings(module: nn.Module, read: _Read | None = None) -> list[tuple[str, Any]]:
+    """``module``'s settings now (see the module), held ones left out (``read``: the names
+    a wide config's fields past the first are watched for, :func:`_found`).
 
     Example::
 
@@ -124,7 +164,7 @@ def settings(module: nn.Module) -> list[tuple[str, Any]]:
         >>> settings(net)
         [('p', 0.25), ('inplace', False), ('depth', 3), ('name', 'x')]
     """
-    return [(entry[0], entry[1]) for entry in _found(module)]
+    return [(entry[0], entry[1]) for entry in _found(module, read)]
 
 
 def any_held() -> bool:
@@ -144,7 +184,7 @@ def held_of(module: nn.Module) -> frozenset[str]:
 
 def text(module: nn.Module) -> str:
     """The settings of ``module`` as a whole-call check's key holds them ('' for none)."""
-    found = settings(module)
+    found = settings(module, _Read(module.modules()))
     return "" if not found else "{" + ",".join(f"{k}={v!r}" for k, v in found) + "}"
 
 
@@ -156,7 +196,8 @@ def _watched(module: nn.Module) -> bool:
 def before(modules: list[nn.Module]) -> dict[tuple[int, str], Any]:
     """The settings of ``modules`` at the start of a recorded call (what the forward changes
     is state, not a setting: :func:`watch` holds it)."""
-    return {(id(m), k): v for m in modules for k, v in settings(m)}
+    read = _Read(modules)
+    return {(id(m), k): v for m in modules for k, v in settings(m, read)}
 
 
 def _keep(module: nn.Module, name: str, value: Any) -> bool:
@@ -186,9 +227,10 @@ def watch(modules: list[nn.Module], was: dict[tuple[int, str], Any] | None) -> t
     shared: list[tuple[dict[str, Any], tuple[Any, ...]]] = []
     seen: set[tuple[int, Any]] = set()
     sized = tuple(m.__dict__ for m in modules if _watched(m))
+    read = _Read(modules)
     for module in modules:
         mine = own(type(module))
-        found = [(entry, mine) for entry in _found(module)]
+        found = [(entry, mine) for entry in _found(module, read)]
         if not mine and _watched(module):  # (a torch layer's flags: state checked above, watched here)
             state = module.__dict__
             found += [((n, v, state, n, False, None), True) for n, v in flags(module)]

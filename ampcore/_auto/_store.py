@@ -274,6 +274,18 @@ def raised(root: nn.Module, sig: tuple[Any, ...] | None) -> None:
     kept[(sig, watched[0].now())] = _RAISED
 
 
+def stale_throughout(root: nn.Module) -> None:
+    """Record ``root`` again where a program of it runs float32 throughout (its own pre-hooks
+    were seen making low-precision tensors since: :mod:`._hook_probe`)."""
+    try:
+        programs = list(_programs.get(root, {}).values())
+    except TypeError:
+        return
+    for program in programs:
+        if isinstance(program, Program) and program.throughout():
+            program.stale[0] = True
+
+
 def forget() -> None:
     """Drop every program (tests, ``ampcore plan clear``)."""
     _programs.clear()

@@ -68,7 +68,8 @@ def test_a_disabled_region_after_a_low_root_keeps_the_o1_lists_after_it(monkeypa
         assert dtypes[2:] == (torch.float32, BF16)
 
 
-# --- left as they are (docs/auto.md, "Ops between roots": what pre-hooks see) --------------
+# --- what a root's own pre-hooks see (docs/auto.md, "Ops between roots"; more kinds of hooks:
+# test_auto_between_hooks.py) -----------------------------------------------------------------
 
 
 def _hooked_run(root_is_planned: bool, reference: bool) -> list[tuple[bool, torch.dtype, torch.dtype]]:
@@ -95,19 +96,21 @@ def _hooked_run(root_is_planned: bool, reference: bool) -> list[tuple[bool, torc
     return got
 
 
-@pytest.mark.xfail(strict=True, reason="left: a planned root's own pre-hooks run before its program (docs/auto.md)")
 def test_a_planned_roots_own_pre_hook_sees_what_the_reference_gives() -> None:
     """A bare ``Linear`` called as a root, decided float32, with a pre-hook of its own: the
-    reference decides it before its own hooks (autocast off there); auto's program starts
+    reference decides it before its own hooks (autocast off there).  Auto's program starts
     after them (the sentinel is its last pre-hook: it takes the signature of what they
-    return), so from its second call its hooks see the region's state (its recording: off)."""
+    return): the global sentinel switches autocast off for them where the plan decides the
+    layer float32 for its arguments (before the sixteenth stop: its hooks saw the O1 state
+    from its second call, and its first call, applied call by call, left the O1 lists after
+    it)."""
     assert _hooked_run(True, reference=False) == _hooked_run(True, reference=True)
 
 
-@pytest.mark.xfail(strict=True, reason="left: low work in a root's own pre-hook is not seen by its program")
 def test_low_work_in_a_roots_own_pre_hook_counts_as_the_root_running_low() -> None:
     """A root's own pre-hook that makes a low-precision product (it sees the region's O1
     state, as in the reference): the reference counts it as the root running low (O1 after
-    it); auto's program starts after the hook, so its settled calls leave the ops after it
-    float32 (its first call, recorded before it was marked, counts it)."""
+    it).  Auto's program starts after the hook: the root's own hooks are probed once, at its
+    second call (``_auto/_hook_probe.py``), and a recording counts their low work (before
+    the sixteenth stop: its settled calls left the ops after it float32)."""
     assert _hooked_run(False, reference=False) == _hooked_run(False, reference=True)
