@@ -10,8 +10,8 @@ recorded one to run its program, and what makes a program stale.
 * :func:`snapshot` / :func:`unchanged`: the root's module tree (also layers kept in plain
   lists, tuples and dicts of its modules) and its planned layers' weight dtypes when
   recorded, compared on every root call with C calls only;
-* :func:`loosen`: a number argument whose value changes every call (a step counter, a
-  temperature) but whose recordings give the same program is held by type from then on;
+* :func:`loosen`: a number or string argument whose value changes every call (a step
+  counter, a file name) but whose recordings give the same program is held by type then;
 * :func:`follows` / :func:`in_checkpoint`: at recording, a planned call whose input shapes
   do not follow from the root's arguments (guarded per call), and a call inside
   ``torch.utils.checkpoint`` (it follows the autocast state, as its recompute does).

@@ -1,11 +1,13 @@
-"""Numbers in a root's signature: held by value, or by type once they change between calls
-that give the same program (a step counter, a temperature), and the sizes a planned call
-may take from the root's arguments (:func:`explained`, :func:`follows`).
+"""Numbers and strings in a root's signature: held by value, or by type once they change
+between calls that give the same program (a step counter, a temperature, a tag, the file
+names of a batch), and the sizes a planned call may take from the root's arguments
+(:func:`explained`, :func:`follows`).
 
-:func:`~._guard.signature` holds every ``int`` and ``float`` argument by value: a flag or
-a size picks a path.  When two recordings of a root differ only in such numbers and give
-the same program, :func:`loosen` records the pattern on the root and later signatures hold
-those numbers by type.
+:func:`~._guard.signature` holds every ``int``, ``float`` and ``str`` argument by value: a
+flag, a size or a name picks a path.  When two recordings of a root differ only in such
+values and give the same program, :func:`loosen` records the pattern on the root and later
+signatures hold those values by type.  (Strings since the eleventh sweep of issue 27: file
+names in a batch dict made every call a new signature, recorded every call.)
 """
 
 from __future__ import annotations
@@ -20,12 +22,25 @@ __all__ = ["explained", "follows", "loosen"]
 #: the attribute of a root module holding its loose patterns: len(signature) -> [(the
 #: positions held by type, the loose signatures confirmed by two equal recordings)]
 _LOOSE: Final = "_ampcore_auto_loose"
-_ANY: Final = "*"  # a loose number's value in a signature (a real entry never holds a str there)
-_NUMBERS: Final = (int, float)
+
+
+class _Any:
+    """A loose value's place in a signature (no argument's value equals it)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "*"
+
+
+_ANY: Final = _Any()
+#: the kinds of value a signature may hold by type (never ``bool``: a flag picks a path)
+_LOOSE_KINDS: Final = (int, float, str)
 
 
 def _number(entry: Any) -> bool:
-    return type(entry) is tuple and len(entry) == 3 and entry[0] == "=" and entry[1] in _NUMBERS
+    """Whether a signature entry is a value :func:`loosen` may hold by type."""
+    return type(entry) is tuple and len(entry) == 3 and entry[0] == "=" and entry[1] in _LOOSE_KINDS
 
 
 def _loosened(sig: tuple[Any, ...], loose: dict[int, list[tuple[tuple[int, ...], set[Any]]]]) -> tuple[Any, ...]:
@@ -43,9 +58,9 @@ def _loosened(sig: tuple[Any, ...], loose: dict[int, list[tuple[tuple[int, ...],
 
 def loosen(root: nn.Module, sig: tuple[Any, ...], others: dict[tuple[Any, ...], Any], same: Any) -> Any:
     """The loose signature of ``sig`` when an earlier recording of ``root`` (``others``: its
-    signatures and programs) differs from it only in the values of numbers (``int`` and
-    ``float`` arguments, not ``bool``) and ``same(its program)`` holds: from then on
-    :func:`signature` holds those numbers by type.  None: nothing to loosen.
+    signatures and programs) differs from it only in the values of numbers and strings
+    (``int``, ``float`` and ``str`` arguments, not ``bool``) and ``same(its program)`` holds:
+    from then on :func:`signature` holds those values by type.  None: nothing to loosen.
 
     Example::
 
