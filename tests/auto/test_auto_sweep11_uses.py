@@ -39,7 +39,8 @@ import torch.utils.checkpoint
 from _auto_testing import auto_state  # noqa: F401 (fixture)
 from test_auto_sweep3 import BF16, FP16, Enter, _backward, _train, run
 from test_auto_sweep3_models import measuring as measuring  # noqa: F401, PLC0414 (fixture)
-from test_auto_sweep9 import _state
+from test_auto_sweep9 import GAN, _state
+from test_auto_sweep10_uses import _mlp
 from torch import nn
 
 import ampcore
@@ -47,19 +48,6 @@ from ampcore._auto import _guard, _store
 from ampcore._auto._program import Program
 
 pytestmark = pytest.mark.usefixtures("auto_state")  # tests/auto/_auto_testing.py
-
-
-def _mlp() -> nn.Sequential:
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-class GAN(nn.Module):
-    """A generator and a critic (never called as a whole)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.g = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
-        self.d = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1))
 
 
 class Dropped(nn.Module):
