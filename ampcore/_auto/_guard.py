@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ._containers import CONTAINERS, candidates
-from ._loose import _LOOSE, _loosened, numpy_value
+from ._loose import _LOOSE, _loosened, plain_value
 from ._settings import Settings
 from ._shapes import bucket, float32_weights, planned_ops
 
@@ -169,8 +169,8 @@ def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool
         fields = dataclasses.fields(value)
         sig.append(("dataclass", type(value), len(fields)))
         return all(_describe(getattr(value, f.name), sig, held) for f in fields)
-    else:  # (a numpy array as a tensor, a numpy scalar as a number: ._loose.numpy_value)
-        return _state(value, sig, held) if (found := numpy_value(value, sig)) is None else found
+    else:  # (numpy values, a generator, a path, a slice: ._loose.plain_value)
+        return _state(value, sig, held) if (found := plain_value(value, sig)) is None else found
     return True
 
 

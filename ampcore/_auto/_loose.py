@@ -13,12 +13,13 @@ names in a batch dict made every call a new signature, recorded every call.)
 from __future__ import annotations
 
 import sys
+from pathlib import PurePath
 from typing import Any, Final
 
 import torch
 from torch import nn
 
-__all__ = ["explained", "follows", "loosen", "numpy_value"]
+__all__ = ["explained", "follows", "loosen", "plain_value"]
 
 #: the attribute of a root module holding its loose patterns: len(signature) -> [(the
 #: positions held by type, the loose signatures confirmed by two equal recordings)]
@@ -101,28 +102,44 @@ def loosen(root: nn.Module, sig: tuple[Any, ...], others: dict[tuple[Any, ...], 
 
 #: the Python values a numpy scalar may give (``item()``) that a signature holds
 _ITEMS: Final = (bool, int, float, complex, str, bytes)
+#: immutable values without a ``__dict__`` a signature holds by value (a slice's ends: below)
+_BY_VALUE: Final = (range, frozenset, PurePath)
 
 
-def numpy_value(value: Any, sig: list[Any]) -> bool | None:
-    """Append the guard of a numpy argument to ``sig``: an array by its shape and dtype, as
-    a tensor (its values are data), a numpy scalar by its type and, as the Python number or
-    string it holds, its value (held by type once it changes every call, as one: a
-    ``numpy.float32`` temperature).  False: an array of objects or a scalar of another kind
-    (``datetime64``): no guard.  None: not a numpy value (numpy not even imported).
+def plain_value(value: Any, sig: list[Any]) -> bool | None:
+    """Append the guard of a plain-data argument that has no ``__dict__`` to ``sig``: a numpy
+    array by its shape and dtype, as a tensor (its values are data); a numpy scalar by its
+    type and, as the Python number or string it holds, its value (held by type once it
+    changes every call, as one: a ``numpy.float32`` temperature); a ``torch.Generator`` by
+    its device (its state is data, as a tensor's values); a ``range``, ``frozenset``, path
+    or ``slice`` of numbers by value.  False: an array of objects, a numpy scalar of another
+    kind (``datetime64``), a slice of other things: no guard.  None: none of these.
 
-    Before issue 27's eleventh sweep a numpy value could not be guarded (no ``__dict__``):
-    every such call applied the plan call by call (1.24-1.27 x float32 where a settled
-    call took 1.07).
+    Before issue 27's eleventh sweep such an argument could not be guarded: every call
+    given one applied the plan call by call (1.24-1.28 x float32 where a settled call took
+    1.07).
 
     Example::
 
         >>> import numpy as np
         >>> sig = []
-        >>> numpy_value(np.zeros((2, 3), np.float32), sig), numpy_value(np.float32(0.5), sig), sig
+        >>> plain_value(np.zeros((2, 3), np.float32), sig), plain_value(np.float32(0.5), sig), sig
         (True, True, [('ndarray', (2, 3), '<f4'), ('numpy', <class 'numpy.float32'>), ('=', <class 'float'>, 0.5)])
-        >>> numpy_value(np.array([object()]), []), numpy_value(0.5, [])
-        (False, None)
+        >>> plain_value(np.array([object()]), []), plain_value(0.5, []), plain_value(slice(0, 4), sig)
+        (False, None, True)
     """
+    if isinstance(value, torch.Generator):
+        sig.append(("generator", value.device))
+        return True
+    if isinstance(value, _BY_VALUE):
+        sig.append(("=", type(value), value))
+        return True
+    if isinstance(value, slice):  # (hashable from Python 3.12 only)
+        ends = (value.start, value.stop, value.step)
+        if not all(e is None or type(e) is int for e in ends):
+            return False
+        sig.append(("slice", *ends))
+        return True
     np = sys.modules.get("numpy")
     if np is None:
         return None

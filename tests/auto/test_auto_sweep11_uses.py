@@ -28,6 +28,7 @@ call applied the plan call by call).  No wall clock.
 
 from __future__ import annotations
 
+import pathlib
 import types
 from collections.abc import Callable
 from typing import Any
@@ -338,15 +339,20 @@ def test_a_string_that_picks_a_path_still_matches_the_fixed_precision(recordings
 
 
 class Weighted(nn.Module):
-    """Called with numpy values, as a data loader without tensor conversion gives them: a
-    ``numpy.float32`` temperature and a ``numpy`` array of per-sample weights."""
+    """Called with plain data the guard could not describe before: numpy values (as a data
+    loader without tensor conversion gives them: a ``numpy.float32`` temperature, an array
+    of per-sample weights), a ``torch.Generator`` for its noise, a ``pathlib.Path``, a
+    ``slice`` and a ``range``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 
-    def forward(self, x: torch.Tensor, weights: Any, temperature: Any) -> torch.Tensor:
-        return self.body(x) * torch.from_numpy(weights)[:, None].to(x.dtype) / float(temperature)
+    def forward(self, x: torch.Tensor, weights: Any, temperature: Any, **plain: Any) -> torch.Tensor:
+        if plain.get("generator") is not None:
+            x = x + 0.1 * torch.randn(x.shape, generator=plain["generator"])
+        out = self.body(x[plain.get("rows", slice(None))]) * torch.from_numpy(weights)[:, None].to(x.dtype)
+        return out / float(temperature)
 
 
 def _numpy_args(i: int) -> tuple[Any, Any]:
@@ -354,34 +360,64 @@ def _numpy_args(i: int) -> tuple[Any, Any]:
     return np.linspace(0.5, 1.5, 8, dtype=np.float32) + i / 100, np.float32(1.0 + i / 100)
 
 
-def test_numpy_arguments_that_change_every_call_settle(recordings: list[Any], measuring: Any) -> None:
-    """Before, the guard could not describe a numpy scalar or array (no ``__dict__``): every
-    call applied the plan call by call (the global hooks on every module call: 1.24-1.27 x
-    float32 where a settled call is 1.07, on 24 small Linear layers).  Now an array is held
-    like a tensor (type, shape, dtype) and a numpy scalar as a Python number (by type once
-    it changes every call)."""
+def test_numpy_and_other_plain_arguments_settle(recordings: list[Any], measuring: Any) -> None:
+    """Before, the guard could not describe a numpy scalar or array, a generator, a path, a
+    slice or a range (no ``__dict__``): every call applied the plan call by call (the global
+    hooks on every module call: 1.24-1.28 x float32 where a settled call is 1.07, on 24
+    small Linear layers).  Now an array is held like a tensor (shape, dtype), a numpy scalar
+    as a Python number (by type once it changes every call), a generator by its device (its
+    state is data), the others by value."""
     torch.manual_seed(0)
-    model, x = Weighted(), torch.randn(8, 16)
+    model, x, g = Weighted(), torch.randn(8, 16), torch.Generator().manual_seed(0)
+    plain = {"generator": g, "path": pathlib.Path("/data/run-1"), "rows": slice(0, 8), "steps": range(3)}
     for i in range(16):
         with ampcore.autocast("cpu", level="auto", dtype=BF16):
-            model(x, *_numpy_args(i)).float().sum().backward()
+            model(x, *_numpy_args(i), **plain).float().sum().backward()
     assert len(recordings) <= 4, f"{len(recordings)} recordings in 16 calls"
     recordings.clear()
     for i in range(16, 22):
         with ampcore.autocast("cpu", level="auto", dtype=BF16):
-            model(x, *_numpy_args(i)).float().sum().backward()
-    sig = _guard.signature((x, *_numpy_args(21)), None, model)
+            model(x, *_numpy_args(i), **plain).float().sum().backward()
+    sig = _guard.signature((x, *_numpy_args(21)), plain, model)
     assert sig is not None and isinstance(_store.program_for(model, sig, ampcore.auto_plan("cpu", BF16)), Program)
     assert recordings == []
     other = _guard.signature((x, _numpy_args(0)[0][:4], _numpy_args(0)[1]), None)
     assert other is not None and other != _guard.signature((x, *_numpy_args(0)), None)  # (the array's shape)
 
 
-def test_numpy_arguments_match_the_fixed_precision(recordings: list[Any]) -> None:
+@pytest.mark.parametrize("measured", [True, False], ids=["measured", "given"])
+def test_numpy_and_other_plain_arguments_match_the_fixed_precision(
+    measured: bool, request: Any, recordings: list[Any]
+) -> None:
+    """(Measured: the whole-call check runs the root again; the generator it is given must
+    draw the same noise in the real call as in the fixed precision's.)"""
+    if measured:
+        request.getfixturevalue("measuring")
     x = torch.randn(8, 16)
 
     def step(m: nn.Module, i: int, enter: Enter) -> Any:
         weights, temperature = _numpy_args(i)
-        return _train(m, x, enter, weights=weights, temperature=temperature)
+        g = torch.Generator().manual_seed(i)
+        return _train(m, x, enter, weights=weights, temperature=temperature, generator=g, rows=slice(0, 8))
 
-    run(Weighted, step, 6, recordings, (BF16,))
+    run(Weighted, step, 6, recordings, (BF16,), measured=measured)
+
+
+class Noisy(nn.Module):
+    """Noise drawn from a generator the model holds (``self.gen``), as a sampler would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+        self.gen = torch.Generator().manual_seed(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x + 0.1 * torch.randn(x.shape, generator=self.gen))
+
+
+def test_a_generator_the_model_holds_draws_as_in_the_fixed_precision(measuring: Any, recordings: list[Any]) -> None:
+    """The whole-call check runs the root again: before, each run drew from the model's own
+    generator (the default generator's state was kept, not this one's), so the real call
+    drew other noise than the fixed precision's (step 2 differed)."""
+    x = torch.randn(8, 16)
+    run(Noisy, lambda m, i, enter: _train(m, x, enter), 6, recordings, (BF16,), measured=True)
