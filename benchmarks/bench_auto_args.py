@@ -16,6 +16,12 @@ ratios to ``fp32`` (process CPU time), after ``--warmup`` untimed rounds (auto m
 shape classes there).
 
     python benchmarks/bench_auto_args.py --rounds 200 --threads 1
+
+``--strings``: the step counter given as a string (``"step 17"``, as a batch's file names
+or a logging tag): held by value before issue 27's eleventh sweep (every call recorded),
+by type now (``auto-by-value`` is the behaviour before for strings too).  ``--numpy``: the
+temperature given as a ``numpy.float32``: not guarded before that sweep (every call applied
+the plan call by call), held as a number now (compare with the base commit's code).
 """
 
 from __future__ import annotations
@@ -43,21 +49,27 @@ class Stepped(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
 
-    def forward(self, x: torch.Tensor, step: int, temperature: float = 1.0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: int | str, temperature: Any = 1.0) -> torch.Tensor:
         for block in self.blocks:
-            x = x + torch.tanh(block(x)) * temperature
+            x = x + torch.tanh(block(x)) * float(temperature)
         return x
 
 
-def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, i: int, mode: str) -> None:
+def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, i: int, mode: str, args: Any) -> None:
+    step = f"step {i}" if args.strings else i
+    temperature = 1.0 + (i % 7) / 100
+    if args.numpy:
+        import numpy as np
+
+        temperature = np.float32(temperature)
     if mode == "fp32":
-        out = model(x, i, 1.0 + (i % 7) / 100)
+        out = model(x, step, temperature)
     elif mode == "auto-same":  # the same numbers every call: one signature (the floor)
         with ampcore.autocast("cpu", level="auto"):
-            out = model(x, 0, 1.0)
+            out = model(x, "step 0" if args.strings else 0, 1.0)
     else:
         with ampcore.autocast("cpu", level="auto"):
-            out = model(x, i, 1.0 + (i % 7) / 100)
+            out = model(x, step, temperature)
     nn.functional.mse_loss(out.float(), torch.zeros_like(x)).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -78,6 +90,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--strings", action="store_true", help="the step counter as a string (a tag)")
+    parser.add_argument("--numpy", action="store_true", help="the temperature as a numpy.float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -89,7 +103,7 @@ def main() -> None:
     opts = {m: torch.optim.SGD(models[m].parameters(), lr=1e-4) for m in models}
     _by_value(models["auto-by-value"])
     runs: dict[str, Callable[[int], None]] = {
-        m: (lambda i, m=m: _step(models[m], opts[m], x, i, m))  # type: ignore[misc]
+        m: (lambda i, m=m: _step(models[m], opts[m], x, i, m, args))  # type: ignore[misc]
         for m in models
     }
     names = list(runs)
@@ -104,7 +118,10 @@ def main() -> None:
         if r >= args.warmup:
             for m in ratios:
                 ratios[m].append(took[m] / took["fp32"])
-    print(f"torch {torch.__version__}, {args.threads} thread(s), load {os.getloadavg()[0]:.2f}, {args.rounds} rounds")
+    what = "strings" if args.strings else "numbers"
+    what += ", numpy temperature" if args.numpy else ""
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, {args.threads} thread(s), load {load:.2f}, {args.rounds} rounds, {what}")
     for m, values in ratios.items():
         print(f"{m:>14} / fp32: median {statistics.median(values):.3f}")
 

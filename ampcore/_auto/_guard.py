@@ -10,8 +10,8 @@ recorded one to run its program, and what makes a program stale.
 * :func:`snapshot` / :func:`unchanged`: the root's module tree (also layers kept in plain
   lists, tuples and dicts of its modules) and its planned layers' weight dtypes when
   recorded, compared on every root call with C calls only;
-* :func:`loosen`: a number argument whose value changes every call (a step counter, a
-  temperature) but whose recordings give the same program is held by type from then on;
+* :func:`loosen`: a number or string argument whose value changes every call (a step
+  counter, a file name) but whose recordings give the same program is held by type then;
 * :func:`follows` / :func:`in_checkpoint`: at recording, a planned call whose input shapes
   do not follow from the root's arguments (guarded per call), and a call inside
   ``torch.utils.checkpoint`` (it follows the autocast state, as its recompute does).
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ._containers import CONTAINERS, candidates
-from ._loose import _LOOSE, _loosened
+from ._loose import _LOOSE, _loosened, plain_value
 from ._settings import Settings
 from ._shapes import bucket, float32_weights, planned_ops
 
@@ -169,8 +169,8 @@ def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool
         fields = dataclasses.fields(value)
         sig.append(("dataclass", type(value), len(fields)))
         return all(_describe(getattr(value, f.name), sig, held) for f in fields)
-    else:
-        return _state(value, sig, held)
+    else:  # (numpy values, a generator, a path, a slice: ._loose.plain_value)
+        return _state(value, sig, held) if (found := plain_value(value, sig)) is None else found
     return True
 
 

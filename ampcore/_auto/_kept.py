@@ -7,7 +7,10 @@ arguments that its forward changes in place.
   effects saw each measured call (a count of 6 calls a step read 54).
 * :class:`Inputs`: a forward that changes its input in place (``x.mul_(2)``) changed the
   caller's tensor once per run of a whole-call check, and the real call that follows saw it
-  changed.  Their values are put back after each run.
+  changed.  Their values are put back after each run.  So are the states of the
+  ``torch.Generator`` objects among the arguments or held by the root's modules (noise
+  drawn with ``generator=``: each run drew on, and the real call drew other noise than the
+  fixed precision's; eleventh sweep).
 
 (Buffers are kept by :func:`~._measure.kept_buffers`, the RNG by ``_measure._fork_rng``.)
 """
@@ -64,10 +67,16 @@ class Inputs:
         tensor([1., 1., 1.])
     """
 
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], root: torch.nn.Module | None = None) -> None:
         found: dict[int, torch.Tensor] = {}
-        _collect((args, kwargs), found)
+        generators: dict[int, torch.Generator] = {}
+        _collect((args, kwargs), found, generators)
+        for module in root.modules() if root is not None else ():
+            for value in vars(module).values():
+                if isinstance(value, torch.Generator):
+                    generators.setdefault(id(value), value)
         self.kept = [(t, t._version, t.detach().clone()) for t in found.values()]
+        self.states = [(g, g.get_state()) for g in generators.values()]
 
     def put_back(self) -> None:
         for i, (tensor, version, value) in enumerate(self.kept):
@@ -75,14 +84,18 @@ class Inputs:
                 with torch.no_grad():
                     tensor.copy_(value)
                 self.kept[i] = (tensor, tensor._version, value)
+        for generator, state in self.states:
+            generator.set_state(state)
 
 
-def _collect(value: Any, found: dict[int, torch.Tensor]) -> None:
+def _collect(value: Any, found: dict[int, torch.Tensor], generators: dict[int, torch.Generator]) -> None:
     if isinstance(value, torch.Tensor):
         found.setdefault(id(value), value)
+    elif isinstance(value, torch.Generator):
+        generators.setdefault(id(value), value)
     elif isinstance(value, (tuple, list)):
         for v in value:
-            _collect(v, found)
+            _collect(v, found, generators)
     elif isinstance(value, dict):
         for v in value.values():
-            _collect(v, found)
+            _collect(v, found, generators)

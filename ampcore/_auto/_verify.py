@@ -208,7 +208,7 @@ def _check(
     device_type: str = region.spec.backend.device_type
     grad = torch.is_grad_enabled()
     params = [p for p in root.parameters() if p.requires_grad] if grad else []
-    inputs = Inputs(args, kwargs)  # one copy of the call's tensors for every candidate (each run puts back its changes)
+    inputs = Inputs(args, kwargs, root)  # one copy of the call's tensors for all candidates (each run puts them back)
     runs: dict[str, Callable[[], None]] = {
         name: _Run(root, args, kwargs, program.fixed(name), region, params, device_type, inputs)
         for name in _CANDIDATES

@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 import ampcore
 from ampcore._auto import _hooks, _roots
 from ampcore._auto._cache import forget_plans
+from ampcore._auto._guard import in_checkpoint
 from ampcore._auto._shapes import planned_ops, shape_class
 from ampcore._policy.torch_state import enter_torch_autocast
 
@@ -97,6 +98,9 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
     autocast off, low inputs cast to float32), where autocast is on and no ampcore region but
     an auto one is active (a region the forward enters: its own rules).
 
+    A planned call inside ``torch.utils.checkpoint`` follows the autocast state (its
+    recompute does; ``_guard.in_checkpoint``).
+
     The ops between roots (modules called directly in the block) run as auto runs them
     (docs/auto.md, "Ops between roots"): after a root call that ran all in float32 (float32
     inputs, every planned call decided float32 with autocast on, no op outside planned
@@ -126,9 +130,9 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
         enabled = torch.is_autocast_enabled("cpu")
         state.append(enabled)
         inner = ampcore.active_region()
-        if not enabled or (inner is not None and inner.level != "auto"):
+        if not enabled or (inner is not None and inner.level != "auto") or in_checkpoint():
             low[0] = True  # (not the region's state: auto keeps the O1 lists around the root)
-            return None
+            return None  # (a checkpoint's planned calls follow its autocast state, as its recompute)
         key = shape_class(module, args, "cpu")
         weights32 = all(p.dtype == torch.float32 for p in module.parameters(recurse=False))
         if key is not None and weights32 and plan.decision(key) == "fp32":
