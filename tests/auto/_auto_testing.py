@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 import ampcore
 from ampcore._auto import _hooks, _roots
 from ampcore._auto._cache import forget_plans
+from ampcore._auto._guard import in_checkpoint
 from ampcore._auto._shapes import planned_ops, shape_class
 from ampcore._policy.torch_state import enter_torch_autocast
 
@@ -126,6 +127,9 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
         enabled = torch.is_autocast_enabled("cpu")
         state.append(enabled)
         inner = ampcore.active_region()
+        if in_checkpoint():  # its recompute runs with the checkpoint's autocast state, no hooks: so does auto
+            low[0] = low[0] or enabled
+            return None
         if not enabled or (inner is not None and inner.level != "auto"):
             low[0] = True  # (not the region's state: auto keeps the O1 lists around the root)
             return None
