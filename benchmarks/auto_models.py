@@ -11,9 +11,10 @@ from auto_models8 import SWEEP8
 from auto_models9 import SWEEP9
 from auto_models14 import SWEEP14
 from auto_models15 import SWEEP15
+from auto_models16 import SWEEP16
 
-#: the held-out models of the sixth to tenth sweeps and the fourteenth stop
-_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9, **SWEEP14, **SWEEP15}
+#: the held-out models of the sixth to tenth sweeps, the fourteenth stop, Hugging Face's (sixteenth)
+_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9, **SWEEP14, **SWEEP15, **SWEEP16}
 
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {

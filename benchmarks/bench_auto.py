@@ -70,6 +70,9 @@ shared block applied 6 times), ``heldout-cell`` (a recurrent cell stepped 64 tim
 Of the tenth sweep (:mod:`auto_models15`): ``heldout-switch`` (a Switch mixture of experts:
 top-1 with a capacity, ``scatter`` / ``gather``, experts by ``torch.bmm``), ``heldout-selective``
 (a Mamba-like selective scan), ``heldout-warp`` (a spatial transformer: ``F.affine_grid``).
+Hugging Face models (:mod:`auto_models16`, sixteenth stop; only where ``transformers`` is
+installed): ``hf-bert`` (masked LM), ``hf-gpt2``, ``hf-t5``, ``hf-vit``, ``hf-llama``, each
+trained on its own loss.
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot
