@@ -11,10 +11,11 @@ from auto_models8 import SWEEP8
 from auto_models9 import SWEEP9
 from auto_models14 import SWEEP14
 from auto_models15 import SWEEP15
+from auto_models16 import HF16
 from auto_models16_sweep import SWEEP16
 
-#: the held-out models of the sixth to eleventh sweeps and the fourteenth stop
-_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9, **SWEEP14, **SWEEP15, **SWEEP16}
+#: the held-out models of the sixth to eleventh sweeps, the fourteenth stop, Hugging Face's (sixteenth)
+_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9, **SWEEP14, **SWEEP15, **SWEEP16, **HF16}
 
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {

@@ -73,6 +73,9 @@ top-1 with a capacity, ``scatter`` / ``gather``, experts by ``torch.bmm``), ``he
 Of the eleventh (:mod:`auto_models16_sweep`): ``heldout-film`` (a U-Net conditioned by FiLM:
 ``interpolate``, ``pixel_shuffle``), ``heldout-ntxent`` (NT-Xent over 512 x 512 logits),
 ``heldout-fno`` (a Fourier neural operator: ``rfft``, complex weights).
+Hugging Face models (:mod:`auto_models16`, sixteenth stop; only where ``transformers`` is
+installed): ``hf-bert`` (masked LM), ``hf-gpt2``, ``hf-t5``, ``hf-vit``, ``hf-llama``, each
+trained on its own loss.
 
 A model name may end in ``@ISA`` to run with ``ONEDNN_MAX_CPU_ISA=ISA`` (e.g.
 ``heldout-transformer@AVX512_CORE``: no bf16 instructions; ``@AVX512_CORE_BF16``: bf16 dot

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from .._policy.thread_state import thread_state
-from ._guard import Weight, in_checkpoint, signature, unchanged
+from ._guard import Weight, _saved_hooks, in_checkpoint, signature, unchanged
 from ._plan import AutoPlan
 from ._shapes import cast_floating, float32_weights, shape_class
 from ._stale import Stale, drop_strays
@@ -101,8 +101,8 @@ class Program(NamedTuple):
     #: what the float32-decided calls save against the O1 lists by their classes' own
     #: figures (ms, sum of low - fp32 per call): the whole-call check's plausibility bound
     saving_ms: float = 0.0
-    #: the planned modules of the root the recording did not see called (another path of
-    #: its control flow): each gets a guard that applies the plan when it is called
+    #: the planned modules of the root the recording did not see called (another path of its control
+    #: flow) or saw only inside a checkpoint: each gets a guard that applies the plan when it is called
     unseen: tuple[weakref.ref[nn.Module], ...] = ()
     #: [True] once a module of the program was collected (a replaced layer) or a guard met
     #: a class to measure: record again (set by weak reference callbacks, read per call)
@@ -113,9 +113,8 @@ class Program(NamedTuple):
     #: when recorded: a module replaced, added or removed since makes it record again
     tree: tuple[dict[str, Any], ...] = ()
     tree_values: list[tuple[Any, ...]] = _NO_VALUES
-    #: the floating-point parameters of the planned modules (all float32 when recorded): one
-    #: converted (``model.bfloat16()``) or replaced (``load_state_dict(..., assign=True)``)
-    #: since may not run in float32, so it records again
+    #: the floating-point parameters of the planned modules (all float32 when recorded): one converted
+    #: (``model.bfloat16()``) or replaced (``load_state_dict(..., assign=True)``) since records again
     weights: tuple[Weight, ...] = ()
     #: switched modules whose calls differ: (module, per call in order: switch it or not)
     steps: tuple[tuple[weakref.ref[nn.Module], tuple[bool, ...]], ...] = ()
@@ -123,21 +122,19 @@ class Program(NamedTuple):
     #: ``torch.matmul`` in a forward, an ``nn.GRU``'s or ``nn.LSTM``'s products): work no
     #: class's figures cover, so the whole-call check applies
     low_outside: bool = False
-    #: the root's inputs and parameters are float32: with ``low_outside``, the ``fp32`` fixed choice
-    #: switches autocast off for the whole root (that work in float32 too, as the float32
-    #: step runs); other programs keep their planned modules switched (their hooks cast a
-    #: low-precision tensor made inside the root, by a layer of another dtype, to float32)
+    #: the root's inputs and parameters are float32: with ``low_outside``, the ``fp32`` fixed choice switches
+    #: autocast off for the whole root (that work in float32 too, as the float32 step runs); other programs keep
+    #: their planned modules switched (their hooks cast a low-precision tensor made inside the root to float32)
     fp32_root: bool = False
     #: plain lists, tuples and dicts of the root's modules that hold layers, as recorded
     plain: tuple[Any, ...] = ()
     #: the last ``inner`` of ``unseen`` are guarded because their shapes may change while the
     #: root's signature does not (a fixed choice, ``"low"`` or ``"fp32"``, drops them)
     inner: int = 0
-    #: ids of the guarded modules of changing shapes (all float32 when recorded, where the
-    #: default is float32: only a low decision of theirs makes the root record again)
+    #: ids of the guarded modules of changing shapes (all float32 when recorded, where the default is
+    #: float32: only a low decision of theirs makes the root record again)
     inner_ids: frozenset[int] = frozenset()
-    #: whole-call checks that failed because the forward raised (checked again at the next
-    #: call up to :data:`._verify.CHECK_TRIES` times: a bad batch the real call raises on too)
+    #: whole-call checks failed as the forward raised (a bad batch?): again up to :data:`._verify.CHECK_TRIES` times
     check_tries: int = 0
     #: planned calls ran inside ``torch.utils.checkpoint`` (they follow its autocast state)
     checkpointed: bool = False
@@ -191,9 +188,8 @@ class Program(NamedTuple):
             fixed = self._replace(unseen=kept, inner=0, inner_ids=frozenset(), checked=True, steps=(), verdict=verdict)
             if verdict == "low":
                 return fixed._replace(default_fp32=False, switched=())
-            # autocast off for the whole root where ops outside planned modules ran in low
-            # precision, or planned calls inside a checkpoint (they follow its autocast state,
-            # its recompute too): that work in float32 as well, as the float32 step
+            # autocast off for the whole root where ops outside planned modules ran in low precision, or
+            # planned calls inside a checkpoint (its autocast state, its recompute too): float32 as the step
             if self.fp32_ok or ((self.low_outside or self.checkpointed) and self.fp32_root):
                 return fixed._replace(default_fp32=True, switched=())
             # every planned module in float32: also those guarded per call (shapes that do not
@@ -226,10 +222,10 @@ class Running:
 
     def __init__(self, program: Program, root: nn.Module, region: Any) -> None:
         self.program = program
-        #: the root and the region of the call it applies to (None between calls: a kept
-        #: object must not keep a model the user dropped alive)
+        #: the root and region of the call it applies to (None between calls: keeps no dropped model alive)
         self.root: nn.Module | None = None
         self.region: Any = None
+        self.grad = True  # grad mode at the call's start (a reentrant checkpoint's forward runs without)
         self.device_type: str = region.spec.backend.device_type
         self.pushed: list[nn.Module] = []
         self.was: list[bool] = []  # per pushed module: whether autocast was on before it
@@ -248,7 +244,7 @@ class Running:
     def start(self, root: nn.Module, region: Any) -> None:
         """Apply the program to a call of ``root`` in ``region`` (again: a root's settled
         calls reuse one object, see ``_roots._Last``)."""
-        self.root, self.region = root, region
+        self.root, self.region, self.grad = root, region, torch.is_grad_enabled()
         program = self.program
         if program.steps:
             self.steps = {id(m): [calls, 0] for ref, calls in program.steps if (m := ref()) is not None}
@@ -296,6 +292,10 @@ class Running:
             self.default_fp32 and _nesting() != self.nesting
         ):
             return None  # the forward switched autocast itself (torch.autocast inside): as the global hooks
+        if (_saved_hooks(False) is not None or (self.grad and not torch.is_grad_enabled())) and in_checkpoint():
+            if self.default_fp32 or self.program.verdict == "fp32":  # a recording there runs it otherwise
+                self.program.stale[0] = True
+            return None  # inside a checkpoint the recording did not see: its autocast state, as its recompute
         return self.switch(module, args)
 
     def _this_call(self, module: nn.Module) -> bool:
@@ -309,10 +309,10 @@ class Running:
         return bool(calls[min(n, len(calls) - 1)])
 
     def _guard(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        """A planned module the recording did not see called (another path): the plan's decision
-        as the global hooks would apply it (a class undecided, measured now, or weights not float32:
-        the O1 lists); the next call records where it could not be measured or the default is
-        float32 (this path's ops outside planned modules were not seen)."""
+        """A planned module the recording did not see called (another path, or only in a checkpoint): the plan's
+        decision as the global hooks would apply it (a class undecided, measured now, or weights not float32: the
+        O1 lists); the next call records where it could not be measured or the default is float32 (this path's
+        ops outside planned modules were not seen)."""
         if local.run is not self or _is_compiling() or local.measuring:  # (a check's or class's measurement)
             if type(self) is not Running:  # a deep copy's stray (bound to the copied key)
                 drop_strays(module)
@@ -335,9 +335,9 @@ class Running:
             from ._deciding import measure_now  # (it imports this module)
 
             undecided = measure_now(module, args, key, program.plan, self.region) is None
-        if undecided or (program.default_fp32 and (decision != "fp32" or id(module) not in program.inner_ids)):
-            # the next call records again: to measure the class, or (a float32 default) to
-            # see this path's ops outside planned modules (the default may not suit them)
+        known = id(module) in program.inner_ids or program.verdict == "fp32"  # (a float32 verdict suits every op)
+        if undecided or (program.default_fp32 and (decision != "fp32" or not known)):
+            # the next call records: to measure the class, or (a float32 default) to see this path's other ops
             program.stale[0] = True
         if (decision == "fp32") != program.default_fp32:
             return self.switch(module, args)

@@ -243,7 +243,9 @@ class Recording:
         default_fp32 = fp32_ok and len(low) < len(fp32)
         varying = [self.calls[i][0] for i in varies]
         guarded = list(self.inner.values()) + [m for i, m in self.watch.items() if i not in self.inner]
-        unseen = unseen_modules(self.root, {**self.calls, **self.ambient}) + guarded
+        # calls inside a checkpoint guarded (the plan applies where one runs outside it: a checkpoint switched off)
+        ambient = [m for i, m in self.ambient.items() if i not in self.inner]
+        unseen = unseen_modules(self.root, {**self.calls, **self.ambient}) + ambient + guarded
         tree, values, weights, plain = snapshot(self.root, fp32 + low + varying + unseen)
         watched = watch(list(self.root.modules()), self.settings)
         if watched is not None:  # a setting changed since records again (._guard.unchanged)

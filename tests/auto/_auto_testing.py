@@ -130,9 +130,12 @@ def fixed(dtype: torch.dtype) -> Iterator[None]:
         enabled = torch.is_autocast_enabled("cpu")
         state.append(enabled)
         inner = ampcore.active_region()
-        if not enabled or (inner is not None and inner.level != "auto") or in_checkpoint():
+        if in_checkpoint():  # its recompute runs with the checkpoint's autocast state, no hooks: so does auto
+            low[0] = low[0] or enabled
+            return None
+        if not enabled or (inner is not None and inner.level != "auto"):
             low[0] = True  # (not the region's state: auto keeps the O1 lists around the root)
-            return None  # (a checkpoint's planned calls follow its autocast state, as its recompute)
+            return None
         key = shape_class(module, args, "cpu")
         weights32 = all(p.dtype == torch.float32 for p in module.parameters(recurse=False))
         if key is not None and weights32 and plan.decision(key) == "fp32":
