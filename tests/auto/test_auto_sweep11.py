@@ -415,7 +415,7 @@ class MadeInForward(nn.Module):
         self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.random.fork_rng():
+        with torch.random.fork_rng(devices=[]):  # (the CPU generator: the model runs there)
             torch.manual_seed(7)
             fresh = nn.Linear(32, 32)
         return self.b(F.relu(fresh(F.relu(self.a(x)))))
