@@ -82,7 +82,7 @@ class MoCo(nn.Module):
             for pk, pq in zip(self.k.parameters(), self.q.parameters(), strict=True):
                 pk.mul_(0.9).add_(pq.detach(), alpha=0.1)
             k = F.normalize(self.k(b).float(), dim=1)
-        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ self.queue.t()], 1) / 0.2
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ self.queue.clone().t()], 1) / 0.2
         with torch.no_grad():
             i = int(self.ptr)
             self.queue[i : i + k.shape[0]] = k
