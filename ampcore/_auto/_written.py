@@ -4,7 +4,8 @@ momentum encoder updated by EMA inside ``forward``, frozen parameters under
 ``torch.no_grad``; ``nn.Embedding(max_norm=...)`` renormalising its rows; a memory tensor
 kept as a plain attribute) changed them once per run of the check, and the real call that
 follows saw them changed 6 to 24 times over (other keys, another teacher: other gradients
-than torch.autocast's step).
+than torch.autocast's step).  So did the modules' attributes that are numbers, flags or
+strings (a queue's position ``self.ptr += n``): they are put back too.
 
 :class:`Written` is copy-on-write: the first run of each candidate (an untimed warm-up) runs
 under a dispatch mode that, before an op writes one of those tensors in place, keeps a copy
@@ -33,7 +34,7 @@ def _key(tensor: torch.Tensor) -> tuple[int, int] | None:
     except (NotImplementedError, RuntimeError):
         return None
     ptr = storage.data_ptr()
-    return None if ptr == 0 or tensor.numel() == 0 else (ptr, tensor.storage_offset())
+    return None if ptr == 0 or tensor.numel() == 0 else (ptr, int(tensor.storage_offset()))
 
 
 def _owned(root: nn.Module) -> dict[tuple[int, int], torch.Tensor]:
@@ -41,7 +42,7 @@ def _owned(root: nn.Module) -> dict[tuple[int, int], torch.Tensor]:
     (not buffers: :func:`~._measure.kept_buffers` keeps those), by storage."""
     found: dict[tuple[int, int], torch.Tensor] = {}
     for module in root.modules():
-        values = [*module._parameters.values()]
+        values: list[Any] = [*module._parameters.values()]
         values += [v for v in vars(module).values() if isinstance(v, torch.Tensor)]
         for value in values:
             if isinstance(value, torch.Tensor) and (key := _key(value)) is not None:
@@ -53,7 +54,7 @@ class _CopyOnWrite(TorchDispatchMode):
     """Keeps a copy of a watched tensor before the first op that writes it in place."""
 
     def __init__(self, written: Written) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.written = written
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -81,18 +82,21 @@ class Written:
         ...         self.w = nn.Parameter(torch.ones(2), requires_grad=False)
         ...     def forward(self, x):
         ...         self.w.mul_(0.5)
+        ...         self.calls = getattr(self, "calls", 0) + 1
         ...         return x * self.w
         >>> m = Ema()
+        >>> m.calls = 0
         >>> seen = Written(m)
         >>> with seen.watching(object()):
         ...     _ = m(torch.ones(2))
         >>> _ = m(torch.ones(2))
-        >>> m.w.tolist(), seen.restore(), m.w.tolist()
-        ([0.25, 0.25], None, [1.0, 1.0])
+        >>> m.w.tolist(), m.calls, seen.restore(), m.w.tolist(), m.calls
+        ([0.25, 0.25], 2, None, [1.0, 1.0], 0)
     """
 
     def __init__(self, root: nn.Module | None) -> None:
         self.watched = _owned(root) if root is not None else {}
+        self.numbers = [(vars(m), _numbers(m)) for m in root.modules()] if root is not None else []
         self.kept: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.seen: set[int] = set()
 
@@ -120,3 +124,16 @@ class Written:
             for owner, value in self.kept:
                 owner.copy_(value)
         self.kept.clear()
+        for state, numbers in self.numbers:
+            for name, value in numbers.items():
+                if state.get(name, value) is not value:
+                    state[name] = value
+
+
+#: the kinds of a module's plain attributes put back after a check (a queue's position)
+_NUMBERS = (bool, int, float, str)
+
+
+def _numbers(module: nn.Module) -> dict[str, Any]:
+    """``module``'s attributes that are numbers, flags or strings (not ampcore's own marks)."""
+    return {k: v for k, v in vars(module).items() if type(v) in _NUMBERS and not k.startswith("_ampcore")}
