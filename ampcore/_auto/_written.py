@@ -122,7 +122,8 @@ class Written:
         """Write back the tensors the runs wrote, as they were before the check."""
         with torch.no_grad():
             for owner, value in self.kept:
-                owner.copy_(value)
+                if owner.shape == value.shape and owner.dtype == value.dtype:  # (not replaced by ``.data =``)
+                    owner.copy_(value)
         self.kept.clear()
         for state, numbers in self.numbers:
             for name, value in numbers.items():

@@ -347,3 +347,35 @@ def test_a_bad_batch_after_settling_raises_as_torch_autocast_and_leaves_nothing(
     _train(model, x, lambda dtype: ampcore.autocast("cpu", level="auto", dtype=dtype))
     _clean(model)
     assert recordings == []
+
+
+def test_the_checks_copy_on_write_sees_out_and_foreach_writes_and_survives_a_replaced_tensor() -> None:
+    """``Written`` (the whole-call check's copy-on-write): a write through ``out=`` and a
+    ``_foreach_`` op are kept and put back; a parameter whose ``.data`` the forward replaced
+    by another shape is left as the forward made it (no copy of the old shape into it)."""
+    from ampcore._auto._written import Written
+
+    class Writes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(2), requires_grad=False)
+            self.c = nn.Parameter(torch.ones(4))
+            self.step = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                torch.add(self.a, 1.0, out=self.a)
+                torch._foreach_mul_([self.b], 3.0)
+                self.c.mul_(2.0)
+                self.c.data = torch.zeros(5)
+            self.step += 1
+            return x * self.a.sum()
+
+    model, x = Writes(), torch.ones(2)
+    written = Written(model)
+    with written.watching(model):
+        model(x)
+    model(x)
+    written.restore()
+    assert model.a.tolist() == [1.0] * 3 and model.b.tolist() == [1.0] * 2 and model.step == 0
+    assert model.c.shape == (5,)
