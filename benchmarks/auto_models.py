@@ -13,9 +13,10 @@ from auto_models14 import SWEEP14
 from auto_models15 import SWEEP15
 from auto_models16 import HF16
 from auto_models16_sweep import SWEEP16
+from auto_models17_sweep import SWEEP17
 
-#: the held-out models of the sixth to eleventh sweeps, the fourteenth stop, Hugging Face's (sixteenth)
-_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9, **SWEEP14, **SWEEP15, **SWEEP16, **HF16}
+#: the held-out models of the sixth to twelfth sweeps, the fourteenth stop, Hugging Face's (sixteenth)
+_LATER: Final = {**SWEEP6, **SWEEP7, **SWEEP8, **SWEEP9, **SWEEP14, **SWEEP15, **SWEEP16, **SWEEP17, **HF16}
 
 #: (big features, big batch, big layers, small features, small batch, small layers)
 _MIXED: Final = {

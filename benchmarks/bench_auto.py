@@ -72,7 +72,10 @@ top-1 with a capacity, ``scatter`` / ``gather``, experts by ``torch.bmm``), ``he
 (a Mamba-like selective scan), ``heldout-warp`` (a spatial transformer: ``F.affine_grid``).
 Of the eleventh (:mod:`auto_models16_sweep`): ``heldout-film`` (a U-Net conditioned by FiLM:
 ``interpolate``, ``pixel_shuffle``), ``heldout-ntxent`` (NT-Xent over 512 x 512 logits),
-``heldout-fno`` (a Fourier neural operator: ``rfft``, complex weights).
+``heldout-fno`` (a Fourier neural operator: ``rfft``, complex weights).  Of the twelfth
+(:mod:`auto_models17_sweep`): ``heldout-moco`` (a momentum encoder updated in ``forward``),
+``heldout-reentrant`` (``checkpoint(use_reentrant=True)`` blocks), ``heldout-normed``
+(weight / spectral norm parametrizations inside ``parametrize.cached()``).
 Hugging Face models (:mod:`auto_models16`, sixteenth stop; only where ``transformers`` is
 installed): ``hf-bert`` (masked LM), ``hf-gpt2``, ``hf-t5``, ``hf-vit``, ``hf-llama``, each
 trained on its own loss.

@@ -22,6 +22,8 @@ or a logging tag): held by value before issue 27's eleventh sweep (every call re
 by type now (``auto-by-value`` is the behaviour before for strings too).  ``--numpy``: the
 temperature given as a ``numpy.float32``: not guarded before that sweep (every call applied
 the plan call by call), held as a number now (compare with the base commit's code).
+``--plain``: also ``skip={99}`` (a set) and ``act=torch.tanh`` (a builtin): not guarded
+before the twelfth sweep (call by call), by value and by identity now.
 """
 
 from __future__ import annotations
@@ -49,9 +51,12 @@ class Stepped(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
 
-    def forward(self, x: torch.Tensor, step: int | str, temperature: Any = 1.0) -> torch.Tensor:
-        for block in self.blocks:
-            x = x + torch.tanh(block(x)) * float(temperature)
+    def forward(
+        self, x: torch.Tensor, step: int | str, temperature: Any = 1.0, act: Any = torch.tanh, skip: Any = None
+    ) -> torch.Tensor:
+        for i, block in enumerate(self.blocks):
+            if not skip or i not in skip:
+                x = x + act(block(x)) * float(temperature)
         return x
 
 
@@ -62,14 +67,15 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, i: int,
         import numpy as np
 
         temperature = np.float32(temperature)
+    plain = {"act": torch.tanh, "skip": {99}} if args.plain else {}  # (a builtin, a set)
     if mode == "fp32":
-        out = model(x, step, temperature)
+        out = model(x, step, temperature, **plain)
     elif mode == "auto-same":  # the same numbers every call: one signature (the floor)
         with ampcore.autocast("cpu", level="auto"):
-            out = model(x, "step 0" if args.strings else 0, 1.0)
+            out = model(x, "step 0" if args.strings else 0, 1.0, **plain)
     else:
         with ampcore.autocast("cpu", level="auto"):
-            out = model(x, step, temperature)
+            out = model(x, step, temperature, **plain)
     nn.functional.mse_loss(out.float(), torch.zeros_like(x)).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -92,6 +98,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--strings", action="store_true", help="the step counter as a string (a tag)")
     parser.add_argument("--numpy", action="store_true", help="the temperature as a numpy.float32")
+    parser.add_argument("--plain", action="store_true", help="also a set and a function (act=torch.tanh)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -120,6 +127,7 @@ def main() -> None:
                 ratios[m].append(took[m] / took["fp32"])
     what = "strings" if args.strings else "numbers"
     what += ", numpy temperature" if args.numpy else ""
+    what += ", a set and a function" if args.plain else ""
     load = os.getloadavg()[0]
     print(f"torch {torch.__version__}, {args.threads} thread(s), load {load:.2f}, {args.rounds} rounds, {what}")
     for m, values in ratios.items():

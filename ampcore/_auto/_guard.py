@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ._containers import CONTAINERS, candidates
-from ._loose import _LOOSE, _loosened, plain_value
+from ._loose import _LOOSE, _loosened, plain_key, plain_value
 from ._settings import Settings
 from ._shapes import bucket, float32_weights, planned_ops
 
@@ -160,7 +160,7 @@ def _describe(value: Any, sig: list[Any], held: list[int] | None = None) -> bool
             return False
         sig.append(("{", type(value), len(value)))
         for k, v in value.items():
-            if not isinstance(k, _SCALARS):
+            if not plain_key(k):  # (a scalar or a tuple of scalars)
                 return False
             sig.append(("key", type(k), k))
             if not _describe(v, sig, held):

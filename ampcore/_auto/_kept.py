@@ -12,7 +12,8 @@ arguments that its forward changes in place.
   drawn with ``generator=``: each run drew on, and the real call drew other noise than the
   fixed precision's; eleventh sweep).
 
-(Buffers are kept by :func:`~._measure.kept_buffers`, the RNG by ``_measure._fork_rng``.)
+(Buffers are kept by :func:`~._measure.kept_buffers`, the RNG by ``_measure._fork_rng``, the
+root's parameters and tensor attributes its forward writes by :class:`~._written.Written`.)
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+
+from ._written import Written
 
 __all__ = ["Inputs", "muted_hooks"]
 
@@ -77,6 +80,7 @@ class Inputs:
                     generators.setdefault(id(value), value)
         self.kept = [(t, t._version, t.detach().clone()) for t in found.values()]
         self.states = [(g, g.get_state()) for g in generators.values()]
+        self.written = Written(root)  # (the root's tensors its forward writes: copy-on-write)
 
     def put_back(self) -> None:
         for i, (tensor, version, value) in enumerate(self.kept):

@@ -13,13 +13,14 @@ names in a batch dict made every call a new signature, recorded every call.)
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import PurePath
 from typing import Any, Final
 
 import torch
 from torch import nn
 
-__all__ = ["explained", "follows", "loosen", "plain_value"]
+__all__ = ["explained", "follows", "loosen", "plain_key", "plain_value"]
 
 #: the attribute of a root module holding its loose patterns: len(signature) -> [(the
 #: positions held by type, the loose signatures confirmed by two equal recordings)]
@@ -103,7 +104,24 @@ def loosen(root: nn.Module, sig: tuple[Any, ...], others: dict[tuple[Any, ...], 
 #: the Python values a numpy scalar may give (``item()``) that a signature holds
 _ITEMS: Final = (bool, int, float, complex, str, bytes)
 #: immutable values without a ``__dict__`` a signature holds by value (a slice's ends: below)
-_BY_VALUE: Final = (range, frozenset, PurePath)
+_BY_VALUE: Final = (range, frozenset, PurePath, type(Ellipsis))
+#: the values a set argument or a dict key may hold for the signature to hold it by value
+_KEY_PARTS: Final = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device)
+#: functions a signature holds by identity (a module's own: the same object every call)
+_FUNCTIONS: Final = (types.FunctionType, types.BuiltinFunctionType)
+
+
+def plain_key(key: Any) -> bool:
+    """Whether a dict key (or a set's item) is a scalar or a tuple of scalars: held by value.
+
+    Example::
+
+        >>> plain_key("enc"), plain_key(("enc", 0)), plain_key((("a",),)), plain_key(torch.zeros(1))
+        (True, True, False, False)
+    """
+    if isinstance(key, _KEY_PARTS):
+        return True
+    return type(key) is tuple and all(isinstance(k, _KEY_PARTS) for k in key)
 
 
 def plain_value(value: Any, sig: list[Any]) -> bool | None:
@@ -111,9 +129,12 @@ def plain_value(value: Any, sig: list[Any]) -> bool | None:
     array by its shape and dtype, as a tensor (its values are data); a numpy scalar by its
     type and, as the Python number or string it holds, its value (held by type once it
     changes every call, as one: a ``numpy.float32`` temperature); a ``torch.Generator`` by
-    its device (its state is data, as a tensor's values); a ``range``, ``frozenset``, path
-    or ``slice`` of numbers by value.  False: an array of objects, a numpy scalar of another
-    kind (``datetime64``), a slice of other things: no guard.  None: none of these.
+    its device (its state is data, as a tensor's values); a ``range``, ``frozenset``, path,
+    ``...`` or ``slice`` of numbers by value, a ``set`` of scalars (or tuples of them) by
+    value, a function defined at a module's level (``F.gelu``, not a lambda or closure, new
+    every call) or a builtin by identity (twelfth sweep: each of these left the call call by
+    call).  False: an array of objects, a numpy scalar of another kind (``datetime64``), a
+    slice or set of other things: no guard.  None: none of these.
 
     Before issue 27's eleventh sweep such an argument could not be guarded: every call
     given one applied the plan call by call (1.24-1.28 x float32 where a settled call took
@@ -133,6 +154,14 @@ def plain_value(value: Any, sig: list[Any]) -> bool | None:
         return True
     if isinstance(value, _BY_VALUE):
         sig.append(("=", type(value), value))
+        return True
+    if type(value) is set:  # (a set of layer names to skip: by value, as the frozenset it equals)
+        if len(value) > 256 or not all(map(plain_key, value)):
+            return False
+        sig.append(("=", set, frozenset(value)))
+        return True
+    if isinstance(value, _FUNCTIONS) and "<" not in getattr(value, "__qualname__", "<"):  # not a lambda, a
+        sig.append(("=", type(value), value))  # closure: F.gelu, a module's function, by identity
         return True
     if isinstance(value, slice):  # (hashable from Python 3.12 only)
         ends = (value.start, value.stop, value.step)

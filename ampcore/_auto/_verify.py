@@ -228,6 +228,7 @@ def _check(
         loads.append(_hooks.load_of(region))
     finally:
         _prog.measuring = False
+        inputs.written.restore()  # the root's tensors its forward wrote, as they were
         with _hooks._process.lock:
             _hooks._process.spent_s += time.perf_counter() - start
     known = [load for load in loads if load is not None]
@@ -343,7 +344,8 @@ class _Run:
         running = _prog.run = Running(self.program, self.root, self.region)
         try:
             try:
-                out = self.root.forward(*args, **kwargs)
+                with self.inputs.written.watching(self):  # (each candidate's first run: copy-on-write)
+                    out = self.root.forward(*args, **kwargs)
             finally:
                 _prog.run = None
                 running.stop()
