@@ -11,7 +11,8 @@ from typing import Any, Final, TypeVar
 import torch
 
 from .._backends.backend import dtype_name
-from .._backends.registry import DeviceLike, loaded_generation, resolve_device
+from .._backends.registry import DeviceLike, resolve_device
+from .._backends.registry import _holder as _registry_holder
 from .._backends.support import resolve_dtype
 from .._dtypes import parse_dtype
 from .compile import compile_in_use, constant_result, foreign_mode, guard_mode, opaque
@@ -21,6 +22,7 @@ from .levels import check_level
 from .lists import compute_oplists
 from .registration import OpPolicy, has_native_autocast, policy_for
 from .signature import (
+    DEFAULTS,
     MADE,
     bind_arguments,
     check_switches,
@@ -142,8 +144,8 @@ class autocast:
         custom_black_list: Iterable[str] | None = None,
         **aliases: Any,
     ) -> None:
-        key = None
-        generation = loaded_generation()
+        key, manager = None, _registry_holder.manager  # (loaded_generation() inline: made per step)
+        generation = manager.generation if manager is not None and manager._loaded else None
         if generation is not None:
             key = construction_key(  # with the call's form where positional (torch's order) or aliased
                 device,
@@ -173,7 +175,7 @@ class autocast:
                 "custom_white_list": custom_white_list,
                 "custom_black_list": custom_black_list,
             }
-            values = bind_arguments(args, {**aliases, **keywords}, _DEFAULTS)
+            values = bind_arguments(args, {**aliases, **keywords}, DEFAULTS)
             check_use_promote(values.pop("use_promote"), check_level(values["level"]))
             self._construct(key, **values)
         else:
@@ -255,8 +257,7 @@ class autocast:
 
     @opaque
     def __enter__(self) -> autocast:
-        # The short way (issue 26 item 3): the plan an earlier entry kept (entry.py), carried
-        # out inline; anything a plan does not cover goes the long way (entry.enter).
+        # The short way (issue 26 item 3): an earlier entry's plan (entry.py) inline, else entry.enter.
         state = _thread
         stack = state.stack
         context_outer = _innermost.get()
@@ -283,8 +284,16 @@ class autocast:
             if plan.slotless and previous is not None:  # a policy in force: its table to switch off
                 return enter(self, state, _innermost)
             torch_region: Any = _new_tuple(CompiledRegion, (plan.leave, plan.entry, call(plan.entry)))
-        else:
-            torch_region = DirectAutocast(device_type, self.dtype, self.enabled, self.cache_enabled)
+        else:  # DirectAutocast(...)'s steps inline (a Python call less per region)
+            torch_region = _new_object(DirectAutocast)
+            torch_region.device_type, torch_region.previous_cache = device_type, torch.is_autocast_cache_enabled()
+            torch_region.previous = torch.is_autocast_enabled(device_type)
+            torch_region.previous_dtype = torch.get_autocast_dtype(device_type)
+            torch.set_autocast_enabled(device_type, self.enabled)
+            torch.set_autocast_dtype(device_type, self.dtype)
+            torch.autocast_increment_nesting()
+            if self.cache_enabled is not None:  # None: torch.autocast sets it to what it was
+                torch.set_autocast_cache_enabled(self.cache_enabled)
         mode = shadow = None
         try:
             if plan.shadow is not None:
@@ -341,7 +350,11 @@ class autocast:
             elif kind is DirectAutocast and mode is None and region.shadow is None:
                 if previous is not None or region.spec.policy is not None:
                     state.set_policy(self.device_type, previous, keep_none=False)
-                torch_region.__exit__()
+                if torch.autocast_decrement_nesting() == 0:  # DirectAutocast.__exit__'s steps inline
+                    torch.clear_autocast_cache()
+                torch.set_autocast_enabled(self.device_type, torch_region.previous)
+                torch.set_autocast_dtype(self.device_type, torch_region.previous_dtype)
+                torch.set_autocast_cache_enabled(torch_region.previous_cache)
             else:
                 _restore(
                     state,
@@ -365,20 +378,7 @@ class autocast:
         return wrapper  # type: ignore[return-value]
 
 
-#: The keyword parameters of ``autocast.__init__`` and their defaults (signature.py binds calls).
-_DEFAULTS: Final = {
-    "device": None,
-    "dtype": None,
-    "level": "O1",
-    "enabled": True,
-    "cache_enabled": None,
-    "custom_white_list": None,
-    "custom_black_list": None,
-}
-
-
-#: The innermost region entered in the current context (asyncio task): a region entered in
-#: one task must not run ops of another task that shares its thread.
+#: The innermost region entered in this context (asyncio task): none runs another task's ops on its thread.
 _innermost: contextvars.ContextVar[ActiveRegion | None] = contextvars.ContextVar("ampcore_region", default=None)
 
 

@@ -26,11 +26,21 @@ from .._op_names import canonical_ops
 from .lists import check_custom
 
 __all__ = [
-    "AMPCORE_ORDER", "MADE", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "check_switches", "check_use_promote",
-    "construction_key", "custom_lists", "remember",
+    "AMPCORE_ORDER", "DEFAULTS", "MADE", "PADDLE_ORDER", "TORCH_ORDER", "bind_arguments", "check_switches",
+    "check_use_promote", "construction_key", "custom_lists", "remember",
 ]  # fmt: skip
 
 _CALL: Final = "ampcore.autocast"
+#: The keyword parameters of ``autocast.__init__`` and their defaults (:func:`bind_arguments` binds calls).
+DEFAULTS: Final = {
+    "device": None,
+    "dtype": None,
+    "level": "O1",
+    "enabled": True,
+    "cache_enabled": None,
+    "custom_white_list": None,
+    "custom_black_list": None,
+}
 _EMPTY: Final[frozenset[str]] = frozenset()
 AMPCORE_ORDER: Final = (
     "device",

@@ -55,7 +55,9 @@ _ACCEPTED: set[tuple[str, torch.dtype, bool]] = set()
 
 class DirectAutocast:
     """The flags ``torch.autocast(device_type, dtype, enabled, cache_enabled)`` sets on
-    entry, set directly; :meth:`__exit__` restores them as torch's ``__exit__`` does."""
+    entry, set directly; :meth:`__exit__` restores them as torch's ``__exit__`` does.
+    ``ampcore.autocast.__enter__``/``__exit__`` carry out the same steps inline on an entry
+    plan (a region made per step: two Python calls fewer); keep them alike."""
 
     __slots__ = ("device_type", "previous", "previous_cache", "previous_dtype")
 

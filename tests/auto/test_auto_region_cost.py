@@ -144,3 +144,38 @@ def test_without_torchs_hook_dicts_the_public_registration_does_the_same(monkeyp
     assert calls == []  # the program ran: no global hook
     assert not _hooks.installed() and not net._forward_pre_hooks and not net._forward_hooks
     assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
+#: Python calls an auto region made per step may add to ``torch.autocast`` made per step:
+#: its level's budget check when made, its two level hooks
+MADE_EXTRA = 3
+
+
+@pytest.mark.parametrize("level", ["O1", "auto"])
+def test_a_region_made_entered_and_exited_per_step_costs_torch_autocasts_python_calls(level: str) -> None:
+    """User code's ``with ampcore.autocast(...)`` in the loop (issue 27, host-bound steps):
+    made (the memo of its arguments), entered and exited, an O1 region calls no more Python
+    functions than ``torch.autocast`` made per step does (torch's flags are set inline, no
+    object with Python methods of ours per region); an auto region adds its check and its
+    two level hooks."""
+    net, x = _small_net()
+
+    def ours() -> None:
+        with ampcore.autocast("cpu", level=level):
+            pass
+
+    def torchs() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            pass
+
+    for _ in range(3):
+        with ampcore.autocast("cpu", level=level):  # (auto: the site's root is known)
+            net(x)
+        ours()
+        torchs()
+    extra = _python_calls(ours) - _python_calls(torchs)
+    assert extra <= (0 if level == "O1" else MADE_EXTRA), extra
+    with ampcore.autocast("cpu", level=level):  # torch's state as torch.autocast leaves it
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert not _hooks.installed()
