@@ -92,7 +92,8 @@ still recorded or measured: on a cold cache auto's third step is its whole-call 
 (hundreds of ms), which two warm-up rounds left in the first timed round (auto's median of
 three GPU rounds was then the slower of its two other steps; :class:`auto_procs.Settling`).
 Auto steps of the timed rounds that still record or measure (a class measured again a
-second later, a re-check) are counted in the table's notes.  The rounds cycle through orders of the modes in which each
+second later, a re-check) are counted in the table's notes, with the median of the per-round
+ratios of the other rounds.  The rounds cycle through orders of the modes in which each
 mode follows each other mode equally often, across the rounds' boundaries too, and never
 itself (:func:`orders`): a step pays for what the step before it left behind (caches, the
 allocator's free lists), 2-12% after the float32 step on heldout-mixed, about 10% after
@@ -191,6 +192,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
     first_auto_ms = None
     settling, warmup, round_ = Settling(), args.warmup, 0
     settled_timed: list[float] = []  # timed auto steps that still recorded or measured (ms)
+    busy_rounds: list[int] = []  # the timed rounds with such a step (their index among the timed rounds)
     while round_ < warmup + args.rounds:
         busy, steps = False, []
         for mode in rounds[(round_ - args.warmup) % len(rounds)]:
@@ -216,6 +218,8 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         if round_ == warmup and busy and warmup < args.warmup + args.settle:
             warmup += 1  # auto still settling (its whole-call check, a recording): this round untimed too
         elif round_ >= warmup:
+            if busy:
+                busy_rounds.append(round_ - warmup)
             for mode, elapsed, fault, settled in steps:
                 times[mode].append(elapsed)
                 faults[mode].append(fault)
@@ -232,6 +236,7 @@ def child(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "first_auto_ms": first_auto_ms,
         "warmup_rounds": warmup,
         "settled_timed": settled_timed,
+        "busy_rounds": busy_rounds,
         "measure_s": _hooks._process.spent_s,
         "hooks_left": _hooks.installed(),
         "decisions": {key: e.decision for key, e in plan.entries.items()},
@@ -415,10 +420,13 @@ def _print(r: dict[str, Any], tables: bool) -> None:
         f"{len(r['decisions'])} shape classes ({', '.join(r['sources']) or '-'}), {low} low precision, "
         f"{len(r['decisions']) - low} float32; hooks left after the regions: {r['hooks_left']}"
     )
-    late = r["settled_timed"]
+    late, busy = r["settled_timed"], set(r["busy_rounds"])
+    rounds = enumerate(zip(t["auto"], t["fp32"], t["torch.autocast"], strict=True))
+    quiet = [a / min(f, c) for i, (a, f, c) in rounds if i not in busy]
+    settled = f"; the {len(quiet)} other rounds: {statistics.median(quiet):.3f}" if busy and quiet else ""
     print(
         f"auto: {r['warmup_rounds']} untimed rounds (settled); timed auto steps that recorded or measured: "
-        f"{len(late)}{''.join(f', {ms:.0f} ms' for ms in late)}"
+        f"{len(late)}{''.join(f', {ms:.0f} ms' for ms in late)}{settled}"
     )
     for key, (verdict, over_low, over_fp32, spread, runs, source, load, checks, again) in r["roots"].items():
         state = f"load {'-' if load is None else f'{load:.2f}'}, check {checks}{' provisional' if again else ''}"

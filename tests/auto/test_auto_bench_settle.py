@@ -86,7 +86,7 @@ def _child(bench: ModuleType, monkeypatch: pytest.MonkeyPatch, settle: int) -> d
 
 def test_the_timed_rounds_begin_once_auto_settled(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     result = _child(bench, monkeypatch, settle=4)
-    assert result["settled_timed"] == []  # no timed auto step recorded or measured
+    assert result["settled_timed"] == result["busy_rounds"] == []  # no timed auto step recorded or measured
     assert result["warmup_rounds"] == 3  # the new root, the recording, the whole-call check
     assert [c[0] for c in result["roots"].values()] == ["fp32"] and len(result["times"]["auto"]) == 3
 
@@ -96,5 +96,5 @@ def test_two_warm_up_rounds_left_the_whole_call_check_in_the_first_timed_round(
 ) -> None:
     """The old warm-up (``--settle 0``): the check is one of the three timed auto steps."""
     result = _child(bench, monkeypatch, settle=0)
-    assert result["warmup_rounds"] == 2 and len(result["settled_timed"]) == 1
+    assert result["warmup_rounds"] == 2 and len(result["settled_timed"]) == 1 and result["busy_rounds"] == [0]
     assert result["settled_timed"][0] == result["times"]["auto"][0]
