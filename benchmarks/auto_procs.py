@@ -1,12 +1,12 @@
 """The process-level helpers of ``bench_auto.py``: the orders of the modes in rounds, the
-glibc setting of ``--malloc steady``, the ISA caps of ``model@ISA`` and the poisoning of
-``--cache corrupt``."""
+glibc setting of ``--malloc steady``, the ISA caps of ``model@ISA``, the poisoning of
+``--cache corrupt`` and the auto steps that still settle (:class:`Settling`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 
 def orders(modes: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -76,3 +76,38 @@ def isa_env(isa: str) -> dict[str, str]:
     if isa.upper() == "AVX2":
         env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2")
     return env
+
+
+class Settling:
+    """Whether an auto step *settled* anything: recorded a root call (``_roots._record``: a
+    new root applied call by call, a recording, one to measure a class again) or measured
+    (classes or a whole-call check: the process's measuring seconds grew).
+
+    auto's first steps on a cold cache are: the new root's call, applied call by call while
+    its classes are measured; the recording of its program; the program's whole-call check
+    (hundreds of ms) where it applies; only then the settled step.  ``bench_auto.py``'s two
+    warm-up rounds covered the first two: the check was the first *timed* auto step, one of
+    three rounds on the GPU (``--rounds 3``), so auto's median was the slower of its two
+    other steps (issue 27, seventeenth stop).  Its warm-up now goes on while auto's step of
+    the round settled (:meth:`step`), up to ``--settle`` rounds more."""
+
+    def __init__(self) -> None:
+        from ampcore._auto import _hooks, _roots
+
+        self.hooks, self.recorded = _hooks, 0
+        record = _roots._record
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.recorded += 1
+            return record(*args, **kwargs)
+
+        _roots._record = counted  # (read through the module by the sentinel and new roots)
+        self.before = (0, 0.0)
+
+    def start(self) -> None:
+        """Before a step of an auto mode."""
+        self.before = (self.recorded, self.hooks._process.spent_s)
+
+    def step(self) -> bool:
+        """After it: whether it recorded or measured."""
+        return (self.recorded, self.hooks._process.spent_s) != self.before
