@@ -207,9 +207,11 @@ def user_hooks_last() -> None:
 
 
 def _registered_in_region() -> list[int]:
-    """The ids of the global hooks the user registered inside the region (after its entry)."""
-    since = _local.hooks_from
-    return [k for hooks in (_roots._GLOBAL_PRE, _GLOBAL_POST) if hooks for k in hooks if type(k) is int and k >= since]
+    """The ids of the global hooks the user registered inside the region (after its entry;
+    not :mod:`._hooks`' own, which another region or thread may hold on)."""
+    since, ours = _local.hooks_from, {handle.id for handle in _hooks._process.handles}
+    hooks = [h for h in (_roots._GLOBAL_PRE, _GLOBAL_POST) if h]
+    return [k for h in hooks for k in h if type(k) is int and k >= since and k not in ours]
 
 
 def registered_from(local: Any) -> None:
