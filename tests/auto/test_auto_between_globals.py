@@ -148,3 +148,40 @@ def test_a_global_pre_hook_registered_in_each_block_leaves_settled_steps_to_prog
                 recorded.clear()
     assert recorded == []
     assert seen == [True] * 6  # a container root: the region's state again before it, as the reference
+
+
+class _Raising(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.fail = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail:
+            raise RuntimeError("a bad batch")
+        return self.lin(x)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", ["pre", "post", "post-always"])
+def test_a_root_that_raises_among_hooks_registered_in_the_region_leaves_nothing_behind(kind: str) -> None:
+    """A settled root that raises while global hooks registered in the region follow the
+    sentinel (its place held, its post-hook in torch's global dict): nothing of ampcore is
+    left in torch's global dicts, and the next steps run as before."""
+    torch.manual_seed(0)
+    model = _Raising()
+    calls: list[nn.Module] = []
+    register = _kinds(lambda: model, lambda: calls.append(model))[kind]
+    for step in range(6):
+        model.fail = step == 4
+        with torch.no_grad(), ampcore.autocast("cpu", level="auto", dtype=BF16):
+            handle = register(model)
+            try:
+                model(X)
+            except RuntimeError:
+                assert step == 4
+            finally:
+                handle.remove()
+        for hooks in (torch_module._global_forward_pre_hooks, torch_module._global_forward_hooks):
+            assert hooks == {}, step
+        assert not model._forward_hooks and not model._forward_pre_hooks
+    assert len(calls) == (6 if kind == "pre" else 5)  # (torch's always-called hooks after a raise: no result)
