@@ -103,12 +103,13 @@ def stayed(root: nn.Module, sig: Any, found: Program) -> Program | None:
     return None if entry is None else entry[3]
 
 
-def look(root: nn.Module, sig: Any, watched: tuple[Settings, tuple[Any, ...]]) -> Program | bool | None:
+def look(root: nn.Module, sig: Any, watched: tuple[Settings, tuple[Any, ...]]) -> Program | list[Program] | bool | None:
     """At the next look of a re-baselined program whose settings changed again: the ones
     that took a third value are held (step numbers); then the program as recorded where
-    the others are back at their recorded values (a flag: it runs for them), True where one
-    is still at its new value (a setting: record again), False where none changed but the
-    held; None: no re-baselining pending for these settings."""
+    the others are back at their recorded values (a flag: it runs for them), a list of it
+    where one is still at its new value (a setting: record again; the program as recorded
+    kept for its values), False where none changed but the held; None: no re-baselining
+    pending for these settings."""
     settings = watched[0]
     entry = _entry(root, sig, settings)
     if entry is None:
@@ -128,7 +129,7 @@ def look(root: nn.Module, sig: Any, watched: tuple[Settings, tuple[Any, ...]]) -
             counters[i] = _OTHER  # a third value: a step number
     if any(c is _OTHER for c in counters):
         hold(settings, tuple(counters))
-    return True if kept else program if back else False
+    return [program] if kept else program if back else False
 
 
 def forget() -> None:

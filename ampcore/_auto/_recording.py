@@ -159,6 +159,7 @@ class Recording:
         self.args: tuple[Any, ...] = ()  # the root call's arguments as called
         #: the call's signature taken before its forward (which may change a list argument)
         self.sig: tuple[Any, ...] | None = None
+        self.kept = True  # False: no program kept, only whether it ran all in float32 (all_fp32)
         #: None: the global hooks apply the plan to this call, nothing is recorded
         self.mode = None if white is None else _Outside(self, white, region.spec.backend.device_type)
         #: the root's watched settings at the call's start (:mod:`._settings`)
@@ -215,6 +216,14 @@ class Recording:
             self.mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         except Exception:  # an inner mode left on the stack (an exception): drop ours with it
             pass
+
+    def all_fp32(self) -> bool:
+        """Whether this call ran all in float32: every planned call decided float32, no
+        low-precision tensor outside planned modules or in the arguments, none checkpointed."""
+        if self.mode is None or self.outside or self.ambient:
+            return False
+        low_args = any(isinstance(a, torch.Tensor) and a.dtype in _LOW for a in self.args)
+        return not low_args and all(d == "fp32" for seq in self.sequence.values() for d in seq)
 
     def program(self, sig: tuple[Any, ...], tries: int, can_measure: bool) -> Program | None:
         """The program this recording gives (None: record again at the next call)."""

@@ -26,7 +26,17 @@ from ._guard import holds_objects
 from ._hook_probe import probe
 from ._program import _LOW, signature
 from ._program import local as _prog
-from ._roots_state import _compiled, _idle_region, _Key, _local, _set_autocast, _thread, drop_strays
+from ._roots_state import (
+    _GLOBAL_ALWAYS,
+    _GLOBAL_POST,
+    _compiled,
+    _idle_region,
+    _Key,
+    _local,
+    _set_autocast,
+    _thread,
+    drop_strays,
+)
 from ._shapes import float32_weights, planned_ops, shape_class
 from ._store import program_for, raised, store
 from ._twins import call_kwargs, drop_walk
@@ -39,13 +49,17 @@ __all__ = [
     "drop_post",
     "finish",
     "global_after",
+    "hold_place",
     "hook_public",
     "hook_root",
     "last_pre",
     "mark_called",
     "new_root",
+    "post_first",
+    "registered_from",
     "sentinel_off",
     "sentinel_on",
+    "user_hooks_last",
 ]
 
 
@@ -170,10 +184,73 @@ def _root_pre(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
 
 def drop_post(module: torch.nn.Module) -> None:
     """Remove the post-hook :func:`_roots._sentinel` gave a root for the call that runs a program."""
+    if _GLOBAL_POST is not None and _local.key in _GLOBAL_POST:  # (post_first)
+        _GLOBAL_POST.pop(_local.key, None)
+        _GLOBAL_ALWAYS.pop(_local.key, None)  # type: ignore[union-attr]
     if id(module) not in _local.public:
         dicts: Any = module
         dicts._forward_hooks.pop(_local.key, None)
         dicts._forward_hooks_always_called.pop(_local.key, None)
+
+
+def user_hooks_last() -> None:
+    """The global pre- and forward hooks the user registered inside the region (after its
+    entry) after ours (a recording's, :mod:`._hooks`'): in the reference (torch.autocast
+    with the decisions) the decisions' hooks go in at the block's entry, so those see each
+    decision made and a root call's end handled.  A dict's order is its keys' insertion
+    order: a key popped and put back goes last; torch's handles keep their ids."""
+    since, ours = _local.hooks_from, {handle.id for handle in _hooks._process.handles}
+    for hooks in (_roots._GLOBAL_PRE, _GLOBAL_POST):
+        if hooks is not None and len(hooks) > 1:
+            for key in [k for k in hooks if type(k) is int and k >= since and k not in ours]:
+                hooks[key] = hooks.pop(key)
+
+
+def _registered_in_region() -> list[int]:
+    """The ids of the global hooks the user registered inside the region (after its entry;
+    not :mod:`._hooks`' own, which another region or thread may hold on)."""
+    since, ours = _local.hooks_from, {handle.id for handle in _hooks._process.handles}
+    hooks = [h for h in (_roots._GLOBAL_PRE, _GLOBAL_POST) if h]
+    return [k for h in hooks for k in h if type(k) is int and k >= since and k not in ours]
+
+
+def registered_from(local: Any) -> None:
+    """At an eligible region's entry (the hooks registered in it have ids from torch's next
+    one, ``local.hooks_from``): a program recorded while global hooks registered in its
+    region were in place (their low work counted as the root's, as the reference's block
+    counts it) is recorded again where such a hook is still registered, now before this
+    region (the reference runs it before its decisions: not the root's work)."""
+    hooks = [h for h in (_roots._GLOBAL_PRE, _GLOBAL_POST) if h]
+    for stale, keys in local.among:
+        if any(k in h for h in hooks for k in keys):
+            stale[0] = True
+    local.among = []
+
+
+def post_first(module: torch.nn.Module) -> bool:
+    """The post-hook of a root call that runs a program in torch's global forward hooks,
+    before those the user registered in the region (as the reference's post-hook, which
+    goes in at the block's entry: they see the state it leaves after a float32 root), where
+    there are such (True; False: the root's own dict, after every global one, as usual)."""
+    hooks: Any = _GLOBAL_POST
+    always: Any = _GLOBAL_ALWAYS
+    later = [k for k in hooks if type(k) is int and k >= _local.hooks_from]
+    if not later:
+        return False
+    key: Any = _local.key
+    hooks[key] = _global_post
+    always[key] = True
+    for k in later:
+        hooks[k] = hooks.pop(k)
+    return True
+
+
+def _global_post(module: torch.nn.Module, args: tuple[Any, ...], output: Any = None) -> None:
+    """:func:`post_first`'s hook: the root's post-hook at its call's end (a module inside it: nothing)."""
+    run = _prog.run
+    if run is not None and run.root is module:
+        drop_post(module)
+        _roots._root_post(module, args, output)
 
 
 def mark_called(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -219,28 +296,52 @@ def sentinel_off() -> None:
     if sentinel is not None:
         local.sentinel = None
         if sentinel is local.sentinel_key:
-            if _roots._GLOBAL_PRE is not None:
-                _roots._GLOBAL_PRE.pop(sentinel, None)
-                _roots._GLOBAL_PRE.pop(local.marker_key, None)
+            glob = _roots._GLOBAL_PRE
+            if glob is not None:
+                if len(glob) > 1 and type(next(reversed(glob))) is not _Key:
+                    hold_place(glob)
+                else:
+                    glob.pop(sentinel, None)
+                    glob.pop(local.marker_key, None)
         else:
             sentinel.remove()
 
 
+def hold_place(glob: Any) -> None:
+    """The sentinel (and the marker) off, their places in torch's global pre-hook dict
+    held: a global pre-hook registered inside the region comes after them (in the
+    reference, torch.autocast with the decisions, the decision's hook runs before it), so
+    they go back there (a key assigned keeps its place), not last.  Rare: the hook-free
+    path inside a root call is lost anyway while a global hook of the user's is in place."""
+    local = _local
+    glob[local.sentinel_key] = _held
+    if local.marker_key in glob:
+        glob[local.marker_key] = _held
+
+
+def _held(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any = None) -> None:
+    """The sentinel's and the marker's place in torch's global dict while off (:func:`hold_place`)."""
+    return None
+
+
 def global_after(module: torch.nn.Module) -> bool:
     """Whether a global pre-hook (of the user's: registered inside the region, after the
-    sentinel) runs after this call's sentinel: the sentinel goes last again for later calls
-    (this call is applied call by call).  False: the sentinel is the root's own last
-    pre-hook (:func:`last_pre`), after every global one."""
+    sentinel) runs after this call's sentinel: this call is applied call by call (the
+    arguments that hook gives are not known yet: its plan follows it, as the reference's
+    decision); the sentinel keeps its place, before that hook (as the reference's hook),
+    and becomes the root's last own pre-hook too, after every global one (:func:`last_pre`:
+    the global sentinel sets the state, the root's runs its program), for this region and,
+    the place in the code learning it, for the roots of its regions from their entry.
+    False: the sentinel is the root's own last pre-hook already."""
     local = _local
     if local.late_key in module._forward_pre_hooks:
         return False
-    key: Any = local.sentinel_key
-    glob = _roots._GLOBAL_PRE
-    if glob is not None and key in glob:
-        marker: Any = local.marker_key
-        if marker in glob:  # the marker stays just before it
-            glob[marker] = glob.pop(marker)
-        glob[key] = glob.pop(key)
+    if id(module) not in local.public:
+        site = local.entered[-1][1] if local.entered else None
+        if site is not None:
+            site.late = True
+        module._forward_pre_hooks_with_kwargs.pop(local.sentinel_key, None)  # type: ignore[call-overload]
+        last_pre(module, local.late_key)
     return True
 
 
@@ -256,7 +357,9 @@ def finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
     if deferred:
         _local.deferred = []
         _hooks.undefer(deferred)
-    if ok and rec.mode is not None:
+    if ok and not rec.kept:  # its sentinel went late (global_after): no program from it
+        fp32 = rec.all_fp32()
+    elif ok and rec.mode is not None:
         sig = rec.sig if rec.sig is not None else signature(rec.args, kwargs, rec.root)
         if rec.sig is None and sig is not None and holds_objects(sig):
             sig = None  # taken after a forward that may have changed them (a cache grown): recorded again
@@ -266,6 +369,8 @@ def finish(rec: Recording, args: tuple[Any, ...], kwargs: dict[str, Any] | None,
             program = rec.program(sig, tries, _hooks.can_measure(rec.region, rec.plan))
             store(rec.root, sig, program if program is not None else tries + 1)
             fp32 = program is not None and program.throughout()
+            if program is not None and (later := _registered_in_region()):
+                _local.among.append((program.stale, later))
     elif ok and not rec.root._modules and planned_ops(rec.root) is not None:  # a bare layer applied call by call
         fp32 = not any(isinstance(a, torch.Tensor) and a.dtype in _LOW for a in args)
         fp32 = fp32 and _fp32_layer(rec.root, args, rec.region)  # (its first call after pre-hooks of its own)

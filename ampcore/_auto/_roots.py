@@ -29,6 +29,7 @@ import weakref
 from typing import Any, Final
 
 import torch
+from torch.utils.hooks import RemovableHandle as _HANDLE
 
 from . import _hooks
 from ._cache import plans as _plans
@@ -44,15 +45,19 @@ from ._root_hooks import (
     drop_post,
     finish,
     global_after,
+    hold_place,
     hook_public,
     last_pre,
     mark_called,
     new_root,
+    post_first,
+    registered_from,
     sentinel_off,
     sentinel_on,
+    user_hooks_last,
 )
-from ._roots_state import _GLOBAL_PRE as _GLOBAL_PRE  # (_root_hooks reads it here: tests replace it)
 from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
+    _GLOBAL_POST,
     _MAX_SITES,
     _PACKAGE,
     _alone,
@@ -74,6 +79,7 @@ from ._roots_state import (  # noqa: F401 (_AskCompiling: for tests)
     drop_strays,
     turn,
 )
+from ._roots_state import _GLOBAL_PRE as _GLOBAL_PRE  # (_root_hooks reads it here: tests replace it)
 from ._store import churning, program_for, store
 from ._store import forget as forget_programs
 from ._twins import adopt
@@ -109,6 +115,9 @@ def region_entered() -> None:
         local.entered.append((region, None, []))
         return
     _prog.settled = region
+    if local.among:  # programs recorded among global hooks registered in a region (_root_hooks)
+        registered_from(local)
+    local.hooks_from = _HANDLE.next_id  # the global hooks registered in it: those from here
     handles: list[Any] = []
     local.entered.append((region, site, handles))
     _hooks.region_threads[local.ident] = True
@@ -121,15 +130,15 @@ def region_entered() -> None:
                 hook_public(root, handles)
         sentinel_on()
         return
-    roots = site.roots
-    if site.marking:  # many roots: the marker marks those the region calls
+    roots, late = site.roots, site.late  # late: global pre-hooks registered in its regions
+    if site.marking and not late:  # many roots: the marker marks those the region calls
         roots, local.marking, local.marked = site.early, site.called, handles
         _GLOBAL_PRE[local.marker_key] = mark_called
     for ref in roots:  # (a few roots: few lines each)
         if (root := ref()) is not None:
             try:  # our key in its with-kwargs dict: the sentinel is its pre-hook, given its kwargs
                 # (torch types these dicts as keyed by handle ids; any hashable key works)
-                if root._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
+                if late or root._forward_pre_hooks:  # pre-hooks of its own: the sentinel goes after them
                     last_pre(root, local.late_key)
                 else:
                     root._forward_pre_hooks_with_kwargs[skey] = True
@@ -161,7 +170,7 @@ def region_exited() -> None:
     if rec is not None and rec.region is region:
         finish(rec, (), None, False)
     skey = local.sentinel_key
-    if local.sentinel is skey and _GLOBAL_PRE is not None:
+    if (local.sentinel is skey or local.sentinel is None) and _GLOBAL_PRE is not None:  # (None: held)
         _GLOBAL_PRE.pop(skey, None)
         local.sentinel = None
     else:
@@ -182,6 +191,8 @@ def region_exited() -> None:
                     early = [*(early or ()), id(handle)]
         else:
             handle.remove()
+    if site.late and _HANDLE.next_id == local.hooks_from:  # no hook registered in it: its roots marked as before
+        site.late = False
     threads = _hooks.region_threads
     threads.pop(local.ident, None)
     if not threads:  # torch.autocast's own entry again, then a look: a thread that entered meanwhile keeps it
@@ -223,10 +234,11 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     if not stack or stack[-1] is not region or not _autocast_enabled(spec.backend.device_type):
         return None
     glob = _GLOBAL_PRE  # a global pre-hook registered after the sentinel runs after it (rare; alone: last)
-    if glob is not None and len(glob) > 1 and type(next(reversed(glob))) is not _Key and global_after(module):
-        sig = None
-    else:
-        sig = signature(args, kwargs, module)
+    behind = glob is not None and len(glob) > 1 and type(next(reversed(glob))) is not _Key
+    if behind and global_after(module):  # its sentinel goes late: this call applied call by call
+        new = None if _tracing() else _record(module, args, region, _hooks.plan_of(region), unsigned=True, kept=False)
+        return None if new is None else (new, kwargs)
+    sig = signature(args, kwargs, module)
     local = _local
     threads = _num_threads()
     last = local.last.get(id(module))
@@ -247,14 +259,17 @@ def _sentinel(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
             return last  # recorded: the new arguments, or None
     sentinel = local.sentinel  # off while the program runs (with the marker, if any)
     if sentinel is local.sentinel_key and _GLOBAL_PRE is not None:
-        _GLOBAL_PRE.pop(sentinel, None)
         local.sentinel = None
-        if local.marking is not None:
-            _GLOBAL_PRE.pop(local.marker_key, None)
+        if behind:  # their places held, before the hooks registered in the region
+            hold_place(_GLOBAL_PRE)
+        else:
+            _GLOBAL_PRE.pop(sentinel, None)
+            if local.marking is not None:
+                _GLOBAL_PRE.pop(local.marker_key, None)
     else:
         sentinel_off()
-    if id(module) not in local.public:  # its post-hook for this call (torch reads them after the forward)
-        dicts: Any = module
+    if id(module) not in local.public and not (_GLOBAL_POST and post_first(module)):
+        dicts: Any = module  # its post-hook for this call (torch reads them after the forward)
         key = local.key
         dicts._forward_hooks[key] = _root_post
         dicts._forward_hooks_always_called[key] = True
@@ -352,12 +367,13 @@ def _record(
     plan: AutoPlan,
     sig: tuple[Any, ...] | None = None,
     unsigned: bool = False,
+    kept: bool = True,
 ) -> Any:
-    """Run this root call with the global hooks, recording it when it may have programs (``sig``: the
-    call's signature, taken before the forward may change its arguments; ``unsigned``: it has none, an
-    argument the guard cannot see: no program, no recording).  Its layers with pre-hooks of their own are
-    planned after them (``_hooks.defer``), also in a root applied call by call for good (unsigned,
-    churning: a walk of its modules per call, beside the global hooks' two calls per module call)."""
+    """Run this root call with the global hooks, recording it when it may have programs (``sig``: the call's
+    signature, taken before the forward may change its arguments; ``unsigned``: it has none, an argument the
+    guard cannot see: no program, no recording; not ``kept``: for the state after it only).  Its layers with
+    pre-hooks of their own are planned after them (``_hooks.defer``), also in a root applied call by call for
+    good (unsigned, churning: a walk of its modules per call, beside the global hooks' two per module call)."""
     if _compiled(module):  # its hooks do nothing; a dispatch mode would change what dynamo does
         return None
     found = None  # no program (signatures beyond its table, or none): call by call
@@ -367,8 +383,9 @@ def _record(
         _local.called[id(module)] = weakref.ref(module)  # the site learns it when the region exits
     sentinel_off()
     _hooks.acquire()
-    rec = _prog.rec = Recording(module, region, plan, None if found is None else _white(region), finish)
-    rec.args, rec.sig = args, sig  # the signature's: the hooks below may cast them
+    user_hooks_last()  # (as the reference's: ours before those registered in the region)
+    rec = _prog.rec = Recording(module, region, plan, None if found is None and kept else _white(region), finish)
+    rec.args, rec.sig, rec.kept = args, sig, kept  # the signature's: the hooks below may cast them
     if id(module) not in _local.public:  # a copy made in its forward drops its strays (the mark)
         module._forward_hooks[_local.key] = _root_post  # type: ignore[index]
     _local.deferred = _hooks.defer(module)  # layers with pre-hooks of their own: planned after them

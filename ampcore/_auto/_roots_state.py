@@ -87,6 +87,9 @@ class _Site:
         self.called: dict[int, weakref.ref[torch.nn.Module]] = {}
         self.early: list[weakref.ref[torch.nn.Module]] = []
         self.early_ids: set[int] = set()
+        self.late = (
+            False  # a global pre-hook registered in its regions: every root marked late (_root_hooks.global_after)
+        )
 
     def update(self, called: list[weakref.ref[torch.nn.Module]], early: Iterable[int] = ()) -> None:
         """Add the roots ``called`` (those met through the sentinel), and the ids of roots
@@ -213,6 +216,12 @@ class _Local(threading.local):
         #: hooks' (``_hooks.defer``)
         self.deferred: list[torch.nn.Module] = []
         self.public: set[int] = set()  # ids of the roots hooked through torch's public API
+        #: torch's next hook handle id at the eligible region's entry: the global hooks the
+        #: user registers inside it have ids from here (``_root_hooks.user_hooks_last``)
+        self.hooks_from = 0
+        #: programs recorded while such hooks were in place (their stale flags, the hooks'
+        #: ids): recorded again where a later region finds them registered before it
+        self.among: list[tuple[list[bool], list[int]]] = []
         #: the region's ops between its roots (``_roots._root_post``): None while its roots so far ran
         #: float32 throughout (or none ran), the device type whose autocast the last one left off for
         #: the ops after it (on again at the next root call or a ``torch.autocast`` entered), False
@@ -228,6 +237,10 @@ _local = _Local()
 #: the sentinel goes in and out under a key of its own, without a handle per switch
 _GLOBAL_PRE: Final = getattr(torch.nn.modules.module, "_global_forward_pre_hooks", None)
 _Module: Final = torch.nn.Module
+#: torch's dicts of global forward hooks (a root call's post-hook goes there, before the
+#: user's registered in the region: ``_root_hooks.post_first``)
+_GLOBAL_POST: Final = getattr(torch.nn.modules.module, "_global_forward_hooks", None)
+_GLOBAL_ALWAYS: Final = getattr(torch.nn.modules.module, "_global_forward_hooks_always_called", None)
 
 
 _GROUP_WARNED: Final = [False]

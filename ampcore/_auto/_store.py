@@ -219,6 +219,9 @@ def _by_settings(
     if kept is not None and isinstance(other, Program) and other.valid(plan):
         del kept[now]
         _keep_value(root, sig, found, other)
+        recorded = stayed(root, sig, found)  # re-baselined, swapped out before its look: as recorded kept too
+        if recorded is not None and (was := _settings_of(recorded)) is not None:
+            _keep_value(root, sig, _unheld(recorded, unheld(*was)), other)
         programs[sig] = other
         return other
     looked = look(root, sig, watched)  # the look after a re-baselining (._early): step numbers held
@@ -226,7 +229,9 @@ def _by_settings(
         return rebase(root, sig, found, watched, programs)  # (a value whose program is kept: above)
     if isinstance(looked, Program):  # a flag back at its recorded value: the program as recorded
         return _back(root, sig, found, looked, plan, programs)
-    if looked:  # a setting kept at its new value: recorded
+    if isinstance(looked, list):  # a setting kept at its new value: recorded (as recorded kept for its values)
+        was = _settings_of(looked[0])
+        _keep_value(root, sig, looked[0] if was is None else _unheld(looked[0], unheld(*was)), found)
         return None
     rest = unheld(*watched)  # settings held since (another program's recording)
     if rest is None or rest[0].same(rest[1]):  # the settings that changed are held
@@ -249,9 +254,20 @@ def _back(
     None where it is not valid now (something else changed: record again)."""
     was, now = _settings_of(recorded), _settings_of(rebased)
     program = recorded if was is None else _unheld(recorded, unheld(*was))
-    if not program.valid(plan):
-        return None
-    if now is not None:
+    if not program.valid(plan):  # another setting changed since too: each kept for its values,
+        kept = _by_value.setdefault(root, {})  # then the one kept for the values now, if any
+        for one in (program, rebased if now is None else _unheld(rebased, unheld(*now))):
+            if (values := _settings_of(one)) is not None:
+                if len(kept) >= _MAX_OTHERS:
+                    del kept[next(iter(kept))]  # the oldest
+                kept[(sig, values[1])] = one
+        key = None if was is None else (sig, was[0].now())
+        other = None if key is None else kept.get(key)
+        if key is None or other is None or not other.valid(plan):
+            return None
+        del kept[key]
+        program = other
+    elif now is not None:
         _keep_value(root, sig, _unheld(rebased, unheld(*now)), program)
     programs[sig] = program
     return program

@@ -238,8 +238,10 @@ def test_threads_with_regions_at_sites_of_many_roots() -> None:
 
 @pytest.mark.parametrize("remove", [True, False])
 def test_a_users_global_hook_added_inside_a_region(remove: bool) -> None:
-    """Registered after the sentinel: that call is applied call by call and the sentinel goes
-    last again, the marker just before it; removed inside the region or after it."""
+    """Registered after the sentinel: that call is applied call by call and the sentinel
+    keeps its place, the marker just before it, the user's hook after them (as the
+    reference's hooks, registered at the block's entry: seventeenth stop; before, the
+    sentinel went last again); removed inside the region or after it."""
     x = torch.randn(8, 16)
     models = _ensemble(MANY)
     _settle_all(models, x)
@@ -264,7 +266,7 @@ def test_a_users_global_hook_added_inside_a_region(remove: bool) -> None:
             handles.pop().remove()
 
     _same_in_one_region(models, run, after)
-    assert order[-1] == ["<lambda>", "mark_called", "_sentinel"]
+    assert order[-1] == ["mark_called", "_sentinel", "<lambda>"]
     assert calls
     _same_as_fixed(models, x)
     _clean(*models)
