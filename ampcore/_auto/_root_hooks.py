@@ -199,10 +199,10 @@ def user_hooks_last() -> None:
     with the decisions) the decisions' hooks go in at the block's entry, so those see each
     decision made and a root call's end handled.  A dict's order is its keys' insertion
     order: a key popped and put back goes last; torch's handles keep their ids."""
-    since, ours = _local.hooks_from, {handle.id for handle in _hooks._process.handles}
-    for hooks in (_roots._GLOBAL_PRE, _GLOBAL_POST):
+    later = set(_registered_in_region())  # (torch's handle ids are unique across both dicts)
+    for hooks in (_roots._GLOBAL_PRE, _GLOBAL_POST) if later else ():
         if hooks is not None and len(hooks) > 1:
-            for key in [k for k in hooks if type(k) is int and k >= since and k not in ours]:
+            for key in [k for k in hooks if k in later]:
                 hooks[key] = hooks.pop(key)
 
 
